@@ -1,0 +1,52 @@
+# specbind — the two commands a user needs are `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DEMO   := demo-out
+
+.PHONY: venv generate check-generated drift lint typecheck test unit demo clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test,interop]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+generate: $(STAMP)
+	$(BIN)/specbind generate
+
+check-generated: $(STAMP)
+	$(BIN)/specbind generate --check
+
+# Regenerate from nothing and require a clean tree: generated/ is reproducible.
+drift: $(STAMP)
+	rm -rf generated
+	$(BIN)/specbind generate
+	@if [ -n "$$(git status --porcelain -- generated specs)" ]; then \
+	    echo "generated/ drifted from the specs:"; git status --porcelain -- generated specs; exit 1; \
+	fi
+
+lint: $(STAMP)
+	$(BIN)/ruff check generator runtime generated tests
+	$(BIN)/ruff format --check generated
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict generated runtime generator
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test: drift lint typecheck unit
+
+demo: $(STAMP) generate
+	rm -rf $(DEMO)
+	$(BIN)/specbind synth $(DEMO)/ckpt --seed 0
+	$(BIN)/specbind audit $(DEMO)/ckpt
+	$(BIN)/specbind bind $(DEMO)/ckpt --out $(DEMO)/bound.safetensors
+	$(BIN)/specbind bind $(DEMO)/ckpt --json
+
+clean:
+	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .ruff_cache .hypothesis

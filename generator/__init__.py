@@ -1,0 +1,1 @@
+"""specbind's generator: YAML specs -> validated model -> Jinja -> ``generated/``."""

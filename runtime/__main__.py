@@ -1,0 +1,5 @@
+"""``python -m runtime`` is the ``specbind`` CLI."""
+
+from runtime.cli import main
+
+raise SystemExit(main())

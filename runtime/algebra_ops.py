@@ -1,0 +1,52 @@
+"""The integer operations of the shape algebra, shared by the generator and generated code.
+
+Invariant: the generator's evaluator and the emitted binders call these same functions, so a
+shape evaluates identically at generate time and at bind time.
+Traps: ``/`` is *exact* division (a remainder is an error, never a silent floor); ``**`` is
+bounded so a hostile exponent cannot allocate a huge integer.
+"""
+
+from __future__ import annotations
+
+from runtime.errors import GeometryError
+
+MAX_MAGNITUDE = 1 << 62
+
+
+def _bounded(v: int) -> int:
+    if abs(v) > MAX_MAGNITUDE:
+        raise GeometryError(f"value {v} is out of range (|v| > 2**62)")
+    return v
+
+
+def div(a: int, b: int) -> int:
+    """Exact division: ``a / b`` must leave no remainder."""
+    if b == 0:
+        raise GeometryError(f"division by zero in {a} / {b}")
+    if a % b != 0:
+        raise GeometryError(f"{a} / {b} is not exact (remainder {a % b})")
+    return a // b
+
+
+def floordiv(a: int, b: int) -> int:
+    if b == 0:
+        raise GeometryError(f"division by zero in {a} // {b}")
+    return a // b
+
+
+def mod(a: int, b: int) -> int:
+    if b == 0:
+        raise GeometryError(f"modulo by zero in {a} % {b}")
+    return a % b
+
+
+def power(a: int, b: int) -> int:
+    if b < 0:
+        raise GeometryError(f"negative exponent in {a} ** {b}")
+    if b > 64 and abs(a) > 1:
+        raise GeometryError(f"exponent too large in {a} ** {b}")
+    return _bounded(a**b)
+
+
+def mul(a: int, b: int) -> int:
+    return _bounded(a * b)

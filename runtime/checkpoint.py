@@ -1,0 +1,133 @@
+"""A checkpoint directory: ``model.safetensors``, or shards plus ``model.safetensors.index.json``.
+
+Invariants:
+- an index entry must name a plain file inside the directory: no absolute path, no ``..``, no
+  symlink that resolves outside; every tensor the index names must be in that shard's header,
+  and every tensor in a shard must be named by the index (nothing is silently ignored);
+- a tensor name appears in exactly one shard;
+- shards are opened lazily, each once, and read through memory maps;
+- ``config.json`` must be a JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import CheckpointError
+from runtime.safetensors_file import SafetensorsFile
+from runtime.source import RawTensor
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+MAX_JSON_BYTES = 64 * 1024 * 1024
+
+
+def read_json(path: Path, what: str) -> Any:
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise CheckpointError(f"{what}: cannot read: {e.strerror}") from None
+    if size > MAX_JSON_BYTES:
+        raise CheckpointError(f"{what}: {size} B is over the {MAX_JSON_BYTES} B cap")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{what}: not UTF-8") from None
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"{what}: not valid JSON: {e}") from None
+
+
+class Checkpoint:
+    """Every tensor of a checkpoint directory by full name, lazily."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise CheckpointError(f"{self.root}: not a directory")
+        self._real_root = self.root.resolve()
+        self._files: dict[str, SafetensorsFile] = {}
+        self._where: dict[str, str] = {}  # tensor name -> shard file name
+        index = self.root / INDEX
+        if index.exists():
+            self._load_index(index)
+        elif (self.root / SINGLE).exists():
+            f = self._open(SINGLE)
+            self._where = dict.fromkeys(f.names(), SINGLE)
+        else:
+            shards = sorted(p.name for p in self.root.glob("*.safetensors"))
+            hint = f" (found {shards[:3]} but no {INDEX})" if shards else ""
+            raise CheckpointError(f"{self.root}: no {SINGLE} and no {INDEX}{hint}")
+
+    def _load_index(self, index: Path) -> None:
+        doc = read_json(index, f"{self.root / INDEX}")
+        if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
+            raise CheckpointError(f"{INDEX}: must be an object with a weight_map object")
+        wm: dict[str, Any] = doc["weight_map"]
+        for name, fn in wm.items():
+            if not isinstance(fn, str):
+                raise CheckpointError(f"{INDEX}: weight_map[{name!r}] is not a file name")
+            self._check_path(fn, name)
+        for fn in sorted(set(wm.values())):
+            f = self._open(fn)
+            for t in f.names():
+                owner = wm.get(t)
+                if owner is None:
+                    raise CheckpointError(
+                        f"{fn}: tensor {t!r} is not in {INDEX} (it would be ignored)"
+                    )
+                if owner != fn:
+                    raise CheckpointError(f"tensor {t!r} is in both {fn} and {owner}")
+        for name, fn in wm.items():
+            if name not in self._files[fn].entries:
+                raise CheckpointError(f"{INDEX}: {name!r} maps to {fn}, which does not hold it")
+        self._where = dict(wm)
+
+    def _check_path(self, fn: str, name: str) -> None:
+        p = Path(fn)
+        if (
+            p.is_absolute()
+            or fn.startswith(("/", "\\"))
+            or ".." in p.parts
+            or "\\" in fn
+            or fn in {"", "."}
+        ):
+            raise CheckpointError(
+                f"{INDEX}: {name!r} points outside the checkpoint directory: {fn!r}"
+            )
+        real = (self.root / p).resolve()
+        if not real.is_relative_to(self._real_root):
+            raise CheckpointError(
+                f"{INDEX}: {name!r} -> {fn!r} resolves outside the checkpoint directory"
+            )
+        if not real.is_file():
+            raise CheckpointError(f"{INDEX}: {name!r} -> {fn!r}: no such file")
+
+    def _open(self, fn: str) -> SafetensorsFile:
+        f = self._files.get(fn)
+        if f is None:
+            f = SafetensorsFile(self.root / fn, fn)
+            self._files[fn] = f
+        return f
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def get(self, name: str) -> RawTensor | None:
+        fn = self._where.get(name)
+        return None if fn is None else self._files[fn].raw(name)
+
+    def file_of(self, name: str) -> str:
+        return self._where[name]
+
+    @cached_property
+    def config(self) -> dict[str, Any]:
+        path = self.root / "config.json"
+        if not path.exists():
+            raise CheckpointError(f"{self.root}: no config.json")
+        doc = read_json(path, "config.json")
+        if not isinstance(doc, dict):
+            raise CheckpointError("config.json: must be a JSON object")
+        return doc

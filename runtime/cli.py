@@ -1,0 +1,239 @@
+"""The ``specbind`` command line.
+
+Invariant: every refusal is one line on stderr and a non-zero exit — ``SpecbindError`` exits 2
+with its message; anything else is reported as an internal error (exit 3), with the traceback
+only when ``SPECBIND_DEBUG=1``. Results go to stdout; progress bars go to stderr.
+Trap: ``generated`` is imported lazily, so ``specbind generate`` works when it is stale or gone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from runtime.errors import SpecbindError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _table(name: str | None) -> Any:
+    from generated import MODELS
+
+    if name is None:
+        if len(MODELS) != 1:
+            raise SpecbindError(
+                f"several models are generated; pick one with --model ({', '.join(MODELS)})"
+            )
+        return next(iter(MODELS.values()))
+    if name not in MODELS:
+        raise SpecbindError(f"unknown model {name!r} (generated: {', '.join(MODELS)})")
+    return MODELS[name]
+
+
+def _sets(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise SpecbindError(f"--set {item!r}: expected NAME=INTEGER")
+        try:
+            out[key] = int(val)
+        except ValueError:
+            raise SpecbindError(f"--set {item!r}: {val!r} is not an integer") from None
+    return out
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    from generator.render import generate, stale
+
+    root = Path(a.root)
+    out = root / "generated"
+    if a.check:
+        problems = stale(root, out)
+        if problems:
+            print(
+                f"generated/ is out of date with specs/ ({len(problems)} problem(s)):",
+                file=sys.stderr,
+            )
+            for p in problems:
+                print(f"  {p}", file=sys.stderr)
+            print("run `make generate` and commit the result", file=sys.stderr)
+            return 1
+        print("generated/ is up to date")
+        return 0
+    changed = generate(root, out)
+    print(
+        f"generated/: {len(changed)} file(s) written"
+        + (f": {', '.join(changed)}" if changed else " (up to date)")
+    )
+    return 0
+
+
+def cmd_synth(a: argparse.Namespace) -> int:
+    from runtime.synth import TINY, synth
+
+    table = _table(a.model)
+    values = {} if a.full else dict(TINY)
+    values |= _sets(a.set)
+    summary = synth(
+        table, Path(a.out), values, layers=a.layers, seed=a.seed, mtp=not a.no_mtp,
+        shards=a.shards, gates_bf16=a.gates_bf16, nested_config=a.nested_config,
+    )  # fmt: skip
+    kinds = [
+        f"{x['index']}:{x['block']}{'' if x['block'] != 'dsa' or x['indexer'] else '(shared)'}"
+        for x in summary["layers"]
+    ]
+    print(
+        f"wrote {summary['path']}: {summary['tensors']} tensors, {summary['bytes']} B in {summary['files']} shard(s); layers {' '.join(kinds)}"
+    )
+    return 0
+
+
+def cmd_audit(a: argparse.Namespace) -> int:
+    from runtime.audit import audit, render_text
+    from runtime.checkpoint import Checkpoint
+
+    rep = audit(Checkpoint(Path(a.ckpt)), _table(a.model), progress=a.progress)
+    print(json.dumps(rep, indent=2) if a.json else render_text(rep))
+    return 0
+
+
+def cmd_bind(a: argparse.Namespace) -> int:
+    from generated import SPECS_SHA256
+    from runtime.bind import bind_checkpoint
+    from runtime.checkpoint import Checkpoint
+    from runtime.export import write_safetensors
+
+    table = _table(a.model)
+    result = bind_checkpoint(Checkpoint(Path(a.ckpt)), table, _sets(a.set), progress=a.progress)
+    if a.out:
+        tensors = {
+            f"layers.{layer.index}.{field}": arr
+            for layer in result.layers
+            for field, arr in layer.weights.arrays().items()
+        }
+        meta = {
+            "model": table.name,
+            "specs_sha256": SPECS_SHA256,
+            "tp_size": str(result.tp_size),
+            "tp_rank": str(result.tp_rank),
+        }
+        write_safetensors(Path(a.out), tensors, meta)
+    if a.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print(
+            f"{'layer':>5}  {'kind':<5} {'bound':>5} {'seen':>5} {'other':>5} {'unknown':>7} {'bytes':>12}"
+        )
+        for layer in result.layers:
+            r = layer.report
+            print(
+                f"{r.index:>5}  {r.kind:<5} {r.bound:>5} {r.self_attn_seen:>5} {r.non_attn_seen:>5} {len(r.unknown_self_attn):>7} {r.bytes:>12}"
+            )
+        total = sum(layer.report.bytes for layer in result.layers)
+        print(
+            f"bound {len(result.layers)} layer(s), {total} B at tp rank {result.tp_rank} of {result.tp_size} in {result.seconds:.3f} s"
+            + (f"; wrote {a.out}" if a.out else "")
+        )
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specbind", description="Spec-driven strict tensor binders.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="validate specs/ and render generated/")
+    g.add_argument(
+        "--check", action="store_true", help="exit 1 if generated/ is stale or has orphans"
+    )
+    g.add_argument(
+        "--root", default=str(REPO), help="repository root holding specs/ and generated/"
+    )
+    g.set_defaults(func=cmd_generate)
+
+    def common(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--model", help="model spec name (default: the only one)")
+        sp.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="NAME=INT",
+            help="override a geometry symbol",
+        )
+
+    def progress(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--progress",
+            dest="progress",
+            action="store_true",
+            default=None,
+            help="always show progress",
+        )
+        sp.add_argument(
+            "--no-progress", dest="progress", action="store_false", help="never show progress"
+        )
+
+    s = sub.add_parser("synth", help="write a synthetic checkpoint in the HF layout")
+    s.add_argument("out")
+    size = s.add_mutually_exclusive_group()
+    size.add_argument("--tiny", action="store_true", help="tiny geometry (the default)")
+    size.add_argument("--full", action="store_true", help="the real GLM-5.3-Flash geometry")
+    s.add_argument(
+        "--layers", type=int, default=8, help="decoder layers (default 8), plus one MTP layer"
+    )
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--shards", type=int, default=None, help="number of shard files")
+    s.add_argument("--no-mtp", action="store_true", help="omit the DSA-shaped MTP layer")
+    s.add_argument("--nested-config", action="store_true", help="put the fields under text_config")
+    s.add_argument(
+        "--gates-bf16",
+        action="store_true",
+        help="write A_log/dt_bias as BF16 (a broken checkpoint)",
+    )
+    common(s)
+    s.set_defaults(func=cmd_synth)
+
+    au = sub.add_parser("audit", help="census of a checkpoint's attention blocks")
+    au.add_argument("ckpt")
+    au.add_argument("--json", action="store_true")
+    common(au)
+    progress(au)
+    au.set_defaults(func=cmd_audit)
+
+    b = sub.add_parser("bind", help="bind every attention block strictly")
+    b.add_argument("ckpt")
+    b.add_argument("--json", action="store_true")
+    b.add_argument("--out", help="write the bound weights to this .safetensors file")
+    common(b)
+    progress(b)
+    b.set_defaults(func=cmd_bind)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        rc: int = args.func(args)
+        return rc
+    except SpecbindError as e:
+        print(f"specbind: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # stdout closed early (`| head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("specbind: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug in specbind: say so, in one line
+        if os.environ.get("SPECBIND_DEBUG") == "1":
+            traceback.print_exc()
+        print(
+            f"specbind: internal error: {type(e).__name__}: {e} (SPECBIND_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 3

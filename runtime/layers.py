@@ -1,0 +1,73 @@
+"""Split a checkpoint's names into decoder layers, and present one layer as a tensor source.
+
+Invariants: the layer prefix is found from the names (one of the model's allowed prefixes);
+names of two different prefixes in one checkpoint are refused as ambiguous; names outside any
+layer (embeddings, final norm, lm_head) are kept and counted, never dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from runtime.checkpoint import Checkpoint
+from runtime.errors import CheckpointError
+from runtime.model import ModelTable
+from runtime.source import RawTensor
+
+
+def _regex(prefix: str, pattern: str) -> re.Pattern[str]:
+    head, tail = pattern.split("{index}")
+    return re.compile(
+        "^" + re.escape(prefix + head) + r"(0|[1-9][0-9]{0,5})" + re.escape(tail) + "(.+)$"
+    )
+
+
+@dataclass
+class LayerSplit:
+    prefix: str
+    layers: dict[int, list[str]] = field(default_factory=dict)  # index -> layer-relative names
+    outside: list[str] = field(default_factory=list)
+
+    def full_name(self, table: ModelTable[Any], index: int, rel: str) -> str:
+        return self.prefix + table.layer_pattern.format(index=index) + rel
+
+
+def split_layers(table: ModelTable[Any], names: list[str]) -> LayerSplit:
+    counts = {p: 0 for p in table.layer_prefixes}
+    regexes = {p: _regex(p, table.layer_pattern) for p in table.layer_prefixes}
+    for n in names:
+        for p, rx in regexes.items():
+            if rx.match(n):
+                counts[p] += 1
+    used = [p for p, c in counts.items() if c]
+    if len(used) > 1:
+        shown = ", ".join(repr(p + table.layer_pattern) for p in used)
+        raise CheckpointError(f"layer names use more than one prefix ({shown}); refusing to guess")
+    prefix = used[0] if used else table.layer_prefixes[0]
+    rx = regexes[prefix]
+    split = LayerSplit(prefix)
+    for n in names:
+        m = rx.match(n)
+        if m:
+            split.layers.setdefault(int(m.group(1)), []).append(m.group(2))
+        else:
+            split.outside.append(n)
+    split.layers = dict(sorted(split.layers.items()))
+    return split
+
+
+class LayerSource:
+    """One decoder layer of a checkpoint, by layer-relative name."""
+
+    def __init__(self, ckpt: Checkpoint, full_prefix: str, names: list[str]) -> None:
+        self._ckpt = ckpt
+        self._prefix = full_prefix
+        self._names = list(names)
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def get(self, name: str) -> RawTensor | None:
+        return self._ckpt.get(self._prefix + name)

@@ -1,0 +1,106 @@
+"""What runtime code needs to know about a generated model table, and config.json geometry.
+
+Invariants: a geometry symbol with a ``config`` field is read from config.json — under
+``text_config`` when the file nests it, else flat — and must be an integer (not a bool, not a
+float) no smaller than its ``min``; a symbol without one is an engine setting with a default.
+Missing or ill-typed fields are refused by name; nothing falls back silently to a default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from runtime.binding import Array, BindReport, TensorRule
+from runtime.errors import CheckpointError, GeometryError
+from runtime.source import TensorSource
+
+G = TypeVar("G")
+
+
+class Weights(Protocol):
+    def arrays(self) -> dict[str, Array]: ...
+
+
+@dataclass(frozen=True)
+class GeometryField:
+    name: str
+    config: str | None
+    value: int
+    min: int
+    doc: str
+
+
+@dataclass(frozen=True)
+class BlockEntry(Generic[G]):
+    name: str
+    prefix: str
+    tensors: tuple[TensorRule, ...]
+    markers: frozenset[str]
+    matches: Callable[[Collection[str]], bool]
+    bind: Callable[[G, int, int, TensorSource], tuple[Weights, BindReport]]
+    shapes: Callable[[G, int], dict[str, tuple[int, ...]]]
+    check: Callable[[G, int], None]
+
+
+@dataclass(frozen=True)
+class ModelTable(Generic[G]):
+    name: str
+    layer_pattern: str
+    layer_prefixes: tuple[str, ...]
+    geometry_fields: tuple[GeometryField, ...]
+    make_geometry: Callable[[dict[str, int]], G]
+    blocks: tuple[BlockEntry[G], ...]
+
+    def default_values(self) -> dict[str, int]:
+        return {f.name: f.value for f in self.geometry_fields}
+
+    def config_fields(self) -> dict[str, str]:
+        return {f.name: f.config for f in self.geometry_fields if f.config is not None}
+
+    def block(self, name: str) -> BlockEntry[G]:
+        for b in self.blocks:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+
+def values_from_config(
+    table: ModelTable[Any], config: Mapping[str, Any], overrides: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Geometry values from a parsed config.json (HF field names), plus engine settings."""
+    nested = config.get("text_config")
+    if nested is not None and not isinstance(nested, dict):
+        raise CheckpointError(f"config.json: text_config is {type(nested).__name__}, not an object")
+    values: dict[str, int] = {}
+    for f in table.geometry_fields:
+        if f.config is None:
+            values[f.name] = f.value
+            continue
+        if nested is not None and f.config in nested:
+            raw, where = nested[f.config], f"text_config.{f.config}"
+        elif f.config in config:
+            raw, where = config[f.config], f.config
+        else:
+            raise CheckpointError(
+                f"config.json: missing field {f.config!r} (flat or under text_config), "
+                f"needed for geometry symbol {f.name}"
+            )
+        if type(raw) is not int:
+            raise CheckpointError(
+                f"config.json: {where} is {raw!r} ({type(raw).__name__}), expected an integer"
+            )
+        values[f.name] = raw
+    for k, v in (overrides or {}).items():
+        if k not in values:
+            raise GeometryError(f"unknown geometry symbol {k!r} (known: {', '.join(values)})")
+        values[k] = v
+    for f in table.geometry_fields:
+        if values[f.name] < f.min:
+            raise GeometryError(
+                f"geometry {f.name} = {values[f.name]} is below its minimum {f.min}"
+            )
+        if values[f.name] > 1 << 30:
+            raise GeometryError(f"geometry {f.name} = {values[f.name]} is implausibly large")
+    return values

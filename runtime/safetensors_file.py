@@ -1,0 +1,165 @@
+"""A strict, lazy reader of one ``.safetensors`` file through a read-only memory map.
+
+Format: 8-byte little-endian header length N, N bytes of UTF-8 JSON, then the data buffer.
+
+Invariants (each violation is a ``CheckpointError`` naming the file and the tensor):
+- N is capped (``MAX_HEADER_BYTES``) and 8 + N lies inside the file, checked *before* reading,
+  so a lying header never makes us allocate what it claims;
+- the header is a JSON object without duplicate keys; ``__metadata__`` maps str to str;
+- every entry has a known dtype, a shape of non-negative ints and ``data_offsets`` [b, e] with
+  b <= e and e - b == bytes(dtype, shape);
+- the entries tile the data buffer exactly: sorted by offset they are contiguous from 0 with no
+  overlap and no hole, and end at the end of the file;
+- tensors are memoryview slices of the map: nothing is read until it is used.
+Trap: the mmap stays open while any view of it lives; ``close`` only drops our reference.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runtime.dtypes import DTYPES
+from runtime.errors import CheckpointError
+from runtime.source import RawTensor
+
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the cap the safetensors library itself applies
+MAX_RANK = 16
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+def _no_dup_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def parse_header(raw: bytes, data_len: int, where: str) -> tuple[dict[str, Entry], dict[str, str]]:
+    """Validate a header against a data buffer of ``data_len`` bytes."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{where}: header is not UTF-8 (byte {e.start})") from None
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_dup_object)
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"{where}: header is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{where}: header is a JSON {type(obj).__name__}, not an object")
+    meta_raw = obj.pop("__metadata__", {})
+    if not isinstance(meta_raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in meta_raw.items()
+    ):
+        raise CheckpointError(f"{where}: __metadata__ must map strings to strings")
+    entries: dict[str, Entry] = {}
+    for name, info in obj.items():
+        entries[name] = _entry(name, info, where)
+    spans = sorted(entries.values(), key=lambda e: (e.begin, e.end))
+    pos = 0
+    for e in spans:
+        if e.begin < pos:
+            raise CheckpointError(
+                f"{where}: tensor {e.name!r} overlaps the previous tensor (offset {e.begin} < {pos})"
+            )
+        if e.begin > pos:
+            raise CheckpointError(
+                f"{where}: hole of {e.begin - pos} B before tensor {e.name!r} at offset {pos}"
+            )
+        pos = e.end
+    if pos != data_len:
+        if pos > data_len:
+            raise CheckpointError(
+                f"{where}: tensors need {pos} B of data but the file holds {data_len} B (truncated?)"
+            )
+        raise CheckpointError(f"{where}: {data_len - pos} B of trailing data after the last tensor")
+    return entries, dict(meta_raw)
+
+
+def _entry(name: str, info: Any, where: str) -> Entry:
+    at = f"{where}: tensor {name!r}"
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        raise CheckpointError(f"{at}: entry must be an object with dtype, shape and data_offsets")
+    dtype, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise CheckpointError(f"{at}: unknown dtype {dtype!r}")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > MAX_RANK
+        or not all(type(d) is int and 0 <= d < 1 << 48 for d in shape)
+    ):
+        raise CheckpointError(f"{at}: shape {shape!r} is not a list of non-negative integers")
+    if (
+        not isinstance(offs, list)
+        or len(offs) != 2
+        or not all(type(o) is int and 0 <= o < 1 << 62 for o in offs)
+    ):
+        raise CheckpointError(f"{at}: data_offsets {offs!r} is not [begin, end]")
+    begin, end = offs
+    if begin > end:
+        raise CheckpointError(f"{at}: data_offsets reversed ({begin} > {end})")
+    want = DTYPES[dtype].nbytes(tuple(shape))
+    if end - begin != want:
+        raise CheckpointError(f"{at}: {end - begin} B on disk, but {dtype} x {shape} is {want} B")
+    return Entry(name, dtype, tuple(shape), begin, end)
+
+
+class SafetensorsFile:
+    """One file, opened lazily, its header validated on open."""
+
+    def __init__(self, path: Path, display: str | None = None) -> None:
+        self.path = path
+        self.where = display or str(path)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            raise CheckpointError(f"{self.where}: cannot open: {e.strerror}") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size < 8:
+                raise CheckpointError(
+                    f"{self.where}: {size} B is too short for a safetensors header"
+                )
+            (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+            if n > MAX_HEADER_BYTES:
+                raise CheckpointError(
+                    f"{self.where}: header length {n} B is over the {MAX_HEADER_BYTES} B cap"
+                )
+            if 8 + n > size:
+                raise CheckpointError(
+                    f"{self.where}: header length {n} B runs past the end of the file ({size} B)"
+                )
+            raw = os.pread(fd, n, 8)
+            self.data_start = 8 + n
+            self.entries, self.metadata = parse_header(raw, size - self.data_start, self.where)
+            self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size > 0 else None
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._map) if self._map is not None else memoryview(b"")
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def raw(self, name: str) -> RawTensor:
+        e = self.entries[name]
+        start = self.data_start + e.begin
+        return RawTensor(e.dtype, e.shape, self._view[start : self.data_start + e.end])
