@@ -144,7 +144,7 @@ def _eval(node: ast.expr, env: Mapping[str, int]) -> int | bool:
         if op is ast.Sub:
             return a - b
         if op is ast.Mult:
-            return algebra_ops.mul(a, b)
+            return a * b
         if op is ast.Div:
             return algebra_ops.div(a, b)
         if op is ast.FloorDiv:

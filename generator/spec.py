@@ -128,11 +128,13 @@ def _schema(kind: str) -> dict[str, Any]:
 
 def validate_schema(doc: Located, kind: Literal["block", "model"]) -> None:
     validator = jsonschema.Draft202012Validator(_schema(kind))
-    errors = sorted(validator.iter_errors(doc.data), key=lambda e: (list(map(str, e.path)), e.msg))
+    errors = sorted(validator.iter_errors(doc.data), key=lambda e: (list(map(str, e.path)), e.message))
     if not errors:
         return
     err = jsonschema.exceptions.best_match(errors) or errors[0]
     path: PathKey = tuple(err.absolute_path)
+    if "propertyNames" in err.absolute_schema_path and isinstance(err.instance, str):
+        path = (*path, err.instance)  # a bad key: point at the key's own line
     raise doc.error(path, f"schema: {_short(err)}")
 
 

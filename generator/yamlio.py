@@ -11,6 +11,7 @@ Trap: a YAML error's ``problem_mark`` is 0-based; lines reported here are 1-base
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,10 +46,19 @@ class Located:
         return SpecError(self.file, format_path(path), self.line(path), message)
 
 
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+
+
 def format_path(path: PathKey) -> str:
+    """``tensors.q_proj.weight.shape[1]``; an odd key is shown as a repr, never raw."""
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_KEY.match(part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part[:64]!r}]"
     return out
 
 

@@ -47,6 +47,3 @@ def power(a: int, b: int) -> int:
         raise GeometryError(f"exponent too large in {a} ** {b}")
     return _bounded(a**b)
 
-
-def mul(a: int, b: int) -> int:
-    return _bounded(a * b)

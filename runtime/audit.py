@@ -93,6 +93,7 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
         "layer_prefix": split.prefix + table.layer_pattern,
         "tensors": len(ckpt.names()),
         "outside_layers": len(split.outside),
+        "unindexed_files": ckpt.unindexed_files(),
         "layers": layers,
         "kinds": kinds,
         "identical_bytes": _identical(ckpt, attn_full_names, progress),
@@ -149,4 +150,6 @@ def render_text(rep: dict[str, Any]) -> str:
     if len(dup) > 20:
         lines.append(f"  … {len(dup) - 20} more (see --json)")
     lines.append(f"quantisation artefacts in attention blocks: {rep['quantisation_artefacts']}")
+    if rep["unindexed_files"]:
+        lines.append(f"not read (no index entry names them): {rep['unindexed_files']}")
     return "\n".join(lines)

@@ -125,10 +125,12 @@ def bind_tensors(
     prefix_word = prefix.rstrip(".")
     if rep.unknown_self_attn:
         n_req = sum(1 for r in rules if r.group is None or not groups[r.group].optional)
+        n_opt = len(rules) - n_req
+        plus = f" (plus {n_opt} optional)" if n_opt else ""
         raise BindError(
             f"layer {layer}: {len(rep.unknown_self_attn)} unrecognised {prefix_word} tensor(s): "
-            f"{rep.unknown_self_attn} — a {block} block has exactly {n_req} "
-            f"(plus {len(rules) - n_req} optional) and this binder refuses to skip anything"
+            f"{rep.unknown_self_attn} — a {block} block has exactly {n_req}{plus} "
+            "and this binder refuses to skip anything"
         )
     wanted: list[TensorRule] = []
     for g in groups.values():

@@ -4,6 +4,8 @@ Invariants:
 - an index entry must name a plain file inside the directory: no absolute path, no ``..``, no
   symlink that resolves outside; every tensor the index names must be in that shard's header,
   and every tensor in a shard must be named by the index (nothing is silently ignored);
+- a ``*.safetensors`` file no index entry names (``consolidated.safetensors`` beside HF shards)
+  is not read, and ``unindexed_files`` lists it so the audit can say so;
 - a tensor name appears in exactly one shard;
 - shards are opened lazily, each once, and read through memory maps;
 - ``config.json`` must be a JSON object.
@@ -118,6 +120,11 @@ class Checkpoint:
     def get(self, name: str) -> RawTensor | None:
         fn = self._where.get(name)
         return None if fn is None else self._files[fn].raw(name)
+
+    def unindexed_files(self) -> list[str]:
+        """``*.safetensors`` files in the directory that no index entry names (left unread)."""
+        used = set(self._where.values())
+        return sorted(p.name for p in self.root.glob("*.safetensors") if p.name not in used)
 
     def file_of(self, name: str) -> str:
         return self._where[name]

@@ -1,0 +1,98 @@
+"""Shared builders for the tests: geometries, in-memory layers, Hypothesis strategies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from hypothesis import strategies as st
+
+from generated import MODELS, dsa, kda
+from runtime.binding import Array, TensorRule
+from runtime.dtypes import DTYPES, dtype_name
+from runtime.source import DictSource, RawTensor
+
+TABLE = MODELS["glm-5.3-flash"]
+REAL = TABLE.make_geometry(TABLE.default_values())
+REAL_KDA = kda.KdaGeometry(X=4096, H=64, D=128, K=4, C=32)
+TINY_KDA = kda.KdaGeometry(X=8, H=2, D=64, K=4, C=16)
+TINY_DSA = dsa.DsaGeometry(X=8, H=2, QL=6, KVL=4, N=3, R=0, V=2, IH=2, ID=4, KP=3)
+
+
+def raw(a: Array) -> RawTensor:
+    flat = np.ascontiguousarray(a).reshape(-1)  # shape -> [n]: raw row-major bytes
+    return RawTensor(dtype_name(a), tuple(a.shape), memoryview(flat.view(np.uint8)))
+
+
+def fill(rule: TensorRule, shape: tuple[int, ...], seed: int) -> Array:
+    """Distinct, deterministic values per tensor (so a mix-up is visible)."""
+    rng = np.random.default_rng(seed)
+    vals = rng.standard_normal(size=shape).astype(np.float32)
+    np_dtype = DTYPES[rule.dtype].numpy
+    assert np_dtype is not None
+    return vals.astype(np_dtype)
+
+
+def layer_arrays(
+    module: Any, g: Any, *, seed: int = 0, indexer: bool = True
+) -> dict[str, Array]:
+    shapes = module.expected_shapes(g)
+    out: dict[str, Array] = {}
+    for i, rule in enumerate(module.TENSORS):
+        if rule.group == "indexer" and not indexer:
+            continue
+        out[rule.name] = fill(rule, shapes[rule.name], seed * 1000 + i)
+    return out
+
+
+def source(arrays: dict[str, Array], **extra: Array) -> DictSource:
+    tensors = {n: raw(a) for n, a in arrays.items()}
+    tensors |= {n.replace("__", "."): raw(a) for n, a in extra.items()}
+    return DictSource(tensors)
+
+
+def bf16(shape: tuple[int, ...]) -> Array:
+    return np.zeros(shape, dtype=ml_dtypes.bfloat16)
+
+
+@st.composite
+def kda_geometries(draw: st.DrawFn) -> kda.KdaGeometry:
+    """KDA geometries that meet the block's constraints at tp=1."""
+    d = draw(st.sampled_from([16, 32, 64, 128]))
+    h = (128 // d) * draw(st.integers(1, 3)) if d < 128 else draw(st.integers(1, 3))
+    c = draw(st.integers(1, 32))
+    return kda.KdaGeometry(X=draw(st.integers(1, 24)), H=h, D=d, K=draw(st.integers(1, 5)), C=c)
+
+
+@st.composite
+def dsa_geometries(draw: st.DrawFn) -> dsa.DsaGeometry:
+    small = st.integers(1, 6)
+    return dsa.DsaGeometry(
+        X=draw(small), H=draw(st.integers(1, 4)), QL=draw(small), KVL=draw(small),
+        N=draw(small), R=draw(st.integers(0, 2)), V=draw(small), IH=draw(st.integers(1, 3)),
+        ID=draw(small), KP=draw(st.integers(1, 4)),
+    )  # fmt: skip
+
+
+@st.composite
+def model_values(draw: st.DrawFn) -> dict[str, int]:
+    """Model-level geometry (config.json values) that meets every block constraint."""
+    k = draw(kda_geometries())
+    d = draw(dsa_geometries())
+    return {
+        "hidden": draw(st.integers(1, 16)),
+        "linear_heads": k.H,
+        "linear_head_dim": k.D,
+        "linear_conv": k.K,
+        "kda_chunk": k.C,
+        "heads": d.H,
+        "q_lora_rank": d.QL,
+        "kv_lora_rank": d.KVL,
+        "qk_nope_head_dim": d.N,
+        "qk_rope_head_dim": d.R,
+        "v_head_dim": d.V,
+        "index_heads": d.IH,
+        "index_head_dim": d.ID,
+        "index_kpool": d.KP,
+    }

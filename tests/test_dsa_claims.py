@@ -1,0 +1,82 @@
+"""DSA block: the full and the "shared" (indexer-less) forms, and the MTP layer."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from helpers import REAL, TABLE, TINY_DSA, layer_arrays, source
+
+from generated import dsa
+from generated import model_glm_5_3_flash as m
+from runtime.bind import classify
+from runtime.errors import BindError
+
+INDEXER_FIELDS = ["wq_b", "wk", "k_norm_weight", "k_norm_bias", "weights_proj", "compress_gate", "ape"]
+
+
+def test_dsa_spec_has_the_mla_tensors_and_the_seven_indexer_tensors() -> None:
+    shapes = dsa.expected_shapes(m.dsa_geometry(REAL))
+    assert shapes == {
+        "self_attn.q_a_proj.weight": (1536, 4096),
+        "self_attn.q_a_layernorm.weight": (1536,),
+        "self_attn.q_b_proj.weight": (64 * 256, 1536),
+        "self_attn.kv_a_proj_with_mqa.weight": (512, 4096),
+        "self_attn.kv_a_layernorm.weight": (512,),
+        "self_attn.kv_b_proj.weight": (64 * 512, 512),
+        "self_attn.o_proj.weight": (4096, 64 * 256),
+        "self_attn.indexer.wq_b.weight": (32 * 128, 1536),
+        "self_attn.indexer.wk.weight": (128, 4096),
+        "self_attn.indexer.k_norm.weight": (128,),
+        "self_attn.indexer.k_norm.bias": (128,),
+        "self_attn.indexer.weights_proj.weight": (32, 4096),
+        "self_attn.indexer.index_kpool_compress_gate": (128, 4096),
+        "self_attn.indexer.index_kpool_compress_ape": (16, 128),
+    }
+    assert all(r.dtype == "BF16" for r in dsa.TENSORS)
+    assert sum(r.group == "indexer" for r in dsa.TENSORS) == 7
+
+
+def test_a_full_dsa_layer_binds_every_field_verbatim() -> None:
+    arrays = layer_arrays(dsa, TINY_DSA)
+    w, rep = dsa.bind_dsa(TINY_DSA, 3, source(arrays))
+    assert (rep.bound, rep.self_attn_seen, rep.unknown_self_attn) == (14, 14, [])
+    assert w.wk is not None and w.ape is not None
+    assert w.wk.tobytes() == arrays["self_attn.indexer.wk.weight"].tobytes()
+    assert w.kv_a_proj.tobytes() == arrays["self_attn.kv_a_proj_with_mqa.weight"].tobytes()
+
+
+def test_a_shared_dsa_layer_without_indexer_tensors_is_still_dsa_and_binds() -> None:
+    arrays = layer_arrays(dsa, TINY_DSA, indexer=False)
+    block = classify(TABLE, list(arrays))
+    assert block is not None and block.name == "dsa"
+    w, rep = dsa.bind_dsa(TINY_DSA, 7, source(arrays))
+    assert (rep.bound, rep.self_attn_seen) == (7, 7)
+    assert all(getattr(w, f) is None for f in INDEXER_FIELDS)
+    assert set(w.arrays()) == {"q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj",
+                               "kv_a_layernorm", "kv_b_proj", "o_proj"}  # fmt: skip
+
+
+@pytest.mark.parametrize("dropped", [r.name for r in dsa.TENSORS if r.group == "indexer"])
+def test_a_partial_indexer_is_refused_naming_the_missing_tensor(dropped: str) -> None:
+    arrays = layer_arrays(dsa, TINY_DSA)
+    del arrays[dropped]
+    with pytest.raises(BindError) as e:
+        dsa.bind_dsa(TINY_DSA, 3, source(arrays))
+    assert f"layer 3: partial indexer group in a dsa block: missing ['{dropped}']" in str(e.value)
+
+
+def test_the_mtp_layer_with_extra_non_attention_tensors_binds_as_dsa() -> None:
+    arrays = layer_arrays(dsa, TINY_DSA)
+    x = np.zeros(4, dtype=np.float32)
+    src = source(arrays, eh_proj__weight=x, enorm__weight=x, hnorm__weight=x)
+    _, rep = dsa.bind_dsa(TINY_DSA, 45, src)
+    assert (rep.kind, rep.bound, rep.non_attn_seen) == ("dsa", 14, 3)
+
+
+def test_nope_only_geometry_still_admits_a_rope_dim_in_the_shapes() -> None:
+    g = dataclasses.replace(TINY_DSA, R=2)
+    shapes = dsa.expected_shapes(g)
+    assert shapes["self_attn.q_b_proj.weight"] == (g.H * (g.N + 2), g.QL)
+    assert shapes["self_attn.kv_a_proj_with_mqa.weight"] == (g.KVL + 2, g.X)

@@ -1,0 +1,117 @@
+"""Bad specs are refused with one error naming the file, the path inside it and the line."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from generator.render import generate, load_specs
+from runtime.errors import SpecError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    shutil.copytree(REPO / "specs", tmp_path / "specs")
+    shutil.copytree(REPO / "generated", tmp_path / "generated", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def edit(root: Path, rel: str, old: str, new: str) -> None:
+    p = root / "specs" / rel
+    text = p.read_text()
+    assert old in text, old
+    p.write_text(text.replace(old, new, 1))
+
+
+def line_of(root: Path, rel: str, needle: str) -> int:
+    lines = (root / "specs" / rel).read_text().splitlines()
+    return next(i + 1 for i, line in enumerate(lines) if needle in line)
+
+
+KDA = "blocks/kda.yaml"
+DSA = "blocks/dsa.yaml"
+MODEL = "models/glm-5.3-flash.yaml"
+
+# (spec file, old text, new text, line needle, path in the error, message fragment)
+CASES = [
+    (KDA, "dtype: BF16, shape: [Q, X],    shard: {rows: H}}", "dtype: BF61, shape: [Q, X], shard: {rows: H}}",
+     "q_proj.weight:", "tensors.q_proj.weight.dtype", "schema"),
+    (KDA, "shape: [D, X],    shard: replicated}", "shape: [D, Y],    shard: replicated}",
+     "f_a_proj.weight:", "tensors.f_a_proj.weight.shape[1]", "unknown symbol(s) Y"),
+    (KDA, "shape: [H, X],    shard: {rows: H}}", "shape: [H, __import__('os')], shard: {rows: H}}",
+     "  b_proj.weight:", "tensors.b_proj.weight.shape[1]", "schema"),
+    (KDA, "shape: [H, X],    shard: {rows: H}}", "shape: [H, X / 0], shard: {rows: H}}",
+     "  b_proj.weight:", "tensors.b_proj.weight.shape[1]", "division by zero"),
+    (KDA, "shape: [H, X],    shard: {rows: H}}", "shape: [H, X - X], shard: {rows: H}}",
+     "  b_proj.weight:", "tensors.b_proj.weight.shape[1]", "evaluates to 0"),
+    (KDA, "shape: [H, X],    shard: {rows: H}}", "shape: [H, X],    shard: {rows: D}}",
+     "  b_proj.weight:", "tensors.b_proj.weight.shard", "does not split into whole D units"),
+    (KDA, "  o_norm: o_norm.weight\n", "  o_norm: o_norm.wieght\n",
+     "o_norm: o_norm.wieght", "outputs.o_norm", "unknown tensor 'o_norm.wieght'"),
+    (KDA, "  o_norm: o_norm.weight\n", "", "o_norm.weight:", "tensors.o_norm.weight", "read by no output"),
+    (KDA, "  b_proj: b_proj.weight\n", "  b_proj: b_proj.weight\n  b_proj: q_proj.weight\n",
+     "b_proj: q_proj.weight", "outputs.b_proj", "duplicate key 'b_proj'"),
+    (KDA, "  f_a: f_a_proj.weight\n", '  "f_a\\nimport os": f_a_proj.weight\n',
+     "import os", "outputs['f_a\\nimport os']", "schema"),
+    (KDA, "  f_a: f_a_proj.weight\n", "  class: f_a_proj.weight\n",
+     "class: f_a_proj", "outputs.class", "not a usable identifier"),
+    (KDA, "    squeeze: 1\n", "    squeeze: 2\n", "squeeze: 2", "outputs.conv.squeeze", "not a literal 1"),
+    (KDA, "check: 8 * C * D + 4 * C * C <= 49152", "check: 8 * C * D + 4 * C * C <= 4915",
+     "<= 4915", "constraints[1].check", "constraint scan_shared_memory fails"),
+    (KDA, "check: 8 * C * D + 4 * C * C <= 49152", "check: open(C) <= 49152",
+     "open(C)", "constraints[1].check", "Call is not allowed"),
+    (KDA, "block: kda\n", "block: kda\nextra: &a [1, 2]\nmore: *a\n", "extra:", "", "anchor 'a' is not allowed"),
+    (KDA, "block: kda\n", "block: !!python/object/apply:os.system ['true']\n", "block:", "", "invalid YAML"),
+    (DSA, "    optional: true\n", "    optional: yes please\n", "optional: yes", "groups.indexer.optional", "schema"),
+    (DSA, "group: indexer}\n  indexer.wk.weight", "group: indexr}\n  indexer.wk.weight",
+     "indexer.wq_b.weight:", "tensors.indexer.wq_b.weight.group", "not declared"),
+    (MODEL, "  linear_conv:      {config: linear_conv_kernel_dim, value: 4}\n", "",
+     "symbols: {X: hidden, H: linear_heads", "blocks[1].symbols.K", "unknown geometry symbol 'linear_conv'"),
+    (MODEL, "  - block: kda\n", "  - block: kdb\n", "block: kdb", "blocks[1].block", "unknown block 'kdb'"),
+]
+
+
+@pytest.mark.parametrize(("rel", "old", "new", "needle", "path", "fragment"), CASES)
+def test_a_bad_spec_names_file_path_and_line_and_leaves_generated_untouched(
+    root: Path, rel: str, old: str, new: str, needle: str, path: str, fragment: str
+) -> None:
+    before = {p.name: p.read_bytes() for p in (root / "generated").iterdir() if p.is_file()}
+    edit(root, rel, old, new)
+    with pytest.raises(SpecError) as e:
+        generate(root, root / "generated")
+    err = e.value
+    assert err.file == f"specs/{rel}"
+    assert err.path == path
+    assert err.line == line_of(root, rel, needle)
+    assert fragment in err.message
+    assert "\n" not in str(err)
+    after = {p.name: p.read_bytes() for p in (root / "generated").iterdir() if p.is_file()}
+    assert after == before
+
+
+def test_the_real_specs_load(root: Path) -> None:
+    specs = load_specs(root)
+    assert set(specs.blocks) == {"kda", "dsa"} and set(specs.models) == {"glm-5.3-flash"}
+
+
+def _no_markers(root: Path) -> None:
+    edit(root, KDA, "markers:\n  all_required: true\n", "markers:\n  all_of: []\n")
+
+
+def _a_file_named_badly(root: Path) -> None:
+    (root / "specs" / "blocks" / "Bad Name.yaml").write_text("block: x\n")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "fragment"),
+    [(_no_markers, "schema"), (_a_file_named_badly, "spec file names")],
+)
+def test_structural_problems_are_refused(root: Path, mutate: Callable[[Path], None], fragment: str) -> None:
+    mutate(root)
+    with pytest.raises(SpecError, match=fragment):
+        load_specs(root)
