@@ -1,4 +1,5 @@
 # specbind — the two commands a user needs are `make demo` and `make test`.
+SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -25,13 +26,14 @@ check-generated: $(STAMP)
 drift: $(STAMP)
 	rm -rf generated
 	$(BIN)/specbind generate
-	@if [ -n "$$(git status --porcelain -- generated specs)" ]; then \
-	    echo "generated/ drifted from the specs:"; git status --porcelain -- generated specs; exit 1; \
+	@if [ -n "$$(git status --porcelain -- generated)" ]; then \
+	    echo "generated/ differs from the committed copy after regenerating:"; \
+	    git status --porcelain -- generated; exit 1; \
 	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check generator runtime generated tests
-	$(BIN)/ruff format --check generated
+	$(BIN)/ruff format --check generator runtime generated tests
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict generated runtime generator

@@ -170,6 +170,24 @@ GROUPS: dict[str, GroupRule] = {
 CONSTRAINTS: tuple[ConstraintRule, ...] = ()
 
 
+# Each bound field and the checkpoint tensors it is made from, in order.
+SOURCES: dict[str, tuple[str, ...]] = {
+    "q_a_proj": ("self_attn.q_a_proj.weight",),
+    "q_a_layernorm": ("self_attn.q_a_layernorm.weight",),
+    "q_b_proj": ("self_attn.q_b_proj.weight",),
+    "kv_a_proj": ("self_attn.kv_a_proj_with_mqa.weight",),
+    "kv_a_layernorm": ("self_attn.kv_a_layernorm.weight",),
+    "kv_b_proj": ("self_attn.kv_b_proj.weight",),
+    "o_proj": ("self_attn.o_proj.weight",),
+    "wq_b": ("self_attn.indexer.wq_b.weight",),
+    "wk": ("self_attn.indexer.wk.weight",),
+    "k_norm_weight": ("self_attn.indexer.k_norm.weight",),
+    "k_norm_bias": ("self_attn.indexer.k_norm.bias",),
+    "weights_proj": ("self_attn.indexer.weights_proj.weight",),
+    "compress_gate": ("self_attn.indexer.index_kpool_compress_gate",),
+    "ape": ("self_attn.indexer.index_kpool_compress_ape",),
+}
+
 # Present in every layer of this block, so classification needs only names.
 MARKERS: frozenset[str] = frozenset(
     {

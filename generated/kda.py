@@ -169,6 +169,23 @@ CONSTRAINTS: tuple[ConstraintRule, ...] = (
 )
 
 
+# Each bound field and the checkpoint tensors it is made from, in order.
+SOURCES: dict[str, tuple[str, ...]] = {
+    "q_proj": ("self_attn.q_proj.weight",),
+    "k_proj": ("self_attn.k_proj.weight",),
+    "v_proj": ("self_attn.v_proj.weight",),
+    "conv": ("self_attn.q_conv1d.weight", "self_attn.k_conv1d.weight", "self_attn.v_conv1d.weight"),
+    "f_a": ("self_attn.f_a_proj.weight",),
+    "f_b": ("self_attn.f_b_proj.weight",),
+    "dt_bias": ("self_attn.dt_bias",),
+    "a_log": ("self_attn.A_log",),
+    "b_proj": ("self_attn.b_proj.weight",),
+    "g_a": ("self_attn.g_a_proj.weight",),
+    "g_b": ("self_attn.g_b_proj.weight",),
+    "o_norm": ("self_attn.o_norm.weight",),
+    "o_proj": ("self_attn.o_proj.weight",),
+}
+
 # Present in every layer of this block, so classification needs only names.
 MARKERS: frozenset[str] = frozenset(
     {

@@ -198,6 +198,7 @@ def _block_context(b: Block) -> dict[str, Any]:
         outputs.append(
             {
                 "field": o.field,
+                "sources_py": _tuple_entry(o.field, o.sources),
                 "optional": optional,
                 "comment": comment,
                 "expr": expr,
@@ -244,6 +245,16 @@ def _signature(name: str, params: list[str], ret: str) -> str:
     return f"def {name}(\n" + "".join(f"    {p},\n" for p in params) + f") -> {ret}:"
 
 
+def _tuple_entry(key: str, items: tuple[str, ...]) -> str:
+    """``"key": ("a", "b"),`` at dict indent 4, wrapped as ruff format would."""
+    lits = [py_literal(i) for i in items]
+    one = f"    {py_literal(key)}: ({', '.join(lits)}{',' if len(lits) == 1 else ''}),"
+    if len(one) <= 100:
+        return one
+    body = "".join(f"        {lit},\n" for lit in lits)
+    return f"    {py_literal(key)}: (\n{body}    ),"
+
+
 def _concat_call(o: Any, optional: bool) -> str:
     """A multi-line ``concat_squeeze`` call, laid out as ruff format would."""
     pad = " " * (16 if optional else 12)
@@ -254,7 +265,8 @@ def _concat_call(o: Any, optional: bool) -> str:
     )
     if not optional:
         return call
-    return f"(\n            {call}\n            if {py_literal(o.sources[0])} in t\n            else None\n        )"
+    present = py_literal(o.sources[0])
+    return f"(\n            {call}\n            if {present} in t\n            else None\n        )"
 
 
 def _concat_shape(b: Block, o: Any) -> str:

@@ -128,7 +128,9 @@ def _schema(kind: str) -> dict[str, Any]:
 
 def validate_schema(doc: Located, kind: Literal["block", "model"]) -> None:
     validator = jsonschema.Draft202012Validator(_schema(kind))
-    errors = sorted(validator.iter_errors(doc.data), key=lambda e: (list(map(str, e.path)), e.message))
+    errors = sorted(
+        validator.iter_errors(doc.data), key=lambda e: (list(map(str, e.path)), e.message)
+    )
     if not errors:
         return
     err = jsonschema.exceptions.best_match(errors) or errors[0]

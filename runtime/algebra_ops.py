@@ -46,4 +46,3 @@ def power(a: int, b: int) -> int:
     if b > 64 and abs(a) > 1:
         raise GeometryError(f"exponent too large in {a} ** {b}")
     return _bounded(a**b)
-

@@ -86,7 +86,8 @@ def bind_checkpoint(
             near, missing = nearest(table, names)
             attn = [n for n in names if n.startswith(near.prefix)]
             raise BindError(
-                f"layer {index}: its {len(attn)} {near.prefix.rstrip('.')} tensor(s) match no block "
+                f"layer {index}: its {len(attn)} {near.prefix.rstrip('.')} tensor(s) match no "
+                "block "
                 f"of {table.name}; nearest is {near.name}, missing {missing}"
             )
         src = LayerSource(ckpt, split.full_name(table, index, ""), names)

@@ -89,7 +89,8 @@ def cmd_synth(a: argparse.Namespace) -> int:
         for x in summary["layers"]
     ]
     print(
-        f"wrote {summary['path']}: {summary['tensors']} tensors, {summary['bytes']} B in {summary['files']} shard(s); layers {' '.join(kinds)}"
+        f"wrote {summary['path']}: {summary['tensors']} tensors, {summary['bytes']} B in "
+        f"{summary['files']} shard(s); layers {' '.join(kinds)}"
     )
     return 0
 
@@ -110,7 +111,8 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from runtime.export import write_safetensors
 
     table = _table(a.model)
-    result = bind_checkpoint(Checkpoint(Path(a.ckpt)), table, _sets(a.set), progress=a.progress)
+    overrides = _sets(a.set)
+    result = bind_checkpoint(Checkpoint(Path(a.ckpt)), table, overrides, progress=a.progress)
     if a.out:
         tensors = {
             f"layers.{layer.index}.{field}": arr
@@ -127,18 +129,16 @@ def cmd_bind(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
-        print(
-            f"{'layer':>5}  {'kind':<5} {'bound':>5} {'seen':>5} {'other':>5} {'unknown':>7} {'bytes':>12}"
-        )
+        row = "{:>5}  {:<5} {:>5} {:>5} {:>5} {:>7} {:>12}"
+        print(row.format("layer", "kind", "bound", "seen", "other", "unknown", "bytes"))
         for layer in result.layers:
             r = layer.report
-            print(
-                f"{r.index:>5}  {r.kind:<5} {r.bound:>5} {r.self_attn_seen:>5} {r.non_attn_seen:>5} {len(r.unknown_self_attn):>7} {r.bytes:>12}"
-            )
+            cells = (r.index, r.kind, r.bound, r.self_attn_seen, r.non_attn_seen)
+            print(row.format(*cells, len(r.unknown_self_attn), r.bytes))
         total = sum(layer.report.bytes for layer in result.layers)
         print(
-            f"bound {len(result.layers)} layer(s), {total} B at tp rank {result.tp_rank} of {result.tp_size} in {result.seconds:.3f} s"
-            + (f"; wrote {a.out}" if a.out else "")
+            f"bound {len(result.layers)} layer(s), {total} B at tp rank {result.tp_rank} of "
+            f"{result.tp_size} in {result.seconds:.3f} s" + (f"; wrote {a.out}" if a.out else "")
         )
     return 0
 
@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("SPECBIND_DEBUG") == "1":
             traceback.print_exc()
         print(
-            f"specbind: internal error: {type(e).__name__}: {e} (SPECBIND_DEBUG=1 shows the traceback)",
+            f"specbind: internal error: {type(e).__name__}: {e} "
+            "(SPECBIND_DEBUG=1 shows the traceback)",
             file=sys.stderr,
         )
         return 3

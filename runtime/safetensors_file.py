@@ -74,22 +74,23 @@ def parse_header(raw: bytes, data_len: int, where: str) -> tuple[dict[str, Entry
     entries: dict[str, Entry] = {}
     for name, info in obj.items():
         entries[name] = _entry(name, info, where)
-    spans = sorted(entries.values(), key=lambda e: (e.begin, e.end))
+    spans = sorted(entries.values(), key=lambda t: (t.begin, t.end))
     pos = 0
-    for e in spans:
-        if e.begin < pos:
+    for t in spans:
+        if t.begin < pos:
             raise CheckpointError(
-                f"{where}: tensor {e.name!r} overlaps the previous tensor (offset {e.begin} < {pos})"
+                f"{where}: tensor {t.name!r} overlaps the previous one (offset {t.begin} < {pos})"
             )
-        if e.begin > pos:
+        if t.begin > pos:
             raise CheckpointError(
-                f"{where}: hole of {e.begin - pos} B before tensor {e.name!r} at offset {pos}"
+                f"{where}: hole of {t.begin - pos} B before tensor {t.name!r} at offset {pos}"
             )
-        pos = e.end
+        pos = t.end
     if pos != data_len:
         if pos > data_len:
             raise CheckpointError(
-                f"{where}: tensors need {pos} B of data but the file holds {data_len} B (truncated?)"
+                f"{where}: tensors need {pos} B of data but the file holds {data_len} B "
+                "(truncated?)"
             )
         raise CheckpointError(f"{where}: {data_len - pos} B of trailing data after the last tensor")
     return entries, dict(meta_raw)

@@ -34,9 +34,7 @@ def fill(rule: TensorRule, shape: tuple[int, ...], seed: int) -> Array:
     return vals.astype(np_dtype)
 
 
-def layer_arrays(
-    module: Any, g: Any, *, seed: int = 0, indexer: bool = True
-) -> dict[str, Array]:
+def layer_arrays(module: Any, g: Any, *, seed: int = 0, indexer: bool = True) -> dict[str, Array]:
     shapes = module.expected_shapes(g)
     out: dict[str, Array] = {}
     for i, rule in enumerate(module.TENSORS):

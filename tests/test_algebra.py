@@ -89,7 +89,9 @@ def test_generated_python_agrees_with_the_evaluator(text: str, env: dict[str, in
     expr = algebra.parse(text)
     src = algebra.to_python(expr, lambda s: f"g.{s}")
     tree = ast.parse(src, mode="eval")
-    assert not any(isinstance(n, ast.Call) and not isinstance(n.func, ast.Attribute) for n in ast.walk(tree))
+    assert not any(
+        isinstance(n, ast.Call) and not isinstance(n.func, ast.Attribute) for n in ast.walk(tree)
+    )
     g = type("G", (), dict(env))
     code = compile(tree, "<generated>", "eval")
     try:

@@ -13,7 +13,15 @@ from generated import model_glm_5_3_flash as m
 from runtime.bind import classify
 from runtime.errors import BindError
 
-INDEXER_FIELDS = ["wq_b", "wk", "k_norm_weight", "k_norm_bias", "weights_proj", "compress_gate", "ape"]
+INDEXER_FIELDS = [
+    "wq_b",
+    "wk",
+    "k_norm_weight",
+    "k_norm_bias",
+    "weights_proj",
+    "compress_gate",
+    "ape",
+]
 
 
 def test_dsa_spec_has_the_mla_tensors_and_the_seven_indexer_tensors() -> None:

@@ -6,14 +6,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers import REAL_KDA, TINY_KDA, layer_arrays, raw, source
+from helpers import REAL_KDA, TABLE, TINY_KDA, layer_arrays, raw, source
 
 from generated import kda
 from generator import algebra
 from runtime.bind import classify
 from runtime.errors import BindError, GeometryError
 from runtime.source import DictSource
-from helpers import TABLE
 
 AUDITED = {
     "self_attn.q_proj.weight": ("BF16", (8192, 4096)),
@@ -79,7 +78,7 @@ def test_chunk_width_is_bounded_by_the_shared_memory_ceiling() -> None:
     need = algebra.evaluate(algebra.parse(lhs), {"C": 64, "D": 128})
     assert need == 81920, "C=64 needs 81920 B of shared memory"
     assert int(ceiling) < 81920
-    with pytest.raises(GeometryError, match="scan_shared_memory.*refused, not truncated"):
+    with pytest.raises(GeometryError, match=r"scan_shared_memory.*refused, not truncated"):
         kda.check_constraints(dataclasses.replace(REAL_KDA, C=64))
 
 
@@ -123,7 +122,7 @@ def test_casting_a_gate_parameter_to_bf16_is_refused_because_it_changes_the_gate
 def test_a_bf16_projection_stored_as_f32_is_refused_not_cast() -> None:
     arrays = layer_arrays(kda, TINY_KDA)
     arrays["self_attn.o_norm.weight"] = arrays["self_attn.o_norm.weight"].astype(np.float32)
-    with pytest.raises(BindError, match="o_norm.weight is F32 but a kda block requires BF16"):
+    with pytest.raises(BindError, match=r"o_norm\.weight is F32 but a kda block requires BF16"):
         kda.bind_kda(TINY_KDA, 0, source(arrays))
 
 
@@ -139,7 +138,9 @@ def test_a_conv_stored_squeezed_is_refused_as_a_shape_mismatch() -> None:
     arrays = layer_arrays(kda, TINY_KDA)
     c = arrays["self_attn.k_conv1d.weight"]
     arrays["self_attn.k_conv1d.weight"] = c.reshape(c.shape[0], c.shape[2])  # [Q, 1, K] -> [Q, K]
-    with pytest.raises(BindError, match=r"k_conv1d.weight has shape \[128, 4\], expected \[128, 1, 4\]"):
+    with pytest.raises(
+        BindError, match=r"k_conv1d.weight has shape \[128, 4\], expected \[128, 1, 4\]"
+    ):
         kda.bind_kda(TINY_KDA, 0, source(arrays))
 
 
@@ -148,7 +149,9 @@ def test_a_byte_count_mismatch_is_refused() -> None:
     tensors = {n: raw(a) for n, a in arrays.items()}
     t = tensors["self_attn.f_a_proj.weight"]
     tensors["self_attn.f_a_proj.weight"] = dataclasses.replace(t, data=t.data[:-2])
-    with pytest.raises(BindError, match=r"f_a_proj.weight is 1022 B, shape \[64, 8\] implies 1024 B"):
+    with pytest.raises(
+        BindError, match=r"f_a_proj.weight is 1022 B, shape \[64, 8\] implies 1024 B"
+    ):
         kda.bind_kda(TINY_KDA, 0, DictSource(tensors))
 
 
@@ -187,6 +190,12 @@ def test_the_report_counts_attention_and_other_tensors_and_bytes() -> None:
     other = np.zeros(8, dtype=np.float32)
     src = source(arrays, input_layernorm__weight=other, mlp__gate_proj__weight=other)
     _, rep = kda.bind_kda(TINY_KDA, 4, src)
-    assert (rep.index, rep.kind, rep.bound, rep.self_attn_seen, rep.non_attn_seen) == (4, "kda", 15, 15, 2)
+    assert (rep.index, rep.kind, rep.bound, rep.self_attn_seen, rep.non_attn_seen) == (
+        4,
+        "kda",
+        15,
+        15,
+        2,
+    )
     assert rep.unknown_self_attn == []
     assert rep.bytes == sum(a.nbytes for a in arrays.values())

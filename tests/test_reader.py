@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from runtime.model import values_from_config
 from runtime.safetensors_file import MAX_HEADER_BYTES, SafetensorsFile
 
 
-def write_raw(path: Path, header: dict[str, Any], data: bytes, *, length: int | None = None) -> Path:
+def write_raw(
+    path: Path, header: dict[str, Any], data: bytes, *, length: int | None = None
+) -> Path:
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw) if length is None else length) + raw + data)
     return path
@@ -109,7 +112,10 @@ def test_a_sharded_checkpoint_reads_through_its_index(tmp_path: Path) -> None:
         ({"a": "../s1.safetensors", "b": "s2.safetensors"}, "points outside"),
         ({"a": "/etc/passwd", "b": "s2.safetensors"}, "points outside"),
         ({"a": "s1.safetensors", "b": "missing.safetensors"}, "no such file"),
-        ({"a": "s2.safetensors", "b": "s2.safetensors"}, "'a' maps to s2.safetensors, which does not hold it"),
+        (
+            {"a": "s2.safetensors", "b": "s2.safetensors"},
+            "'a' maps to s2.safetensors, which does not hold it",
+        ),
         ({"a": "s1.safetensors", "b": "s2.safetensors", "c": "s1.safetensors"}, "does not hold it"),
     ],
 )
@@ -124,9 +130,14 @@ def test_an_unsafe_or_inconsistent_index_is_refused(
 
 def test_a_shard_tensor_missing_from_the_index_is_refused_not_ignored(tmp_path: Path) -> None:
     d = _sharded(tmp_path)
-    save_file({"a": np.zeros(2, np.float32), "c": np.zeros(1, np.float32)}, str(d / "s1.safetensors"))
+    save_file(
+        {"a": np.zeros(2, np.float32), "c": np.zeros(1, np.float32)}, str(d / "s1.safetensors")
+    )
     _index(d, {"a": "s1.safetensors", "b": "s2.safetensors"})
-    with pytest.raises(CheckpointError, match="s1.safetensors: tensor 'c' is not in model.safetensors.index.json"):
+    with pytest.raises(
+        CheckpointError,
+        match=re.escape("s1.safetensors: tensor 'c' is not in model.safetensors.index.json"),
+    ):
         Checkpoint(d)
 
 
@@ -153,12 +164,16 @@ def test_the_same_tensor_in_two_shards_is_refused(tmp_path: Path) -> None:
     (d / "model.safetensors.index.json").write_text(
         json.dumps({"weight_map": {"a": "s1.safetensors", "x": "s2.safetensors"}})
     )
-    with pytest.raises(CheckpointError, match="'a' is in both s2.safetensors and s1.safetensors"):
+    with pytest.raises(
+        CheckpointError, match=re.escape("'a' is in both s2.safetensors and s1.safetensors")
+    ):
         Checkpoint(d)
 
 
 def test_a_directory_without_weights_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointError, match="no model.safetensors and no model.safetensors.index.json"):
+    with pytest.raises(
+        CheckpointError, match=re.escape("no model.safetensors and no model.safetensors.index.json")
+    ):
         Checkpoint(tmp_path)
 
 
@@ -175,14 +190,14 @@ def test_geometry_comes_from_flat_or_nested_config_fields() -> None:
 def test_a_missing_config_field_is_named() -> None:
     cfg = _config()
     del cfg["linear_num_heads"]
-    with pytest.raises(CheckpointError, match="missing field 'linear_num_heads'.*linear_heads"):
+    with pytest.raises(CheckpointError, match=r"missing field 'linear_num_heads'.*linear_heads"):
         values_from_config(TABLE, cfg)
 
 
 @pytest.mark.parametrize("bad", ["64", 64.0, True, None, [64]])
 def test_a_config_field_of_the_wrong_type_is_refused(bad: object) -> None:
     cfg = _config() | {"num_attention_heads": bad}
-    with pytest.raises(CheckpointError, match="num_attention_heads is .* expected an integer"):
+    with pytest.raises(CheckpointError, match=r"num_attention_heads is .* expected an integer"):
         values_from_config(TABLE, cfg)
 
 

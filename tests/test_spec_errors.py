@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     shutil.copytree(REPO / "specs", tmp_path / "specs")
-    shutil.copytree(REPO / "generated", tmp_path / "generated", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "generated", tmp_path / "generated", ignore=shutil.ignore_patterns("__pycache__")
+    )
     return tmp_path
 
 
@@ -39,40 +41,166 @@ MODEL = "models/glm-5.3-flash.yaml"
 
 # (spec file, old text, new text, line needle, path in the error, message fragment)
 CASES = [
-    (KDA, "dtype: BF16, shape: [Q, X],    shard: {rows: H}}", "dtype: BF61, shape: [Q, X], shard: {rows: H}}",
-     "q_proj.weight:", "tensors.q_proj.weight.dtype", "schema"),
-    (KDA, "shape: [D, X],    shard: replicated}", "shape: [D, Y],    shard: replicated}",
-     "f_a_proj.weight:", "tensors.f_a_proj.weight.shape[1]", "unknown symbol(s) Y"),
-    (KDA, "shape: [H, X],    shard: {rows: H}}", "shape: [H, __import__('os')], shard: {rows: H}}",
-     "  b_proj.weight:", "tensors.b_proj.weight.shape[1]", "schema"),
-    (KDA, "shape: [H, X],    shard: {rows: H}}", "shape: [H, X / 0], shard: {rows: H}}",
-     "  b_proj.weight:", "tensors.b_proj.weight.shape[1]", "division by zero"),
-    (KDA, "shape: [H, X],    shard: {rows: H}}", "shape: [H, X - X], shard: {rows: H}}",
-     "  b_proj.weight:", "tensors.b_proj.weight.shape[1]", "evaluates to 0"),
-    (KDA, "shape: [H, X],    shard: {rows: H}}", "shape: [H, X],    shard: {rows: D}}",
-     "  b_proj.weight:", "tensors.b_proj.weight.shard", "does not split into whole D units"),
-    (KDA, "  o_norm: o_norm.weight\n", "  o_norm: o_norm.wieght\n",
-     "o_norm: o_norm.wieght", "outputs.o_norm", "unknown tensor 'o_norm.wieght'"),
-    (KDA, "  o_norm: o_norm.weight\n", "", "o_norm.weight:", "tensors.o_norm.weight", "read by no output"),
-    (KDA, "  b_proj: b_proj.weight\n", "  b_proj: b_proj.weight\n  b_proj: q_proj.weight\n",
-     "b_proj: q_proj.weight", "outputs.b_proj", "duplicate key 'b_proj'"),
-    (KDA, "  f_a: f_a_proj.weight\n", '  "f_a\\nimport os": f_a_proj.weight\n',
-     "import os", "outputs['f_a\\nimport os']", "schema"),
-    (KDA, "  f_a: f_a_proj.weight\n", "  class: f_a_proj.weight\n",
-     "class: f_a_proj", "outputs.class", "not a usable identifier"),
-    (KDA, "    squeeze: 1\n", "    squeeze: 2\n", "squeeze: 2", "outputs.conv.squeeze", "not a literal 1"),
-    (KDA, "check: 8 * C * D + 4 * C * C <= 49152", "check: 8 * C * D + 4 * C * C <= 4915",
-     "<= 4915", "constraints[1].check", "constraint scan_shared_memory fails"),
-    (KDA, "check: 8 * C * D + 4 * C * C <= 49152", "check: open(C) <= 49152",
-     "open(C)", "constraints[1].check", "Call is not allowed"),
-    (KDA, "block: kda\n", "block: kda\nextra: &a [1, 2]\nmore: *a\n", "extra:", "", "anchor 'a' is not allowed"),
-    (KDA, "block: kda\n", "block: !!python/object/apply:os.system ['true']\n", "block:", "", "invalid YAML"),
-    (DSA, "    optional: true\n", "    optional: yes please\n", "optional: yes", "groups.indexer.optional", "schema"),
-    (DSA, "group: indexer}\n  indexer.wk.weight", "group: indexr}\n  indexer.wk.weight",
-     "indexer.wq_b.weight:", "tensors.indexer.wq_b.weight.group", "not declared"),
-    (MODEL, "  linear_conv:      {config: linear_conv_kernel_dim, value: 4}\n", "",
-     "symbols: {X: hidden, H: linear_heads", "blocks[1].symbols.K", "unknown geometry symbol 'linear_conv'"),
-    (MODEL, "  - block: kda\n", "  - block: kdb\n", "block: kdb", "blocks[1].block", "unknown block 'kdb'"),
+    (
+        KDA,
+        "dtype: BF16, shape: [Q, X],    shard: {rows: H}}",
+        "dtype: BF61, shape: [Q, X], shard: {rows: H}}",
+        "q_proj.weight:",
+        "tensors.q_proj.weight.dtype",
+        "schema",
+    ),
+    (
+        KDA,
+        "shape: [D, X],    shard: replicated}",
+        "shape: [D, Y],    shard: replicated}",
+        "f_a_proj.weight:",
+        "tensors.f_a_proj.weight.shape[1]",
+        "unknown symbol(s) Y",
+    ),
+    (
+        KDA,
+        "shape: [H, X],    shard: {rows: H}}",
+        "shape: [H, __import__('os')], shard: {rows: H}}",
+        "  b_proj.weight:",
+        "tensors.b_proj.weight.shape[1]",
+        "schema",
+    ),
+    (
+        KDA,
+        "shape: [H, X],    shard: {rows: H}}",
+        "shape: [H, X / 0], shard: {rows: H}}",
+        "  b_proj.weight:",
+        "tensors.b_proj.weight.shape[1]",
+        "division by zero",
+    ),
+    (
+        KDA,
+        "shape: [H, X],    shard: {rows: H}}",
+        "shape: [H, X - X], shard: {rows: H}}",
+        "  b_proj.weight:",
+        "tensors.b_proj.weight.shape[1]",
+        "evaluates to 0",
+    ),
+    (
+        KDA,
+        "shape: [H, X],    shard: {rows: H}}",
+        "shape: [H, X],    shard: {rows: D}}",
+        "  b_proj.weight:",
+        "tensors.b_proj.weight.shard",
+        "does not split into whole D units",
+    ),
+    (
+        KDA,
+        "  o_norm: o_norm.weight\n",
+        "  o_norm: o_norm.wieght\n",
+        "o_norm: o_norm.wieght",
+        "outputs.o_norm",
+        "unknown tensor 'o_norm.wieght'",
+    ),
+    (
+        KDA,
+        "  o_norm: o_norm.weight\n",
+        "",
+        "o_norm.weight:",
+        "tensors.o_norm.weight",
+        "read by no output",
+    ),
+    (
+        KDA,
+        "  b_proj: b_proj.weight\n",
+        "  b_proj: b_proj.weight\n  b_proj: q_proj.weight\n",
+        "b_proj: q_proj.weight",
+        "outputs.b_proj",
+        "duplicate key 'b_proj'",
+    ),
+    (
+        KDA,
+        "  f_a: f_a_proj.weight\n",
+        '  "f_a\\nimport os": f_a_proj.weight\n',
+        "import os",
+        "outputs['f_a\\nimport os']",
+        "schema",
+    ),
+    (
+        KDA,
+        "  f_a: f_a_proj.weight\n",
+        "  class: f_a_proj.weight\n",
+        "class: f_a_proj",
+        "outputs.class",
+        "not a usable identifier",
+    ),
+    (
+        KDA,
+        "    squeeze: 1\n",
+        "    squeeze: 2\n",
+        "squeeze: 2",
+        "outputs.conv.squeeze",
+        "not a literal 1",
+    ),
+    (
+        KDA,
+        "check: 8 * C * D + 4 * C * C <= 49152",
+        "check: 8 * C * D + 4 * C * C <= 4915",
+        "<= 4915",
+        "constraints[1].check",
+        "constraint scan_shared_memory fails",
+    ),
+    (
+        KDA,
+        "check: 8 * C * D + 4 * C * C <= 49152",
+        "check: open(C) <= 49152",
+        "open(C)",
+        "constraints[1].check",
+        "Call is not allowed",
+    ),
+    (
+        KDA,
+        "block: kda\n",
+        "block: kda\nextra: &a [1, 2]\nmore: *a\n",
+        "extra:",
+        "",
+        "anchor 'a' is not allowed",
+    ),
+    (
+        KDA,
+        "block: kda\n",
+        "block: !!python/object/apply:os.system ['true']\n",
+        "block:",
+        "",
+        "invalid YAML",
+    ),
+    (
+        DSA,
+        "    optional: true\n",
+        "    optional: yes please\n",
+        "optional: yes",
+        "groups.indexer.optional",
+        "schema",
+    ),
+    (
+        DSA,
+        "group: indexer}\n  indexer.wk.weight",
+        "group: indexr}\n  indexer.wk.weight",
+        "indexer.wq_b.weight:",
+        "tensors.indexer.wq_b.weight.group",
+        "not declared",
+    ),
+    (
+        MODEL,
+        "  linear_conv:      {config: linear_conv_kernel_dim, value: 4}\n",
+        "",
+        "symbols: {X: hidden, H: linear_heads",
+        "blocks[1].symbols.K",
+        "unknown geometry symbol 'linear_conv'",
+    ),
+    (
+        MODEL,
+        "  - block: kda\n",
+        "  - block: kdb\n",
+        "block: kdb",
+        "blocks[1].block",
+        "unknown block 'kdb'",
+    ),
 ]
 
 
@@ -111,7 +239,9 @@ def _a_file_named_badly(root: Path) -> None:
     ("mutate", "fragment"),
     [(_no_markers, "schema"), (_a_file_named_badly, "spec file names")],
 )
-def test_structural_problems_are_refused(root: Path, mutate: Callable[[Path], None], fragment: str) -> None:
+def test_structural_problems_are_refused(
+    root: Path, mutate: Callable[[Path], None], fragment: str
+) -> None:
     mutate(root)
     with pytest.raises(SpecError, match=fragment):
         load_specs(root)

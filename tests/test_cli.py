@@ -1,0 +1,219 @@
+"""The CLI end to end: synth -> audit --json -> bind --json --out, and refusals in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors
+from safetensors.numpy import save_file
+
+from generated import SPECS_SHA256
+from runtime.dtypes import DTYPES
+
+
+def specbind(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def refused(proc: subprocess.CompletedProcess[str]) -> str:
+    """A refusal: non-zero exit, one line on stderr, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("specbind: error: ")
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "tiny"
+    proc = specbind("synth", str(out), "--seed", "3")
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def test_synth_writes_an_hf_layout_checkpoint(ckpt: Path) -> None:
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())
+    config = json.loads((ckpt / "config.json").read_text())
+    shards = sorted(p.name for p in ckpt.glob("*.safetensors"))
+    assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert set(index["weight_map"].values()) == set(shards)
+    assert config["model_type"] == "glm5_next_text" and config["num_hidden_layers"] == 8
+    assert (
+        config["layer_types"][3] == "indexed_attention" and config["indexer_types"][7] == "shared"
+    )
+    header = {n: t for f in shards for n, t in safetensors.deserialize((ckpt / f).read_bytes())}
+    assert header["layers.0.self_attn.A_log"]["dtype"] == "F32"
+    assert header["layers.0.self_attn.dt_bias"]["dtype"] == "F32"
+    assert header["layers.0.self_attn.q_proj.weight"]["dtype"] == "BF16"
+
+
+def test_audit_json_is_a_clean_census_of_the_tiny_checkpoint(ckpt: Path) -> None:
+    proc = specbind("audit", str(ckpt), "--json")
+    assert proc.returncode == 0, proc.stderr
+    rep: dict[str, Any] = json.loads(proc.stdout)
+    kinds = {row["index"]: row["kind"] for row in rep["layers"]}
+    assert kinds == {
+        0: "kda",
+        1: "kda",
+        2: "kda",
+        3: "dsa",
+        4: "kda",
+        5: "kda",
+        6: "kda",
+        7: "dsa",
+        8: "dsa",
+    }
+    assert rep["kinds"]["kda"] == {
+        "layers": 6,
+        "distinct_signatures": 1,
+        "signatures": rep["kinds"]["kda"]["signatures"],
+    }
+    assert rep["kinds"]["dsa"]["distinct_signatures"] == 2, "full and shared DSA layers differ"
+    assert all(not row["missing"] and not row["unknown"] for row in rep["layers"])
+    assert rep["layers"][7]["absent_optional_groups"] == ["indexer"]
+    assert rep["quantisation_artefacts"] == 0 and rep["identical_bytes"] == []
+
+
+def test_bind_json_reports_every_layer_bound_with_no_unknowns(ckpt: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bound.safetensors"
+    proc = specbind("bind", str(ckpt), "--json", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rep = json.loads(proc.stdout)
+    assert set(rep) == {"tp_size", "tp_rank", "layers", "seconds"}
+    assert (rep["tp_size"], rep["tp_rank"]) == (1, 0)
+    assert len(rep["layers"]) == 9
+    for layer in rep["layers"]:
+        assert set(layer) == {
+            "index",
+            "kind",
+            "bound",
+            "self_attn_seen",
+            "non_attn_seen",
+            "unknown_self_attn",
+            "bytes",
+        }
+        assert layer["bound"] == layer["self_attn_seen"] and layer["unknown_self_attn"] == []
+    with safetensors.safe_open(str(out), framework="numpy") as f:
+        meta = f.metadata()
+        names = set(f.keys())
+    assert (
+        meta["specs_sha256"] == SPECS_SHA256 and meta["tp_size"] == "1" and meta["tp_rank"] == "0"
+    )
+    assert "layers.0.conv" in names and "layers.3.wk" in names and "layers.7.wk" not in names
+    assert "layers.8.q_b_proj" in names, "the MTP layer binds as DSA"
+    assert len(names) == 6 * 13 + 2 * 14 + 7
+
+
+def test_two_binds_write_byte_identical_files(ckpt: Path, tmp_path: Path) -> None:
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    assert specbind("bind", str(ckpt), "--out", str(a)).returncode == 0
+    assert specbind("bind", str(ckpt), "--out", str(b)).returncode == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+def _copy_with(ckpt: Path, dest: Path, edit: dict[str, Any]) -> Path:
+    """Copy a checkpoint into one file, applying {name: array, or None to drop it}."""
+    dest.mkdir()
+    tensors: dict[str, Any] = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        for n, t in safetensors.deserialize(f.read_bytes()):
+            np_dtype = DTYPES[t["dtype"]].numpy
+            tensors[n] = np.frombuffer(t["data"], dtype=np_dtype).reshape(t["shape"])
+    for n, v in edit.items():
+        if v is None:
+            tensors.pop(n)
+        else:
+            tensors[n] = v
+    save_file(tensors, str(dest / "model.safetensors"))
+    (dest / "config.json").write_text((ckpt / "config.json").read_text())
+    return dest
+
+
+def test_bind_refuses_a_dropped_tensor_naming_layer_and_tensor(ckpt: Path, tmp_path: Path) -> None:
+    bad = _copy_with(ckpt, tmp_path / "bad", {"layers.3.self_attn.q_b_proj.weight": None})
+    line = refused(specbind("bind", str(bad), "--json"))
+    assert "layer 3: missing self_attn.q_b_proj.weight" in line
+
+
+def test_bind_refuses_a_bf16_a_log_saying_why(ckpt: Path, tmp_path: Path) -> None:
+    bad = _copy_with(
+        ckpt, tmp_path / "bad", {"layers.1.self_attn.A_log": np.zeros(8, ml_dtypes.bfloat16)}
+    )
+    line = refused(specbind("bind", str(bad)))
+    assert "layer 1: self_attn.A_log is BF16 but a kda block requires F32" in line
+    assert "would change the gate" in line
+
+
+def test_bind_refuses_a_kda_layer_missing_a_tensor_as_matching_no_block(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    bad = _copy_with(ckpt, tmp_path / "bad", {"layers.0.self_attn.o_norm.weight": None})
+    line = refused(specbind("bind", str(bad)))
+    assert "layer 0:" in line and "nearest is kda" in line and "self_attn.o_norm.weight" in line
+
+
+def test_a_failed_bind_leaves_the_previous_out_file_intact(ckpt: Path, tmp_path: Path) -> None:
+    out = tmp_path / "bound.safetensors"
+    assert specbind("bind", str(ckpt), "--out", str(out)).returncode == 0
+    before = out.read_bytes()
+    bad = _copy_with(
+        ckpt, tmp_path / "bad", {"layers.5.self_attn.extra.weight": np.zeros(2, np.float32)}
+    )
+    line = refused(specbind("bind", str(bad), "--out", str(out)))
+    assert "layer 5: 1 unrecognised self_attn tensor(s): ['self_attn.extra.weight']" in line
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_audit_reports_quantisation_artefacts_and_identical_bytes(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    scale = np.ones(1, np.float32)
+    with safetensors.safe_open(
+        str(ckpt / "model-00001-of-00002.safetensors"), framework="numpy"
+    ) as h:
+        a_log = h.get_tensor("layers.0.self_attn.A_log")
+    bad = _copy_with(ckpt, tmp_path / "q", {"layers.2.self_attn.q_proj.weight_scale": scale,
+                                             "layers.2.self_attn.q_proj.input_scale": scale,
+                                             "layers.1.self_attn.A_log": a_log})  # fmt: skip
+    rep = json.loads(specbind("audit", str(bad), "--json").stdout)
+    assert rep["layers"][2]["quantisation_artefacts"] == [
+        "self_attn.q_proj.input_scale (F32)", "self_attn.q_proj.weight_scale (F32)"]  # fmt: skip
+    assert rep["layers"][2]["unknown"] == [
+        "self_attn.q_proj.input_scale",
+        "self_attn.q_proj.weight_scale",
+    ]
+    assert rep["kinds"]["kda"]["distinct_signatures"] == 2
+    assert ["layers.0.self_attn.A_log", "layers.1.self_attn.A_log"] in rep["identical_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["bind", "/nonexistent/ckpt"], "not a directory"),
+        (["audit", "/nonexistent/ckpt"], "not a directory"),
+        (["bind", "."], "no model.safetensors and no model.safetensors.index.json"),
+        (["synth", "/tmp", "--layers", "2"], "exists and is not an empty directory"),
+        (["bind", ".", "--model", "llama"], "unknown model 'llama'"),
+        (["bind", ".", "--set", "hidden=big"], "not an integer"),
+    ],
+)
+def test_bad_invocations_are_refused_in_one_line(args: list[str], fragment: str) -> None:
+    assert fragment in refused(specbind(*args))
+
+
+def test_a_chunk_override_that_breaks_the_shared_memory_ceiling_is_refused(ckpt: Path) -> None:
+    # The tiny geometry has D = 64: C = 128 needs 8*128*64 + 4*128*128 = 131072 B > 49152 B.
+    line = refused(specbind("bind", str(ckpt), "--set", "kda_chunk=128"))
+    assert "constraint scan_shared_memory" in line and "refused, not truncated" in line
