@@ -48,7 +48,6 @@ demo: $(STAMP) generate
 	$(BIN)/specbind synth $(DEMO)/ckpt --seed 0
 	$(BIN)/specbind audit $(DEMO)/ckpt
 	$(BIN)/specbind bind $(DEMO)/ckpt --out $(DEMO)/bound.safetensors
-	$(BIN)/specbind bind $(DEMO)/ckpt --json
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .ruff_cache .hypothesis
