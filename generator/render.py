@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ import jinja2
 from generator import algebra, yamlio
 from generator.evaluate import check_model_geometry
 from generator.spec import Block, Model, parse_block, parse_model
+from runtime.atomic import atomic_writer
 from runtime.errors import GenerateError, SpecError
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -359,14 +358,5 @@ def generate(root: Path, out: Path) -> list[str]:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(path) as f:
+        f.write(data)

@@ -24,6 +24,7 @@ import jsonschema
 from generator import algebra
 from generator.yamlio import Located, PathKey
 from runtime.errors import AlgebraError
+from runtime.model import GeometryField
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "specs" / "schema"
 _FORBIDDEN_IDENTS = frozenset(dir(builtins)) | {"self", "cls", "g", "t", "w", "src", "layer"}
@@ -91,15 +92,6 @@ class Block:
 
 
 @dataclass(frozen=True)
-class GeometrySymbol:
-    name: str
-    config: str | None
-    value: int
-    min: int
-    doc: str
-
-
-@dataclass(frozen=True)
 class BlockUse:
     block: str
     symbols: dict[str, str]
@@ -112,7 +104,7 @@ class Model:
     doc: str
     pattern: str
     prefixes: tuple[str, ...]
-    geometry: tuple[GeometrySymbol, ...]
+    geometry: tuple[GeometryField, ...]
     blocks: tuple[BlockUse, ...]
     located: Located
 
@@ -317,7 +309,7 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
     validate_schema(doc, "model")
     d = doc.data
     geometry = tuple(
-        GeometrySymbol(
+        GeometryField(
             check_ident(doc, ("geometry", n), n, "geometry symbol"),
             g.get("config"),
             int(g["value"]),

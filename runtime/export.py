@@ -13,13 +13,12 @@ order and header bytes are deterministic, so two binds give byte-identical files
 from __future__ import annotations
 
 import json
-import os
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from runtime.atomic import atomic_writer
 from runtime.binding import Array
 from runtime.dtypes import dtype_name
 
@@ -38,19 +37,10 @@ def write_safetensors(path: Path, tensors: dict[str, Array], metadata: dict[str,
         pos += a.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # pad so the data buffer starts 8-byte aligned
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(struct.pack("<Q", len(raw)))
-            f.write(raw)
-            for name in order:
-                flat = np.ascontiguousarray(tensors[name]).reshape(-1)  # shape -> [n], row-major
-                f.write(flat.view(np.uint8).data)  # a view of the mmap: no copy for verbatim fields
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(path) as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name in order:
+            flat = np.ascontiguousarray(tensors[name]).reshape(-1)  # shape -> [n], row-major
+            f.write(flat.view(np.uint8).data)  # a view of the mmap: no copy for verbatim fields
     return 8 + len(raw) + pos
