@@ -27,6 +27,7 @@ from runtime.binding import (
     check_dims,
 )
 from runtime.source import TensorSource
+from runtime.tp import BlockPlan, ShardedSource, plan_block
 
 BLOCK = "dsa"
 PREFIX = "self_attn."
@@ -222,6 +223,28 @@ def expected_shapes(g: DsaGeometry) -> dict[str, tuple[int, ...]]:
     }
 
 
+def env(g: DsaGeometry) -> dict[str, int]:
+    """Every symbol, derived symbol and ``tp`` at geometry ``g`` (shard units are looked up here)."""
+    return {
+        "X": g.X,
+        "H": g.H,
+        "QL": g.QL,
+        "KVL": g.KVL,
+        "N": g.N,
+        "R": g.R,
+        "V": g.V,
+        "IH": g.IH,
+        "ID": g.ID,
+        "KP": g.KP,
+        "tp": g.tp,
+    }
+
+
+def plan(g: DsaGeometry, rank: int = 0) -> BlockPlan:
+    """This rank's shard plan: local shapes, source offsets, bytes, and the all-reduce flag."""
+    return plan_block(BLOCK, TENSORS, expected_shapes(g), env(g), rank, SOURCES)
+
+
 def check_constraints(g: DsaGeometry) -> None:
     """Refuse a geometry that breaks a declared constraint, naming it and its reason."""
     check_dims(BLOCK, expected_shapes(g))
@@ -287,10 +310,19 @@ class DsaWeights:
         return out
 
 
-def bind_dsa(g: DsaGeometry, layer: int, src: TensorSource) -> tuple[DsaWeights, BindReport]:
-    """Bind one layer strictly; raise ``BindError`` naming the layer and the tensor."""
+def bind_dsa(
+    g: DsaGeometry, layer: int, src: TensorSource, rank: int = 0
+) -> tuple[DsaWeights, BindReport]:
+    """Bind this rank's shard of one layer strictly; raise ``BindError`` naming the tensor.
+
+    The same code runs at every tp: the sharded source presents each planned tensor as this
+    rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
+    against the plan's local shapes.
+    """
+    p = plan(g, rank)
     check_constraints(g)
-    t, report = bind_tensors(BLOCK, layer, PREFIX, src, TENSORS, GROUPS, expected_shapes(g))
+    sharded = ShardedSource(src, p, layer)
+    t, report = bind_tensors(BLOCK, layer, PREFIX, sharded, TENSORS, GROUPS, p.local_shapes())
     weights = DsaWeights(
         q_a_proj=t["self_attn.q_a_proj.weight"],
         q_a_layernorm=t["self_attn.q_a_layernorm.weight"],

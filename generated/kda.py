@@ -27,9 +27,10 @@ from runtime.binding import (
     bind_tensors,
     check_dims,
     concat_squeeze,
-    constraint_failed,
+    require,
 )
 from runtime.source import TensorSource
+from runtime.tp import BlockPlan, ShardedSource, plan_block
 
 BLOCK = "kda"
 PREFIX = "self_attn."
@@ -235,12 +236,29 @@ def expected_shapes(g: KdaGeometry) -> dict[str, tuple[int, ...]]:
     }
 
 
+def env(g: KdaGeometry) -> dict[str, int]:
+    """Every symbol, derived symbol and ``tp`` at geometry ``g`` (shard units are looked up here)."""
+    Q = g.H * g.D
+    return {
+        "X": g.X,
+        "H": g.H,
+        "D": g.D,
+        "K": g.K,
+        "C": g.C,
+        "Q": Q,
+        "tp": g.tp,
+    }
+
+
+def plan(g: KdaGeometry, rank: int = 0) -> BlockPlan:
+    """This rank's shard plan: local shapes, source offsets, bytes, and the all-reduce flag."""
+    return plan_block(BLOCK, TENSORS, expected_shapes(g), env(g), rank, SOURCES)
+
+
 def check_constraints(g: KdaGeometry) -> None:
     """Refuse a geometry that breaks a declared constraint, naming it and its reason."""
-    if not algebra_ops.mod(2 * algebra_ops.div(g.H, g.tp) * g.D, 256) == 0:
-        raise constraint_failed(BLOCK, CONSTRAINTS[0], g.values())
-    if not 8 * g.C * g.D + 4 * g.C * g.C <= 49152:
-        raise constraint_failed(BLOCK, CONSTRAINTS[1], g.values())
+    require(BLOCK, CONSTRAINTS[0], g.values(), lambda: algebra_ops.mod(2 * algebra_ops.div(g.H, g.tp) * g.D, 256) == 0)
+    require(BLOCK, CONSTRAINTS[1], g.values(), lambda: 8 * g.C * g.D + 4 * g.C * g.C <= 49152)
     check_dims(BLOCK, expected_shapes(g))
 
 
@@ -294,10 +312,19 @@ class KdaWeights:
         return out
 
 
-def bind_kda(g: KdaGeometry, layer: int, src: TensorSource) -> tuple[KdaWeights, BindReport]:
-    """Bind one layer strictly; raise ``BindError`` naming the layer and the tensor."""
+def bind_kda(
+    g: KdaGeometry, layer: int, src: TensorSource, rank: int = 0
+) -> tuple[KdaWeights, BindReport]:
+    """Bind this rank's shard of one layer strictly; raise ``BindError`` naming the tensor.
+
+    The same code runs at every tp: the sharded source presents each planned tensor as this
+    rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
+    against the plan's local shapes.
+    """
+    p = plan(g, rank)
     check_constraints(g)
-    t, report = bind_tensors(BLOCK, layer, PREFIX, src, TENSORS, GROUPS, expected_shapes(g))
+    sharded = ShardedSource(src, p, layer)
+    t, report = bind_tensors(BLOCK, layer, PREFIX, sharded, TENSORS, GROUPS, p.local_shapes())
     weights = KdaWeights(
         q_proj=t["self_attn.q_proj.weight"],
         k_proj=t["self_attn.k_proj.weight"],

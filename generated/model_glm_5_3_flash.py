@@ -17,6 +17,7 @@ from generated import dsa, kda
 from runtime.binding import BindReport
 from runtime.model import BlockEntry, GeometryField, ModelTable
 from runtime.source import TensorSource
+from runtime.tp import BlockPlan
 
 MODEL = "glm-5.3-flash"
 DOC = "GLM-5.3-Flash (hybrid KDA + DSA), as written by transformers' glm5_next."
@@ -205,9 +206,13 @@ def dsa_geometry(m: Geometry, tp: int = 1) -> dsa.DsaGeometry:
 
 
 def bind_dsa(
-    m: Geometry, tp: int, layer: int, src: TensorSource
+    m: Geometry, tp: int, rank: int, layer: int, src: TensorSource
 ) -> tuple[dsa.DsaWeights, BindReport]:
-    return dsa.bind_dsa(dsa_geometry(m, tp), layer, src)
+    return dsa.bind_dsa(dsa_geometry(m, tp), layer, src, rank)
+
+
+def dsa_plan(m: Geometry, tp: int, rank: int) -> BlockPlan:
+    return dsa.plan(dsa_geometry(m, tp), rank)
 
 
 def dsa_shapes(m: Geometry, tp: int) -> dict[str, tuple[int, ...]]:
@@ -230,9 +235,13 @@ def kda_geometry(m: Geometry, tp: int = 1) -> kda.KdaGeometry:
 
 
 def bind_kda(
-    m: Geometry, tp: int, layer: int, src: TensorSource
+    m: Geometry, tp: int, rank: int, layer: int, src: TensorSource
 ) -> tuple[kda.KdaWeights, BindReport]:
-    return kda.bind_kda(kda_geometry(m, tp), layer, src)
+    return kda.bind_kda(kda_geometry(m, tp), layer, src, rank)
+
+
+def kda_plan(m: Geometry, tp: int, rank: int) -> BlockPlan:
+    return kda.plan(kda_geometry(m, tp), rank)
 
 
 def kda_shapes(m: Geometry, tp: int) -> dict[str, tuple[int, ...]]:
@@ -253,6 +262,7 @@ BLOCKS: tuple[BlockEntry[Geometry], ...] = (
         bind=bind_dsa,
         shapes=dsa_shapes,
         check=dsa_check,
+        plan=dsa_plan,
     ),
     BlockEntry(
         name=kda.BLOCK,
@@ -263,6 +273,7 @@ BLOCKS: tuple[BlockEntry[Geometry], ...] = (
         bind=bind_kda,
         shapes=kda_shapes,
         check=kda_check,
+        plan=kda_plan,
     ),
 )
 

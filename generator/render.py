@@ -223,9 +223,10 @@ def _block_context(b: Block) -> dict[str, Any]:
         "optional_groups": ", ".join(g.name for g in optional_groups),
         "shape_prelude": _prelude(b, all_shapes),
         "check_prelude": _prelude(b, [c.check for c in b.constraints]),
+        "env_prelude": [f"{d} = {_py(e, b)}" for d, e in b.derived.items()],
         "bind_signature": _signature(
             f"bind_{b.name}",
-            [f"g: {_camel(b.name)}Geometry", "layer: int", "src: TensorSource"],
+            [f"g: {_camel(b.name)}Geometry", "layer: int", "src: TensorSource", "rank: int = 0"],
             f"tuple[{_camel(b.name)}Weights, BindReport]",
         ),
         "has_concat": any(o.kind == "concat" for o in b.outputs),

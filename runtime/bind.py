@@ -20,6 +20,7 @@ from runtime.checkpoint import Checkpoint
 from runtime.errors import BindError
 from runtime.layers import LayerSource, split_layers
 from runtime.model import BlockEntry, ModelTable, Weights, values_from_config
+from runtime.tp import check_tp
 
 UNKNOWN = "unknown"
 
@@ -70,10 +71,15 @@ def bind_checkpoint(
     progress: bool | None = None,
 ) -> BindResult:
     t0 = time.perf_counter()
+    check_tp(tp_size, tp_rank)
     geometry = table.make_geometry(values_from_config(table, ckpt.config, overrides))
     split = split_layers(table, ckpt.names())
     if not split.layers:
         raise BindError(f"{ckpt.root}: no tensors named like {table.layer_pattern!r}")
+    for b in table.blocks:  # refuse a bad (geometry, tp) before reading any tensor
+        if any(b.matches(names) for names in split.layers.values()):
+            b.plan(geometry, tp_size, tp_rank)
+            b.check(geometry, tp_size)
     out: list[BoundLayer] = []
     items: Iterable[tuple[int, list[str]]] = split.layers.items()
     # disable=None: a bar only when stderr is a terminal, unless the caller says otherwise.
@@ -91,6 +97,6 @@ def bind_checkpoint(
                 f"of {table.name}; nearest is {near.name}, missing {missing}"
             )
         src = LayerSource(ckpt, split.full_name(table, index, ""), names)
-        weights, report = block.bind(geometry, tp_size, index, src)
+        weights, report = block.bind(geometry, tp_size, tp_rank, index, src)
         out.append(BoundLayer(index, block.name, weights, report))
     return BindResult(tp_size, tp_rank, out, time.perf_counter() - t0)

@@ -13,7 +13,7 @@ wrong; :func:`concat_squeeze` checks the squeezed dim really is 1.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,11 +79,22 @@ class BindReport:
         }
 
 
-def constraint_failed(block: str, rule: ConstraintRule, values: Mapping[str, int]) -> GeometryError:
+def require(
+    block: str, rule: ConstraintRule, values: Mapping[str, int], check: Callable[[], bool]
+) -> None:
+    """Evaluate one declared constraint; refuse, naming it and its ``why``, when it fails."""
     shown = ", ".join(f"{k}={v}" for k, v in values.items())
-    return GeometryError(
-        f"{block}: constraint {rule.name} ({rule.check}) fails for {shown}: {rule.why}"
-    )
+    try:
+        ok = check()
+    except GeometryError as e:  # e.g. H / tp with a remainder
+        raise GeometryError(
+            f"{block}: constraint {rule.name} ({rule.check}) cannot hold for {shown} ({e}): "
+            f"{rule.why}"
+        ) from None
+    if not ok:
+        raise GeometryError(
+            f"{block}: constraint {rule.name} ({rule.check}) fails for {shown}: {rule.why}"
+        )
 
 
 def check_dims(block: str, shapes: Mapping[str, tuple[int, ...]]) -> None:

@@ -109,10 +109,14 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from runtime.bind import bind_checkpoint
     from runtime.checkpoint import Checkpoint
     from runtime.export import write_safetensors
+    from runtime.launcher import resolve_tp
 
     table = _table(a.model)
     overrides = _sets(a.set)
-    result = bind_checkpoint(Checkpoint(Path(a.ckpt)), table, overrides, progress=a.progress)
+    tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
+    result = bind_checkpoint(
+        Checkpoint(Path(a.ckpt)), table, overrides, tp_size, tp_rank, progress=a.progress
+    )
     if a.out:
         tensors = {
             f"layers.{layer.index}.{field}": arr
@@ -140,6 +144,36 @@ def cmd_bind(a: argparse.Namespace) -> int:
             f"bound {len(result.layers)} layer(s), {total} B at tp rank {result.tp_rank} of "
             f"{result.tp_size} in {result.seconds:.3f} s" + (f"; wrote {a.out}" if a.out else "")
         )
+    return 0
+
+
+def cmd_plan(a: argparse.Namespace) -> int:
+    from runtime.bind import classify
+    from runtime.launcher import resolve_tp
+    from runtime.planning import plan_report, render_text
+
+    table = _table(a.model)
+    tp_size, _ = resolve_tp(a.tp_size, 0, os.environ)
+    if a.ckpt:
+        from runtime.checkpoint import Checkpoint
+        from runtime.layers import split_layers
+        from runtime.model import values_from_config
+
+        ckpt = Checkpoint(Path(a.ckpt))
+        values = values_from_config(table, ckpt.config, _sets(a.set))
+        layers = []
+        for index, names in split_layers(table, ckpt.names()).layers.items():
+            block = classify(table, names)
+            if block is None:
+                raise SpecbindError(f"layer {index}: matches no block of {table.name} (see audit)")
+            layers.append((index, block.name, frozenset(names)))
+        source = str(ckpt.root)
+    else:
+        values = table.default_values() | _sets(a.set)
+        layers = [(-1, b.name, frozenset(t.name for t in b.tensors)) for b in table.blocks]
+        source = "model spec geometry, one layer of each block"
+    rep = plan_report(table, values, tp_size, layers, source)
+    print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
 
 
@@ -205,13 +239,32 @@ def parser() -> argparse.ArgumentParser:
     progress(au)
     au.set_defaults(func=cmd_audit)
 
-    b = sub.add_parser("bind", help="bind every attention block strictly")
+    def tp(sp: argparse.ArgumentParser, rank: bool) -> None:
+        sp.add_argument(
+            "--tp-size",
+            type=int,
+            help="tensor-parallel size (default: WORLD_SIZE, OMPI_COMM_WORLD_SIZE, 1)",
+        )
+        if rank:
+            sp.add_argument(
+                "--tp-rank", type=int, help="this rank (default: RANK, OMPI_COMM_WORLD_RANK, 0)"
+            )
+
+    b = sub.add_parser("bind", help="bind this rank's shard of every attention block strictly")
     b.add_argument("ckpt")
     b.add_argument("--json", action="store_true")
-    b.add_argument("--out", help="write the bound weights to this .safetensors file")
+    b.add_argument("--out", help="write this rank's bound weights to this .safetensors file")
+    tp(b, rank=True)
     common(b)
     progress(b)
     b.set_defaults(func=cmd_bind)
+
+    pl = sub.add_parser("plan", help="every tensor's local shape and bytes on every rank")
+    pl.add_argument("ckpt", nargs="?", help="a checkpoint (geometry from its config.json)")
+    pl.add_argument("--json", action="store_true")
+    tp(pl, rank=False)
+    common(pl)
+    pl.set_defaults(func=cmd_plan)
     return p
 
 

@@ -15,6 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from runtime.binding import Array, BindReport, TensorRule
 from runtime.errors import CheckpointError, GeometryError
 from runtime.source import TensorSource
+from runtime.tp import BlockPlan
 
 G = TypeVar("G")
 
@@ -39,9 +40,10 @@ class BlockEntry(Generic[G]):
     tensors: tuple[TensorRule, ...]
     markers: frozenset[str]
     matches: Callable[[Collection[str]], bool]
-    bind: Callable[[G, int, int, TensorSource], tuple[Weights, BindReport]]
-    shapes: Callable[[G, int], dict[str, tuple[int, ...]]]
-    check: Callable[[G, int], None]
+    bind: Callable[[G, int, int, int, TensorSource], tuple[Weights, BindReport]]  # g, tp, rank
+    shapes: Callable[[G, int], dict[str, tuple[int, ...]]]  # full shapes at (g, tp)
+    check: Callable[[G, int], None]  # constraints at (g, tp)
+    plan: Callable[[G, int, int], BlockPlan]  # (g, tp, rank)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,41 @@
+"""The tensor-parallel size and rank, from flags or from the environment a launcher sets.
+
+Precedence: ``--tp-size``/``--tp-rank`` flags, then torchrun's ``WORLD_SIZE``/``RANK``, then
+mpirun's ``OMPI_COMM_WORLD_SIZE``/``OMPI_COMM_WORLD_RANK``, then 1/0. A launcher variable that
+is not a non-negative integer is refused by name, never ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from runtime.errors import GeometryError
+from runtime.tp import check_tp
+
+LAUNCHERS = (("WORLD_SIZE", "RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"))
+
+
+def _int(env: Mapping[str, str], key: str) -> int | None:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise GeometryError(f"environment {key}={raw!r} is not an integer") from None
+    if value < 0:
+        raise GeometryError(f"environment {key}={raw!r} is negative")
+    return value
+
+
+def resolve_tp(size: int | None, rank: int | None, env: Mapping[str, str]) -> tuple[int, int]:
+    env_size = env_rank = None
+    for size_key, rank_key in LAUNCHERS:
+        s, r = _int(env, size_key), _int(env, rank_key)
+        if s is not None or r is not None:
+            env_size, env_rank = s, r
+            break
+    tp_size = size if size is not None else (env_size if env_size is not None else 1)
+    tp_rank = rank if rank is not None else (env_rank if env_rank is not None else 0)
+    check_tp(tp_size, tp_rank)
+    return tp_size, tp_rank
