@@ -13,10 +13,19 @@ from typing import Protocol
 
 
 @dataclass(frozen=True)
+class FileSpan:
+    """Where a tensor's bytes start in an open file, for reads that bypass the memory map."""
+
+    fd: int  # owned (kept open) by the reader that made the span
+    offset: int  # absolute file offset of the tensor's first byte
+
+
+@dataclass(frozen=True)
 class RawTensor:
     dtype: str
     shape: tuple[int, ...]
     data: memoryview  # raw little-endian bytes, exactly as stored
+    span: FileSpan | None = None  # set when the bytes also live in a file
 
 
 class TensorSource(Protocol):

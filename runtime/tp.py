@@ -21,6 +21,7 @@ contents; only the column shard is right (the tests compare values, not lengths)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,8 +30,8 @@ import numpy as np
 
 from runtime.binding import TensorRule
 from runtime.dtypes import DTYPES
-from runtime.errors import BindError, GeometryError
-from runtime.source import RawTensor, TensorSource
+from runtime.errors import BindError, CheckpointError, GeometryError
+from runtime.source import FileSpan, RawTensor, TensorSource
 
 
 @dataclass(frozen=True)
@@ -161,10 +162,35 @@ def shard_raw(plan: TensorPlan, t: RawTensor, layer: int) -> RawTensor:
         )
     cols, width = plan.full_shape[-1], plan.local_shape[-1]
     rows = plan.full_bytes // (cols * itemsize)
+    lo, wide = plan.col_offset * itemsize, width * itemsize
+    if t.span is not None:
+        return RawTensor(
+            t.dtype, plan.local_shape, _pread_cols(t.span, rows, cols * itemsize, lo, wide)
+        )
     grid = np.frombuffer(t.data, dtype=np.uint8).reshape(rows, cols * itemsize)  # [rows, cols·B]
-    lo = plan.col_offset * itemsize
-    local = np.ascontiguousarray(grid[:, lo : lo + width * itemsize])  # strided gather, local only
+    local = np.ascontiguousarray(grid[:, lo : lo + wide])  # strided gather, local columns only
     return RawTensor(t.dtype, plan.local_shape, local.reshape(-1).data)
+
+
+def _pread_cols(span: FileSpan, rows: int, row_bytes: int, lo: int, wide: int) -> memoryview:
+    """Read ``wide`` bytes at ``lo`` of every row straight from the file.
+
+    By ``pread`` rather than through the memory map: touching one slice per row of a map makes
+    the kernel map the neighbouring pages too (fault-around), so the whole tensor would count
+    in this process's RSS. Measured on a full-geometry layer at TP=8: 258 MB peak RSS through
+    the map against the rank's 95 MB of bytes.
+    """
+    out = np.empty(rows * wide, dtype=np.uint8)
+    view = out.data
+    for r in range(rows):
+        got = os.preadv(
+            span.fd, [view[r * wide : (r + 1) * wide]], span.offset + r * row_bytes + lo
+        )
+        if got != wide:
+            raise CheckpointError(
+                f"short read: {got} of {wide} B at offset {span.offset + r * row_bytes + lo}"
+            )
+    return view
 
 
 class ShardedSource:

@@ -94,3 +94,25 @@ def model_values(draw: st.DrawFn) -> dict[str, int]:
         "index_head_dim": d.ID,
         "index_kpool": d.KP,
     }
+
+
+TPS = st.sampled_from([1, 2, 4, 8])
+
+
+@st.composite
+def kda_tp_geometries(draw: st.DrawFn) -> kda.KdaGeometry:
+    """KDA geometries that meet every constraint at a drawn tp in {1, 2, 4, 8}."""
+    tp = draw(TPS)
+    d = draw(st.sampled_from([16, 32, 64, 128]))
+    local_heads = max(1, 128 // d) * draw(st.integers(1, 2))  # 2·(H/tp)·D % 256 == 0
+    return kda.KdaGeometry(
+        X=draw(st.integers(1, 12)), H=tp * local_heads, D=d, K=draw(st.integers(1, 4)),
+        C=draw(st.integers(1, 16)), tp=tp,
+    )  # fmt: skip
+
+
+@st.composite
+def dsa_tp_geometries(draw: st.DrawFn) -> dsa.DsaGeometry:
+    tp = draw(TPS)
+    g = draw(dsa_geometries())
+    return dsa.DsaGeometry(**{**g.__dict__, "H": tp * draw(st.integers(1, 2)), "tp": tp})
