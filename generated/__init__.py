@@ -14,7 +14,7 @@ from typing import Any
 from generated import model_glm_5_3_flash
 from runtime.model import ModelTable
 
-SPECS_SHA256 = "413850ecadbe71005d2f13ca64a4004562467d7e6a86977d0931912bb83dc8bf"
+SPECS_SHA256 = "f5212253c7bf47f7eb6eb8a3eb2403726d227db9228b2c8907832ee467371a83"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,

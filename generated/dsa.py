@@ -16,15 +16,18 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from runtime import algebra_ops, ops
 from runtime.binding import (
     Array,
     BindReport,
     ConstraintRule,
+    FieldRule,
     GroupRule,
     ShardRule,
     TensorRule,
     bind_tensors,
     check_dims,
+    require,
 )
 from runtime.source import TensorSource
 from runtime.tp import BlockPlan, ShardedSource, plan_block
@@ -168,18 +171,23 @@ GROUPS: dict[str, GroupRule] = {
     ),
 }
 
-CONSTRAINTS: tuple[ConstraintRule, ...] = ()
+CONSTRAINTS: tuple[ConstraintRule, ...] = (
+    ConstraintRule(
+        name="nope_only",
+        check="R == 0",
+        why="NoPE only: q_absorb folds the K half of kv_b_proj into q_b_proj, which lines up only when q_b_proj has no rope section (qk_rope_head_dim = 0); a rope section would need its rows carried separately",
+    ),
+)
 
 
 # Each bound field and the checkpoint tensors it is made from, in order.
 SOURCES: dict[str, tuple[str, ...]] = {
     "q_a_proj": ("self_attn.q_a_proj.weight",),
     "q_a_layernorm": ("self_attn.q_a_layernorm.weight",),
-    "q_b_proj": ("self_attn.q_b_proj.weight",),
+    "q_absorb": ("self_attn.kv_b_proj.weight", "self_attn.q_b_proj.weight"),
     "kv_a_proj": ("self_attn.kv_a_proj_with_mqa.weight",),
     "kv_a_layernorm": ("self_attn.kv_a_layernorm.weight",),
-    "kv_b_proj": ("self_attn.kv_b_proj.weight",),
-    "o_proj": ("self_attn.o_proj.weight",),
+    "o_absorb": ("self_attn.o_proj.weight", "self_attn.kv_b_proj.weight"),
     "wq_b": ("self_attn.indexer.wq_b.weight",),
     "wk": ("self_attn.indexer.wk.weight",),
     "k_norm_weight": ("self_attn.indexer.k_norm.weight",),
@@ -187,6 +195,24 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "weights_proj": ("self_attn.indexer.weights_proj.weight",),
     "compress_gate": ("self_attn.indexer.index_kpool_compress_gate",),
     "ape": ("self_attn.indexer.index_kpool_compress_ape",),
+}
+
+# How each bound field is made, and how it splits across tensor-parallel ranks: a rank holds
+# `parts` consecutive blocks, each one the rank's rows (or columns) of one source.
+FIELDS: dict[str, FieldRule] = {
+    "q_a_proj": FieldRule("verbatim", "replicated", 1),
+    "q_a_layernorm": FieldRule("verbatim", "replicated", 1),
+    "q_absorb": FieldRule("transform", "rows", 1),
+    "kv_a_proj": FieldRule("verbatim", "replicated", 1),
+    "kv_a_layernorm": FieldRule("verbatim", "replicated", 1),
+    "o_absorb": FieldRule("transform", "cols", 1),
+    "wq_b": FieldRule("verbatim", "replicated", 1),
+    "wk": FieldRule("verbatim", "replicated", 1),
+    "k_norm_weight": FieldRule("verbatim", "replicated", 1),
+    "k_norm_bias": FieldRule("verbatim", "replicated", 1),
+    "weights_proj": FieldRule("transform", "replicated", 1),
+    "compress_gate": FieldRule("verbatim", "replicated", 1),
+    "ape": FieldRule("transform", "replicated", 1),
 }
 
 # Present in every layer of this block, so classification needs only names.
@@ -245,8 +271,63 @@ def plan(g: DsaGeometry, rank: int = 0) -> BlockPlan:
     return plan_block(BLOCK, TENSORS, expected_shapes(g), env(g), rank, SOURCES)
 
 
+def make_q_absorb(g: DsaGeometry, t: dict[str, Array]) -> Array:
+    """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
+    H = g.H // g.tp  # this rank's H units
+    a = t["self_attn.kv_b_proj.weight"]
+    # [H * (N + V), KVL] -> [H, N + V, KVL]
+    a = ops.view(a, (H, g.N + g.V, g.KVL), "q_absorb: kv_b_proj.weight")
+    # [H, N + V, KVL], axis 1 [0:N]
+    a = ops.take(a, 1, 0, g.N, "q_absorb: kv_b_proj.weight")
+    b = t["self_attn.q_b_proj.weight"]
+    # [H * (N + R), QL] -> [H, N, QL]
+    b = ops.view(b, (H, g.N, g.QL), "q_absorb: q_b_proj.weight")
+    y = ops.contract(a, b, (0, 2, 1), (0, 1, 2), (1, 1, 1, 1), (0, 1, 2))
+    # einsum hrc,hrk->hck: [h, r, c], [h, r, k] -> [h, c, r] @ [h, r, k] -> [h, c, k]
+    y = ops.cast(y, "BF16")
+    # [h, c, k] -> [H * KVL, QL]
+    y = ops.view(y, (H * g.KVL, g.QL), "q_absorb")
+    return y
+
+
+def make_o_absorb(g: DsaGeometry, t: dict[str, Array]) -> Array:
+    """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
+    H = g.H // g.tp  # this rank's H units
+    a = t["self_attn.o_proj.weight"]
+    # [X, H * V] -> [X, H, V]
+    a = ops.view(a, (g.X, H, g.V), "o_absorb: o_proj.weight")
+    b = t["self_attn.kv_b_proj.weight"]
+    # [H * (N + V), KVL] -> [H, N + V, KVL]
+    b = ops.view(b, (H, g.N + g.V, g.KVL), "o_absorb: kv_b_proj.weight")
+    # [H, N + V, KVL], axis 1 [N:N + V]
+    b = ops.take(b, 1, g.N, g.N + g.V, "o_absorb: kv_b_proj.weight")
+    y = ops.contract(a, b, (1, 0, 2), (0, 1, 2), (1, 1, 1, 1), (1, 0, 2))
+    # einsum ihr,hrc->ihc: [i, h, r], [h, r, c] -> [h, i, r] @ [h, r, c] -> [i, h, c]
+    y = ops.cast(y, "BF16")
+    # [i, h, c] -> [X, H * KVL]
+    y = ops.view(y, (g.X, H * g.KVL), "o_absorb")
+    return y
+
+
+def make_weights_proj(g: DsaGeometry, t: dict[str, Array]) -> Array:
+    """``weights_proj``: one tensor, scaled by IH ** (-0.5), as BF16."""
+    x = t["self_attn.indexer.weights_proj.weight"]
+    # x (IH ** (-0.5)), in F32
+    x = ops.scale(x, algebra_ops.rpow(g.IH, -0.5))
+    x = ops.cast(x, "BF16")
+    return x
+
+
+def make_ape(g: DsaGeometry, t: dict[str, Array]) -> Array:
+    """``ape``: one tensor, as F32."""
+    x = t["self_attn.indexer.index_kpool_compress_ape"]
+    x = ops.cast(x, "F32")
+    return x
+
+
 def check_constraints(g: DsaGeometry) -> None:
     """Refuse a geometry that breaks a declared constraint, naming it and its reason."""
+    require(BLOCK, CONSTRAINTS[0], g.values(), lambda: g.R == 0)
     check_dims(BLOCK, expected_shapes(g))
 
 
@@ -258,16 +339,14 @@ class DsaWeights:
     q_a_proj: Array
     # self_attn.q_a_layernorm.weight [QL] BF16, verbatim
     q_a_layernorm: Array
-    # self_attn.q_b_proj.weight [H * (N + R), QL] BF16, verbatim
-    q_b_proj: Array
+    # q_absorb: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16
+    q_absorb: Array
     # self_attn.kv_a_proj_with_mqa.weight [KVL + R, X] BF16, verbatim
     kv_a_proj: Array
     # self_attn.kv_a_layernorm.weight [KVL] BF16, verbatim
     kv_a_layernorm: Array
-    # self_attn.kv_b_proj.weight [H * (N + V), KVL] BF16, verbatim
-    kv_b_proj: Array
-    # self_attn.o_proj.weight [X, H * V] BF16, verbatim
-    o_proj: Array
+    # o_absorb: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16
+    o_absorb: Array
     # self_attn.indexer.wq_b.weight [IH * ID, QL] BF16, verbatim
     wq_b: Array | None
     # self_attn.indexer.wk.weight [ID, X] BF16, verbatim
@@ -276,11 +355,11 @@ class DsaWeights:
     k_norm_weight: Array | None
     # self_attn.indexer.k_norm.bias [ID] BF16, verbatim
     k_norm_bias: Array | None
-    # self_attn.indexer.weights_proj.weight [IH, X] BF16, verbatim
+    # weights_proj: one tensor, scaled by IH ** (-0.5), as BF16
     weights_proj: Array | None
     # self_attn.indexer.index_kpool_compress_gate [ID, X] BF16, verbatim
     compress_gate: Array | None
-    # self_attn.indexer.index_kpool_compress_ape [KP, ID] BF16, verbatim
+    # ape: one tensor, as F32
     ape: Array | None
 
     def arrays(self) -> dict[str, Array]:
@@ -288,11 +367,10 @@ class DsaWeights:
         out: dict[str, Array] = {}
         out["q_a_proj"] = self.q_a_proj
         out["q_a_layernorm"] = self.q_a_layernorm
-        out["q_b_proj"] = self.q_b_proj
+        out["q_absorb"] = self.q_absorb
         out["kv_a_proj"] = self.kv_a_proj
         out["kv_a_layernorm"] = self.kv_a_layernorm
-        out["kv_b_proj"] = self.kv_b_proj
-        out["o_proj"] = self.o_proj
+        out["o_absorb"] = self.o_absorb
         if self.wq_b is not None:
             out["wq_b"] = self.wq_b
         if self.wk is not None:
@@ -326,17 +404,18 @@ def bind_dsa(
     weights = DsaWeights(
         q_a_proj=t["self_attn.q_a_proj.weight"],
         q_a_layernorm=t["self_attn.q_a_layernorm.weight"],
-        q_b_proj=t["self_attn.q_b_proj.weight"],
+        q_absorb=make_q_absorb(g, t),
         kv_a_proj=t["self_attn.kv_a_proj_with_mqa.weight"],
         kv_a_layernorm=t["self_attn.kv_a_layernorm.weight"],
-        kv_b_proj=t["self_attn.kv_b_proj.weight"],
-        o_proj=t["self_attn.o_proj.weight"],
+        o_absorb=make_o_absorb(g, t),
         wq_b=t.get("self_attn.indexer.wq_b.weight"),
         wk=t.get("self_attn.indexer.wk.weight"),
         k_norm_weight=t.get("self_attn.indexer.k_norm.weight"),
         k_norm_bias=t.get("self_attn.indexer.k_norm.bias"),
-        weights_proj=t.get("self_attn.indexer.weights_proj.weight"),
+        weights_proj=make_weights_proj(g, t)
+        if "self_attn.indexer.weights_proj.weight" in t
+        else None,
         compress_gate=t.get("self_attn.indexer.index_kpool_compress_gate"),
-        ape=t.get("self_attn.indexer.index_kpool_compress_ape"),
+        ape=make_ape(g, t) if "self_attn.indexer.index_kpool_compress_ape" in t else None,
     )
     return weights, report

@@ -21,6 +21,7 @@ from runtime.binding import (
     Array,
     BindReport,
     ConstraintRule,
+    FieldRule,
     GroupRule,
     ShardRule,
     TensorRule,
@@ -187,6 +188,24 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "o_proj": ("self_attn.o_proj.weight",),
 }
 
+# How each bound field is made, and how it splits across tensor-parallel ranks: a rank holds
+# `parts` consecutive blocks, each one the rank's rows (or columns) of one source.
+FIELDS: dict[str, FieldRule] = {
+    "q_proj": FieldRule("verbatim", "rows", 1),
+    "k_proj": FieldRule("verbatim", "rows", 1),
+    "v_proj": FieldRule("verbatim", "rows", 1),
+    "conv": FieldRule("concat", "rows", 3),
+    "f_a": FieldRule("verbatim", "replicated", 1),
+    "f_b": FieldRule("verbatim", "rows", 1),
+    "dt_bias": FieldRule("verbatim", "rows", 1),
+    "a_log": FieldRule("verbatim", "rows", 1),
+    "b_proj": FieldRule("verbatim", "rows", 1),
+    "g_a": FieldRule("verbatim", "replicated", 1),
+    "g_b": FieldRule("verbatim", "rows", 1),
+    "o_norm": FieldRule("verbatim", "replicated", 1),
+    "o_proj": FieldRule("verbatim", "cols", 1),
+}
+
 # Present in every layer of this block, so classification needs only names.
 MARKERS: frozenset[str] = frozenset(
     {
@@ -257,7 +276,12 @@ def plan(g: KdaGeometry, rank: int = 0) -> BlockPlan:
 
 def check_constraints(g: KdaGeometry) -> None:
     """Refuse a geometry that breaks a declared constraint, naming it and its reason."""
-    require(BLOCK, CONSTRAINTS[0], g.values(), lambda: algebra_ops.mod(2 * algebra_ops.div(g.H, g.tp) * g.D, 256) == 0)
+    require(
+        BLOCK,
+        CONSTRAINTS[0],
+        g.values(),
+        lambda: algebra_ops.mod(2 * algebra_ops.div(g.H, g.tp) * g.D, 256) == 0,
+    )
     require(BLOCK, CONSTRAINTS[1], g.values(), lambda: 8 * g.C * g.D + 4 * g.C * g.C <= 49152)
     check_dims(BLOCK, expected_shapes(g))
 

@@ -209,3 +209,92 @@ class _Rewrite(ast.NodeTransformer):
             return node
         func = ast.Attribute(ast.Name("algebra_ops", ast.Load()), helper, ast.Load())
         return ast.Call(func, [node.left, node.right], [])
+
+
+# --- real-valued expressions (a ``scale``): floats allowed, ``/`` and ``**`` are real ----------
+
+
+def parse_real(text: str | int | float) -> Expr:
+    """Parse a scale factor such as ``IH ** -0.5``: numbers, symbols, ``+ - * / **``."""
+    if isinstance(text, bool):
+        raise AlgebraError(f"{text!r} is a boolean, not an expression")
+    if isinstance(text, int | float):
+        text = repr(text)
+    if len(text) > MAX_EXPR_LEN:
+        raise AlgebraError(f"expression longer than {MAX_EXPR_LEN} characters")
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        raise AlgebraError(f"cannot parse {text!r}: {e.msg}") from None
+    _validate_real(tree.body, 0)
+    return Expr(text, tree.body, False)
+
+
+_REAL_OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)
+
+
+def _validate_real(node: ast.expr, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise AlgebraError("expression nested too deeply")
+    if isinstance(node, ast.Constant):
+        if type(node.value) not in (int, float):
+            raise AlgebraError(f"only numbers are allowed, not {node.value!r}")
+        return
+    if isinstance(node, ast.Name):
+        if not node.id.isidentifier() or node.id.startswith("_"):
+            raise AlgebraError(f"bad symbol name {node.id!r}")
+        return
+    if isinstance(node, ast.BinOp) and isinstance(node.op, _REAL_OPS):
+        _validate_real(node.left, depth + 1)
+        _validate_real(node.right, depth + 1)
+        return
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        _validate_real(node.operand, depth + 1)
+        return
+    raise AlgebraError(f"{type(node).__name__} is not allowed in a scale")
+
+
+def evaluate_real(expr: Expr, env: Mapping[str, int]) -> float:
+    return _eval_real(expr.node, env)
+
+
+def _eval_real(node: ast.expr, env: Mapping[str, int]) -> float:
+    if isinstance(node, ast.Constant):
+        assert type(node.value) in (int, float)
+        return float(node.value)  # type: ignore[arg-type]
+    if isinstance(node, ast.Name):
+        if node.id not in env:
+            raise AlgebraError(f"unknown symbol {node.id!r}")
+        return float(env[node.id])
+    if isinstance(node, ast.UnaryOp):
+        v = _eval_real(node.operand, env)
+        return -v if isinstance(node.op, ast.USub) else v
+    assert isinstance(node, ast.BinOp)
+    a, b = _eval_real(node.left, env), _eval_real(node.right, env)
+    if isinstance(node.op, ast.Add):
+        return a + b
+    if isinstance(node.op, ast.Sub):
+        return a - b
+    if isinstance(node.op, ast.Mult):
+        return a * b
+    if isinstance(node.op, ast.Div):
+        return algebra_ops.rdiv(a, b)
+    return algebra_ops.rpow(a, b)
+
+
+def to_python_real(expr: Expr, name: Callable[[str], str]) -> str:
+    """Python source for a real expression; ``/`` and ``**`` go through checked helpers."""
+    return ast.unparse(_RealRewrite(name).visit(copy.deepcopy(expr.node)))
+
+
+class _RealRewrite(_Rewrite):
+    def visit_Constant(self, node: ast.Constant) -> ast.expr:
+        return ast.Constant(float(node.value))  # type: ignore[arg-type]
+
+    def visit_BinOp(self, node: ast.BinOp) -> ast.expr:
+        self.generic_visit(node)
+        helper = {ast.Div: "rdiv", ast.Pow: "rpow"}.get(type(node.op))
+        if helper is None:
+            return node
+        func = ast.Attribute(ast.Name("algebra_ops", ast.Load()), helper, ast.Load())
+        return ast.Call(func, [node.left, node.right], [])

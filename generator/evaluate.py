@@ -7,7 +7,7 @@ The same checks run again at bind time in generated code, against the checkpoint
 
 from __future__ import annotations
 
-from generator import algebra
+from generator import algebra, transforms
 from generator.spec import Block, Model
 from runtime.errors import AlgebraError, GeometryError, SpecbindError
 
@@ -58,6 +58,66 @@ def shapes_at(block: Block, env: dict[str, int], context: str) -> dict[str, tupl
     return out
 
 
+def local_env(block: Block, values: dict[str, int], tp: int, units: set[str]) -> dict[str, int]:
+    """The env one rank sees in its views: each shard unit in ``units`` is ``unit / tp``."""
+    local = dict(values)
+    for u in units:
+        if u in local:
+            local[u] //= tp
+    env = block_env(block, local, tp)
+    for u in units:  # a derived unit (none today) is divided after derivation
+        if u in block.derived:
+            env[u] = block_env(block, values, tp)[u] // tp
+    return env
+
+
+def local_shapes(
+    block: Block, shapes: dict[str, tuple[int, ...]], tp: int
+) -> dict[str, tuple[int, ...]]:
+    out = {}
+    for t in block.tensors:
+        s = list(shapes[t.full_name])
+        if t.shard.kind == "rows":
+            s[0] //= tp
+        elif t.shard.kind == "cols":
+            s[-1] //= tp
+        out[t.full_name] = tuple(s)
+    return out
+
+
+def check_transforms(block: Block, values: dict[str, int], ctx: str) -> None:
+    """Every transform's shapes at every tp the block's units allow, and its declared layout."""
+    env = block_env(block, values)
+    full = shapes_at(block, env, ctx)
+    units = {t.shard.unit for t in block.tensors if t.shard.unit is not None}
+    tps = [tp for tp in (1, 2, 4, 8) if all(env[u] % tp == 0 for u in units)]
+    for out in block.outputs:
+        tf = out.transform
+        if tf is None:
+            continue
+        path = ("outputs", out.field)
+        op_units = {block.tensor(o.tensor).shard.unit for o in tf.operands} - {None}
+        by_tp = {}
+        for tp in tps:
+            lenv = local_env(block, values, tp, {u for u in op_units if u is not None})
+            by_tp[tp] = transforms.result_shape(
+                tf, {t.full_name: t for t in block.tensors}, lenv, local_shapes(block, full, tp),
+                block.located, path, f"{ctx}, tp {tp}",
+            )  # fmt: skip
+        for tp, shape in by_tp.items():
+            want = list(by_tp[1])
+            if tf.layout_kind == "rows":
+                want[0] //= tp
+            elif tf.layout_kind == "cols":
+                want[-1] //= tp
+            if list(shape) != want:
+                raise block.located.error(
+                    (*path, "shard"),
+                    f"{ctx}: at tp {tp} the result is {list(shape)}, but a {tf.layout_kind} "
+                    f"layout of {list(by_tp[1])} would be {want}",
+                )
+
+
 def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
     """Refuse a spec pair whose real geometry breaks a shape, shard or constraint."""
     for use in model.blocks:
@@ -65,6 +125,7 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
         ctx = f"at {model.name} geometry"
         env = block_env(block, block_values(model, block))
         shapes_at(block, env, ctx)
+        check_transforms(block, block_values(model, block), ctx)
         for i, c in enumerate(block.constraints):
             try:
                 ok = algebra.evaluate(c.check, env)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import jsonschema
 
-from generator import algebra
+from generator import algebra, transforms
 from generator.yamlio import Located, PathKey
 from runtime.errors import AlgebraError
 from runtime.model import GeometryField
@@ -51,10 +51,11 @@ class Tensor:
 class Output:
     field: str
     sources: tuple[str, ...]  # full names
-    kind: Literal["verbatim", "concat"]
+    kind: Literal["verbatim", "concat", "transform"]
     axis: int = 0
     squeeze: int | None = None
     group: str | None = None
+    transform: transforms.Transform | None = None
 
 
 @dataclass(frozen=True)
@@ -233,7 +234,9 @@ def parse_block(doc: Located) -> Block:
     if not markers:
         raise doc.error(("markers",), "a block needs at least one required marker tensor")
 
-    outputs = tuple(_output(doc, f, v, prefix, by_full) for f, v in d["outputs"].items())
+    outputs = tuple(
+        _output(doc, f, v, prefix, by_full, shape_names) for f, v in d["outputs"].items()
+    )
     consumed = {s for o in outputs for s in o.sources}
     for t in tensors:
         if t.full_name not in consumed:
@@ -262,7 +265,9 @@ def _shard(doc: Located, path: PathKey, raw: Any, names: set[str], rank: int) ->
     return Shard(kind, unit)
 
 
-def _output(doc: Located, field: str, raw: Any, prefix: str, by_full: dict[str, Tensor]) -> Output:
+def _output(
+    doc: Located, field: str, raw: Any, prefix: str, by_full: dict[str, Tensor], names: set[str]
+) -> Output:
     path: PathKey = ("outputs", field)
     check_ident(doc, path, field, "output field")
     if isinstance(raw, str):
@@ -270,6 +275,10 @@ def _output(doc: Located, field: str, raw: Any, prefix: str, by_full: dict[str, 
         if src not in by_full:
             raise doc.error(path, f"output {field!r} reads unknown tensor {raw!r}")
         return Output(field, (src,), "verbatim", group=by_full[src].group)
+    if "concat" not in raw:
+        tf = transforms.parse(doc, path, raw, prefix, dict(by_full), names)
+        srcs = tuple(o.tensor for o in tf.operands)
+        return Output(field, srcs, "transform", group=by_full[srcs[0]].group, transform=tf)
     sources = tuple(prefix + s for s in raw["concat"])
     for i, s in enumerate(sources):
         if s not in by_full:

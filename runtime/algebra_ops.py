@@ -46,3 +46,21 @@ def power(a: int, b: int) -> int:
     if b > 64 and abs(a) > 1:
         raise GeometryError(f"exponent too large in {a} ** {b}")
     return _bounded(a**b)
+
+
+def rdiv(a: float, b: float) -> float:
+    """Real division for a scale factor."""
+    if b == 0:
+        raise GeometryError(f"division by zero in {a} / {b}")
+    return a / b
+
+
+def rpow(a: float, b: float) -> float:
+    """Real power for a scale factor (``IH ** -0.5``); refuses what would not be a real number."""
+    if a == 0 and b < 0:
+        raise GeometryError(f"0 ** {b} is infinite")
+    if a < 0 and b != int(b):
+        raise GeometryError(f"{a} ** {b} is not real")
+    if abs(b) > 64:
+        raise GeometryError(f"exponent too large in {a} ** {b}")
+    return float(a**b)

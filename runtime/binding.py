@@ -44,6 +44,13 @@ class TensorRule:
 
 
 @dataclass(frozen=True)
+class FieldRule:
+    kind: str  # "verbatim" | "concat" | "transform"
+    layout: str  # across tp ranks: "replicated" | "rows" | "cols"
+    parts: int  # a concat of row shards holds one block per source
+
+
+@dataclass(frozen=True)
 class GroupRule:
     name: str
     optional: bool

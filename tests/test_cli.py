@@ -111,8 +111,8 @@ def test_bind_json_reports_every_layer_bound_with_no_unknowns(ckpt: Path, tmp_pa
         meta["specs_sha256"] == SPECS_SHA256 and meta["tp_size"] == "1" and meta["tp_rank"] == "0"
     )
     assert "layers.0.conv" in names and "layers.3.wk" in names and "layers.7.wk" not in names
-    assert "layers.8.q_b_proj" in names, "the MTP layer binds as DSA"
-    assert len(names) == 6 * 13 + 2 * 14 + 7
+    assert "layers.8.q_absorb" in names, "the MTP layer binds as DSA"
+    assert len(names) == 6 * 13 + 2 * 13 + 6, "6 KDA, 2 full DSA and 1 shared DSA layers"
 
 
 def test_two_binds_write_byte_identical_files(ckpt: Path, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from helpers import REAL, TABLE, TINY_DSA, layer_arrays, source
 from generated import dsa
 from generated import model_glm_5_3_flash as m
 from runtime.bind import classify
-from runtime.errors import BindError
+from runtime.errors import BindError, GeometryError
 
 INDEXER_FIELDS = [
     "wq_b",
@@ -46,13 +46,17 @@ def test_dsa_spec_has_the_mla_tensors_and_the_seven_indexer_tensors() -> None:
     assert sum(r.group == "indexer" for r in dsa.TENSORS) == 7
 
 
-def test_a_full_dsa_layer_binds_every_field_verbatim() -> None:
+def test_a_full_dsa_layer_binds_every_field_and_keeps_the_untransformed_ones_verbatim() -> None:
     arrays = layer_arrays(dsa, TINY_DSA)
     w, rep = dsa.bind_dsa(TINY_DSA, 3, source(arrays))
     assert (rep.bound, rep.self_attn_seen, rep.unknown_self_attn) == (14, 14, [])
-    assert w.wk is not None and w.ape is not None
-    assert w.wk.tobytes() == arrays["self_attn.indexer.wk.weight"].tobytes()
-    assert w.kv_a_proj.tobytes() == arrays["self_attn.kv_a_proj_with_mqa.weight"].tobytes()
+    assert set(w.arrays()) == set(dsa.FIELDS)
+    for field, rule in dsa.FIELDS.items():
+        if rule.kind == "verbatim":
+            (src,) = dsa.SOURCES[field]
+            assert w.arrays()[field].tobytes() == arrays[src].tobytes(), field
+    assert w.ape is not None and w.ape.dtype == np.float32
+    assert w.q_absorb.dtype == w.o_absorb.dtype == arrays["self_attn.q_b_proj.weight"].dtype
 
 
 def test_a_shared_dsa_layer_without_indexer_tensors_is_still_dsa_and_binds() -> None:
@@ -62,8 +66,8 @@ def test_a_shared_dsa_layer_without_indexer_tensors_is_still_dsa_and_binds() -> 
     w, rep = dsa.bind_dsa(TINY_DSA, 7, source(arrays))
     assert (rep.bound, rep.self_attn_seen) == (7, 7)
     assert all(getattr(w, f) is None for f in INDEXER_FIELDS)
-    assert set(w.arrays()) == {"q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj",
-                               "kv_a_layernorm", "kv_b_proj", "o_proj"}  # fmt: skip
+    assert set(w.arrays()) == {"q_a_proj", "q_a_layernorm", "q_absorb", "kv_a_proj",
+                               "kv_a_layernorm", "o_absorb"}  # fmt: skip
 
 
 @pytest.mark.parametrize("dropped", [r.name for r in dsa.TENSORS if r.group == "indexer"])
@@ -83,8 +87,11 @@ def test_the_mtp_layer_with_extra_non_attention_tensors_binds_as_dsa() -> None:
     assert (rep.kind, rep.bound, rep.non_attn_seen) == ("dsa", 14, 3)
 
 
-def test_nope_only_geometry_still_admits_a_rope_dim_in_the_shapes() -> None:
+def test_a_rope_dim_is_in_the_shapes_but_refused_because_the_absorb_is_nope_only() -> None:
     g = dataclasses.replace(TINY_DSA, R=2)
     shapes = dsa.expected_shapes(g)
     assert shapes["self_attn.q_b_proj.weight"] == (g.H * (g.N + 2), g.QL)
     assert shapes["self_attn.kv_a_proj_with_mqa.weight"] == (g.KVL + 2, g.X)
+    arrays = layer_arrays(dsa, g)
+    with pytest.raises(GeometryError, match=r"constraint nope_only \(R == 0\) fails .*NoPE only"):
+        dsa.bind_dsa(g, 3, source(arrays))

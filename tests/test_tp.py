@@ -312,7 +312,8 @@ def test_sharded_projections_compute_the_unsharded_product(bg: tuple[str, Any], 
     ranks = bind_all_ranks(module, g, arrays)
     plan = module.plan(g, 0)
     rng = np.random.default_rng(seed)
-    for field, (src,) in ((f, s) for f, s in module.SOURCES.items() if len(s) == 1):
+    verbatim = [f for f, rule in module.FIELDS.items() if rule.kind == "verbatim"]
+    for field, (src,) in ((f, module.SOURCES[f]) for f in verbatim):
         t = plan.tensors[src]
         full = arrays[src].astype(np.float64)
         if t.kind == "replicated" or full.ndim != 2:

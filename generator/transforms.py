@@ -1,0 +1,335 @@
+"""Declared load-time transforms: parse them, check their shapes, lower einsum to batched matmul.
+
+Two forms, each a small pipeline:
+- unary:    ``{tensor, view?, slice?, scale?, dtype?}``      view -> slice -> scale -> cast
+- contract: ``{einsum, operands: [A, B], scale?, view?, dtype?}``; each operand is
+  ``{tensor, view?, slice?}``;                                  contract -> scale -> cast -> view
+
+Invariants:
+- views are checked by element count, slices by bounds, einsum letters by operand rank and by a
+  consistent size per letter, at the model's geometry at every tp its units allow;
+- the shard unit of a sharded operand must sit where the shard splits it (axis 0 for rows, the
+  first axis of the last on-disk dim for columns) and its einsum letter must reach the output:
+  an op whose head index follows the shard runs on this rank's heads only, never all heads;
+- BF16 operands are widened exactly to F32 and computed in F32; a BF16 result is rounded to
+  nearest even once, at the end.
+Trap: in a view of a sharded operand, the unit symbol means *this rank's* units (H / tp); the
+same symbol in a scale means the full count (``IH ** -0.5`` does not shrink with tp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from generator import algebra
+from generator.yamlio import Located, PathKey
+from runtime.errors import AlgebraError
+
+COMPUTE_DTYPE = "F32"
+
+
+@dataclass(frozen=True)
+class Slice:
+    axis: int
+    start: algebra.Expr | None
+    stop: algebra.Expr | None
+
+
+@dataclass(frozen=True)
+class Operand:
+    tensor: str  # full (prefixed) name
+    view: tuple[algebra.Expr, ...] | None
+    slice: Slice | None
+    path: PathKey
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """``einsum`` as ``matmul`` of [batch, left, contract] by [batch, contract, right]."""
+
+    letters_a: str
+    letters_b: str
+    letters_out: str
+    perm_a: tuple[int, ...]
+    perm_b: tuple[int, ...]
+    groups: tuple[int, int, int, int]  # how many letters are batch, left, contract, right
+    perm_out: tuple[int, ...]  # [batch.., left.., right..] -> output letter order
+
+
+@dataclass(frozen=True)
+class Transform:
+    operands: tuple[Operand, ...]
+    einsum: str | None
+    lowering: Lowering | None
+    view: tuple[algebra.Expr, ...] | None  # of the contraction's result
+    scale: algebra.Expr | None
+    dtype: str
+    layout_kind: str  # how the result splits across ranks: replicated | rows | cols
+    layout_unit: str | None
+
+
+def _exprs(
+    doc: Located, path: PathKey, raw: list[Any], names: set[str]
+) -> tuple[algebra.Expr, ...]:
+    out = []
+    for i, text in enumerate(raw):
+        try:
+            e = algebra.parse(text)
+        except AlgebraError as exc:
+            raise doc.error((*path, i), str(exc)) from None
+        unknown = sorted(e.names - names)
+        if unknown:
+            raise doc.error((*path, i), f"unknown symbol(s) {', '.join(unknown)} in {str(text)!r}")
+        out.append(e)
+    return tuple(out)
+
+
+def _slice(
+    doc: Located, path: PathKey, raw: dict[str, Any] | None, names: set[str]
+) -> Slice | None:
+    if raw is None:
+        return None
+    bounds = [raw.get("start"), raw.get("stop")]
+    parsed = [
+        None if b is None else _exprs(doc, (*path, k), [b], names)[0]
+        for k, b in zip(("start", "stop"), bounds, strict=True)
+    ]
+    return Slice(int(raw["axis"]), parsed[0], parsed[1])
+
+
+def _operand(
+    doc: Located,
+    path: PathKey,
+    raw: dict[str, Any],
+    prefix: str,
+    tensors: dict[str, Any],
+    names: set[str],
+) -> Operand:
+    name = prefix + raw["tensor"]
+    if name not in tensors:
+        raise doc.error((*path, "tensor"), f"unknown tensor {raw['tensor']!r}")
+    view = _exprs(doc, (*path, "view"), raw["view"], names) if "view" in raw else None
+    return Operand(name, view, _slice(doc, (*path, "slice"), raw.get("slice"), names), path)
+
+
+def parse(
+    doc: Located,
+    path: PathKey,
+    raw: dict[str, Any],
+    prefix: str,
+    tensors: dict[str, Any],
+    names: set[str],
+) -> Transform:
+    """Parse a unary or contract output; shape checks come later, at a geometry."""
+    if "einsum" in raw:
+        ops = tuple(
+            _operand(doc, (*path, "operands", i), o, prefix, tensors, names)
+            for i, o in enumerate(raw["operands"])
+        )
+        lowering = lower(doc, (*path, "einsum"), raw["einsum"], [_rank(o, tensors) for o in ops])
+        view = _exprs(doc, (*path, "view"), raw["view"], names) if "view" in raw else None
+    else:
+        ops = (_operand(doc, path, raw, prefix, tensors, names),)
+        lowering, view = None, None
+    scale = None
+    if "scale" in raw:
+        try:
+            scale = algebra.parse_real(raw["scale"])
+        except AlgebraError as exc:
+            raise doc.error((*path, "scale"), str(exc)) from None
+        unknown = sorted(scale.names - names)
+        if unknown:
+            raise doc.error((*path, "scale"), f"unknown symbol(s) {', '.join(unknown)}")
+    first = tensors[ops[0].tensor]
+    if len({tensors[o.tensor].group for o in ops}) != 1:
+        raise doc.error(path, "operands come from different groups")
+    dtype = raw.get("dtype", first.dtype)
+    kind, unit = _layout(doc, path, raw.get("shard"), ops, tensors)
+    heads = [_unit_axis(doc, o, tensors) for o in ops]
+    if lowering is not None:
+        letters = [lowering.letters_a, lowering.letters_b]
+        head_letters = {letters[i][ax] for i, ax in enumerate(heads) if ax is not None}
+        for h in head_letters:
+            if h not in lowering.letters_out:
+                raise doc.error(
+                    (*path, "einsum"),
+                    f"einsum sums over the shard unit (letter {h!r}); that needs an "
+                    "all-reduce, not a load-time transform",
+                )
+        if len(head_letters) > 1:
+            raise doc.error(
+                (*path, "einsum"), "sharded operands put their units on different letters"
+            )
+        if kind == "rows" and lowering.letters_out[0] not in head_letters:
+            raise doc.error(
+                (*path, "shard"), "a rows layout needs the unit's letter first in the output"
+            )
+    return Transform(ops, raw.get("einsum"), lowering, view, scale, dtype, kind, unit)
+
+
+def _rank(o: Operand, tensors: dict[str, Any]) -> int:
+    return len(o.view) if o.view is not None else len(tensors[o.tensor].shape)
+
+
+def _layout(
+    doc: Located, path: PathKey, raw: Any, ops: tuple[Operand, ...], tensors: dict[str, Any]
+) -> tuple[str, str | None]:
+    sharded = [tensors[o.tensor].shard for o in ops if tensors[o.tensor].shard.kind != "replicated"]
+    if raw is None or raw == "replicated":
+        if sharded and raw is None and len(ops) == 1:
+            return sharded[0].kind, sharded[0].unit  # a unary op keeps its tensor's layout
+        if sharded:
+            raise doc.error(
+                (*path, "shard"), "a result of sharded operands must declare its shard layout"
+            )
+        return "replicated", None
+    kind = "rows" if "rows" in raw else "cols"
+    unit = raw[kind]
+    if unit not in {s.unit for s in sharded}:
+        raise doc.error(
+            (*path, "shard"), f"layout unit {unit!r} is not the unit of a sharded operand"
+        )
+    return kind, unit
+
+
+def _unit_axis(doc: Located, o: Operand, tensors: dict[str, Any]) -> int | None:
+    """The operand axis that holds the shard units (after its view), or None if replicated."""
+    t = tensors[o.tensor]
+    if t.shard.kind == "replicated":
+        return None
+    rank = len(t.shape)
+    axis = 0 if t.shard.kind == "rows" else rank - 1
+    if o.view is None:
+        return axis
+    texts = [ast_text(e) for e in o.view]
+    if axis >= len(texts) or texts[axis] != t.shard.unit:
+        raise doc.error(
+            (*o.path, "view"),
+            f"the view must put the shard unit {t.shard.unit!r} alone at axis {axis}, "
+            f"where {o.tensor.split('.', 1)[-1]} is split across ranks",
+        )
+    lead = [ast_text(e) for e in t.shape[:axis]]
+    if texts[:axis] != lead:
+        raise doc.error(
+            (*o.path, "view"), f"the view must keep the leading dims {lead} before the unit"
+        )
+    if o.slice is not None and o.slice.axis == axis:
+        raise doc.error((*o.path, "slice"), "cannot slice the axis the shard splits")
+    return axis
+
+
+def ast_text(e: algebra.Expr) -> str:
+    import ast
+
+    return ast.unparse(e.node)
+
+
+def lower(doc: Located, path: PathKey, spec: str, ranks: list[int]) -> Lowering:
+    ins, out = spec.split("->")
+    la, lb = ins.split(",")
+    for letters, rank, which in ((la, ranks[0], "first"), (lb, ranks[1], "second")):
+        if len(letters) != rank:
+            raise doc.error(
+                path, f"{spec!r}: the {which} operand has rank {rank}, not {len(letters)}"
+            )
+        if len(set(letters)) != len(letters):
+            raise doc.error(
+                path, f"{spec!r}: a letter repeats within the {which} operand (no traces)"
+            )
+    if len(set(out)) != len(out) or any(c not in la + lb for c in out):
+        raise doc.error(
+            path, f"{spec!r}: output letters must be distinct and come from the operands"
+        )
+    lonely = [c for c in la + lb if (c in la) != (c in lb) and c not in out]
+    if lonely:
+        raise doc.error(
+            path, f"{spec!r}: letter(s) {''.join(lonely)} are summed within one operand"
+        )
+    batch = [c for c in out if c in la and c in lb]
+    contract = [c for c in la if c in lb and c not in out]
+    left = [c for c in la if c not in lb]
+    right = [c for c in lb if c not in la]
+    perm_a = tuple(la.index(c) for c in batch + left + contract)
+    perm_b = tuple(lb.index(c) for c in batch + contract + right)
+    mid = batch + left + right
+    perm_out = tuple(mid.index(c) for c in out)
+    return Lowering(
+        la, lb, out, perm_a, perm_b, (len(batch), len(left), len(contract), len(right)), perm_out
+    )
+
+
+def result_shape(
+    tf: Transform,
+    tensors: dict[str, Any],
+    local_env: dict[str, int],
+    local_shapes: dict[str, tuple[int, ...]],
+    doc: Located,
+    path: PathKey,
+    context: str,
+) -> tuple[int, ...]:
+    """The result's shape on one rank; refuses a view, slice or letter size that does not fit."""
+
+    def ev(e: algebra.Expr, where: PathKey) -> int:
+        try:
+            return int(algebra.evaluate(e, local_env))
+        except Exception as exc:  # AlgebraError or GeometryError from the shared ops
+            raise doc.error(where, f"{context}: {exc}") from None
+
+    shapes = []
+    for o in tf.operands:
+        shape = local_shapes[o.tensor]
+        if o.view is not None:
+            view = tuple(ev(e, (*o.path, "view", i)) for i, e in enumerate(o.view))
+            if _numel(view) != _numel(shape):
+                raise doc.error(
+                    (*o.path, "view"),
+                    f"{context}: view {list(view)} has {_numel(view)} elements, "
+                    f"{o.tensor} has {_numel(shape)} {list(shape)}",
+                )
+            shape = view
+        if o.slice is not None:
+            s = o.slice
+            if s.axis >= len(shape):
+                raise doc.error(
+                    (*o.path, "slice"),
+                    f"{context}: axis {s.axis} is out of range for rank {len(shape)}",
+                )
+            start = 0 if s.start is None else ev(s.start, (*o.path, "slice", "start"))
+            stop = shape[s.axis] if s.stop is None else ev(s.stop, (*o.path, "slice", "stop"))
+            if not 0 <= start < stop <= shape[s.axis]:
+                raise doc.error(
+                    (*o.path, "slice"),
+                    f"{context}: slice [{start}:{stop}] does not fit dim {shape[s.axis]}",
+                )
+            shape = (*shape[: s.axis], stop - start, *shape[s.axis + 1 :])
+        shapes.append(shape)
+    if tf.lowering is None:
+        return shapes[0]
+    low = tf.lowering
+    sizes: dict[str, int] = {}
+    for letters, shape in zip((low.letters_a, low.letters_b), shapes, strict=True):
+        for c, n in zip(letters, shape, strict=True):
+            if sizes.setdefault(c, n) != n:
+                raise doc.error(
+                    (*path, "einsum"),
+                    f"{context}: letter {c!r} is {sizes[c]} in one operand and {n} in the other",
+                )
+    shape = tuple(sizes[c] for c in low.letters_out)
+    if tf.view is not None:
+        view = tuple(ev(e, (*path, "view", i)) for i, e in enumerate(tf.view))
+        if _numel(view) != _numel(shape):
+            raise doc.error(
+                (*path, "view"),
+                f"{context}: view {list(view)} has {_numel(view)} elements, "
+                f"the einsum gives {_numel(shape)} {list(shape)}",
+            )
+        shape = view
+    return shape
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,137 @@
+"""The NumPy ops that generated transforms call: view, slice, widen, scale, contract, cast.
+
+Invariants:
+- ``widen`` turns BF16/F16 into F32 exactly (every BF16 value is an F32 value);
+- ``contract`` computes in F32 with one BLAS matmul per batch element (per head), so a head's
+  result does not depend on how many heads a rank holds, on ``SPECBIND_THREADS`` or on the
+  BLAS thread count: each output element is one fixed-length dot product of the same operands;
+- ``cast`` to BF16 rounds to nearest even once (ml_dtypes), and returns a C-contiguous array;
+- a view whose element count does not match is a ``BindError`` naming the field, never a
+  reshape that silently reinterprets.
+``stats`` counts the multiply-adds and operand elements a contraction used, so tests can show
+that a rank multiplies only its own heads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+
+from runtime.binding import Array
+from runtime.dtypes import DTYPES
+from runtime.errors import BindError, GeometryError
+
+F32 = np.dtype(np.float32)
+
+
+@dataclass
+class OpStats:
+    flops: int = 0  # 2 x multiply-adds
+    operand_elements: int = 0
+
+
+_stats: OpStats | None = None
+_lock = threading.Lock()
+
+
+@contextmanager
+def counting() -> Iterator[OpStats]:
+    """Count what contractions multiply while the block runs (for tests and benchmarks)."""
+    global _stats
+    prev, _stats = _stats, OpStats()
+    try:
+        yield _stats
+    finally:
+        _stats = prev
+
+
+def threads() -> int:
+    raw = os.environ.get("SPECBIND_THREADS", "1").strip()
+    try:
+        n = int(raw)
+    except ValueError:
+        raise GeometryError(f"SPECBIND_THREADS={raw!r} is not an integer") from None
+    if n < 1:
+        raise GeometryError(f"SPECBIND_THREADS={n} must be >= 1")
+    return n
+
+
+def view(a: Array, shape: tuple[int, ...], what: str) -> Array:
+    if int(np.prod(shape)) != a.size:
+        raise BindError(f"{what}: cannot view {list(a.shape)} ({a.size} elements) as {list(shape)}")
+    return a.reshape(shape)
+
+
+def take(a: Array, axis: int, start: int, stop: int, what: str) -> Array:
+    if not 0 <= start < stop <= a.shape[axis]:
+        raise BindError(
+            f"{what}: slice [{start}:{stop}] does not fit axis {axis} of {list(a.shape)}"
+        )
+    index = [slice(None)] * a.ndim
+    index[axis] = slice(start, stop)
+    return a[tuple(index)]
+
+
+def widen(a: Array) -> Array:
+    """An F32 copy (exact from BF16/F16), or the array itself if it is already F32."""
+    if a.dtype == F32:
+        return a
+    if a.dtype.itemsize > 4:
+        raise BindError(f"refusing to narrow {a.dtype} to F32 for computation")
+    return a.astype(F32)
+
+
+def scale(a: Array, factor: float) -> Array:
+    return np.multiply(widen(a), np.float32(factor), dtype=F32)
+
+
+def cast(a: Array, dtype: str) -> Array:
+    """To ``dtype`` in C order; BF16 rounds to nearest even (ml_dtypes), NaN stays NaN."""
+    np_dtype = DTYPES[dtype].numpy
+    assert np_dtype is not None
+    return a.astype(np_dtype, order="C")
+
+
+def contract(
+    a: Array,
+    b: Array,
+    perm_a: tuple[int, ...],
+    perm_b: tuple[int, ...],
+    groups: tuple[int, int, int, int],
+    perm_out: tuple[int, ...],
+) -> Array:
+    """``einsum`` lowered to ``matmul``: [batch, left, contract] @ [batch, contract, right]."""
+    nb, nl, nc, _ = groups
+    at, bt = widen(a).transpose(perm_a), widen(b).transpose(perm_b)
+    bs, ls, cs = at.shape[:nb], at.shape[nb : nb + nl], at.shape[nb + nl :]
+    rs = bt.shape[nb + nc :]
+    nbatch, nleft = int(np.prod(bs)), int(np.prod(ls))
+    ncon, nright = int(np.prod(cs)), int(np.prod(rs))
+    a3 = at.reshape(nbatch, nleft, ncon)  # [batch.., left.., contract..] -> [B, L, C]
+    b3 = bt.reshape(nbatch, ncon, nright)  # [batch.., contract.., right..] -> [B, C, R]
+    out = np.empty((nbatch, nleft, nright), dtype=F32)
+    n = min(threads(), nbatch)
+    if n <= 1:
+        np.matmul(a3, b3, out=out)
+    else:
+        bounds = np.linspace(0, nbatch, n + 1).astype(int)
+        spans = list(pairwise(bounds))
+        with ThreadPoolExecutor(n) as pool:  # matmul releases the GIL
+            list(
+                pool.map(
+                    lambda s: np.matmul(a3[s[0] : s[1]], b3[s[0] : s[1]], out=out[s[0] : s[1]]),
+                    spans,
+                )
+            )
+    if _stats is not None:
+        with _lock:
+            _stats.flops += 2 * nbatch * nleft * ncon * nright
+            _stats.operand_elements += a3.size + b3.size
+    return out.reshape(*bs, *ls, *rs).transpose(perm_out)  # [B, L, R] -> output letter order
