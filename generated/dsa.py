@@ -282,9 +282,8 @@ def make_q_absorb(g: DsaGeometry, t: dict[str, Array]) -> Array:
     b = t["self_attn.q_b_proj.weight"]
     # [H * (N + R), QL] -> [H, N, QL]
     b = ops.view(b, (H, g.N, g.QL), "q_absorb: q_b_proj.weight")
-    y = ops.contract(a, b, (0, 2, 1), (0, 1, 2), (1, 1, 1, 1), (0, 1, 2))
+    y = ops.contract(a, b, (0, 2, 1), (0, 1, 2), (1, 1, 1, 1), (0, 1, 2), "BF16", None)
     # einsum hrc,hrk->hck: [h, r, c], [h, r, k] -> [h, c, r] @ [h, r, k] -> [h, c, k]
-    y = ops.cast(y, "BF16")
     # [h, c, k] -> [H * KVL, QL]
     y = ops.view(y, (H * g.KVL, g.QL), "q_absorb")
     return y
@@ -301,9 +300,8 @@ def make_o_absorb(g: DsaGeometry, t: dict[str, Array]) -> Array:
     b = ops.view(b, (H, g.N + g.V, g.KVL), "o_absorb: kv_b_proj.weight")
     # [H, N + V, KVL], axis 1 [N:N + V]
     b = ops.take(b, 1, g.N, g.N + g.V, "o_absorb: kv_b_proj.weight")
-    y = ops.contract(a, b, (1, 0, 2), (0, 1, 2), (1, 1, 1, 1), (1, 0, 2))
+    y = ops.contract(a, b, (1, 0, 2), (0, 1, 2), (1, 1, 1, 1), (1, 0, 2), "BF16", None)
     # einsum ihr,hrc->ihc: [i, h, r], [h, r, c] -> [h, i, r] @ [h, r, c] -> [i, h, c]
-    y = ops.cast(y, "BF16")
     # [i, h, c] -> [X, H * KVL]
     y = ops.view(y, (g.X, H * g.KVL), "o_absorb")
     return y

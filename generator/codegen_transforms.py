@@ -49,9 +49,12 @@ def function(block: Block, out: Output, geo_class: str) -> tuple[str, str]:
         low = tf.lowering
         a, b = low.letters_a, low.letters_b
         mid = _mid(low)
+        factor = "None"
+        if tf.scale is not None:
+            factor = algebra.to_python_real(tf.scale, lambda s: f"g.{s}")
         body.append(
             f"y = ops.contract({vars_[0]}, {vars_[1]}, {low.perm_a!r}, {low.perm_b!r}, "
-            f"{low.groups!r}, {low.perm_out!r})"
+            f"{low.groups!r}, {low.perm_out!r}, {py_literal(tf.dtype)}, {factor})"
         )
         body.append(
             f"# einsum {tf.einsum}: [{', '.join(a)}], [{', '.join(b)}] -> {mid} "
@@ -60,11 +63,12 @@ def function(block: Block, out: Output, geo_class: str) -> tuple[str, str]:
         src_var = "y"
     else:
         src_var = vars_[0]
-    if tf.scale is not None:
-        factor = algebra.to_python_real(tf.scale, lambda s: f"g.{s}")
-        body.append(f"# x ({ast_text(tf.scale)}), in F32")
-        body.append(f"{src_var} = ops.scale({src_var}, {factor})")
-    body.append(f"{src_var} = ops.cast({src_var}, {py_literal(tf.dtype)})")
+    if tf.lowering is None:
+        if tf.scale is not None:
+            factor = algebra.to_python_real(tf.scale, lambda s: f"g.{s}")
+            body.append(f"# x ({ast_text(tf.scale)}), in F32")
+            body.append(f"{src_var} = ops.scale({src_var}, {factor})")
+        body.append(f"{src_var} = ops.cast({src_var}, {py_literal(tf.dtype)})")
     if tf.view is not None:
         shape = _tuple([algebra.to_python(e, names) for e in tf.view])
         body.append(

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from itertools import pairwise
 
 import numpy as np
 
@@ -106,8 +105,16 @@ def contract(
     perm_b: tuple[int, ...],
     groups: tuple[int, int, int, int],
     perm_out: tuple[int, ...],
+    dtype: str,
+    factor: float | None = None,
 ) -> Array:
-    """``einsum`` lowered to ``matmul``: [batch, left, contract] @ [batch, contract, right]."""
+    """``einsum`` lowered to ``matmul`` of [B, L, C] by [B, C, R], then scale and cast.
+
+    The batch is processed in chunks: each chunk's F32 product is scaled, rounded to ``dtype``
+    and written straight into the C-ordered result in the output letter order, so no
+    full-size F32 intermediate exists and the transpose costs no extra pass (measured on the
+    full-geometry ``o_absorb`` at TP=1: 1.36 s against 1.70 s for matmul, then transpose-cast).
+    """
     nb, nl, nc, _ = groups
     at, bt = widen(a).transpose(perm_a), widen(b).transpose(perm_b)
     bs, ls, cs = at.shape[:nb], at.shape[nb : nb + nl], at.shape[nb + nl :]
@@ -116,22 +123,38 @@ def contract(
     ncon, nright = int(np.prod(cs)), int(np.prod(rs))
     a3 = at.reshape(nbatch, nleft, ncon)  # [batch.., left.., contract..] -> [B, L, C]
     b3 = bt.reshape(nbatch, ncon, nright)  # [batch.., contract.., right..] -> [B, C, R]
-    out = np.empty((nbatch, nleft, nright), dtype=F32)
-    n = min(threads(), nbatch)
+    mid_shape = (*bs, *ls, *rs)
+    out_shape = tuple(mid_shape[i] for i in perm_out)
+    np_dtype = DTYPES[dtype].numpy
+    assert np_dtype is not None
+    result = np.empty(out_shape, dtype=np_dtype)
+    inverse = tuple(int(i) for i in np.argsort(perm_out))
+    # [out letters] -> [B, L, R]: a view of `result` when each group has at most one letter
+    mid = result.transpose(inverse).reshape(nbatch, nleft, nright)
+    direct = np.shares_memory(mid, result)
+    if not direct:  # several letters per group: fill a [B, L, R] buffer, then permute once
+        mid = np.empty((nbatch, nleft, nright), dtype=np_dtype)
+    per_chunk = max(1, (32 << 20) // max(1, 4 * nleft * nright))  # ~32 MiB of F32 per chunk
+    spans = [(i, min(i + per_chunk, nbatch)) for i in range(0, nbatch, per_chunk)]
+
+    def work(span: tuple[int, int]) -> None:
+        lo, hi = span
+        tmp = np.matmul(a3[lo:hi], b3[lo:hi])  # [b, L, C] @ [b, C, R] -> [b, L, R], F32
+        if factor is not None:
+            tmp *= np.float32(factor)
+        mid[lo:hi] = tmp  # one rounding to `dtype` (nearest even for BF16)
+
+    n = min(threads(), len(spans))
     if n <= 1:
-        np.matmul(a3, b3, out=out)
+        for span in spans:
+            work(span)
     else:
-        bounds = np.linspace(0, nbatch, n + 1).astype(int)
-        spans = list(pairwise(bounds))
-        with ThreadPoolExecutor(n) as pool:  # matmul releases the GIL
-            list(
-                pool.map(
-                    lambda s: np.matmul(a3[s[0] : s[1]], b3[s[0] : s[1]], out=out[s[0] : s[1]]),
-                    spans,
-                )
-            )
+        with ThreadPoolExecutor(n) as pool:  # matmul and the cast release the GIL
+            list(pool.map(work, spans))
+    if not direct:
+        result[...] = mid.reshape(mid_shape).transpose(perm_out)  # [B, L, R] -> output order
     if _stats is not None:
         with _lock:
             _stats.flops += 2 * nbatch * nleft * ncon * nright
             _stats.operand_elements += a3.size + b3.size
-    return out.reshape(*bs, *ls, *rs).transpose(perm_out)  # [B, L, R] -> output letter order
+    return result

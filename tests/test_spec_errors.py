@@ -31,7 +31,10 @@ def edit(root: Path, rel: str, old: str, new: str) -> None:
 
 
 def line_of(root: Path, rel: str, needle: str) -> int:
+    """The first line containing ``needle``; ``^text`` matches a whole (stripped) line."""
     lines = (root / "specs" / rel).read_text().splitlines()
+    if needle.startswith("^"):
+        return next(i + 1 for i, line in enumerate(lines) if line.strip() == needle[1:])
     return next(i + 1 for i, line in enumerate(lines) if needle in line)
 
 
@@ -184,6 +187,86 @@ CASES = [
         "indexer.wq_b.weight:",
         "tensors.indexer.wq_b.weight.group",
         "not declared",
+    ),
+    (
+        DSA,
+        "    einsum: hrc,hrk->hck\n",
+        "    einsum: hrc,hrk->ck\n",
+        "einsum: hrc,hrk->ck",
+        "outputs.q_absorb.einsum",
+        "sums over the shard unit",
+    ),
+    (
+        DSA,
+        "    einsum: ihr,hrc->ihc\n",
+        "    einsum: ihr,hrc->ihcz\n",
+        "einsum: ihr,hrc->ihcz",
+        "outputs.o_absorb.einsum",
+        "output letters must be distinct and come from the operands",
+    ),
+    (
+        DSA,
+        "    einsum: ihr,hrc->ihc\n",
+        "    einsum: ihr,hrcd->ihc\n",
+        "einsum: ihr,hrcd->ihc",
+        "outputs.o_absorb.einsum",
+        "the second operand has rank 3, not 4",
+    ),
+    (
+        DSA,
+        "        view: [H, N, QL]\n",
+        "        view: [H, N, 2 * QL]\n",
+        "view: [H, N, 2 * QL]",
+        "outputs.q_absorb.operands[1].view",
+        "has 50331648 elements",
+    ),
+    (
+        DSA,
+        "        slice: {axis: 1, start: 0, stop: N}",
+        "        slice: {axis: 1, start: 0, stop: N + V + 1}",
+        "stop: N + V + 1",
+        "outputs.q_absorb.operands[0].slice",
+        "does not fit dim 512",
+    ),
+    (
+        DSA,
+        "        view: [X, H, V]\n",
+        "        view: [H, X, V]\n",
+        "view: [H, X, V]",
+        "outputs.o_absorb.operands[0].view",
+        "must put the shard unit 'H' alone at axis 1",
+    ),
+    (
+        DSA,
+        "    scale: IH ** -0.5\n",
+        "    scale: IHX ** -0.5\n",
+        "scale: IHX",
+        "outputs.weights_proj.scale",
+        "unknown symbol(s) IHX",
+    ),
+    (
+        DSA,
+        "    scale: IH ** -0.5\n",
+        "    scale: IH ** -0.5 if IH else 1\n",
+        "scale: IH ** -0.5 if",
+        "outputs.weights_proj.scale",
+        "IfExp is not allowed in a scale",
+    ),
+    (
+        DSA,
+        "    shard: {cols: H}\n",
+        "    shard: {rows: H}  # was cols\n",
+        "# was cols",
+        "outputs.o_absorb.shard",
+        "needs the unit's letter first",
+    ),
+    (
+        DSA,
+        "    view: [X, H * KVL]\n",
+        "    view: [H * KVL, X]\n",
+        "^shard: {cols: H}",
+        "outputs.o_absorb.shard",
+        "a cols layout of [32768, 4096] would be [32768, 2048]",
     ),
     (
         MODEL,
