@@ -2,16 +2,21 @@
 
 The checkpoint is not synthesised by specbind: a tiny ``Glm5NextTextModel`` writes it with
 ``save_pretrained``, so the names, the split q/k/v convolutions and the F32 gates are exactly what
-transformers' conversion mapping puts on disk. The key claim is that what specbind binds equals,
-bit for bit, what transformers itself loads back from the same file with ``from_pretrained``.
+transformers' conversion mapping puts on disk. The key claims: every field specbind binds verbatim
+equals, bit for bit, what transformers itself loads back from the same file with
+``from_pretrained``; every field it computes (DSA's q_absorb, o_absorb, scaled weights_proj and
+F32 ape) is within one BF16 ulp of an f64 reference made from transformers' own module weights,
+at every tensor-parallel size and rank, and the rank shards rejoin into the TP=1 bytes.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +42,9 @@ pytestmark = pytest.mark.interop
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "glm-5.3-flash"
 
-# The tiny geometry: linear_num_heads * linear_head_dim = 256 keeps KDA's scan_tile constraint,
-# (2 * H * D) % 256 == 0. index_topk_pattern makes layer 7 a "shared" DSA layer (no indexer).
+# The tiny geometry: linear_num_heads * linear_head_dim = 512 keeps KDA's scan_tile constraint,
+# (2 * (H / tp) * D) % 256 == 0, at tp = 1, 2 and 4; num_attention_heads = 4 splits DSA's heads
+# at the same sizes. index_topk_pattern makes layer 7 a "shared" DSA layer (no indexer).
 CONFIG: dict[str, Any] = dict(
     hidden_size=64,
     num_hidden_layers=8,
@@ -49,11 +55,11 @@ CONFIG: dict[str, Any] = dict(
     qk_nope_head_dim=16,
     v_head_dim=16,
     qk_rope_head_dim=0,
-    index_n_heads=4,
+    index_n_heads=8,  # 8 ** -0.5 is not a power of two: the scaled weights_proj rounds
     index_head_dim=16,
     index_kpool=4,
     index_topk=8,
-    linear_num_heads=4,
+    linear_num_heads=8,
     linear_head_dim=64,
     linear_conv_kernel_dim=4,
     intermediate_size=64,
@@ -70,6 +76,15 @@ K = CONFIG["linear_conv_kernel_dim"]
 KDA_LAYERS = (0, 1, 2, 4, 5, 6)
 DSA_LAYERS = (3, 7)
 FULL_DSA, SHARED_DSA = DSA_LAYERS
+# DSA geometry (NoPE: qk_rope_head_dim = 0, so q_b_proj holds only the nope rows of each head).
+X = CONFIG["hidden_size"]
+NH = CONFIG["num_attention_heads"]  # 4: TP = 1, 2 and 4 all divide it
+NOPE = CONFIG["qk_nope_head_dim"]
+V = CONFIG["v_head_dim"]
+KVL = CONFIG["kv_lora_rank"]
+QL = CONFIG["q_lora_rank"]
+IH = CONFIG["index_n_heads"]
+TP_RANKS = [(tp, rank) for tp in (1, 2, 4) for rank in range(tp)]
 INDEXER_FIELDS = (
     "wq_b",
     "wk",
@@ -100,22 +115,20 @@ KDA_PARAMS = {
     "o_norm": "o_norm.weight",
     "o_proj": "o_proj.weight",
 }
+# Only DSA's verbatim fields map to one parameter; the computed ones are checked against the f64
+# reference below (q_b_proj, kv_b_proj and o_proj are bound only through the two absorbs).
 DSA_PARAMS = {
     "q_a_proj": "q_a_proj.weight",
     "q_a_layernorm": "q_a_layernorm.weight",
-    "q_b_proj": "q_b_proj.weight",
     "kv_a_proj": "kv_a_proj_with_mqa.weight",
     "kv_a_layernorm": "kv_a_layernorm.weight",
-    "kv_b_proj": "kv_b_proj.weight",
-    "o_proj": "o_proj.weight",
     "wq_b": "indexer.wq_b.weight",
     "wk": "indexer.wk.weight",
     "k_norm_weight": "indexer.k_norm.weight",
     "k_norm_bias": "indexer.k_norm.bias",
-    "weights_proj": "indexer.weights_proj.weight",
     "compress_gate": "indexer.index_kpool_compress_gate",
-    "ape": "indexer.index_kpool_compress_ape",
 }
+DSA_COMPUTED = frozenset({"q_absorb", "o_absorb", "weights_proj", "ape"})
 
 
 def write_checkpoint(path: Path, *, gates_f32: bool) -> Path:
@@ -175,6 +188,64 @@ def same_bits(bound: np.ndarray, theirs: Any) -> bool:
     return bool(np.array_equal(f32_bits(bound), f32_bits(theirs)))
 
 
+def f64(t: Any) -> np.ndarray:
+    """A torch parameter as float64 numpy: exact for BF16 and F32 alike."""
+    return t.detach().double().numpy()
+
+
+def bf16_ulp(x: np.ndarray) -> np.ndarray:
+    """The BF16 ulp at each |x|: 2**(e - 8) with x = m * 2**e, 0.5 <= |m| < 1 (np.frexp).
+
+    BF16 has 8 significant bits (7 stored + the implicit one). Below the smallest normal BF16,
+    2**-126, the spacing stays 2**-133, so |x| is clamped there first (x == 0 included).
+    """
+    _, e = np.frexp(np.maximum(np.abs(np.asarray(x, np.float64)), 2.0**-126))
+    return np.ldexp(1.0, e - 8)
+
+
+def ulps(got: np.ndarray, ref: np.ndarray) -> float:
+    """The largest |got - ref| in BF16 ulps of ref; got is specbind's BF16 field, widened exactly."""
+    assert got.dtype == ml_dtypes.bfloat16, got.dtype
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    assert np.isfinite(ref).all()
+    return float(np.max(np.abs(got.astype(np.float64) - ref) / bf16_ulp(ref)))
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A DSA layer's computed fields at TP=1, in float64, from transformers' loaded module."""
+
+    q_absorb: np.ndarray  # [NH * KVL, QL]
+    o_absorb: np.ndarray  # [X, NH * KVL]
+    weights_proj: np.ndarray | None  # [IH, X]; None on a shared layer (no indexer)
+
+    def q_rows(self, tp: int, rank: int) -> np.ndarray:
+        """Rank ``rank`` holds heads [rank * NH/tp, (rank + 1) * NH/tp): their KVL rows each."""
+        n = NH // tp * KVL
+        return self.q_absorb[rank * n : (rank + 1) * n]
+
+    def o_cols(self, tp: int, rank: int) -> np.ndarray:
+        n = NH // tp * KVL
+        return self.o_absorb[:, rank * n : (rank + 1) * n]
+
+
+def reference(module: Any) -> Reference:
+    """The absorbs from the definitions, in float64, over transformers' own parameters.
+
+    q_absorb[h*KVL + c, k] = sum_r kv_b[h*(NOPE+V) + r, c] * q_b[h*NOPE + r, k]
+    o_absorb[i, h*KVL + c] = sum_r o_proj[i, h*V + r] * kv_b[h*(NOPE+V) + NOPE + r, c]
+    """
+    kv_b = f64(module.kv_b_proj.weight).reshape(NH, NOPE + V, KVL)
+    q_b = f64(module.q_b_proj.weight).reshape(NH, NOPE, QL)
+    o = f64(module.o_proj.weight).reshape(X, NH, V)
+    q_absorb = np.einsum("hrc,hrk->hck", kv_b[:, :NOPE], q_b).reshape(NH * KVL, QL)
+    o_absorb = np.einsum("ihr,hrc->ihc", o, kv_b[:, NOPE:]).reshape(X, NH * KVL)
+    wp = None
+    if module.indexer is not None:
+        wp = f64(module.indexer.weights_proj.weight) * IH**-0.5
+    return Reference(q_absorb, o_absorb, wp)
+
+
 @dataclass(frozen=True)
 class Loaded:
     model: Any
@@ -202,9 +273,29 @@ def bound(ckpt: Path) -> BindResult:
 
 
 @pytest.fixture(scope="module")
+def bind_at(ckpt: Path, bound: BindResult) -> Callable[[int, int], BindResult]:
+    """Bind ``ckpt`` at (tp, rank), once per pair; (1, 0) is the ``bound`` fixture itself."""
+    cache: dict[tuple[int, int], BindResult] = {(1, 0): bound}
+
+    def get(tp: int, rank: int) -> BindResult:
+        if (tp, rank) not in cache:
+            cache[tp, rank] = bind_checkpoint(
+                Checkpoint(ckpt), MODELS[MODEL], tp_size=tp, tp_rank=rank, progress=False
+            )
+        return cache[tp, rank]
+
+    return get
+
+
+@pytest.fixture(scope="module")
 def hf(ckpt: Path) -> Loaded:
     model, info = transformers.Glm5NextTextModel.from_pretrained(ckpt, output_loading_info=True)
     return Loaded(model, info)
+
+
+@pytest.fixture(scope="module")
+def refs(hf: Loaded) -> dict[int, Reference]:
+    return {i: reference(attn(hf, i)) for i in DSA_LAYERS}
 
 
 def attn(loaded: Loaded, i: int) -> Any:
@@ -238,7 +329,9 @@ def test_transformers_writes_split_conv_and_flat_gate_names(
     assert len(set(attn_bytes)) == len(attn_bytes)
 
 
-def test_transformers_checkpoint_binds_every_layer_with_no_unknowns(bound: BindResult) -> None:
+def test_transformers_checkpoint_binds_every_layer_with_no_unknowns(
+    bound: BindResult, on_disk: dict[str, tuple[str, Any]]
+) -> None:
     kinds = {i: "kda" for i in KDA_LAYERS} | {i: "dsa" for i in DSA_LAYERS}
     assert [(layer.index, layer.kind) for layer in bound.layers] == sorted(kinds.items())
     for layer in bound.layers:
@@ -246,7 +339,13 @@ def test_transformers_checkpoint_binds_every_layer_with_no_unknowns(bound: BindR
         assert (r.index, r.kind) == (layer.index, layer.kind)
         assert r.bound == r.self_attn_seen > 0
         assert r.unknown_self_attn == []
-        assert r.bytes == sum(a.nbytes for a in layer.weights.arrays().values())
+        # bytes counts what was read from the file: at TP=1, every self_attn tensor of the layer.
+        p = f"layers.{layer.index}.self_attn."
+        read = [t for n, (_, t) in on_disk.items() if n.startswith(p)]
+        assert r.bound == len(read)
+        assert r.bytes == sum(t.numel() * t.element_size() for t in read), layer.index
+        if layer.kind == "kda":  # KDA binds verbatim (conv is a concat): the same bytes come out
+            assert r.bytes == sum(a.nbytes for a in layer.weights.arrays().values())
 
 
 def test_shared_dsa_layer_binds_without_indexer_fields(bound: BindResult) -> None:
@@ -304,21 +403,132 @@ def test_bound_gates_stay_f32_and_equal_transformers_forget_gate_byte_for_byte(
             assert same_bits(mine, theirs), i
 
 
-def test_every_bound_field_equals_the_transformers_parameter(bound: BindResult, hf: Loaded) -> None:
-    """q_proj and every other field: BF16 bits equal when transformers loads BF16, else widened."""
+def test_every_verbatim_bound_field_equals_the_transformers_parameter(
+    bound: BindResult, hf: Loaded
+) -> None:
+    """q_proj and every other verbatim field: BF16 bits equal when transformers loads BF16, else
+    widened. Every bound field is compared: conv and DSA's computed fields by their own tests."""
     for layer in bound.layers:
         params = KDA_PARAMS if layer.kind == "kda" else DSA_PARAMS
+        own_test = {"conv"} if layer.kind == "kda" else DSA_COMPUTED
         fields = layer.weights.arrays()
-        # Every bound field is compared: conv by its own test, the rest here; none is skipped.
-        assert set(fields) - {"conv"} <= set(params)
-        if layer.kind == "kda":
-            assert set(fields) == set(params) | {"conv"}
+        if layer.index == SHARED_DSA:
+            want = (set(params) | own_test) - set(INDEXER_FIELDS)
+        else:
+            want = set(params) | own_test
+        assert set(fields) == want, layer.index
         module = attn(hf, layer.index)
         for field, arr in fields.items():
-            if field == "conv":
+            if field in own_test:
                 continue
             theirs = module.get_parameter(params[field])
             assert same_bits(arr, theirs), (layer.index, field)
+
+
+def test_f64_reference_is_what_transformers_own_attention_path_computes(
+    hf: Loaded, refs: dict[int, Reference]
+) -> None:
+    """The reference's head layout is transformers', not only the definitions' reading of it.
+
+    In float64, on random latents: q_b_proj then expand_kv's K half gives the same q.k scores as
+    the absorbed query against the latent; expand_kv's V half then o_proj (the forward's head
+    concat) gives the same output as the per-head latent mix through o_absorb.
+    """
+    gen = torch.Generator().manual_seed(1)
+    s = 5
+    for i in DSA_LAYERS:
+        module = copy.deepcopy(attn(hf, i)).double()
+        ref = refs[i]
+        with torch.no_grad():
+            x = torch.randn(1, s, QL, dtype=torch.float64, generator=gen)  # q_resid
+            c = torch.randn(1, 1, s, KVL, dtype=torch.float64, generator=gen)  # latent k_pass
+            k, v = module.expand_kv(c, c[..., :0])  # NoPE: k_rot is empty
+            q = module.q_b_proj(x).view(1, s, -1, module.qk_head_dim).transpose(1, 2)
+            scores = (q @ k.transpose(2, 3))[0].numpy()  # [NH, s, s]
+            p = torch.softmax(torch.randn(1, NH, s, s, dtype=torch.float64, generator=gen), -1)
+            out = module.o_proj((p @ v).transpose(1, 2).reshape(1, s, -1))[0].numpy()  # [s, X]
+        x_, c_, p_ = x[0].numpy(), c[0, 0].numpy(), p[0].numpy()
+        qa = (x_ @ ref.q_absorb.T).reshape(s, NH, KVL)
+        np.testing.assert_allclose(np.einsum("shc,tc->hst", qa, c_), scores, rtol=1e-10, atol=0)
+        mixed = np.einsum("hst,tc->shc", p_, c_).reshape(s, NH * KVL)
+        np.testing.assert_allclose(mixed @ ref.o_absorb.T, out, rtol=1e-10, atol=1e-15)
+
+
+@pytest.mark.parametrize(("tp", "rank"), TP_RANKS)
+def test_absorbed_weights_match_an_f64_reference_from_transformers_modules_within_one_bf16_ulp(
+    bind_at: Callable[[int, int], BindResult], refs: dict[int, Reference], tp: int, rank: int
+) -> None:
+    """Full and shared DSA layers alike: this rank's heads of q_absorb (rows) and o_absorb
+    (columns), rounded once to BF16, are at most 1 BF16 ulp from the f64 reference."""
+    result = bind_at(tp, rank)
+    assert (result.tp_size, result.tp_rank) == (tp, rank)
+    for i in DSA_LAYERS:
+        w = result.layers[i].weights
+        assert (w.q_absorb.dtype, w.o_absorb.dtype) == (ml_dtypes.bfloat16,) * 2
+        assert w.q_absorb.shape == (NH // tp * KVL, QL)
+        assert w.o_absorb.shape == (X, NH // tp * KVL)
+        assert ulps(w.q_absorb, refs[i].q_rows(tp, rank)) <= 1.0, (i, "q_absorb")
+        assert ulps(w.o_absorb, refs[i].o_cols(tp, rank)) <= 1.0, (i, "o_absorb")
+
+
+@pytest.mark.parametrize(("tp", "rank"), TP_RANKS)
+def test_indexer_weights_proj_is_scaled_within_one_bf16_ulp_and_ape_widens_exactly(
+    bind_at: Callable[[int, int], BindResult],
+    hf: Loaded,
+    refs: dict[int, Reference],
+    tp: int,
+    rank: int,
+) -> None:
+    """Replicated: every rank holds the whole scaled weights_proj and the whole F32 ape."""
+    w = bind_at(tp, rank).layers[FULL_DSA].weights
+    indexer = attn(hf, FULL_DSA).indexer
+    assert w.weights_proj is not None and w.ape is not None
+    assert w.weights_proj.shape == (IH, X)
+    assert ulps(w.weights_proj, refs[FULL_DSA].weights_proj) <= 1.0
+    # ape: BF16 in the file, F32 bound; the widening is exact, so the F32 bits are equal.
+    theirs = indexer.index_kpool_compress_ape.detach().float().numpy()
+    assert w.ape.dtype == np.float32
+    assert w.ape.shape == theirs.shape == (CONFIG["index_kpool"], CONFIG["index_head_dim"])
+    assert np.array_equal(w.ape.view(np.uint32), theirs.view(np.uint32))
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_shared_dsa_layer_binds_without_indexer_fields_at_every_tp(
+    bind_at: Callable[[int, int], BindResult], tp: int
+) -> None:
+    """transformers' index_topk_pattern "...S" makes layer 7 shared: no indexer on any rank."""
+    for rank in range(tp):
+        layers = bind_at(tp, rank).layers
+        shared, full = layers[SHARED_DSA].weights, layers[FULL_DSA].weights
+        assert all(getattr(shared, f) is None for f in INDEXER_FIELDS), (tp, rank)
+        assert all(getattr(full, f) is not None for f in INDEXER_FIELDS), (tp, rank)
+        assert set(full.arrays()) - set(shared.arrays()) == set(INDEXER_FIELDS)
+        assert not set(shared.arrays()) & set(INDEXER_FIELDS)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_rank_shards_rejoin_into_the_tp1_fields_byte_for_byte(
+    bind_at: Callable[[int, int], BindResult], tp: int
+) -> None:
+    """The output does not depend on tp: q_absorb's rank blocks stacked (rows) and o_absorb's
+    laid side by side (columns) are the TP=1 bytes; every other field is TP=1's on every rank."""
+    whole = bind_at(1, 0).layers
+    ranks = [bind_at(tp, r).layers for r in range(tp)]
+    for i in DSA_LAYERS:
+        one = whole[i].weights.arrays()
+        parts = [layers[i].weights.arrays() for layers in ranks]
+        for field, axis in (("q_absorb", 0), ("o_absorb", 1)):
+            joined = np.concatenate([p[field] for p in parts], axis=axis)
+            assert joined.dtype == one[field].dtype
+            assert joined.shape == one[field].shape
+            assert joined.tobytes() == one[field].tobytes(), (tp, i, field)
+        for field, arr in one.items():
+            if field in ("q_absorb", "o_absorb"):
+                continue
+            for r, p in enumerate(parts):
+                assert set(p) == set(one)
+                assert p[field].dtype == arr.dtype
+                assert p[field].tobytes() == arr.tobytes(), (tp, r, i, field)
 
 
 def test_cli_bind_out_writes_the_transformers_conv(
