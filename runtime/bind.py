@@ -69,7 +69,10 @@ def bind_checkpoint(
     tp_size: int = 1,
     tp_rank: int = 0,
     progress: bool | None = None,
+    kinds: Collection[str] | None = None,
 ) -> BindResult:
+    """Bind every layer (or, when ``kinds`` is given, the layers of those blocks only; every
+    layer is still classified, so an unknown layer is refused either way)."""
     t0 = time.perf_counter()
     check_tp(tp_size, tp_rank)
     geometry = table.make_geometry(values_from_config(table, ckpt.config, overrides))
@@ -96,6 +99,8 @@ def bind_checkpoint(
                 "block "
                 f"of {table.name}; nearest is {near.name}, missing {missing}"
             )
+        if kinds is not None and block.name not in kinds:
+            continue
         src = LayerSource(ckpt, split.full_name(table, index, ""), names)
         weights, report = block.bind(geometry, tp_size, tp_rank, index, src)
         out.append(BoundLayer(index, block.name, weights, report))

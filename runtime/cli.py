@@ -177,6 +177,17 @@ def cmd_plan(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(a: argparse.Namespace) -> int:
+    from runtime import bench
+
+    table = _table(a.model)
+    result = bench.run(
+        table, a.tp_size or [1, 2, 8], a.repeat, Path(a.cache), a.tiny, rss=not a.no_rss
+    )
+    print(json.dumps(result, indent=2) if a.json else bench.render(result))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specbind", description="Spec-driven strict tensor binders.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -265,6 +276,20 @@ def parser() -> argparse.ArgumentParser:
     tp(pl, rank=False)
     common(pl)
     pl.set_defaults(func=cmd_plan)
+
+    be = sub.add_parser("bench", help="speed and memory beside the loader users would write")
+    be.add_argument(
+        "--tp-size", type=int, action="append", help="tp sizes to measure (default 1 2 8)"
+    )
+    be.add_argument("--repeat", type=int, default=3, help="timed runs per measurement (median)")
+    be.add_argument(
+        "--cache", default=str(REPO / ".bench-cache"), help="where the checkpoint slice is kept"
+    )
+    be.add_argument("--tiny", action="store_true", help="tiny geometry (a smoke run)")
+    be.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    be.add_argument("--json", action="store_true")
+    common(be)
+    be.set_defaults(func=cmd_bench)
     return p
 
 

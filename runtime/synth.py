@@ -34,7 +34,7 @@ from runtime.model import ModelTable
 
 TINY: dict[str, int] = {
     "hidden": 64,
-    "linear_heads": 8,
+    "linear_heads": 16,
     "linear_head_dim": 64,
     "linear_conv": 4,
     "heads": 8,

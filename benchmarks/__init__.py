@@ -1,0 +1,1 @@
+"""Reference loaders that specbind is measured against (not used by specbind itself)."""

@@ -1,0 +1,113 @@
+"""The loader a vLLM user would write by hand for GLM-5.3-Flash attention, as the baseline.
+
+Per tensor, ``safetensors.safe_open(...).get_slice(name)[...]`` reads this rank's rows or
+columns (vLLM's sharded ``weight_loader`` does the same), and NumPy does the rest: the conv
+concat, the MLA absorbs with ``np.einsum(..., optimize=True)`` in F32, the scale, the casts.
+It knows the layer layout by hand; it checks nothing. Its outputs are compared with
+specbind's before anything is timed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+Arr = np.ndarray[Any, Any]
+
+
+def _numpy(t: Any) -> Arr:
+    """A torch tensor as a NumPy array of the same bits (BF16 as ml_dtypes.bfloat16)."""
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        out: Arr = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return out
+    return np.asarray(t.numpy())
+
+
+class Loader:
+    def __init__(self, ckpt: Path) -> None:
+        import json
+
+        from safetensors import safe_open
+
+        index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+        self._files = {
+            fn: safe_open(str(ckpt / fn), framework="pt") for fn in sorted(set(index.values()))
+        }
+        self._where = index
+        self.config = json.loads((ckpt / "config.json").read_text())
+
+    def _slice(self, name: str) -> Any:
+        handle: Any = self._files[self._where[name]]
+        return handle.get_slice(name)
+
+    def rows(self, name: str, tp: int, rank: int) -> Arr:
+        s = self._slice(name)
+        n = s.get_shape()[0] // tp
+        return _numpy(s[rank * n : (rank + 1) * n])
+
+    def cols(self, name: str, tp: int, rank: int) -> Arr:
+        s = self._slice(name)
+        n = s.get_shape()[-1] // tp
+        return _numpy(s[:, rank * n : (rank + 1) * n])
+
+    def full(self, name: str) -> Arr:
+        return _numpy(self._slice(name)[:])
+
+    def kda(self, i: int, tp: int, rank: int) -> dict[str, Arr]:
+        p = f"layers.{i}.self_attn."
+        rows = {f: self.rows(p + n, tp, rank) for f, n in [
+            ("q_proj", "q_proj.weight"), ("k_proj", "k_proj.weight"), ("v_proj", "v_proj.weight"),
+            ("f_b", "f_b_proj.weight"), ("g_b", "g_b_proj.weight"), ("b_proj", "b_proj.weight"),
+            ("a_log", "A_log"), ("dt_bias", "dt_bias")]}  # fmt: skip
+        convs = [self.rows(p + f"{x}_conv1d.weight", tp, rank) for x in "qkv"]
+        return rows | {
+            "conv": np.concatenate(convs, axis=0).squeeze(1),
+            "f_a": self.full(p + "f_a_proj.weight"),
+            "g_a": self.full(p + "g_a_proj.weight"),
+            "o_norm": self.full(p + "o_norm.weight"),
+            "o_proj": self.cols(p + "o_proj.weight", tp, rank),
+        }
+
+    def dsa(self, i: int, tp: int, rank: int) -> dict[str, Arr]:
+        c = self.config
+        heads = c["num_attention_heads"] // tp
+        nope, v, kvl, ql = (
+            c["qk_nope_head_dim"],
+            c["v_head_dim"],
+            c["kv_lora_rank"],
+            c["q_lora_rank"],
+        )
+        p = f"layers.{i}.self_attn."
+        kv_b = (
+            self.rows(p + "kv_b_proj.weight", tp, rank)
+            .astype(np.float32)
+            .reshape(heads, nope + v, kvl)
+        )
+        q_b = self.rows(p + "q_b_proj.weight", tp, rank).astype(np.float32).reshape(heads, nope, ql)
+        o = self.cols(p + "o_proj.weight", tp, rank).astype(np.float32).reshape(-1, heads, v)
+        q_absorb = np.einsum("hrc,hrk->hck", kv_b[:, :nope], q_b, optimize=True)
+        o_absorb = np.einsum("ihr,hrc->ihc", o, kv_b[:, nope:], optimize=True)
+        scale = np.float32(c["index_n_heads"] ** -0.5)
+        ix = p + "indexer."
+        return {
+            "q_a_proj": self.full(p + "q_a_proj.weight"),
+            "q_a_layernorm": self.full(p + "q_a_layernorm.weight"),
+            "q_absorb": q_absorb.reshape(heads * kvl, ql).astype(ml_dtypes.bfloat16),
+            "kv_a_proj": self.full(p + "kv_a_proj_with_mqa.weight"),
+            "kv_a_layernorm": self.full(p + "kv_a_layernorm.weight"),
+            "o_absorb": o_absorb.reshape(o.shape[0], heads * kvl).astype(ml_dtypes.bfloat16),
+            "wq_b": self.full(ix + "wq_b.weight"),
+            "wk": self.full(ix + "wk.weight"),
+            "k_norm_weight": self.full(ix + "k_norm.weight"),
+            "k_norm_bias": self.full(ix + "k_norm.bias"),
+            "weights_proj": (
+                self.full(ix + "weights_proj.weight").astype(np.float32) * scale
+            ).astype(ml_dtypes.bfloat16),
+            "compress_gate": self.full(ix + "index_kpool_compress_gate"),
+            "ape": self.full(ix + "index_kpool_compress_ape").astype(np.float32),
+        }
