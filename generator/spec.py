@@ -27,7 +27,13 @@ from runtime.errors import AlgebraError
 from runtime.model import GeometryField
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "specs" / "schema"
-_FORBIDDEN_IDENTS = frozenset(dir(builtins)) | {"self", "cls", "g", "t", "w", "src", "layer"}
+# Names a symbol may not take: symbols become locals and attributes in generated functions
+# (``H = g.H // g.tp``), next to these module names and locals.
+_GENERATED_NAMES = {"g", "t", "p", "a", "b", "x", "y", "ops", "algebra_ops", "np", "src", "layer",
+                    "rank", "sharded", "report", "weights", "tp", "self", "cls"}  # fmt: skip
+_FORBIDDEN_IDENTS = frozenset(dir(builtins)) | _GENERATED_NAMES
+# A field is only ever an attribute and a keyword argument; it may not shadow a method.
+_FORBIDDEN_FIELDS = frozenset({"arrays", "self"})
 
 
 @dataclass(frozen=True)
@@ -140,13 +146,15 @@ def _short(err: jsonschema.ValidationError) -> str:
     return msg
 
 
-def check_ident(doc: Located, path: PathKey, name: str, what: str) -> str:
+def check_ident(
+    doc: Located, path: PathKey, name: str, what: str, forbidden: frozenset[str] = _FORBIDDEN_IDENTS
+) -> str:
     if (
         not name.isidentifier()
         or keyword.iskeyword(name)
         or keyword.issoftkeyword(name)
         or name.startswith("_")
-        or name in _FORBIDDEN_IDENTS
+        or name in forbidden
     ):
         raise doc.error(path, f"{what} {name!r} is not a usable identifier")
     return name
@@ -172,9 +180,9 @@ def parse_block(doc: Located) -> Block:
     prefix: str = d["prefix"]
     symbols: dict[str, str] = {}
     for s, text in d["symbols"].items():
-        check_ident(doc, ("symbols", s), s, "symbol")
         if s in algebra.RESERVED:
             raise doc.error(("symbols", s), f"symbol {s!r} is reserved (the tensor-parallel size)")
+        check_ident(doc, ("symbols", s), s, "symbol")
         symbols[s] = text
     derived: dict[str, algebra.Expr] = {}
     for s, text in (d.get("derived") or {}).items():
@@ -269,7 +277,7 @@ def _output(
     doc: Located, field: str, raw: Any, prefix: str, by_full: dict[str, Tensor], names: set[str]
 ) -> Output:
     path: PathKey = ("outputs", field)
-    check_ident(doc, path, field, "output field")
+    check_ident(doc, path, field, "output field", _FORBIDDEN_FIELDS)
     if isinstance(raw, str):
         src = prefix + raw
         if src not in by_full:

@@ -93,19 +93,38 @@ def loads(text: str, name: str) -> Located:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark is not None else None
-        msg = " ".join(str(x) for x in (e.context, e.problem) if x)
+        context = str(e.context or "")
+        if e.context_mark is not None and e.problem_mark is not None and context:
+            context += f" (from line {e.context_mark.line + 1})"
+        msg = " ".join(x for x in (context, str(e.problem or "")) if x)
         raise SpecError(name, "", line, f"invalid YAML: {msg}") from None
     except yaml.YAMLError as e:
         raise SpecError(name, "", None, f"invalid YAML: {e}") from None
     except RecursionError:
         raise SpecError(name, "", None, "YAML nested too deeply") from None
     if not isinstance(data, dict):
-        raise SpecError(name, "", 1, f"a spec must be a mapping, not {type(data).__name__}")
+        line = lines.get((), 1)
+        raise SpecError(name, "", line, f"a spec must be a mapping, not {type(data).__name__}")
     return Located(name, data, lines)
 
 
+MAX_DEPTH = 32  # a spec is a few levels deep; deeper nesting is refused before composing
+
+
 def _refuse_anchors(text: str, name: str) -> None:
+    """One pass over the tokens: refuse anchors, aliases and absurd nesting, with the line."""
+    depth = 0
+    opens = (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken, yaml.BlockMappingStartToken,
+             yaml.BlockSequenceStartToken)  # fmt: skip
+    closes = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken, yaml.BlockEndToken)
     for tok in yaml.scan(text, Loader=yaml.SafeLoader):
+        if isinstance(tok, opens):
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = tok.start_mark.line + 1
+                raise SpecError(name, "", line, f"YAML nested too deeply (over {MAX_DEPTH} levels)")
+        elif isinstance(tok, closes):
+            depth -= 1
         if isinstance(tok, yaml.AnchorToken | yaml.AliasToken):
             kind = "anchor" if isinstance(tok, yaml.AnchorToken) else "alias"
             raise SpecError(
@@ -116,25 +135,27 @@ def _refuse_anchors(text: str, name: str) -> None:
             )
 
 
-def _walk(node: yaml.Node, path: PathKey, lines: dict[PathKey, int], name: str) -> None:
-    lines[path] = node.start_mark.line + 1
+def _walk(
+    node: yaml.Node, path: PathKey, lines: dict[PathKey, int], name: str, line: int | None = None
+) -> None:
+    """Record each path's line: a mapping entry's is the line of its key (where a reader looks)."""
+    lines[path] = line if line is not None else node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key, value in node.value:
+            key_line = key.start_mark.line + 1
             if not isinstance(key, yaml.ScalarNode) or key.tag != "tag:yaml.org,2002:str":
-                raise SpecError(
-                    name, format_path(path), key.start_mark.line + 1, "mapping keys must be strings"
-                )
+                raise SpecError(name, format_path(path), key_line, "mapping keys must be strings")
             k = str(key.value)
             if k in seen:
                 raise SpecError(
                     name,
                     format_path((*path, k)),
-                    key.start_mark.line + 1,
+                    key_line,
                     f"duplicate key {k!r} (first at line {seen[k]})",
                 )
-            seen[k] = key.start_mark.line + 1
-            _walk(value, (*path, k), lines, name)
+            seen[k] = key_line
+            _walk(value, (*path, k), lines, name, key_line)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             _walk(item, (*path, i), lines, name)
