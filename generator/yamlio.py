@@ -98,8 +98,12 @@ def loads(text: str, name: str) -> Located:
             context += f" (from line {e.context_mark.line + 1})"
         msg = " ".join(x for x in (context, str(e.problem or "")) if x)
         raise SpecError(name, "", line, f"invalid YAML: {msg}") from None
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow
+        line = text.count("\n", 0, e.position) + 1
+        what = f"invalid YAML: character {e.character!r} is not allowed"
+        raise SpecError(name, "", line, what) from None
     except yaml.YAMLError as e:
-        raise SpecError(name, "", None, f"invalid YAML: {e}") from None
+        raise SpecError(name, "", None, f"invalid YAML: {' '.join(str(e).split())}") from None
     except RecursionError:
         raise SpecError(name, "", None, "YAML nested too deeply") from None
     if not isinstance(data, dict):

@@ -67,11 +67,17 @@ def test_an_oversized_spec_is_refused_before_parsing(root: Path) -> None:
         generate(root, root / "generated")
 
 
-@pytest.mark.parametrize("stem", ["billion_laughs_alias_bomb", "python_object_apply_tag", "tensor_name_with_jinja"])
+@pytest.mark.parametrize(
+    "stem", ["billion_laughs_alias_bomb", "python_object_apply_tag", "tensor_name_with_jinja"]
+)
 def test_the_cli_refuses_a_malformed_spec_in_one_line(root: Path, stem: str) -> None:
-    shutil.copy(CORPUS[[p.stem for p in CORPUS].index(stem)], root / "specs" / "blocks" / "bad.yaml")
+    shutil.copy(
+        CORPUS[[p.stem for p in CORPUS].index(stem)], root / "specs" / "blocks" / "bad.yaml"
+    )
     proc = subprocess.run([sys.executable, "-m", "runtime", "generate", "--root", str(root)],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("specbind: error: specs/blocks/bad.yaml:")
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
+        "specbind: error: specs/blocks/bad.yaml:"
+    )
     assert "Traceback" not in proc.stderr
