@@ -11,9 +11,8 @@ Invariants (each violation is a ``CheckpointError`` naming the file and the tens
 - the entries tile the data buffer exactly: sorted by offset they are contiguous from 0 with no
   overlap and no hole, and end at the end of the file;
 - tensors are memoryview slices of the map: nothing is read until it is used; each also
-  carries a ``FileSpan`` so a strided read can use ``pread`` instead of the map.
-Trap: the mmap stays open while any view of it lives; the file descriptor lives as long as
-this object.
+  carries a ``MapSpan`` so a strided read can release the pages it has copied from.
+Trap: the mmap stays open while any view of it lives.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from typing import Any
 
 from runtime.dtypes import DTYPES
 from runtime.errors import CheckpointError
-from runtime.source import FileSpan, RawTensor
+from runtime.source import MapSpan, RawTensor
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the cap the safetensors library itself applies
 MAX_RANK = 16
@@ -155,10 +154,8 @@ class SafetensorsFile:
             self.data_start = 8 + n
             self.entries, self.metadata = parse_header(raw, size - self.data_start, self.where)
             self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size > 0 else None
-        except BaseException:
-            os.close(fd)
-            raise
-        self._fd = fd  # kept for strided reads (column shards) that must not touch the map
+        finally:
+            os.close(fd)  # the map keeps its own reference to the file
         self._view = memoryview(self._map) if self._map is not None else memoryview(b"")
 
     def names(self) -> list[str]:
@@ -168,9 +165,5 @@ class SafetensorsFile:
         e = self.entries[name]
         start = self.data_start + e.begin
         view = self._view[start : self.data_start + e.end]
-        return RawTensor(e.dtype, e.shape, view, FileSpan(self._fd, start))
-
-    def __del__(self) -> None:
-        fd = getattr(self, "_fd", None)
-        if fd is not None:
-            os.close(fd)
+        span = MapSpan(self._map, start) if self._map is not None else None
+        return RawTensor(e.dtype, e.shape, view, span)

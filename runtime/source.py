@@ -8,16 +8,17 @@ and raw bytes untouched (no cast, no copy for a memory-mapped source).
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from typing import Protocol
 
 
 @dataclass(frozen=True)
-class FileSpan:
-    """Where a tensor's bytes start in an open file, for reads that bypass the memory map."""
+class MapSpan:
+    """Where a tensor's bytes sit in a memory map, so a reader can release pages it is done with."""
 
-    fd: int  # owned (kept open) by the reader that made the span
-    offset: int  # absolute file offset of the tensor's first byte
+    map: mmap.mmap
+    offset: int  # offset of the tensor's first byte in the map (= its file offset)
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,7 @@ class RawTensor:
     dtype: str
     shape: tuple[int, ...]
     data: memoryview  # raw little-endian bytes, exactly as stored
-    span: FileSpan | None = None  # set when the bytes also live in a file
+    span: MapSpan | None = None  # set when ``data`` is a view of a memory map
 
 
 class TensorSource(Protocol):
