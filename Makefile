@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO   := demo-out
 
-.PHONY: venv generate check-generated drift lint typecheck test unit demo clean
+.PHONY: venv generate check-generated drift lint typecheck test unit demo gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ demo: $(STAMP) generate
 	$(BIN)/specbind synth $(DEMO)/ckpt --seed 0
 	$(BIN)/specbind audit $(DEMO)/ckpt
 	$(BIN)/specbind bind $(DEMO)/ckpt --out $(DEMO)/bound.safetensors
+
+# On a machine with a GPU: the real-CuPy tests and a bandwidth benchmark of each kernel.
+gpu-check: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,interop,gpu]'
+	$(BIN)/python -m pytest -v -rs tests/gpu
+	$(BIN)/python -m runtime.gpu_bench
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -16,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from runtime import algebra_ops, ops
+from runtime import algebra_ops
+from runtime import ops as numpy_ops
+from runtime.backends import NUMPY, Backend
 from runtime.binding import (
     Array,
     BindReport,
@@ -29,6 +31,7 @@ from runtime.binding import (
     check_dims,
     require,
 )
+from runtime.ops import Ops
 from runtime.source import TensorSource
 from runtime.tp import BlockPlan, ShardedSource, plan_block
 
@@ -200,19 +203,19 @@ SOURCES: dict[str, tuple[str, ...]] = {
 # How each bound field is made, and how it splits across tensor-parallel ranks: a rank holds
 # `parts` consecutive blocks, each one the rank's rows (or columns) of one source.
 FIELDS: dict[str, FieldRule] = {
-    "q_a_proj": FieldRule("verbatim", "replicated", 1),
-    "q_a_layernorm": FieldRule("verbatim", "replicated", 1),
-    "q_absorb": FieldRule("transform", "rows", 1),
-    "kv_a_proj": FieldRule("verbatim", "replicated", 1),
-    "kv_a_layernorm": FieldRule("verbatim", "replicated", 1),
-    "o_absorb": FieldRule("transform", "cols", 1),
-    "wq_b": FieldRule("verbatim", "replicated", 1),
-    "wk": FieldRule("verbatim", "replicated", 1),
-    "k_norm_weight": FieldRule("verbatim", "replicated", 1),
-    "k_norm_bias": FieldRule("verbatim", "replicated", 1),
-    "weights_proj": FieldRule("transform", "replicated", 1),
-    "compress_gate": FieldRule("verbatim", "replicated", 1),
-    "ape": FieldRule("transform", "replicated", 1),
+    "q_a_proj": FieldRule("verbatim", "BF16", "replicated", 1),
+    "q_a_layernorm": FieldRule("verbatim", "BF16", "replicated", 1),
+    "q_absorb": FieldRule("transform", "BF16", "rows", 1),
+    "kv_a_proj": FieldRule("verbatim", "BF16", "replicated", 1),
+    "kv_a_layernorm": FieldRule("verbatim", "BF16", "replicated", 1),
+    "o_absorb": FieldRule("transform", "BF16", "cols", 1),
+    "wq_b": FieldRule("verbatim", "BF16", "replicated", 1),
+    "wk": FieldRule("verbatim", "BF16", "replicated", 1),
+    "k_norm_weight": FieldRule("verbatim", "BF16", "replicated", 1),
+    "k_norm_bias": FieldRule("verbatim", "BF16", "replicated", 1),
+    "weights_proj": FieldRule("transform", "BF16", "replicated", 1),
+    "compress_gate": FieldRule("verbatim", "BF16", "replicated", 1),
+    "ape": FieldRule("transform", "F32", "replicated", 1),
 }
 
 # Present in every layer of this block, so classification needs only names.
@@ -271,7 +274,7 @@ def plan(g: DsaGeometry, rank: int = 0) -> BlockPlan:
     return plan_block(BLOCK, TENSORS, expected_shapes(g), env(g), rank, SOURCES)
 
 
-def make_q_absorb(g: DsaGeometry, t: dict[str, Array]) -> Array:
+def make_q_absorb(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
     H = g.H // g.tp  # this rank's H units
     a = t["self_attn.kv_b_proj.weight"]
@@ -289,7 +292,7 @@ def make_q_absorb(g: DsaGeometry, t: dict[str, Array]) -> Array:
     return y
 
 
-def make_o_absorb(g: DsaGeometry, t: dict[str, Array]) -> Array:
+def make_o_absorb(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
     H = g.H // g.tp  # this rank's H units
     a = t["self_attn.o_proj.weight"]
@@ -307,16 +310,15 @@ def make_o_absorb(g: DsaGeometry, t: dict[str, Array]) -> Array:
     return y
 
 
-def make_weights_proj(g: DsaGeometry, t: dict[str, Array]) -> Array:
+def make_weights_proj(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:
     """``weights_proj``: one tensor, scaled by IH ** (-0.5), as BF16."""
     x = t["self_attn.indexer.weights_proj.weight"]
-    # x (IH ** (-0.5)), in F32
-    x = ops.scale(x, algebra_ops.rpow(g.IH, -0.5))
-    x = ops.cast(x, "BF16")
+    # x (IH ** (-0.5)) in F32, then BF16, in one pass
+    x = ops.scale(x, algebra_ops.rpow(g.IH, -0.5), "BF16")
     return x
 
 
-def make_ape(g: DsaGeometry, t: dict[str, Array]) -> Array:
+def make_ape(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:
     """``ape``: one tensor, as F32."""
     x = t["self_attn.indexer.index_kpool_compress_ape"]
     x = ops.cast(x, "F32")
@@ -387,33 +389,35 @@ class DsaWeights:
 
 
 def bind_dsa(
-    g: DsaGeometry, layer: int, src: TensorSource, rank: int = 0
+    g: DsaGeometry, layer: int, src: TensorSource, rank: int = 0, backend: Backend = NUMPY
 ) -> tuple[DsaWeights, BindReport]:
     """Bind this rank's shard of one layer strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp: the sharded source presents each planned tensor as this
     rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
-    against the plan's local shapes.
+    against the plan's local shapes on the host before ``backend`` uploads and transforms it.
     """
     p = plan(g, rank)
     check_constraints(g)
     sharded = ShardedSource(src, p, layer)
-    t, report = bind_tensors(BLOCK, layer, PREFIX, sharded, TENSORS, GROUPS, p.local_shapes())
+    host, report = bind_tensors(BLOCK, layer, PREFIX, sharded, TENSORS, GROUPS, p.local_shapes())
+    t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
+    ops = backend.ops
     weights = DsaWeights(
         q_a_proj=t["self_attn.q_a_proj.weight"],
         q_a_layernorm=t["self_attn.q_a_layernorm.weight"],
-        q_absorb=make_q_absorb(g, t),
+        q_absorb=make_q_absorb(g, t, ops),
         kv_a_proj=t["self_attn.kv_a_proj_with_mqa.weight"],
         kv_a_layernorm=t["self_attn.kv_a_layernorm.weight"],
-        o_absorb=make_o_absorb(g, t),
+        o_absorb=make_o_absorb(g, t, ops),
         wq_b=t.get("self_attn.indexer.wq_b.weight"),
         wk=t.get("self_attn.indexer.wk.weight"),
         k_norm_weight=t.get("self_attn.indexer.k_norm.weight"),
         k_norm_bias=t.get("self_attn.indexer.k_norm.bias"),
-        weights_proj=make_weights_proj(g, t)
+        weights_proj=make_weights_proj(g, t, ops)
         if "self_attn.indexer.weights_proj.weight" in t
         else None,
         compress_gate=t.get("self_attn.indexer.index_kpool_compress_gate"),
-        ape=make_ape(g, t) if "self_attn.indexer.index_kpool_compress_ape" in t else None,
+        ape=make_ape(g, t, ops) if "self_attn.indexer.index_kpool_compress_ape" in t else None,
     )
     return weights, report

@@ -17,6 +17,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from runtime import algebra_ops
+from runtime.backends import NUMPY, Backend
 from runtime.binding import (
     Array,
     BindReport,
@@ -27,7 +28,6 @@ from runtime.binding import (
     TensorRule,
     bind_tensors,
     check_dims,
-    concat_squeeze,
     require,
 )
 from runtime.source import TensorSource
@@ -191,19 +191,19 @@ SOURCES: dict[str, tuple[str, ...]] = {
 # How each bound field is made, and how it splits across tensor-parallel ranks: a rank holds
 # `parts` consecutive blocks, each one the rank's rows (or columns) of one source.
 FIELDS: dict[str, FieldRule] = {
-    "q_proj": FieldRule("verbatim", "rows", 1),
-    "k_proj": FieldRule("verbatim", "rows", 1),
-    "v_proj": FieldRule("verbatim", "rows", 1),
-    "conv": FieldRule("concat", "rows", 3),
-    "f_a": FieldRule("verbatim", "replicated", 1),
-    "f_b": FieldRule("verbatim", "rows", 1),
-    "dt_bias": FieldRule("verbatim", "rows", 1),
-    "a_log": FieldRule("verbatim", "rows", 1),
-    "b_proj": FieldRule("verbatim", "rows", 1),
-    "g_a": FieldRule("verbatim", "replicated", 1),
-    "g_b": FieldRule("verbatim", "rows", 1),
-    "o_norm": FieldRule("verbatim", "replicated", 1),
-    "o_proj": FieldRule("verbatim", "cols", 1),
+    "q_proj": FieldRule("verbatim", "BF16", "rows", 1),
+    "k_proj": FieldRule("verbatim", "BF16", "rows", 1),
+    "v_proj": FieldRule("verbatim", "BF16", "rows", 1),
+    "conv": FieldRule("concat", "BF16", "rows", 3),
+    "f_a": FieldRule("verbatim", "BF16", "replicated", 1),
+    "f_b": FieldRule("verbatim", "BF16", "rows", 1),
+    "dt_bias": FieldRule("verbatim", "F32", "rows", 1),
+    "a_log": FieldRule("verbatim", "F32", "rows", 1),
+    "b_proj": FieldRule("verbatim", "BF16", "rows", 1),
+    "g_a": FieldRule("verbatim", "BF16", "replicated", 1),
+    "g_b": FieldRule("verbatim", "BF16", "rows", 1),
+    "o_norm": FieldRule("verbatim", "BF16", "replicated", 1),
+    "o_proj": FieldRule("verbatim", "BF16", "cols", 1),
 }
 
 # Present in every layer of this block, so classification needs only names.
@@ -337,24 +337,26 @@ class KdaWeights:
 
 
 def bind_kda(
-    g: KdaGeometry, layer: int, src: TensorSource, rank: int = 0
+    g: KdaGeometry, layer: int, src: TensorSource, rank: int = 0, backend: Backend = NUMPY
 ) -> tuple[KdaWeights, BindReport]:
     """Bind this rank's shard of one layer strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp: the sharded source presents each planned tensor as this
     rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
-    against the plan's local shapes.
+    against the plan's local shapes on the host before ``backend`` uploads and transforms it.
     """
     p = plan(g, rank)
     check_constraints(g)
     sharded = ShardedSource(src, p, layer)
-    t, report = bind_tensors(BLOCK, layer, PREFIX, sharded, TENSORS, GROUPS, p.local_shapes())
+    host, report = bind_tensors(BLOCK, layer, PREFIX, sharded, TENSORS, GROUPS, p.local_shapes())
+    t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
+    ops = backend.ops
     weights = KdaWeights(
         q_proj=t["self_attn.q_proj.weight"],
         k_proj=t["self_attn.k_proj.weight"],
         v_proj=t["self_attn.v_proj.weight"],
         # 3 x [Q, 1, K] -> [3 * Q, K]: q_conv1d.weight, k_conv1d.weight, v_conv1d.weight in that order
-        conv=concat_squeeze(
+        conv=ops.concat_squeeze(
             (
                 t["self_attn.q_conv1d.weight"],
                 t["self_attn.k_conv1d.weight"],

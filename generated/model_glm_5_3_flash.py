@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from generated import dsa, kda
+from runtime.backends import Backend
 from runtime.binding import BindReport
 from runtime.model import BlockEntry, GeometryField, ModelTable
 from runtime.source import TensorSource
@@ -206,9 +207,9 @@ def dsa_geometry(m: Geometry, tp: int = 1) -> dsa.DsaGeometry:
 
 
 def bind_dsa(
-    m: Geometry, tp: int, rank: int, layer: int, src: TensorSource
+    m: Geometry, tp: int, rank: int, layer: int, src: TensorSource, backend: Backend
 ) -> tuple[dsa.DsaWeights, BindReport]:
-    return dsa.bind_dsa(dsa_geometry(m, tp), layer, src, rank)
+    return dsa.bind_dsa(dsa_geometry(m, tp), layer, src, rank, backend)
 
 
 def dsa_plan(m: Geometry, tp: int, rank: int) -> BlockPlan:
@@ -235,9 +236,9 @@ def kda_geometry(m: Geometry, tp: int = 1) -> kda.KdaGeometry:
 
 
 def bind_kda(
-    m: Geometry, tp: int, rank: int, layer: int, src: TensorSource
+    m: Geometry, tp: int, rank: int, layer: int, src: TensorSource, backend: Backend
 ) -> tuple[kda.KdaWeights, BindReport]:
-    return kda.bind_kda(kda_geometry(m, tp), layer, src, rank)
+    return kda.bind_kda(kda_geometry(m, tp), layer, src, rank, backend)
 
 
 def kda_plan(m: Geometry, tp: int, rank: int) -> BlockPlan:
@@ -260,6 +261,7 @@ BLOCKS: tuple[BlockEntry[Geometry], ...] = (
         markers=dsa.MARKERS,
         matches=dsa.matches,
         bind=bind_dsa,
+        fields=dsa.FIELDS,
         shapes=dsa_shapes,
         check=dsa_check,
         plan=dsa_plan,
@@ -271,6 +273,7 @@ BLOCKS: tuple[BlockEntry[Geometry], ...] = (
         markers=kda.MARKERS,
         matches=kda.matches,
         bind=bind_kda,
+        fields=kda.FIELDS,
         shapes=kda_shapes,
         check=kda_check,
         plan=kda_plan,

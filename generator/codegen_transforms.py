@@ -66,9 +66,10 @@ def function(block: Block, out: Output, geo_class: str) -> tuple[str, str]:
     if tf.lowering is None:
         if tf.scale is not None:
             factor = algebra.to_python_real(tf.scale, lambda s: f"g.{s}")
-            body.append(f"# x ({ast_text(tf.scale)}), in F32")
-            body.append(f"{src_var} = ops.scale({src_var}, {factor})")
-        body.append(f"{src_var} = ops.cast({src_var}, {py_literal(tf.dtype)})")
+            body.append(f"# x ({ast_text(tf.scale)}) in F32, then {tf.dtype}, in one pass")
+            body.append(f"{src_var} = ops.scale({src_var}, {factor}, {py_literal(tf.dtype)})")
+        else:
+            body.append(f"{src_var} = ops.cast({src_var}, {py_literal(tf.dtype)})")
     if tf.view is not None:
         shape = _tuple([algebra.to_python(e, names) for e in tf.view])
         body.append(
@@ -84,7 +85,10 @@ def function(block: Block, out: Output, geo_class: str) -> tuple[str, str]:
             head.append(f"{d} = {algebra.to_python(block.derived[d], names)}")
     fn = f"make_{out.field}"
     doc = f'"""``{out.field}``: {_describe(tf)}."""'
-    lines = [f"def {fn}(g: {geo_class}, t: dict[str, Array]) -> Array:", f"    {doc}"]
+    lines = [
+        f"def {fn}(g: {geo_class}, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:",
+        f"    {doc}",
+    ]
     lines += [f"    {line}" for line in head + body]
     return fn, "\n".join(lines)
 

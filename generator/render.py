@@ -23,6 +23,7 @@ from typing import Any
 import jinja2
 
 from generator import algebra, codegen_transforms, yamlio
+from generator import kernels as generator_kernels
 from generator.evaluate import check_model_geometry
 from generator.literals import py_literal
 from generator.spec import Block, Model, parse_block, parse_model
@@ -177,7 +178,7 @@ def _block_context(b: Block) -> dict[str, Any]:
         if o.kind == "transform":
             fn, src = codegen_transforms.function(b, o, _camel(b.name) + "Geometry")
             functions.append(src)
-            call = f"{fn}(g, t)"
+            call = f"{fn}(g, t, ops)"
             lit = py_literal(o.sources[0])
             expr = f"{call} if {lit} in t else None" if optional else call
             tf = o.transform
@@ -206,6 +207,7 @@ def _block_context(b: Block) -> dict[str, Any]:
                 "field": o.field,
                 "sources_py": _tuple_entry(o.field, o.sources),
                 "kind": o.kind,
+                "dtype": o.transform.dtype if o.transform else b.tensor(o.sources[0]).dtype,
                 "layout": _layout(b, o),
                 "parts": len(o.sources) if o.kind == "concat" else 1,
                 "optional": optional,
@@ -236,7 +238,13 @@ def _block_context(b: Block) -> dict[str, Any]:
         "env_prelude": [f"{d} = {_py(e, b)}" for d, e in b.derived.items()],
         "bind_signature": _signature(
             f"bind_{b.name}",
-            [f"g: {_camel(b.name)}Geometry", "layer: int", "src: TensorSource", "rank: int = 0"],
+            [
+                f"g: {_camel(b.name)}Geometry",
+                "layer: int",
+                "src: TensorSource",
+                "rank: int = 0",
+                "backend: Backend = NUMPY",
+            ],
             f"tuple[{_camel(b.name)}Weights, BindReport]",
         ),
         "functions": functions,
@@ -278,7 +286,7 @@ def _concat_call(o: Any, optional: bool) -> str:
     pad = " " * (16 if optional else 12)
     parts = "".join(f"{pad}    t[{py_literal(s)}],\n" for s in o.sources)
     call = (
-        f"concat_squeeze(\n{pad}(\n{parts}{pad}),\n{pad}axis={o.axis},\n"
+        f"ops.concat_squeeze(\n{pad}(\n{parts}{pad}),\n{pad}axis={o.axis},\n"
         f"{pad}squeeze={o.squeeze!r},\n{pad[:-4]})"
     )
     if not optional:
@@ -327,12 +335,20 @@ def render_all(root: Path) -> dict[str, str]:
             uses=uses,
             block_modules=", ".join(sorted(u.block for u in m.blocks)),
         )
+    kernels = generator_kernels.needed([specs.blocks[n] for n in sorted(used)])
+    files["kernels/__init__.py"] = env.get_template("kernels_init.py.j2").render(
+        header=HEADER.format(src="specs/"), kernels=kernels
+    )
+    raw_files = {
+        "kernels/specbind.cu": env.get_template("kernels.cu.j2").render(kernels=kernels),
+        "kernels/host_launch.cpp": env.get_template("host_launch.cpp.j2").render(kernels=kernels),
+    }
     files["__init__.py"] = env.get_template("init.py.j2").render(
         header=HEADER.format(src="specs/"),
         models=[{"name": n, "module": model_module(n)} for n in sorted(specs.models)],
         digest=specs.digest,
     )
-    return ruff_format(files)
+    return ruff_format(files) | raw_files
 
 
 def ruff_format(files: dict[str, str]) -> dict[str, str]:
@@ -344,6 +360,9 @@ def ruff_format(files: dict[str, str]) -> dict[str, str]:
     """
     out = {}
     for rel, text in files.items():
+        if not rel.endswith(".py"):
+            out[rel] = text
+            continue
         try:
             proc = subprocess.run(
                 [sys.executable, "-m", "ruff", "format", "--config", str(PYPROJECT),

@@ -15,6 +15,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from runtime.backends import NUMPY, Backend
 from runtime.binding import BindReport
 from runtime.checkpoint import Checkpoint
 from runtime.errors import BindError
@@ -70,6 +71,7 @@ def bind_checkpoint(
     tp_rank: int = 0,
     progress: bool | None = None,
     kinds: Collection[str] | None = None,
+    backend: Backend = NUMPY,
 ) -> BindResult:
     """Bind every layer (or, when ``kinds`` is given, the layers of those blocks only; every
     layer is still classified, so an unknown layer is refused either way)."""
@@ -102,6 +104,6 @@ def bind_checkpoint(
         if kinds is not None and block.name not in kinds:
             continue
         src = LayerSource(ckpt, split.full_name(table, index, ""), names)
-        weights, report = block.bind(geometry, tp_size, tp_rank, index, src)
+        weights, report = block.bind(geometry, tp_size, tp_rank, index, src, backend)
         out.append(BoundLayer(index, block.name, weights, report))
     return BindResult(tp_size, tp_rank, out, time.perf_counter() - t0)

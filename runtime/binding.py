@@ -8,7 +8,7 @@ Invariants (the claims of a hand-written strict binder, made once for every bloc
   byte-count mismatch is refused; nothing is cast, padded or truncated;
 - arrays are zero-copy views of the source bytes; only a concat allocates.
 Trap: ``[n, 1, k]`` and ``[n, k]`` share their bytes, so a squeeze is shape-only and silent if
-wrong; :func:`concat_squeeze` checks the squeezed dim really is 1.
+wrong; ``ops.concat_squeeze`` checks the squeezed dim really is 1.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ class TensorRule:
 @dataclass(frozen=True)
 class FieldRule:
     kind: str  # "verbatim" | "concat" | "transform"
+    dtype: str  # the bound field's dtype
     layout: str  # across tp ranks: "replicated" | "rows" | "cols"
     parts: int  # a concat of row shards holds one block per source
 
@@ -207,13 +208,3 @@ def _check_one(
         )
     flat = np.frombuffer(t.data, dtype=dt.numpy)
     return flat.reshape(want)  # [prod(want)] -> want: the on-disk shape, zero-copy
-
-
-def concat_squeeze(parts: Sequence[Array], axis: int, squeeze: int | None) -> Array:
-    """Concatenate along ``axis`` (order as given), then drop the singleton dim ``squeeze``."""
-    joined = np.concatenate(parts, axis=axis)
-    if squeeze is None:
-        return joined
-    if joined.shape[squeeze] != 1:
-        raise BindError(f"cannot squeeze dim {squeeze} of shape {list(joined.shape)}: it is not 1")
-    return joined.squeeze(axis=squeeze)  # [.., 1, ..] -> [.., ..]: same row-major bytes

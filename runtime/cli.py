@@ -106,6 +106,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
 
 def cmd_bind(a: argparse.Namespace) -> int:
     from generated import SPECS_SHA256
+    from runtime import backends
     from runtime.bind import bind_checkpoint
     from runtime.checkpoint import Checkpoint
     from runtime.export import write_safetensors
@@ -114,12 +115,16 @@ def cmd_bind(a: argparse.Namespace) -> int:
     table = _table(a.model)
     overrides = _sets(a.set)
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
+    backend = backends.get(a.backend)
+    ckpt = Checkpoint(Path(a.ckpt))
     result = bind_checkpoint(
-        Checkpoint(Path(a.ckpt)), table, overrides, tp_size, tp_rank, progress=a.progress
+        ckpt, table, overrides, tp_size, tp_rank, progress=a.progress, backend=backend
     )
     if a.out:
         tensors = {
-            f"layers.{layer.index}.{field}": arr
+            f"layers.{layer.index}.{field}": backend.to_host(
+                arr, table.block(layer.kind).fields[field].dtype
+            )
             for layer in result.layers
             for field, arr in layer.weights.arrays().items()
         }
@@ -265,6 +270,12 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("ckpt")
     b.add_argument("--json", action="store_true")
     b.add_argument("--out", help="write this rank's bound weights to this .safetensors file")
+    b.add_argument(
+        "--backend",
+        choices=["numpy", "cupy"],
+        default="numpy",
+        help="numpy: host memory; cupy: a CUDA device (the gpu extra)",
+    )
     tp(b, rank=True)
     common(b)
     progress(b)

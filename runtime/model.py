@@ -12,7 +12,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from runtime.binding import Array, BindReport, TensorRule
+from runtime.backends import Backend
+from runtime.binding import Array, BindReport, FieldRule, TensorRule
 from runtime.errors import CheckpointError, GeometryError
 from runtime.source import TensorSource
 from runtime.tp import BlockPlan
@@ -40,7 +41,9 @@ class BlockEntry(Generic[G]):
     tensors: tuple[TensorRule, ...]
     markers: frozenset[str]
     matches: Callable[[Collection[str]], bool]
-    bind: Callable[[G, int, int, int, TensorSource], tuple[Weights, BindReport]]  # g, tp, rank
+    # (g, tp, rank, layer, source, backend) -> this rank's weights and the layer's report
+    bind: Callable[[G, int, int, int, TensorSource, Backend], tuple[Weights, BindReport]]
+    fields: dict[str, FieldRule]
     shapes: Callable[[G, int], dict[str, tuple[int, ...]]]  # full shapes at (g, tp)
     check: Callable[[G, int], None]  # constraints at (g, tp)
     plan: Callable[[G, int, int], BlockPlan]  # (g, tp, rank)

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -87,8 +88,45 @@ def widen(a: Array) -> Array:
     return a.astype(F32)
 
 
-def scale(a: Array, factor: float) -> Array:
-    return np.multiply(widen(a), np.float32(factor), dtype=F32)
+def scale(a: Array, factor: float, dtype: str) -> Array:
+    """``a`` widened to F32, times ``factor`` in F32, then cast to ``dtype`` (rounded once)."""
+    return cast(np.multiply(widen(a), np.float32(factor), dtype=F32), dtype)
+
+
+def concat_squeeze(parts: Sequence[Array], axis: int, squeeze: int | None) -> Array:
+    """Concatenate along ``axis`` (order as given), then drop the singleton dim ``squeeze``."""
+    joined = np.concatenate(parts, axis=axis)
+    if squeeze is None:
+        return joined
+    if joined.shape[squeeze] != 1:
+        raise BindError(f"cannot squeeze dim {squeeze} of shape {list(joined.shape)}: it is not 1")
+    return joined.squeeze(axis=squeeze)  # [.., 1, ..] -> [.., ..]: same row-major bytes
+
+
+class Ops(Protocol):
+    """What generated transforms call; ``runtime.ops`` (NumPy) and ``runtime.ops_cupy`` agree.
+
+    Results are typed as NumPy arrays; on the CuPy backend they are CuPy arrays of the same
+    shape, and the ``Weights`` fields hold those.
+    """
+
+    def view(self, a: Any, shape: tuple[int, ...], what: str) -> Array: ...
+    def take(self, a: Any, axis: int, start: int, stop: int, what: str) -> Array: ...
+    def widen(self, a: Any) -> Array: ...
+    def scale(self, a: Any, factor: float, dtype: str) -> Array: ...
+    def cast(self, a: Any, dtype: str) -> Array: ...
+    def concat_squeeze(self, parts: Sequence[Any], axis: int, squeeze: int | None) -> Array: ...
+    def contract(
+        self,
+        a: Any,
+        b: Any,
+        perm_a: tuple[int, ...],
+        perm_b: tuple[int, ...],
+        groups: tuple[int, int, int, int],
+        perm_out: tuple[int, ...],
+        dtype: str,
+        factor: float | None = None,
+    ) -> Array: ...
 
 
 def cast(a: Array, dtype: str) -> Array:

@@ -1,0 +1,78 @@
+"""Where bound weights live: host memory (NumPy) or a CUDA device (CuPy).
+
+A backend uploads the checked, sharded host arrays once and supplies the ops that build the
+derived fields. Invariants: only this rank's bytes are uploaded, each tensor once; the host
+checks (names, dtypes, shapes, bytes) all run before any upload; on the device BF16 travels
+as ``uint16`` bits and is tagged back to BF16 (ml_dtypes) when copied to the host.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from runtime import ops as numpy_ops
+from runtime.binding import Array
+from runtime.errors import SpecbindError
+from runtime.ops import Ops
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    ops: Ops
+    device: bool
+
+    def upload(self, host: Mapping[str, Array]) -> dict[str, Any]:
+        if not self.device:
+            return dict(host)
+        cp = importlib.import_module("cupy")
+        out: dict[str, Any] = {}
+        for name, a in host.items():
+            bits = a.view(np.uint16) if a.dtype == ml_dtypes.bfloat16 else a
+            out[name] = cp.asarray(bits)  # one host-to-device copy of this rank's bytes
+        return out
+
+    def to_host(self, a: Any, dtype: str) -> Array:
+        if not self.device:
+            out: Array = a
+            return out
+        host: Array = a.get()
+        return host.view(ml_dtypes.bfloat16) if dtype == "BF16" else host
+
+
+NUMPY = Backend("numpy", numpy_ops, device=False)
+
+
+def cupy_backend() -> Backend:
+    """The CuPy backend, or a clear error naming what is missing (CuPy, or a CUDA device)."""
+    try:
+        cp = importlib.import_module("cupy")
+    except ImportError as e:
+        raise SpecbindError(
+            f"--backend cupy needs CuPy (pip install 'specbind[gpu]'): {e}"
+        ) from None
+    try:
+        count = int(cp.cuda.runtime.getDeviceCount())
+    except Exception as e:  # CUDARuntimeError, or a driver that is not there
+        raise SpecbindError(
+            f"--backend cupy needs a CUDA device: {type(e).__name__}: {e}"
+        ) from None
+    if count < 1:
+        raise SpecbindError("--backend cupy needs a CUDA device: none is visible")
+    from runtime import ops_cupy
+
+    return Backend("cupy", ops_cupy, device=True)
+
+
+def get(name: str) -> Backend:
+    if name == "numpy":
+        return NUMPY
+    if name == "cupy":
+        return cupy_backend()
+    raise SpecbindError(f"unknown backend {name!r} (numpy or cupy)")

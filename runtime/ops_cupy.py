@@ -1,0 +1,111 @@
+"""The transform ops on a CUDA device: generated kernels for the elementwise work and gathers,
+cuBLAS (``cupy.matmul``) for the contractions — never a hand-written GEMM.
+
+Mirrors :mod:`runtime.ops` call for call, with BF16 carried as ``uint16`` bits. Invariants:
+widening is exact, narrowing rounds to nearest even (the kernels are bit-exact with ml_dtypes,
+tested on the CPU harness); contractions compute in F32, so an absorbed field may differ from
+the NumPy backend's by at most 1 BF16 ulp (cuBLAS may sum in another order), while every
+verbatim and elementwise field is byte-identical.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from generated import kernels
+from runtime.errors import BindError
+
+
+def _cp() -> Any:
+    return kernels.cupy()
+
+
+def _bf16(a: Any) -> bool:
+    return str(a.dtype) == "uint16"
+
+
+def view(a: Any, shape: tuple[int, ...], what: str) -> Any:
+    if math.prod(shape) != a.size:
+        raise BindError(f"{what}: cannot view {list(a.shape)} ({a.size} elements) as {list(shape)}")
+    return a.reshape(shape)
+
+
+def take(a: Any, axis: int, start: int, stop: int, what: str) -> Any:
+    """A slice along ``axis``, materialised by the column-gather kernel on the 2-D view
+    [prod(leading dims), prod(axis and trailing dims)]."""
+    if not 0 <= start < stop <= a.shape[axis]:
+        raise BindError(
+            f"{what}: slice [{start}:{stop}] does not fit axis {axis} of {list(a.shape)}"
+        )
+    a = _cp().ascontiguousarray(a)
+    lead, inner = math.prod(a.shape[:axis]), math.prod(a.shape[axis + 1 :])
+    grid = a.reshape(lead, a.shape[axis] * inner)  # [lead, axis·inner]
+    gather = getattr(kernels, f"gather_cols_b{a.dtype.itemsize}")
+    out = gather(grid, start * inner, (stop - start) * inner)
+    return out.reshape(*a.shape[:axis], stop - start, *a.shape[axis + 1 :])  # back to rank n
+
+
+def widen(a: Any) -> Any:
+    if _bf16(a):
+        return kernels.widen_bf16_f32(_cp().ascontiguousarray(a))
+    if str(a.dtype) == "float32":
+        return a
+    raise BindError(f"refusing to compute on {a.dtype} on the device")
+
+
+def cast(a: Any, dtype: str) -> Any:
+    cp = _cp()
+    if dtype == "BF16":
+        return a.copy() if _bf16(a) else kernels.narrow_f32_bf16(cp.ascontiguousarray(widen(a)))
+    if dtype == "F32":
+        return cp.ascontiguousarray(widen(a))
+    raise BindError(f"the CuPy backend casts to BF16 or F32, not {dtype}")
+
+
+def scale(a: Any, factor: float, dtype: str) -> Any:
+    cp = _cp()
+    if _bf16(a) and dtype == "BF16":
+        return kernels.scale_bf16(cp.ascontiguousarray(a), factor)  # widen, scale, narrow: one pass
+    return cast(widen(a) * cp.float32(factor), dtype)
+
+
+def concat_squeeze(parts: Sequence[Any], axis: int, squeeze: int | None) -> Any:
+    cp = _cp()
+    fn = getattr(kernels, f"concat_rows_{len(parts)}_b{parts[0].dtype.itemsize}", None)
+    joined = (
+        fn([cp.ascontiguousarray(p) for p in parts])
+        if axis == 0 and fn
+        else cp.concatenate(parts, axis=axis)
+    )
+    if squeeze is None:
+        return joined
+    if joined.shape[squeeze] != 1:
+        raise BindError(f"cannot squeeze dim {squeeze} of shape {list(joined.shape)}: it is not 1")
+    return joined.squeeze(axis=squeeze)  # [.., 1, ..] -> [.., ..]: same bytes
+
+
+def contract(
+    a: Any,
+    b: Any,
+    perm_a: tuple[int, ...],
+    perm_b: tuple[int, ...],
+    groups: tuple[int, int, int, int],
+    perm_out: tuple[int, ...],
+    dtype: str,
+    factor: float | None = None,
+) -> Any:
+    """``einsum`` as cuBLAS batched GEMM in F32: [B, L, C] @ [B, C, R], then scale and cast."""
+    cp = _cp()
+    nb, nl, nc, _ = groups
+    at, bt = widen(a).transpose(perm_a), widen(b).transpose(perm_b)
+    bs, ls, cs = at.shape[:nb], at.shape[nb : nb + nl], at.shape[nb + nl :]
+    rs = bt.shape[nb + nc :]
+    a3 = at.reshape(math.prod(bs), math.prod(ls), math.prod(cs))  # [B, L, C]
+    b3 = bt.reshape(math.prod(bs), math.prod(cs), math.prod(rs))  # [B, C, R]
+    y = cp.matmul(a3, b3)  # cuBLAS, F32
+    if factor is not None:
+        y *= cp.float32(factor)
+    y = cp.ascontiguousarray(y.reshape(*bs, *ls, *rs).transpose(perm_out))  # output letter order
+    return cast(y, dtype)

@@ -1,0 +1,143 @@
+"""The CuPy backend without a GPU: clear refusals when CuPy or a device is missing, and the
+whole device path (uploads, generated kernels, launch checks, matmuls) run against a stand-in
+CuPy whose kernels execute on the CPU harness — with bytes equal to the NumPy backend's."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import types
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import TABLE
+
+from runtime import backends
+from runtime.bind import bind_checkpoint
+from runtime.checkpoint import Checkpoint
+from runtime.errors import SpecbindError
+from runtime.synth import TINY, synth
+
+
+@pytest.fixture
+def fake_cupy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    import fake_cupy
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    cp = fake_cupy.install(str(tmp_path))
+    import generated.kernels as k
+
+    k.module.cache_clear()
+    yield cp
+    sys.modules.pop("cupy", None)
+    k.module.cache_clear()
+
+
+def test_without_cupy_the_cupy_backend_is_refused_in_one_line(tmp_path: Path) -> None:
+    synth(TABLE, tmp_path / "ck", dict(TINY), layers=4, mtp=False)
+    proc = subprocess.run([sys.executable, "-m", "runtime", "bind", str(tmp_path / "ck"), "--backend", "cupy"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    assert proc.returncode == 2
+    assert (
+        proc.stderr
+        == "specbind: error: --backend cupy needs CuPy (pip install 'specbind[gpu]'): No module named 'cupy'\n"
+    )
+
+
+def test_with_cupy_but_no_device_the_backend_is_refused_naming_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class CUDARuntimeError(RuntimeError):
+        pass
+
+    def no_driver() -> int:
+        raise CUDARuntimeError("cudaErrorNoDevice: no CUDA-capable device is detected")
+
+    fake = types.ModuleType("cupy")
+    fake.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=no_driver))  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    with pytest.raises(
+        SpecbindError,
+        match=r"--backend cupy needs a CUDA device: CUDARuntimeError: cudaErrorNoDevice",
+    ):
+        backends.get("cupy")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_the_device_path_gives_the_numpy_backends_bytes(
+    fake_cupy: Any, tmp_path: Path, tp: int
+) -> None:
+    synth(TABLE, tmp_path / "ck", dict(TINY), layers=8, seed=5)
+    ck = Checkpoint(tmp_path / "ck")
+    host = bind_checkpoint(ck, TABLE, tp_size=tp, progress=False)
+    backend = backends.get("cupy")
+    dev = bind_checkpoint(ck, TABLE, tp_size=tp, progress=False, backend=backend)
+    for h, d in zip(host.layers, dev.layers, strict=True):
+        fields = TABLE.block(h.kind).fields
+        for name, want in h.weights.arrays().items():
+            got_dev = d.weights.arrays()[name]
+            assert isinstance(got_dev, fake_cupy.ndarray), f"{name} stayed on the host"
+            got = backend.to_host(got_dev, fields[name].dtype)
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            if fields[name].kind == "transform" and name.endswith("absorb"):
+                x, y = got.astype(np.float64), want.astype(np.float64)
+                _, e = np.frexp(np.maximum(np.abs(y), 2.0**-126))
+                assert np.all(np.abs(x - y) <= np.ldexp(1.0, e - 8)), name  # within 1 BF16 ulp
+            else:
+                assert got.tobytes() == want.tobytes(), (h.index, name)
+
+
+def test_the_cli_writes_the_same_out_file_from_either_backend(
+    fake_cupy: Any, tmp_path: Path
+) -> None:
+    from runtime.cli import main
+
+    synth(TABLE, tmp_path / "ck", dict(TINY), layers=4, seed=2, mtp=False)
+    assert main(["bind", str(tmp_path / "ck"), "--out", str(tmp_path / "host.safetensors")]) == 0
+    assert (
+        main(
+            [
+                "bind",
+                str(tmp_path / "ck"),
+                "--backend",
+                "cupy",
+                "--out",
+                str(tmp_path / "dev.safetensors"),
+            ]
+        )
+        == 0
+    )
+    assert (tmp_path / "host.safetensors").read_bytes() == (
+        tmp_path / "dev.safetensors"
+    ).read_bytes()
+
+
+def test_a_launch_with_a_wrong_argument_is_refused_before_it_runs(fake_cupy: Any) -> None:
+    import generated.kernels as k
+
+    with pytest.raises(
+        k.KernelError, match=r"widen_bf16_f32: in is float32, the kernel reads uint16"
+    ):
+        k.widen_bf16_f32(fake_cupy.asarray(np.zeros(4, np.float32)))
+    with pytest.raises(k.KernelError, match=r"narrow_f32_bf16: in is not C-contiguous"):
+        k.narrow_f32_bf16(fake_cupy.asarray(np.zeros((4, 4), np.float32))[:, ::2])
+    with pytest.raises(k.KernelError, match=r"in is ndarray, not a CuPy array"):
+        k.narrow_f32_bf16(np.zeros(4, np.float32))
+    with pytest.raises(k.KernelError, match=r"columns \[3, 9\) do not fit 8"):
+        k.gather_cols_b2(fake_cupy.asarray(np.zeros((2, 8), np.uint16)), 3, 6)
+
+
+def test_an_empty_tensor_launches_nothing_and_comes_back_empty(fake_cupy: Any) -> None:
+    import generated.kernels as k
+
+    out = k.widen_bf16_f32(fake_cupy.asarray(np.zeros((0, 3), np.uint16)))
+    assert out.shape == (0, 3) and str(out.dtype) == "float32"
+    assert k.narrow_f32_bf16(fake_cupy.asarray(np.zeros(0, np.float32))).size == 0
+    assert ml_dtypes.bfloat16  # BF16 crosses the device as uint16 bits
