@@ -65,14 +65,19 @@ def parse(text: str | int, *, check: bool = False) -> Expr:
         if text < 0:
             raise AlgebraError(f"negative literal {text}")
         return Expr(str(text), ast.Constant(text), check)
+    body = _tree(text)
+    _validate(body, check=check, top=True, depth=0)
+    return Expr(text, body, check)
+
+
+def _tree(text: str) -> ast.expr:
+    """The expression's syntax tree (not yet whitelisted), or an error for over-long text."""
     if len(text) > MAX_EXPR_LEN:
         raise AlgebraError(f"expression longer than {MAX_EXPR_LEN} characters")
     try:
-        tree = ast.parse(text.strip(), mode="eval")
+        return ast.parse(text.strip(), mode="eval").body
     except SyntaxError as e:
         raise AlgebraError(f"cannot parse {text!r}: {e.msg}") from None
-    _validate(tree.body, check=check, top=True, depth=0)
-    return Expr(text, tree.body, check)
 
 
 def _validate(node: ast.expr, *, check: bool, top: bool, depth: int) -> None:
@@ -220,14 +225,9 @@ def parse_real(text: str | int | float) -> Expr:
         raise AlgebraError(f"{text!r} is a boolean, not an expression")
     if isinstance(text, int | float):
         text = repr(text)
-    if len(text) > MAX_EXPR_LEN:
-        raise AlgebraError(f"expression longer than {MAX_EXPR_LEN} characters")
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as e:
-        raise AlgebraError(f"cannot parse {text!r}: {e.msg}") from None
-    _validate_real(tree.body, 0)
-    return Expr(text, tree.body, False)
+    body = _tree(text)
+    _validate_real(body, 0)
+    return Expr(text, body, False)
 
 
 _REAL_OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)

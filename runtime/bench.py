@@ -20,7 +20,6 @@ import json
 import os
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.bench_absorb import median_seconds
 from runtime.binding import Array
 from runtime.checkpoint import Checkpoint
 from runtime.errors import SpecbindError
@@ -142,16 +142,6 @@ def upload(fields: list[Array], arena: Array) -> int:
     return pos
 
 
-def _median(fn: Callable[[], object], repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def check_equal(ours: dict[str, Array], theirs: dict[str, Array]) -> None:
     if set(ours) != set(theirs):
         raise SpecbindError(
@@ -248,7 +238,7 @@ def run(
         arena = np.empty(max(shard_bytes, sum(a.nbytes for a in ours.values())), dtype=np.uint8)
 
         def timed(load: Callable[[], list[Array]], arena: Array = arena) -> float:
-            return _median(lambda: upload(load(), arena), repeat)
+            return median_seconds(lambda: upload(load(), arena), repeat)
 
         def ours_(tp: int = tp, kinds: set[str] | None = None) -> list[Array]:
             return list(specbind_load(ckpt, table, tp, 0, kinds).values())

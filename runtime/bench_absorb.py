@@ -22,7 +22,7 @@ from runtime import ops
 F32 = np.float32
 
 
-def _median_seconds(fn: Callable[[], object], repeat: int) -> float:
+def median_seconds(fn: Callable[[], object], repeat: int) -> float:
     fn()  # warm-up: page in, allocate, let BLAS spin up its threads
     times = []
     for _ in range(repeat):
@@ -66,7 +66,7 @@ def run(
         dsa.make_q_absorb(g, t)
         dsa.make_o_absorb(g, t)
     flops = stats.flops
-    absorb_s = _median_seconds(lambda: (dsa.make_q_absorb(g, t), dsa.make_o_absorb(g, t)), repeat)
+    absorb_s = median_seconds(lambda: (dsa.make_q_absorb(g, t), dsa.make_o_absorb(g, t)), repeat)
 
     kv = t["self_attn.kv_b_proj.weight"].astype(F32).reshape(heads, g.N + g.V, g.KVL)
     qb = t["self_attn.q_b_proj.weight"].astype(F32).reshape(heads, g.N, g.QL)
@@ -74,7 +74,7 @@ def run(
     k_t = np.ascontiguousarray(kv[:, : g.N].transpose(0, 2, 1))  # [H, KVL, N]
     v_h = np.ascontiguousarray(kv[:, g.N :])  # [H, V, KVL]
     o_h = np.ascontiguousarray(o)  # [H, X, V]
-    matmul_s = _median_seconds(lambda: (np.matmul(k_t, qb), np.matmul(o_h, v_h)), repeat)
+    matmul_s = median_seconds(lambda: (np.matmul(k_t, qb), np.matmul(o_h, v_h)), repeat)
 
     out: dict[str, Any] = {
         "geometry": {
@@ -99,8 +99,8 @@ def run(
         q_flops = 2 * heads * g.KVL * g.N * g.QL
         kv_b = t["self_attn.kv_b_proj.weight"].astype(F32)
         q_b = t["self_attn.q_b_proj.weight"].astype(F32)
-        seed_s = _median_seconds(lambda: seed_q_absorb(kv_b, q_b, g, heads), 1)
-        ours_q = _median_seconds(lambda: dsa.make_q_absorb(g, t), repeat)
+        seed_s = median_seconds(lambda: seed_q_absorb(kv_b, q_b, g, heads), 1)
+        ours_q = median_seconds(lambda: dsa.make_q_absorb(g, t), repeat)
         out |= {
             "seed_order_q_absorb_gflops": q_flops / seed_s / 1e9,
             "specbind_q_absorb_gflops": q_flops / ours_q / 1e9,

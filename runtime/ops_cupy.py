@@ -16,6 +16,7 @@ from typing import Any
 
 from generated import kernels
 from runtime.errors import BindError
+from runtime.ops import matmul_groups
 
 
 def _cp() -> Any:
@@ -98,12 +99,10 @@ def contract(
 ) -> Any:
     """``einsum`` as cuBLAS batched GEMM in F32: [B, L, C] @ [B, C, R], then scale and cast."""
     cp = _cp()
-    nb, nl, nc, _ = groups
     at, bt = widen(a).transpose(perm_a), widen(b).transpose(perm_b)
-    bs, ls, cs = at.shape[:nb], at.shape[nb : nb + nl], at.shape[nb + nl :]
-    rs = bt.shape[nb + nc :]
-    a3 = at.reshape(math.prod(bs), math.prod(ls), math.prod(cs))  # [B, L, C]
-    b3 = bt.reshape(math.prod(bs), math.prod(cs), math.prod(rs))  # [B, C, R]
+    (bs, ls, _, rs), (nbatch, nleft, ncon, nright) = matmul_groups(at.shape, bt.shape, groups)
+    a3 = at.reshape(nbatch, nleft, ncon)  # [batch.., left.., contract..] -> [B, L, C]
+    b3 = bt.reshape(nbatch, ncon, nright)  # [batch.., contract.., right..] -> [B, C, R]
     y = cp.matmul(a3, b3)  # cuBLAS, F32
     if factor is not None:
         y *= cp.float32(factor)
