@@ -183,7 +183,8 @@ def contract(
     direct = np.shares_memory(mid, result)
     if not direct:  # several letters per group: fill a [B, L, R] buffer, then permute once
         mid = np.empty((nbatch, nleft, nright), dtype=np_dtype)
-    per_chunk = max(1, (32 << 20) // max(1, 4 * nleft * nright))  # ~32 MiB of F32 per chunk
+    budget = max(1, (32 << 20) // max(1, 4 * nleft * nright))  # ~32 MiB of F32 per chunk
+    per_chunk = max(1, min(budget, -(-nbatch // threads())))  # and work for every thread
     spans = [(i, min(i + per_chunk, nbatch)) for i in range(0, nbatch, per_chunk)]
 
     def work(span: tuple[int, int]) -> None:

@@ -50,7 +50,8 @@ def bound(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     ]:
         proc = specbind("bind", str(ck), "--json", "--out", str(d / f"{name}.safetensors"), *args)
         assert proc.returncode == 0, proc.stderr
-        outs[name] = (*load(d / f"{name}.safetensors"), json.loads(proc.stdout))
+        report = json.loads(proc.stdout) | {"ckpt": str(ck)}
+        outs[name] = (*load(d / f"{name}.safetensors"), report)
     # torchrun-style environment instead of flags
     proc = specbind(
         "bind",
@@ -98,6 +99,31 @@ def test_two_rank_out_files_rejoin_to_the_tp1_result_for_every_field(bound: dict
         assert joined.tobytes() == want.tobytes(), name
         assert r0[name].nbytes == want.nbytes // 2
     assert seen == {"replicated", "rows", "cols"}
+
+
+def test_four_rank_out_files_rejoin_to_the_tp1_result_including_the_absorbs(
+    bound: dict[str, Any], tmp_path: Path
+) -> None:
+    full, _, rep = bound["tp1"]
+    ck = Path(rep["ckpt"])
+    ranks = []
+    for r in range(4):
+        out = tmp_path / f"r{r}.safetensors"
+        proc = specbind("bind", str(ck), "--out", str(out), "--tp-size", "4", "--tp-rank", str(r))
+        assert proc.returncode == 0, proc.stderr
+        ranks.append(load(out)[0])
+    kinds = {layer["index"]: layer["kind"] for layer in rep["layers"]}
+    for name, want in full.items():
+        _, index, field = name.split(".", 2)
+        kind, axis, parts = _kind(field, kinds[int(index)])
+        if kind == "replicated":
+            assert all(r[name].tobytes() == want.tobytes() for r in ranks), name
+            continue
+        pieces = [np.split(r[name], parts, axis=0) for r in ranks]
+        joined = np.concatenate(
+            [np.concatenate([p[i] for p in pieces], axis=axis) for i in range(parts)], axis=0
+        )
+        assert joined.tobytes() == want.tobytes(), name  # q_absorb and o_absorb included
 
 
 def test_each_rank_file_holds_only_its_bytes(bound: dict[str, Any]) -> None:

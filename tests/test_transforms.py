@@ -4,6 +4,7 @@ bytes depend neither on tp nor on the thread count."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -190,31 +191,43 @@ def test_a_wrongly_sized_kv_b_is_refused_before_any_multiply() -> None:
     assert stats.flops == 0
 
 
-def test_the_thread_count_does_not_change_a_byte(monkeypatch: pytest.MonkeyPatch) -> None:
-    g = dataclasses.replace(TINY_DSA, H=6, N=16, V=16, KVL=32, QL=48, X=40)
-    arrays = layer_arrays(dsa, g, seed=9)
+@settings(max_examples=60)
+@given(dsa_tp_geometries(), st.integers(2, 6), st.integers(0, 99))
+def test_the_thread_count_does_not_change_a_byte(
+    g: dsa.DsaGeometry, threads: int, seed: int
+) -> None:
+    arrays = layer_arrays(dsa, dataclasses.replace(g, tp=1), seed=seed)
     outs = []
-    for n in ("1", "2", "3", "6"):
-        monkeypatch.setenv("SPECBIND_THREADS", n)
-        w, _ = dsa.bind_dsa(g, 0, source(arrays))
+    for n in (1, threads):
+        os.environ["SPECBIND_THREADS"] = str(n)
+        try:
+            w, _ = dsa.bind_dsa(g, 0, source(arrays), g.tp - 1)
+        finally:
+            del os.environ["SPECBIND_THREADS"]
         outs.append((w.q_absorb.tobytes(), w.o_absorb.tobytes()))
-    assert all(o == outs[0] for o in outs)
+    assert outs[0] == outs[1]
 
 
 SCRIPT = """
-import hashlib, dataclasses, sys
+import hashlib, json, sys
 sys.path.insert(0, {tests!r})
-from helpers import TINY_DSA, layer_arrays, source
+from helpers import layer_arrays, source
 from generated import dsa
-g = dataclasses.replace(TINY_DSA, H=8, N=64, V=64, KVL=128, QL=192, X=160)
-w, _ = dsa.bind_dsa(g, 0, source(layer_arrays(dsa, g, seed=5)))
-print(hashlib.sha256(w.q_absorb.tobytes() + w.o_absorb.tobytes()).hexdigest())
+for fields, seed in json.loads(sys.stdin.read()):
+    g = dsa.DsaGeometry(**fields)
+    w, _ = dsa.bind_dsa(g, 0, source(layer_arrays(dsa, dsa.DsaGeometry(**(fields | {{"tp": 1}})), seed=seed)), g.tp - 1)
+    print(hashlib.sha256(w.q_absorb.tobytes() + w.o_absorb.tobytes()).hexdigest())
 """
 
 
-def test_the_blas_thread_count_does_not_change_a_byte() -> None:
-    tests = os.path.dirname(__file__)
-    digests = set()
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.tuples(dsa_tp_geometries(), st.integers(0, 99)), min_size=1, max_size=8))
+def test_the_blas_thread_count_does_not_change_a_byte(
+    cases: list[tuple[dsa.DsaGeometry, int]],
+) -> None:
+    """The same drawn layers absorbed by a process with 1 BLAS thread and one with 2."""
+    payload = json.dumps([(dataclasses.asdict(g), seed) for g, seed in cases])
+    digests = []
     for blas in ("1", "2"):
         env = {
             **os.environ,
@@ -222,13 +235,15 @@ def test_the_blas_thread_count_does_not_change_a_byte() -> None:
             "OMP_NUM_THREADS": blas,
             "MKL_NUM_THREADS": blas,
         }
+        script = SCRIPT.format(tests=os.path.dirname(__file__))
         proc = subprocess.run(
-            [sys.executable, "-c", SCRIPT.format(tests=tests)],
+            [sys.executable, "-c", script],
+            input=payload,
             capture_output=True,
             text=True,
             env=env,
             timeout=120,
         )
         assert proc.returncode == 0, proc.stderr
-        digests.add(proc.stdout.strip())
-    assert len(digests) == 1
+        digests.append(proc.stdout.split())
+    assert digests[0] == digests[1] and len(digests[0]) == len(cases)
