@@ -163,12 +163,14 @@ def contract(
 ) -> Array:
     """``einsum`` lowered to ``matmul`` of [B, L, C] by [B, C, R], then scale and cast.
 
-    The batch is processed in chunks: each chunk's F32 product is scaled, rounded to ``dtype``
-    and written straight into the C-ordered result in the output letter order, so no
-    full-size F32 intermediate exists and the transpose costs no extra pass (measured on the
-    full-geometry ``o_absorb`` at TP=1: 1.36 s against 1.70 s for matmul, then transpose-cast).
+    The batch is processed in chunks: each chunk's operands are widened to F32, multiplied,
+    scaled, rounded to ``dtype`` and written straight into the C-ordered result in the output
+    letter order, so no full-size F32 copy of an operand or of the product exists and the
+    transpose costs no extra pass (measured on the full-geometry ``o_absorb`` at TP=1: 1.36 s
+    against 1.70 s for matmul then transpose-cast; widening per chunk took the peak RSS of a
+    full-geometry DSA bind at TP=1 from 974 MB down, see BENCHMARKS.md).
     """
-    at, bt = widen(a).transpose(perm_a), widen(b).transpose(perm_b)
+    at, bt = a.transpose(perm_a), b.transpose(perm_b)
     (bs, ls, _, rs), (nbatch, nleft, ncon, nright) = matmul_groups(at.shape, bt.shape, groups)
     a3 = at.reshape(nbatch, nleft, ncon)  # [batch.., left.., contract..] -> [B, L, C]
     b3 = bt.reshape(nbatch, ncon, nright)  # [batch.., contract.., right..] -> [B, C, R]
@@ -189,7 +191,7 @@ def contract(
 
     def work(span: tuple[int, int]) -> None:
         lo, hi = span
-        tmp = np.matmul(a3[lo:hi], b3[lo:hi])  # [b, L, C] @ [b, C, R] -> [b, L, R], F32
+        tmp = np.matmul(widen(a3[lo:hi]), widen(b3[lo:hi]))  # [b, L, C] @ [b, C, R] -> [b, L, R]
         if factor is not None:
             tmp *= np.float32(factor)
         mid[lo:hi] = tmp  # one rounding to `dtype` (nearest even for BF16)
