@@ -235,7 +235,7 @@ def matches(names: Collection[str]) -> bool:
 
 def expected_shapes(g: KdaGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor at geometry ``g``."""
-    Q = g.H * g.D
+    Q = algebra_ops.bounded(g.H * g.D)
     return {
         "self_attn.q_proj.weight": (Q, g.X),  # [Q, X]
         "self_attn.k_proj.weight": (Q, g.X),  # [Q, X]
@@ -257,7 +257,7 @@ def expected_shapes(g: KdaGeometry) -> dict[str, tuple[int, ...]]:
 
 def env(g: KdaGeometry) -> dict[str, int]:
     """Every symbol, derived symbol and ``tp`` at geometry ``g`` (shard units are looked up here)."""
-    Q = g.H * g.D
+    Q = algebra_ops.bounded(g.H * g.D)
     return {
         "X": g.X,
         "H": g.H,

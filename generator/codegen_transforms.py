@@ -80,9 +80,13 @@ def function(block: Block, out: Output, geo_class: str) -> tuple[str, str]:
     head = []
     for u in sorted(names.used & units):
         head.append(f"{u} = g.{u} // g.tp  # this rank's {u} units")
+    needed = set(names.used & set(block.derived))
+    for d in reversed(list(block.derived)):  # derived symbols the needed ones use, transitively
+        if d in needed:
+            needed |= block.derived[d].names & set(block.derived)
     for d in block.derived:
-        if d in names.used:
-            head.append(f"{d} = {algebra.to_python(block.derived[d], names)}")
+        if d in needed:
+            head.append(f"{d} = algebra_ops.bounded({algebra.to_python(block.derived[d], names)})")
     fn = f"make_{out.field}"
     doc = f'"""``{out.field}``: {_describe(tf)}."""'
     lines = [

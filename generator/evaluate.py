@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from generator import algebra, transforms
 from generator.spec import Block, Model
+from runtime import algebra_ops
 from runtime.errors import AlgebraError, GeometryError, SpecbindError
 
 
@@ -17,7 +18,7 @@ def block_env(block: Block, values: dict[str, int], tp: int = 1) -> dict[str, in
     env["tp"] = tp
     for name, expr in block.derived.items():
         try:
-            env[name] = int(algebra.evaluate(expr, env))
+            env[name] = algebra_ops.bounded(int(algebra.evaluate(expr, env)))
         except SpecbindError as e:
             raise block.located.error(("derived", name), str(e)) from None
     return env
@@ -61,14 +62,9 @@ def shapes_at(block: Block, env: dict[str, int], context: str) -> dict[str, tupl
 def local_env(block: Block, values: dict[str, int], tp: int, units: set[str]) -> dict[str, int]:
     """The env one rank sees in its views: each shard unit in ``units`` is ``unit / tp``."""
     local = dict(values)
-    for u in units:
-        if u in local:
-            local[u] //= tp
-    env = block_env(block, local, tp)
-    for u in units:  # a derived unit (none today) is divided after derivation
-        if u in block.derived:
-            env[u] = block_env(block, values, tp)[u] // tp
-    return env
+    for u in units:  # shard units are base symbols (the spec checker refuses derived ones)
+        local[u] //= tp
+    return block_env(block, local, tp)
 
 
 def local_shapes(
@@ -124,7 +120,16 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
         block = blocks[use.block]
         ctx = f"at {model.name} geometry"
         env = block_env(block, block_values(model, block))
-        shapes_at(block, env, ctx)
+        shapes = shapes_at(block, env, ctx)
+        for out in block.outputs:
+            if out.kind == "concat":
+                dims = {s[: out.axis] + s[out.axis + 1 :] for s in (shapes[n] for n in out.sources)}
+                if len(dims) != 1:
+                    raise block.located.error(
+                        ("outputs", out.field, "concat"),
+                        f"{ctx}: concat on axis {out.axis} joins shapes "
+                        f"{[list(shapes[n]) for n in out.sources]} that differ off that axis",
+                    )
         check_transforms(block, block_values(model, block), ctx)
         for i, c in enumerate(block.constraints):
             try:

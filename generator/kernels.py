@@ -12,9 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from generator.spec import Block
+from runtime.dtypes import DTYPES
 
 WIDTH_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
-DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I32": 4, "I64": 8}
+DTYPE_BYTES = {name: d.bits // 8 for name, d in DTYPES.items() if d.bits % 8 == 0}
 
 
 @dataclass(frozen=True)

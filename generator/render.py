@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import re
 import subprocess
 import sys
@@ -100,6 +101,13 @@ def load_specs(root: Path) -> Specs:
                 ("model",), f"model {m.name!r} is also defined in {models[m.name].file}"
             )
         check_model_geometry(m, blocks)
+        clash = [o for o in models.values() if model_module(o.name) == model_module(m.name)]
+        if clash:
+            raise m.located.error(
+                ("model",),
+                f"model {m.name!r} and {clash[0].name!r} would both generate "
+                f"{model_module(m.name)}.py; rename one",
+            )
         models[m.name] = m
     if not models:
         raise SpecError((specs_dir / "models").as_posix(), "", None, "no model specs found")
@@ -148,7 +156,12 @@ def _text(expr: algebra.Expr) -> str:
 
 
 def _prelude(block: Block, exprs: list[algebra.Expr]) -> list[str]:
-    return [f"{d} = {_py(block.derived[d], block)}" for d in _needed(block, exprs)]
+    return [_derived_line(block, d) for d in _needed(block, exprs)]
+
+
+def _derived_line(block: Block, d: str) -> str:
+    """``Q = algebra_ops.bounded(...)``: a derived value is bounded as at generate time."""
+    return f"{d} = algebra_ops.bounded({_py(block.derived[d], block)})"
 
 
 def _block_context(b: Block) -> dict[str, Any]:
@@ -235,7 +248,7 @@ def _block_context(b: Block) -> dict[str, Any]:
         "optional_groups": ", ".join(g.name for g in optional_groups),
         "shape_prelude": _prelude(b, all_shapes),
         "check_prelude": _prelude(b, [c.check for c in b.constraints]),
-        "env_prelude": [f"{d} = {_py(e, b)}" for d, e in b.derived.items()],
+        "env_prelude": [_derived_line(b, d) for d in b.derived],
         "bind_signature": _signature(
             f"bind_{b.name}",
             [
@@ -398,29 +411,44 @@ def stale(root: Path, out: Path) -> list[str]:
         p = out / rel
         if not p.is_file():
             problems.append(f"missing {rel}")
-        elif p.read_text(encoding="utf-8") != text:
+        elif p.read_bytes() != text.encode("utf-8"):
             problems.append(f"stale {rel}")
     problems += [f"orphan {rel}" for rel in sorted(_existing(out) - set(files))]
     return problems
 
 
 def generate(root: Path, out: Path) -> list[str]:
-    """Render and write; return the relative paths that changed or were removed."""
+    """Render and write; return the relative paths that changed or were removed.
+
+    Two phases: every changed file is first written and fsync'd beside its target, and only
+    then are the targets replaced, one rename each — so a failure while writing (a full disk,
+    an interrupt) leaves every file of ``generated/`` as it was. ``generate --check`` reports
+    any mix a crash during the short rename phase could leave.
+    """
     files = render_all(root)  # a spec error raises here, before anything is touched
     out.mkdir(parents=True, exist_ok=True)
-    changed = []
-    for rel, text in sorted(files.items()):
-        p = out / rel
-        if p.is_file() and p.read_text(encoding="utf-8") == text:
-            continue
-        _atomic_write(p, text.encode("utf-8"))
-        changed.append(rel)
+    todo = {
+        rel: text.encode("utf-8")
+        for rel, text in sorted(files.items())
+        if not ((out / rel).is_file() and (out / rel).read_bytes() == text.encode("utf-8"))
+    }
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for rel, data in todo.items():
+            target = out / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.staged")
+            with atomic_writer(tmp) as f:
+                f.write(data)
+            staged.append((tmp, target))
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    for tmp, target in staged:
+        os.replace(tmp, target)
+    changed = list(todo)
     for rel in sorted(_existing(out) - set(files)):
         (out / rel).unlink()
         changed.append(f"{rel} (removed)")
     return changed
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    with atomic_writer(path) as f:
-        f.write(data)

@@ -30,7 +30,8 @@ SCHEMA_DIR = Path(__file__).resolve().parent.parent / "specs" / "schema"
 # Names a symbol may not take: symbols become locals and attributes in generated functions
 # (``H = g.H // g.tp``), next to these module names and locals.
 _GENERATED_NAMES = {"g", "t", "p", "a", "b", "x", "y", "ops", "algebra_ops", "np", "src", "layer",
-                    "rank", "sharded", "report", "weights", "tp", "self", "cls"}  # fmt: skip
+                    "rank", "sharded", "report", "weights", "tp", "self", "cls", "values", "env",
+                    "plan", "matches"}  # fmt: skip
 _FORBIDDEN_IDENTS = frozenset(dir(builtins)) | _GENERATED_NAMES
 # A field is only ever an attribute and a keyword argument; it may not shadow a method.
 _FORBIDDEN_FIELDS = frozenset({"arrays", "self"})
@@ -203,7 +204,7 @@ def parse_block(doc: Located) -> Block:
             _expr(doc, (*base, "shape", i), dim, shape_names, False)
             for i, dim in enumerate(t["shape"])
         )
-        shard = _shard(doc, (*base, "shard"), t["shard"], shape_names, len(shape))
+        shard = _shard(doc, (*base, "shard"), t["shard"], set(symbols), len(shape))
         group = t.get("group")
         if group is not None and group not in groups:
             raise doc.error((*base, "group"), f"group {group!r} is not declared under groups")
@@ -267,7 +268,10 @@ def _shard(doc: Located, path: PathKey, raw: Any, names: set[str], rank: int) ->
     kind: Literal["rows", "cols"] = "rows" if "rows" in raw else "cols"
     unit = raw[kind]
     if unit not in names:
-        raise doc.error((*path, kind), f"shard unit {unit!r} is not a symbol of this block")
+        raise doc.error(
+            (*path, kind),
+            f"shard unit {unit!r} is not a symbol of this block (nor may it be derived)",
+        )
     if kind == "cols" and rank < 2:
         raise doc.error((*path, kind), "a column shard needs a tensor of rank 2 or more")
     return Shard(kind, unit)
@@ -302,6 +306,8 @@ def _output(
         raise doc.error((*path, "concat"), "concat joins tensors of different ranks")
     if len({t.group for t in ts}) != 1:
         raise doc.error((*path, "concat"), "concat joins tensors of different groups")
+    if len({t.shard for t in ts}) != 1:
+        raise doc.error((*path, "concat"), "concat joins tensors of different shard rules")
     rank = len(ts[0].shape)
     axis = int(raw["axis"])
     if axis >= rank:

@@ -67,6 +67,7 @@ class Transform:
     dtype: str
     layout_kind: str  # how the result splits across ranks: replicated | rows | cols
     layout_unit: str | None
+    unit_letter: str | None = None  # the einsum letter of the shard unit, when sharded
 
 
 def _exprs(
@@ -165,7 +166,12 @@ def parse(
             raise doc.error(
                 (*path, "shard"), "a rows layout needs the unit's letter first in the output"
             )
-    return Transform(ops, raw.get("einsum"), lowering, view, scale, dtype, kind, unit)
+    unit_letter = None
+    if lowering is not None:
+        letters = [lowering.letters_a, lowering.letters_b]
+        found = {letters[i][ax] for i, ax in enumerate(heads) if ax is not None}
+        unit_letter = next(iter(found)) if found else None
+    return Transform(ops, raw.get("einsum"), lowering, view, scale, dtype, kind, unit, unit_letter)
 
 
 def _rank(o: Operand, tensors: dict[str, Any]) -> int:
@@ -316,6 +322,7 @@ def result_shape(
                     f"{context}: letter {c!r} is {sizes[c]} in one operand and {n} in the other",
                 )
     shape = tuple(sizes[c] for c in low.letters_out)
+    groups = [c for c in low.letters_out]  # which output letters each result axis holds
     if tf.view is not None:
         view = tuple(ev(e, (*path, "view", i)) for i, e in enumerate(tf.view))
         if _numel(view) != _numel(shape):
@@ -324,8 +331,52 @@ def result_shape(
                 f"{context}: view {list(view)} has {_numel(view)} elements, "
                 f"the einsum gives {_numel(shape)} {list(shape)}",
             )
+        groups = _merge(low.letters_out, sizes, view, doc, (*path, "view"), context)
         shape = view
+    _check_layout(tf, groups, doc, path)
     return shape
+
+
+def _merge(
+    letters: str,
+    sizes: dict[str, int],
+    view: tuple[int, ...],
+    doc: Located,
+    path: PathKey,
+    ctx: str,
+) -> list[str]:
+    """The output letters each view axis merges; a view must merge consecutive axes only."""
+    groups: list[str] = []
+    i = 0
+    for dim in view:
+        group, n = "", 1
+        while i < len(letters) and (
+            n < dim or (n == dim and sizes[letters[i]] == 1 and group == "")
+        ):
+            n *= sizes[letters[i]]
+            group += letters[i]
+            i += 1
+        if n != dim:
+            raise doc.error(
+                path,
+                f"{ctx}: view {list(view)} does not merge consecutive axes of "
+                f"[{', '.join(letters)}]",
+            )
+        groups.append(group)
+    return groups
+
+
+def _check_layout(tf: Transform, groups: list[str], doc: Located, path: PathKey) -> None:
+    """The shard unit's letter must lead the result axis that the layout splits."""
+    if tf.unit_letter is None or tf.layout_kind == "replicated":
+        return
+    axis = 0 if tf.layout_kind == "rows" else len(groups) - 1
+    if not groups[axis].startswith(tf.unit_letter):
+        raise doc.error(
+            (*path, "shard"),
+            f"a {tf.layout_kind} layout needs the unit's letter {tf.unit_letter!r} to lead result "
+            f"axis {axis}, which holds [{', '.join(groups[axis])}]",
+        )
 
 
 def _numel(shape: tuple[int, ...]) -> int:

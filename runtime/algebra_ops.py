@@ -13,6 +13,12 @@ from runtime.errors import GeometryError
 MAX_MAGNITUDE = 1 << 62
 
 
+def bounded(v: int) -> int:
+    """A derived symbol's value, refused past 2**62 so a chain of derived symbols cannot
+    grow without bound (``Z1: Z0 * Z0``, ``Z2: Z1 * Z1``, ...)."""
+    return _bounded(v)
+
+
 def _bounded(v: int) -> int:
     if abs(v) > MAX_MAGNITUDE:
         raise GeometryError(f"value {v} is out of range (|v| > 2**62)")

@@ -14,6 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import stat
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,16 @@ MAX_JSON_BYTES = 64 * 1024 * 1024
 
 def read_json(path: Path, what: str) -> Any:
     try:
-        size = path.stat().st_size
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointError(f"{what}: not a regular file")
+        if st.st_size > MAX_JSON_BYTES:
+            raise CheckpointError(f"{what}: {st.st_size} B is over the {MAX_JSON_BYTES} B cap")
+        raw = path.read_bytes()
     except OSError as e:
         raise CheckpointError(f"{what}: cannot read: {e.strerror}") from None
-    if size > MAX_JSON_BYTES:
-        raise CheckpointError(f"{what}: {size} B is over the {MAX_JSON_BYTES} B cap")
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise CheckpointError(f"{what}: not UTF-8") from None
     except (ValueError, RecursionError) as e:
@@ -53,6 +57,11 @@ class Checkpoint:
         self._files: dict[str, SafetensorsFile] = {}
         self._where: dict[str, str] = {}  # tensor name -> shard file name
         index = self.root / INDEX
+        if index.exists() and (self.root / SINGLE).exists():
+            raise CheckpointError(
+                f"{self.root}: holds both {SINGLE} and {INDEX}; transformers would read "
+                f"{SINGLE} — remove the one you do not mean, rather than have specbind guess"
+            )
         if index.exists():
             self._load_index(index)
         elif (self.root / SINGLE).exists():
@@ -88,6 +97,9 @@ class Checkpoint:
         self._where = dict(wm)
 
     def _check_path(self, fn: str, name: str) -> None:
+        if "\0" in fn or len(fn) > 255:
+            shown = fn[:40].replace("\0", "\\0") + ("…" if len(fn) > 40 else "")
+            raise CheckpointError(f"{INDEX}: {name[:80]!r} names an impossible file {shown!r}")
         p = Path(fn)
         if (
             p.is_absolute()

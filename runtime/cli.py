@@ -75,11 +75,15 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_synth(a: argparse.Namespace) -> int:
+    from runtime.model import checked_values
     from runtime.synth import TINY, synth
 
     table = _table(a.model)
-    values = {} if a.full else dict(TINY)
-    values |= _sets(a.set)
+    if a.seed < 0 or (a.shards is not None and a.shards < 1):
+        raise SpecbindError("--seed must be >= 0 and --shards >= 1")
+    values = checked_values(
+        table, table.default_values() | ({} if a.full else dict(TINY)), _sets(a.set)
+    )
     summary = synth(
         table, Path(a.out), values, layers=a.layers, seed=a.seed, mtp=not a.no_mtp,
         shards=a.shards, gates_bf16=a.gates_bf16, nested_config=a.nested_config,
@@ -174,7 +178,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
             layers.append((index, block.name, frozenset(names)))
         source = str(ckpt.root)
     else:
-        values = table.default_values() | _sets(a.set)
+        from runtime.model import checked_values
+
+        values = checked_values(table, table.default_values(), _sets(a.set))
         layers = [(-1, b.name, frozenset(t.name for t in b.tensors)) for b in table.blocks]
         source = "model spec geometry, one layer of each block"
     rep = plan_report(table, values, tp_size, layers, source)
@@ -186,6 +192,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from runtime import bench
 
     table = _table(a.model)
+    if a.repeat < 1:
+        raise SpecbindError("--repeat must be >= 1")
     result = bench.run(
         table, a.tp_size or [1, 2, 8], a.repeat, Path(a.cache), a.tiny, rss=not a.no_rss
     )
@@ -318,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specbind: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:  # a path the user gave that cannot be read or written as asked
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"specbind: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
     except Exception as e:  # a bug in specbind: say so, in one line
         if os.environ.get("SPECBIND_DEBUG") == "1":
             traceback.print_exc()

@@ -97,7 +97,15 @@ def values_from_config(
                 f"config.json: {where} is {raw!r} ({type(raw).__name__}), expected an integer"
             )
         values[f.name] = raw
-    for k, v in (overrides or {}).items():
+    return checked_values(table, values, overrides or {})
+
+
+def checked_values(
+    table: ModelTable[Any], values: Mapping[str, int], overrides: Mapping[str, int]
+) -> dict[str, int]:
+    """``values`` with ``overrides`` applied; every name known, every value in range."""
+    values = dict(values)
+    for k, v in overrides.items():
         if k not in values:
             raise GeometryError(f"unknown geometry symbol {k!r} (known: {', '.join(values)})")
         values[k] = v

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,11 +133,14 @@ class SafetensorsFile:
         self.path = path
         self.where = display or str(path)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block the open
         except OSError as e:
             raise CheckpointError(f"{self.where}: cannot open: {e.strerror}") from None
         try:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError(f"{self.where}: not a regular file")
+            size = st.st_size
             if size < 8:
                 raise CheckpointError(
                     f"{self.where}: {size} B is too short for a safetensors header"

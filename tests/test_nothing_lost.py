@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from generator.render import _atomic_write
+from generator import render
+from generator.render import generate
 from runtime.export import write_safetensors
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 class Boom(RuntimeError):
@@ -40,20 +44,28 @@ def test_an_interrupted_out_file_leaves_the_previous_one_intact(
     assert [p.name for p in tmp_path.iterdir()] == ["bound.safetensors"], "no temp file left behind"
 
 
-def test_an_interrupted_generated_file_leaves_the_previous_one_intact(
+def test_an_interrupted_generate_leaves_every_generated_file_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = tmp_path / "kda.py"
-    target.write_text("previous = True\n")
+    shutil.copytree(REPO / "specs", tmp_path / "specs")
+    generate(tmp_path, tmp_path / "generated")
+    spec = tmp_path / "specs" / "blocks" / "kda.yaml"
+    spec.write_text(spec.read_text().replace("<= 49152", "<= 40960"))  # changes two files
+    before = {p: p.read_bytes() for p in (tmp_path / "generated").rglob("*") if p.is_file()}
+    writes = []
+    real = render.atomic_writer
 
-    def fail_fsync(fd: int) -> None:
-        raise KeyboardInterrupt
+    def flaky(path: Path) -> object:
+        writes.append(path)
+        if len(writes) == 2:
+            raise KeyboardInterrupt  # the second file is being written
+        return real(path)
 
-    monkeypatch.setattr("os.fsync", fail_fsync)
+    monkeypatch.setattr(render, "atomic_writer", flaky)
     with pytest.raises(KeyboardInterrupt):
-        _atomic_write(target, b"half = ")
-    assert target.read_text() == "previous = True\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["kda.py"]
+        generate(tmp_path, tmp_path / "generated")
+    after = {p: p.read_bytes() for p in (tmp_path / "generated").rglob("*") if p.is_file()}
+    assert after == before, "the first file must not have been replaced either"
 
 
 def test_the_same_arrays_always_write_the_same_bytes(tmp_path: Path) -> None:

@@ -264,9 +264,33 @@ CASES = [
         DSA,
         "    view: [X, H * KVL]\n",
         "    view: [H * KVL, X]\n",
-        "^shard: {cols: H}",
-        "outputs.o_absorb.shard",
-        "a cols layout of [32768, 4096] would be [32768, 2048]",
+        "view: [H * KVL, X]",
+        "outputs.o_absorb.view",
+        "does not merge consecutive axes of [i, h, c]",
+    ),
+    (
+        DSA,
+        "    einsum: ihr,hrc->ihc\n",
+        "    einsum: ihr,hrc->hic\n",
+        "view: [X, H * KVL]",
+        "outputs.o_absorb.view",
+        "does not merge consecutive axes of [h, i, c]",
+    ),
+    (
+        KDA,
+        "  k_conv1d.weight:     {dtype: BF16, shape: [Q, 1, K], shard: {rows: H}}",
+        "  k_conv1d.weight:     {dtype: BF16, shape: [Q, 1, K], shard: replicated}",
+        "concat: [q_conv1d.weight",
+        "outputs.conv.concat",
+        "concat joins tensors of different shard rules",
+    ),
+    (
+        KDA,
+        "  k_conv1d.weight:     {dtype: BF16, shape: [Q, 1, K], shard: {rows: H}}",
+        "  k_conv1d.weight:     {dtype: BF16, shape: [Q, 1, K + 1], shard: {rows: H}}",
+        "concat: [q_conv1d.weight",
+        "outputs.conv.concat",
+        "differ off that axis",
     ),
     (
         MODEL,
@@ -328,3 +352,17 @@ def test_structural_problems_are_refused(
     mutate(root)
     with pytest.raises(SpecError, match=fragment):
         load_specs(root)
+
+
+def test_a_cols_layout_whose_unit_does_not_lead_the_split_axis_is_refused(root: Path) -> None:
+    """o_absorb as [X, KVL * H]: the same shapes at every tp, but rank r's columns would not be
+    its heads' columns of the TP=1 result."""
+    edit(root, DSA, "    einsum: ihr,hrc->ihc\n", "    einsum: ihr,hrc->ich\n")
+    edit(root, DSA, "    view: [X, H * KVL]\n", "    view: [X, KVL * H]\n")
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert e.value.path == "outputs.o_absorb.shard"
+    assert (
+        "a cols layout needs the unit's letter 'h' to lead result axis 1, which holds [c, h]"
+        in e.value.message
+    )
