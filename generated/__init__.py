@@ -14,7 +14,7 @@ from typing import Any
 from generated import model_glm_5_3_flash
 from runtime.model import ModelTable
 
-SPECS_SHA256 = "f5212253c7bf47f7eb6eb8a3eb2403726d227db9228b2c8907832ee467371a83"
+SPECS_SHA256 = "d1fe0b878855c865d96d9f776c08594ff80b454ffe137665bd6ccf6296113e23"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from generated import dsa, kda
 from runtime.backends import Backend
 from runtime.binding import BindReport
-from runtime.model import BlockEntry, GeometryField, ModelTable
+from runtime.model import BlockEntry, GeometryField, LayerGroupRule, ModelTable
 from runtime.source import TensorSource
 from runtime.tp import BlockPlan
 
@@ -28,6 +28,16 @@ LAYER_PREFIXES: tuple[str, ...] = (
     "model.",
     "model.language_model.",
     "language_model.model.",
+)
+
+# Per-layer config.json lists that say which layers carry an optional group.
+LAYER_GROUPS: tuple[LayerGroupRule, ...] = (
+    LayerGroupRule(
+        group="indexer",
+        config="indexer_types",
+        present=("full",),
+        absent=("shared",),
+    ),
 )
 
 GEOMETRY: tuple[GeometryField, ...] = (
@@ -287,4 +297,5 @@ TABLE: ModelTable[Geometry] = ModelTable(
     geometry_fields=GEOMETRY,
     make_geometry=geometry,
     blocks=BLOCKS,
+    layer_groups=LAYER_GROUPS,
 )

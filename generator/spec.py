@@ -106,6 +106,16 @@ class BlockUse:
 
 
 @dataclass(frozen=True)
+class LayerGroup:
+    """A per-layer ``config.json`` list that says whether a layer carries an optional group."""
+
+    group: str
+    config: str
+    present: tuple[str, ...]
+    absent: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Model:
     name: str
     file: str
@@ -115,6 +125,7 @@ class Model:
     geometry: tuple[GeometryField, ...]
     blocks: tuple[BlockUse, ...]
     located: Located
+    layer_groups: tuple[LayerGroup, ...] = ()
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -370,7 +381,15 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
                 raise doc.error((*path, "symbols", s), f"unknown geometry symbol {gname!r}")
         uses.append(BlockUse(block.name, dict(b["symbols"])))
     layers = d["layers"]
+    optional = {g for u in uses for g, grp in blocks[u.block].groups.items() if grp.optional}
+    rules = []
+    for g, r in (layers.get("groups") or {}).items():
+        if g not in optional:
+            raise doc.error(("layers", "groups", g), f"{g!r} is not an optional group of any block")
+        if set(r["present"]) & set(r["absent"]):
+            raise doc.error(("layers", "groups", g), "a value cannot mean both present and absent")
+        rules.append(LayerGroup(g, r["config"], tuple(r["present"]), tuple(r["absent"])))
     return Model(
         d["model"], doc.file, d.get("doc", ""), layers["pattern"],
-        tuple(layers.get("prefixes", [""])), geometry, tuple(uses), doc,
+        tuple(layers.get("prefixes", [""])), geometry, tuple(uses), doc, tuple(rules),
     )  # fmt: skip

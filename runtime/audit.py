@@ -45,13 +45,15 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
         block = classify(table, names)
         ref = block if block is not None else nearest(table, names)[0]
         known = {t.name for t in ref.tensors}
-        optional = {t.name for t in ref.tensors if t.group is not None}
+        # An optional group is absent only when none of it is there; a partial group is missing.
+        groups = {t.group for t in ref.tensors if t.group is not None}
+        present = {g for g in groups if any(t.name in names for t in ref.tensors if t.group == g)}
         missing = sorted(
-            t.name for t in ref.tensors if t.name not in names and t.name not in optional
+            t.name
+            for t in ref.tensors
+            if t.name not in names and (t.group is None or t.group in present)
         )
-        absent_groups = sorted(
-            {t.group for t in ref.tensors if t.group is not None and t.name not in names}
-        )
+        absent_groups = sorted(groups - present)
         rows = []
         quant = []
         for n in attn:

@@ -9,7 +9,7 @@ result is returned, so a refusal never leaves a partial result behind.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from runtime.binding import BindReport
 from runtime.checkpoint import Checkpoint
 from runtime.errors import BindError
 from runtime.layers import LayerSource, split_layers
-from runtime.model import BlockEntry, ModelTable, Weights, values_from_config
+from runtime.model import BlockEntry, ModelTable, Weights, expected_groups, values_from_config
 from runtime.tp import check_tp
 
 UNKNOWN = "unknown"
@@ -37,6 +37,25 @@ def nearest(table: ModelTable[Any], names: Collection[str]) -> tuple[BlockEntry[
     """The block sharing the most tensor names with ``names``, and what it would still need."""
     best = max(table.blocks, key=lambda b: sum(1 for t in b.tensors if t.name in names))
     return best, sorted(m for m in best.markers if m not in names)
+
+
+def check_groups(
+    table: ModelTable[Any],
+    config: Mapping[str, Any],
+    index: int,
+    block: BlockEntry[Any],
+    names: Collection[str],
+) -> None:
+    """Refuse a layer whose optional groups disagree with what config.json says it has."""
+    for group, (must, why) in expected_groups(table, config, index).items():
+        members = [t.name for t in block.tensors if t.group == group]
+        if not members:
+            continue
+        has = any(m in names for m in members)
+        if must and not has:
+            raise BindError(f"layer {index}: {why}, but the layer has no {group} tensors")
+        if has and not must:
+            raise BindError(f"layer {index}: {why}, but the layer carries {group} tensors")
 
 
 @dataclass
@@ -101,6 +120,7 @@ def bind_checkpoint(
                 "block "
                 f"of {table.name}; nearest is {near.name}, missing {missing}"
             )
+        check_groups(table, ckpt.config, index, block, names)
         if kinds is not None and block.name not in kinds:
             continue
         src = LayerSource(ckpt, split.full_name(table, index, ""), names)

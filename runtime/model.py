@@ -35,6 +35,14 @@ class GeometryField:
 
 
 @dataclass(frozen=True)
+class LayerGroupRule:
+    group: str
+    config: str
+    present: tuple[str, ...]
+    absent: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class BlockEntry(Generic[G]):
     name: str
     prefix: str
@@ -57,6 +65,7 @@ class ModelTable(Generic[G]):
     geometry_fields: tuple[GeometryField, ...]
     make_geometry: Callable[[dict[str, int]], G]
     blocks: tuple[BlockEntry[G], ...]
+    layer_groups: tuple[LayerGroupRule, ...] = ()
 
     def default_values(self) -> dict[str, int]:
         return {f.name: f.value for f in self.geometry_fields}
@@ -98,6 +107,39 @@ def values_from_config(
             )
         values[f.name] = raw
     return checked_values(table, values, overrides or {})
+
+
+def config_field(config: Mapping[str, Any], name: str) -> Any:
+    """A config.json field, under ``text_config`` when the file nests it, else flat."""
+    nested = config.get("text_config")
+    if isinstance(nested, dict) and name in nested:
+        return nested[name]
+    return config.get(name)
+
+
+def expected_groups(
+    table: ModelTable[Any], config: Mapping[str, Any], layer: int
+) -> dict[str, tuple[bool, str]]:
+    """For each layer-group rule that covers ``layer``: (must be present, why)."""
+    out: dict[str, tuple[bool, str]] = {}
+    for rule in table.layer_groups:
+        values = config_field(config, rule.config)
+        if values is None:
+            continue  # the checkpoint does not say; nothing to cross-check
+        if not isinstance(values, list):
+            raise CheckpointError(
+                f"config.json: {rule.config} is {type(values).__name__}, not a list"
+            )
+        if layer >= len(values):
+            continue
+        v = values[layer]
+        if v not in rule.present and v not in rule.absent:
+            known = ", ".join(map(repr, rule.present + rule.absent))
+            raise CheckpointError(
+                f"config.json: {rule.config}[{layer}] is {v!r}, expected one of {known}"
+            )
+        out[rule.group] = (v in rule.present, f"config.json {rule.config}[{layer}] is {v!r}")
+    return out
 
 
 def checked_values(

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from helpers import TABLE
 
@@ -111,6 +112,28 @@ def _extra_tensor_not_in_index(d: Path) -> None:
     (d / OTHER).write_bytes(join(h2, d2 + b"\0" * 4))
 
 
+def drop(d: Path, needle: str) -> None:
+    """Rewrite every shard and the index without the tensors whose names contain ``needle``."""
+    import safetensors
+    from safetensors.numpy import save_file
+
+    from runtime.dtypes import DTYPES
+
+    idx = json.loads((d / INDEX).read_text())
+    for f in sorted(d.glob("*.safetensors")):
+        kept = {n: np.frombuffer(t["data"], DTYPES[t["dtype"]].numpy).reshape(t["shape"])
+                for n, t in safetensors.deserialize(f.read_bytes()) if needle not in n}  # fmt: skip
+        save_file(kept, str(f))
+    idx["weight_map"] = {n: f for n, f in idx["weight_map"].items() if needle not in n}
+    (d / INDEX).write_text(json.dumps(idx))
+
+
+def set_indexer_type(d: Path, layer: int, value: str) -> None:
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["indexer_types"][layer] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
 CASES: list[tuple[str, Callable[[Path], None], str]] = [
     ("truncated_data", lambda d: (d / SHARD).write_bytes((d / SHARD).read_bytes()[:-100]), "(truncated?)"),
     ("truncated_inside_header", lambda d: (d / SHARD).write_bytes((d / SHARD).read_bytes()[:64]), "runs past the end of the file"),
@@ -154,6 +177,9 @@ CASES: list[tuple[str, Callable[[Path], None], str]] = [
     ("config_field_is_a_float", lambda d: edit_config(d, kv_lora_rank=16.0), "kv_lora_rank is 16.0 (float), expected an integer"),
     ("config_text_config_not_an_object", lambda d: edit_config(d, text_config=[1]), "text_config is list, not an object"),
     ("config_zero_dimension", lambda d: edit_config(d, hidden_size=0), "hidden = 0 is below its minimum 1"),
+    ("full_dsa_layer_without_its_indexer", lambda d: drop(d, "layers.3.self_attn.indexer."), "layer 3: config.json indexer_types[3] is 'full', but the layer has no indexer tensors"),
+    ("shared_dsa_layer_with_an_indexer", lambda d: set_indexer_type(d, 3, "shared"), "layer 3: config.json indexer_types[3] is 'shared', but the layer carries indexer tensors"),
+    ("indexer_type_unknown", lambda d: set_indexer_type(d, 3, "half"), "indexer_types[3] is 'half', expected one of 'full', 'shared'"),
     ("config_disagrees_with_the_tensors", lambda d: edit_config(d, hidden_size=48), "has shape [1024, 64], expected [1024, 48]"),
 ]  # fmt: skip
 

@@ -176,6 +176,13 @@ def test_a_failed_bind_leaves_the_previous_out_file_intact(ckpt: Path, tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
+def test_audit_lists_the_missing_half_of_a_partial_indexer(ckpt: Path, tmp_path: Path) -> None:
+    bad = _copy_with(ckpt, tmp_path / "p", {"layers.3.self_attn.indexer.wk.weight": None})
+    rep = json.loads(specbind("audit", str(bad), "--json").stdout)
+    assert rep["layers"][3]["missing"] == ["self_attn.indexer.wk.weight"]
+    assert rep["layers"][3]["absent_optional_groups"] == []
+
+
 def test_audit_reports_quantisation_artefacts_and_identical_bytes(
     ckpt: Path, tmp_path: Path
 ) -> None:
