@@ -9,7 +9,7 @@ emitted as integer tuples computed here, at generate time.
 from __future__ import annotations
 
 from generator import algebra
-from generator.literals import py_literal
+from generator.literals import comment, py_literal
 from generator.spec import Block, Output
 from generator.transforms import Operand, Transform, ast_text
 
@@ -57,8 +57,10 @@ def function(block: Block, out: Output, geo_class: str) -> tuple[str, str]:
             f"{low.groups!r}, {low.perm_out!r}, {py_literal(tf.dtype)}, {factor})"
         )
         body.append(
-            f"# einsum {tf.einsum}: [{', '.join(a)}], [{', '.join(b)}] -> {mid} "
-            f"-> [{', '.join(low.letters_out)}]"
+            comment(
+                f"# einsum {tf.einsum}: [{', '.join(a)}], [{', '.join(b)}] -> {mid} "
+                f"-> [{', '.join(low.letters_out)}]"
+            )
         )
         src_var = "y"
     else:
@@ -66,15 +68,14 @@ def function(block: Block, out: Output, geo_class: str) -> tuple[str, str]:
     if tf.lowering is None:
         if tf.scale is not None:
             factor = algebra.to_python_real(tf.scale, lambda s: f"g.{s}")
-            body.append(f"# x ({ast_text(tf.scale)}) in F32, then {tf.dtype}, in one pass")
+            body.append(comment(f"# x ({ast_text(tf.scale)}) in F32, then {tf.dtype}, in one pass"))
             body.append(f"{src_var} = ops.scale({src_var}, {factor}, {py_literal(tf.dtype)})")
         else:
             body.append(f"{src_var} = ops.cast({src_var}, {py_literal(tf.dtype)})")
     if tf.view is not None:
         shape = _tuple([algebra.to_python(e, names) for e in tf.view])
-        body.append(
-            f"# [{', '.join(tf.lowering.letters_out if tf.lowering else '')}] -> {_dims(tf.view)}"
-        )
+        letters = ", ".join(tf.lowering.letters_out if tf.lowering else "")
+        body.append(comment(f"# [{letters}] -> {_dims(tf.view)}"))
         body.append(f"{src_var} = ops.view({src_var}, {shape}, {py_literal(out.field)})")
     body.append(f"return {src_var}")
     head = []
@@ -88,7 +89,7 @@ def function(block: Block, out: Output, geo_class: str) -> tuple[str, str]:
         if d in needed:
             head.append(f"{d} = algebra_ops.bounded({algebra.to_python(block.derived[d], names)})")
     fn = f"make_{out.field}"
-    doc = f'"""``{out.field}``: {_describe(tf)}."""'
+    doc = f'"""``{out.field}``: {comment(_describe(tf))}."""'
     lines = [
         f"def {fn}(g: {geo_class}, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:",
         f"    {doc}",
@@ -130,14 +131,16 @@ def _operand_lines(block: Block, out: Output, o: Operand, var: str, names: _Name
     cur = _dims(t.shape)
     if o.view is not None:
         shape = _tuple([algebra.to_python(e, names) for e in o.view])
-        lines.append(f"# {cur} -> {_dims(o.view)}")
+        lines.append(comment(f"# {cur} -> {_dims(o.view)}"))
         lines.append(f"{var} = ops.view({var}, {shape}, {py_literal(what)})")
         cur = _dims(o.view)
     if o.slice is not None:
         s = o.slice
         start = "0" if s.start is None else algebra.to_python(s.start, names)
         stop = f"{var}.shape[{s.axis}]" if s.stop is None else algebra.to_python(s.stop, names)
-        lines.append(f"# {cur}, axis {s.axis} [{_text(s.start, '0')}:{_text(s.stop, 'end')}]")
+        lines.append(
+            comment(f"# {cur}, axis {s.axis} [{_text(s.start, '0')}:{_text(s.stop, 'end')}]")
+        )
         lines.append(f"{var} = ops.take({var}, {s.axis}, {start}, {stop}, {py_literal(what)})")
     return lines
 

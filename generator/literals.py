@@ -1,6 +1,20 @@
-"""Python literals for generated code."""
+"""Python literals and comments for generated code."""
 
 from __future__ import annotations
+
+import re
+
+from runtime.errors import GenerateError
+
+_COMMENT_OK = re.compile(r"^[\x20-\x7e\u00b7\u2014\u2192]*$")
+
+
+def comment(text: object) -> str:
+    """One printable line for a comment or docstring; anything else is refused, not escaped."""
+    s = " ".join(str(text).split())
+    if not _COMMENT_OK.match(s) or '"""' in s:
+        raise GenerateError(f"refusing to put {s!r} in generated code")
+    return s
 
 
 def py_literal(value: object) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import builtins
 import json
 import keyword
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -185,8 +186,25 @@ def _expr(
     return e
 
 
+_TENSOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]{0,127}")
+_PREFIX = re.compile(r"([A-Za-z0-9_]+\.)*")
+
+
+def _names_fullmatch(doc: Located) -> None:
+    """The schema's ``$`` also matches before a trailing newline; names must match whole."""
+    d = doc.data
+    if not _PREFIX.fullmatch(d["prefix"]):
+        raise doc.error(("prefix",), f"prefix {d['prefix']!r} is not dotted words")
+    for name in d["tensors"]:
+        if not _TENSOR_NAME.fullmatch(name):
+            raise doc.error(
+                ("tensors", name), f"tensor name {name!r} is not letters, digits, _ and ."
+            )
+
+
 def parse_block(doc: Located) -> Block:
     validate_schema(doc, "block")
+    _names_fullmatch(doc)
     d = doc.data
     name = check_ident(doc, ("block",), d["block"], "block name")
     prefix: str = d["prefix"]

@@ -55,7 +55,7 @@ def format_path(path: PathKey) -> str:
     for part in path:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif _PLAIN_KEY.match(part):
+        elif _PLAIN_KEY.fullmatch(part):
             out += f".{part}" if out else part
         else:
             out += f"[{part[:64]!r}]"

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from runtime.backends import NUMPY, Backend
 from runtime.binding import BindReport
 from runtime.checkpoint import Checkpoint
-from runtime.errors import BindError
+from runtime.errors import BindError, SpecbindError
 from runtime.layers import LayerSource, split_layers
 from runtime.model import BlockEntry, ModelTable, Weights, expected_groups, values_from_config
 from runtime.tp import check_tp
@@ -124,6 +124,11 @@ def bind_checkpoint(
         if kinds is not None and block.name not in kinds:
             continue
         src = LayerSource(ckpt, split.full_name(table, index, ""), names)
-        weights, report = block.bind(geometry, tp_size, tp_rank, index, src, backend)
+        try:
+            weights, report = block.bind(geometry, tp_size, tp_rank, index, src, backend)
+        except SpecbindError as e:
+            if str(e).startswith(f"layer {index}: "):
+                raise
+            raise type(e)(f"layer {index}: {e}") from None  # an op error names the field only
         out.append(BoundLayer(index, block.name, weights, report))
     return BindResult(tp_size, tp_rank, out, time.perf_counter() - t0)
