@@ -53,6 +53,8 @@ def widen(a: Any) -> Any:
         return kernels.widen_bf16_f32(_cp().ascontiguousarray(a))
     if str(a.dtype) == "float32":
         return a
+    if str(a.dtype) == "float16":
+        return a.astype(_cp().float32)  # exact, as on the host
     raise BindError(f"refusing to compute on {a.dtype} on the device")
 
 

@@ -168,6 +168,25 @@ OK_TENSOR = st.fixed_dictionaries(
     {"dtype": st.sampled_from(["BF16", "F32"]), "shape": st.lists(OK_EXPRS, min_size=1, max_size=3),
      "shard": st.sampled_from(["replicated", {"rows": "H"}, {"cols": "H"}, {"rows": "D"}])}
 )  # fmt: skip
+OK_OPERAND = st.fixed_dictionaries(
+    {"tensor": OK_NAMES},
+    optional={"view": st.lists(OK_EXPRS, min_size=1, max_size=3),
+              "slice": st.fixed_dictionaries({"axis": st.integers(0, 2)}, optional={"start": OK_EXPRS, "stop": OK_EXPRS})},
+)  # fmt: skip
+OK_OUTPUTS = st.one_of(
+    OK_NAMES,
+    st.fixed_dictionaries({"concat": st.lists(OK_NAMES, min_size=2, max_size=3, unique=True), "axis": st.integers(0, 1)},
+                          optional={"squeeze": st.integers(0, 2)}),
+    st.fixed_dictionaries({"tensor": OK_NAMES},
+                          optional={"view": st.lists(OK_EXPRS, min_size=1, max_size=3), "scale": OK_EXPRS,
+                                    "dtype": st.sampled_from(["BF16", "F32"]),
+                                    "slice": st.fixed_dictionaries({"axis": st.integers(0, 2)}, optional={"stop": OK_EXPRS})}),
+    st.fixed_dictionaries({"einsum": st.sampled_from(["hx,hy->hxy", "ab,bc->ac", "hx,hx->h", "xh,hy->xy"]),
+                           "operands": st.lists(OK_OPERAND, min_size=2, max_size=2)},
+                          optional={"view": st.lists(OK_EXPRS, min_size=1, max_size=2), "scale": OK_EXPRS,
+                                    "dtype": st.sampled_from(["BF16", "F32"]),
+                                    "shard": st.sampled_from(["replicated", {"rows": "H"}, {"cols": "H"}])}),
+)  # fmt: skip
 OK_BLOCKS = st.fixed_dictionaries(
     {
         "block": st.just("bad"),
@@ -176,7 +195,7 @@ OK_BLOCKS = st.fixed_dictionaries(
         "markers": st.just({"all_required": True}),
         "tensors": st.dictionaries(OK_NAMES, OK_TENSOR, min_size=1, max_size=3),
         "outputs": st.dictionaries(
-            st.sampled_from(["w", "v", "u"]), OK_NAMES, min_size=1, max_size=3
+            st.sampled_from(["w", "v", "u"]), OK_OUTPUTS, min_size=1, max_size=3
         ),
     },
     optional={
@@ -195,7 +214,7 @@ OK_BLOCKS = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=2000, deadline=None)
 @given(OK_BLOCKS)
 def test_plausible_block_specs_fail_cleanly_or_render_to_compilable_python(
     doc: dict[str, Any],
@@ -211,6 +230,8 @@ def check_document(doc: dict[str, Any]) -> None:
         assert "\n" not in str(e)
         event(f"refused: {str(e).split(': ', 2)[-1][:40]}")
         return
-    event("accepted and rendered")
+    kinds = {"verbatim" if isinstance(v, str) else "concat" if "concat" in v else "transform"
+             for v in doc.get("outputs", {}).values()}  # fmt: skip
+    event(f"accepted and rendered: {'+'.join(sorted(kinds))}")
     source = _env().get_template("block.py.j2").render(header="# fuzz", **_block_context(block))
     compile(source, "<generated>", "exec")  # compiles; never executed

@@ -45,7 +45,7 @@ def test_the_corpus_has_at_least_forty_malformed_specs() -> None:
 def test_a_malformed_spec_is_refused_naming_file_path_and_line(root: Path, case: Path) -> None:
     expect, where, line = expectation(case)
     shutil.copy(case, root / "specs" / "blocks" / "bad.yaml")
-    before = {p.name: p.read_bytes() for p in (root / "generated").iterdir() if p.is_file()}
+    before = {p: p.read_bytes() for p in (root / "generated").rglob("*") if p.is_file()}
     PWNED.unlink(missing_ok=True)
     with pytest.raises(SpecError) as e:
         generate(root, root / "generated")
@@ -56,7 +56,7 @@ def test_a_malformed_spec_is_refused_naming_file_path_and_line(root: Path, case:
     if line is not None:
         assert err.line == line
     assert "\n" not in str(err)
-    after = {p.name: p.read_bytes() for p in (root / "generated").iterdir() if p.is_file()}
+    after = {p: p.read_bytes() for p in (root / "generated").rglob("*") if p.is_file()}
     assert after == before, "generated/ must be untouched"
     assert not PWNED.exists(), "nothing from the spec may execute"
 

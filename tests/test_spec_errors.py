@@ -315,7 +315,7 @@ CASES = [
 def test_a_bad_spec_names_file_path_and_line_and_leaves_generated_untouched(
     root: Path, rel: str, old: str, new: str, needle: str, path: str, fragment: str
 ) -> None:
-    before = {p.name: p.read_bytes() for p in (root / "generated").iterdir() if p.is_file()}
+    before = {p: p.read_bytes() for p in (root / "generated").rglob("*") if p.is_file()}
     edit(root, rel, old, new)
     with pytest.raises(SpecError) as e:
         generate(root, root / "generated")
@@ -325,7 +325,7 @@ def test_a_bad_spec_names_file_path_and_line_and_leaves_generated_untouched(
     assert err.line == line_of(root, rel, needle)
     assert fragment in err.message
     assert "\n" not in str(err)
-    after = {p.name: p.read_bytes() for p in (root / "generated").iterdir() if p.is_file()}
+    after = {p: p.read_bytes() for p in (root / "generated").rglob("*") if p.is_file()}
     assert after == before
 
 
