@@ -118,6 +118,10 @@ def cmd_bind(a: argparse.Namespace) -> int:
 
     table = _table(a.model)
     overrides = _sets(a.set)
+    if a.out and Path(a.out).is_dir():
+        raise SpecbindError(
+            f"--out {a.out}: is a directory; --out names the .safetensors file to write"
+        )
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
     backend = backends.get(a.backend)
     ckpt = Checkpoint(Path(a.ckpt))
