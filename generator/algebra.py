@@ -50,7 +50,6 @@ class Expr:
 
     text: str
     node: ast.expr
-    is_check: bool
 
     @property
     def names(self) -> frozenset[str]:
@@ -64,10 +63,10 @@ def parse(text: str | int, *, check: bool = False) -> Expr:
     if isinstance(text, int):
         if text < 0:
             raise AlgebraError(f"negative literal {text}")
-        return Expr(str(text), ast.Constant(text), check)
+        return Expr(str(text), ast.Constant(text))
     body = _tree(text)
     _validate(body, check=check, top=True, depth=0)
-    return Expr(text, body, check)
+    return Expr(text, body)
 
 
 def _tree(text: str) -> ast.expr:
@@ -227,7 +226,7 @@ def parse_real(text: str | int | float) -> Expr:
         text = repr(text)
     body = _tree(text)
     _validate_real(body, 0)
-    return Expr(text, body, False)
+    return Expr(text, body)
 
 
 _REAL_OPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)

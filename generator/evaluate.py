@@ -7,6 +7,8 @@ The same checks run again at bind time in generated code, against the checkpoint
 
 from __future__ import annotations
 
+import math
+
 from generator import algebra, transforms
 from generator.spec import Block, Model
 from runtime import algebra_ops
@@ -92,6 +94,13 @@ def check_transforms(block: Block, values: dict[str, int], ctx: str) -> None:
         if tf is None:
             continue
         path = ("outputs", out.field)
+        if tf.scale is not None:  # a scale is a full-geometry real number: it must be finite
+            try:
+                factor = algebra.evaluate_real(tf.scale, env)
+            except SpecbindError as exc:
+                raise block.located.error((*path, "scale"), f"{ctx}: {exc}") from None
+            if not math.isfinite(factor):
+                raise block.located.error((*path, "scale"), f"{ctx}: scale is {factor}, not finite")
         op_units = {block.tensor(o.tensor).shard.unit for o in tf.operands} - {None}
         by_tp = {}
         for tp in tps:

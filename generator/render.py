@@ -44,9 +44,6 @@ class Specs:
     digest: str
 
 
-_comment = comment
-
-
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
@@ -55,7 +52,7 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters["py"] = py_literal
-    env.filters["comment"] = _comment
+    env.filters["comment"] = comment
     return env
 
 

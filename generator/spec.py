@@ -89,7 +89,6 @@ class Block:
     symbols: dict[str, str]
     derived: dict[str, algebra.Expr]
     constraints: tuple[Constraint, ...]
-    markers_all_required: bool
     markers: tuple[str, ...]  # full names
     groups: dict[str, Group]
     tensors: tuple[Tensor, ...]
@@ -282,7 +281,7 @@ def parse_block(doc: Located) -> Block:
                 ("tensors", t.name), f"tensor {t.name!r} is read by no output (it would be dropped)"
             )
     return Block(
-        name, doc.file, prefix, d.get("doc", ""), symbols, derived, constraints, markers_all,
+        name, doc.file, prefix, d.get("doc", ""), symbols, derived, constraints,
         markers, groups, tuple(tensors), outputs, doc,
     )  # fmt: skip
 

@@ -26,8 +26,6 @@ from generator import algebra
 from generator.yamlio import Located, PathKey
 from runtime.errors import AlgebraError
 
-COMPUTE_DTYPE = "F32"
-
 
 @dataclass(frozen=True)
 class Slice:
@@ -66,7 +64,6 @@ class Transform:
     scale: algebra.Expr | None
     dtype: str
     layout_kind: str  # how the result splits across ranks: replicated | rows | cols
-    layout_unit: str | None
     unit_letter: str | None = None  # the einsum letter of the shard unit, when sharded
 
 
@@ -146,7 +143,7 @@ def parse(
     if len({tensors[o.tensor].group for o in ops}) != 1:
         raise doc.error(path, "operands come from different groups")
     dtype = raw.get("dtype", first.dtype)
-    kind, unit = _layout(doc, path, raw.get("shard"), ops, tensors)
+    kind = _layout(doc, path, raw.get("shard"), ops, tensors)
     heads = [_unit_axis(doc, o, tensors) for o in ops]
     if lowering is not None:
         letters = [lowering.letters_a, lowering.letters_b]
@@ -171,7 +168,7 @@ def parse(
         letters = [lowering.letters_a, lowering.letters_b]
         found = {letters[i][ax] for i, ax in enumerate(heads) if ax is not None}
         unit_letter = next(iter(found)) if found else None
-    return Transform(ops, raw.get("einsum"), lowering, view, scale, dtype, kind, unit, unit_letter)
+    return Transform(ops, raw.get("einsum"), lowering, view, scale, dtype, kind, unit_letter)
 
 
 def _rank(o: Operand, tensors: dict[str, Any]) -> int:
@@ -180,23 +177,23 @@ def _rank(o: Operand, tensors: dict[str, Any]) -> int:
 
 def _layout(
     doc: Located, path: PathKey, raw: Any, ops: tuple[Operand, ...], tensors: dict[str, Any]
-) -> tuple[str, str | None]:
+) -> str:
     sharded = [tensors[o.tensor].shard for o in ops if tensors[o.tensor].shard.kind != "replicated"]
     if raw is None or raw == "replicated":
         if sharded and raw is None and len(ops) == 1:
-            return sharded[0].kind, sharded[0].unit  # a unary op keeps its tensor's layout
+            return str(sharded[0].kind)  # a unary op keeps its tensor's layout
         if sharded:
             raise doc.error(
                 (*path, "shard"), "a result of sharded operands must declare its shard layout"
             )
-        return "replicated", None
+        return "replicated"
     kind = "rows" if "rows" in raw else "cols"
     unit = raw[kind]
     if unit not in {s.unit for s in sharded}:
         raise doc.error(
             (*path, "shard"), f"layout unit {unit!r} is not the unit of a sharded operand"
         )
-    return kind, unit
+    return kind
 
 
 def _unit_axis(doc: Located, o: Operand, tensors: dict[str, Any]) -> int | None:

@@ -138,9 +138,6 @@ class Checkpoint:
         used = set(self._where.values())
         return sorted(p.name for p in self.root.glob("*.safetensors") if p.name not in used)
 
-    def file_of(self, name: str) -> str:
-        return self._where[name]
-
     @cached_property
     def config(self) -> dict[str, Any]:
         path = self.root / "config.json"

@@ -70,9 +70,6 @@ class ModelTable(Generic[G]):
     def default_values(self) -> dict[str, int]:
         return {f.name: f.value for f in self.geometry_fields}
 
-    def config_fields(self) -> dict[str, str]:
-        return {f.name: f.config for f in self.geometry_fields if f.config is not None}
-
     def block(self, name: str) -> BlockEntry[G]:
         for b in self.blocks:
             if b.name == name:
