@@ -81,23 +81,18 @@ def values_from_config(
     table: ModelTable[Any], config: Mapping[str, Any], overrides: Mapping[str, int] | None = None
 ) -> dict[str, int]:
     """Geometry values from a parsed config.json (HF field names), plus engine settings."""
-    nested = config.get("text_config")
-    if nested is not None and not isinstance(nested, dict):
-        raise CheckpointError(f"config.json: text_config is {type(nested).__name__}, not an object")
     values: dict[str, int] = {}
     for f in table.geometry_fields:
         if f.config is None:
             values[f.name] = f.value
             continue
-        if nested is not None and f.config in nested:
-            raw, where = nested[f.config], f"text_config.{f.config}"
-        elif f.config in config:
-            raw, where = config[f.config], f.config
-        else:
+        found = config_lookup(config, f.config)
+        if found is None:
             raise CheckpointError(
                 f"config.json: missing field {f.config!r} (flat or under text_config), "
                 f"needed for geometry symbol {f.name}"
             )
+        raw, where = found
         if type(raw) is not int:
             raise CheckpointError(
                 f"config.json: {where} is {raw!r} ({type(raw).__name__}), expected an integer"
@@ -106,12 +101,17 @@ def values_from_config(
     return checked_values(table, values, overrides or {})
 
 
-def config_field(config: Mapping[str, Any], name: str) -> Any:
-    """A config.json field, under ``text_config`` when the file nests it, else flat."""
+def config_lookup(config: Mapping[str, Any], name: str) -> tuple[Any, str] | None:
+    """(value, where) of a config.json field: under ``text_config`` when the file nests it
+    there, else flat; None when it is in neither."""
     nested = config.get("text_config")
-    if isinstance(nested, dict) and name in nested:
-        return nested[name]
-    return config.get(name)
+    if nested is not None and not isinstance(nested, dict):
+        raise CheckpointError(f"config.json: text_config is {type(nested).__name__}, not an object")
+    if nested is not None and name in nested:
+        return nested[name], f"text_config.{name}"
+    if name in config:
+        return config[name], name
+    return None
 
 
 def expected_groups(
@@ -120,9 +120,10 @@ def expected_groups(
     """For each layer-group rule that covers ``layer``: (must be present, why)."""
     out: dict[str, tuple[bool, str]] = {}
     for rule in table.layer_groups:
-        values = config_field(config, rule.config)
-        if values is None:
+        found = config_lookup(config, rule.config)
+        if found is None:
             continue  # the checkpoint does not say; nothing to cross-check
+        values = found[0]
         if not isinstance(values, list):
             raise CheckpointError(
                 f"config.json: {rule.config} is {type(values).__name__}, not a list"
