@@ -12,7 +12,9 @@ import math
 from generator import algebra, transforms
 from generator.spec import Block, Model
 from runtime import algebra_ops
+from runtime.binding import ShardRule, TensorRule
 from runtime.errors import AlgebraError, GeometryError, SpecbindError
+from runtime.tp import plan_block
 
 
 def block_env(block: Block, values: dict[str, int], tp: int = 1) -> dict[str, int]:
@@ -70,17 +72,15 @@ def local_env(block: Block, values: dict[str, int], tp: int, units: set[str]) ->
 
 
 def local_shapes(
-    block: Block, shapes: dict[str, tuple[int, ...]], tp: int
+    block: Block, shapes: dict[str, tuple[int, ...]], env: dict[str, int]
 ) -> dict[str, tuple[int, ...]]:
-    out = {}
-    for t in block.tensors:
-        s = list(shapes[t.full_name])
-        if t.shard.kind == "rows":
-            s[0] //= tp
-        elif t.shard.kind == "cols":
-            s[-1] //= tp
-        out[t.full_name] = tuple(s)
-    return out
+    """Rank 0's shape of every tensor at ``env["tp"]``, from the runtime's own planner, so
+    generate-time checks and bind time agree on what a shard is."""
+    rules = [
+        TensorRule(t.full_name, t.dtype, "", ShardRule(t.shard.kind, t.shard.unit), t.group)
+        for t in block.tensors
+    ]
+    return plan_block(block.name, rules, shapes, env, 0, {}).local_shapes()
 
 
 def check_transforms(block: Block, values: dict[str, int], ctx: str) -> None:
@@ -106,7 +106,8 @@ def check_transforms(block: Block, values: dict[str, int], ctx: str) -> None:
         for tp in tps:
             lenv = local_env(block, values, tp, {u for u in op_units if u is not None})
             by_tp[tp] = transforms.result_shape(
-                tf, {t.full_name: t for t in block.tensors}, lenv, local_shapes(block, full, tp),
+                tf, {t.full_name: t for t in block.tensors}, lenv,
+                local_shapes(block, full, block_env(block, values, tp)),
                 block.located, path, f"{ctx}, tp {tp}",
             )  # fmt: skip
         for tp, shape in by_tp.items():
