@@ -36,6 +36,7 @@ from runtime.binding import Array
 from runtime.checkpoint import Checkpoint
 from runtime.errors import SpecbindError
 from runtime.model import ModelTable
+from runtime.tp import shard_view
 
 REPO = Path(__file__).resolve().parent.parent
 LAYERS = 4  # layers 0-2 are KDA, layer 3 is DSA
@@ -121,14 +122,7 @@ def shard_views(
                 continue
             t = ck.get(split.full_name(table, index, name))
             assert t is not None
-            grid = np.frombuffer(t.data, dtype=np.uint8)
-            row = p.full_bytes // max(1, p.full_shape[0])
-            if p.kind == "cols":
-                item = p.full_bytes // int(np.prod(p.full_shape))
-                g2 = grid.reshape(-1, p.full_shape[-1] * item)  # [rows, cols·B]
-                views.append(g2[:, p.col_offset * item : (p.col_offset + p.local_shape[-1]) * item])
-            else:
-                views.append(grid[p.row_offset * row : p.row_offset * row + p.local_bytes])
+            views.append(shard_view(p, t.data))
     return views
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from runtime.binding import TensorRule
 from runtime.dtypes import DTYPES
@@ -153,22 +154,32 @@ def shard_raw(plan: TensorPlan, t: RawTensor, layer: int) -> RawTensor:
         )
     if plan.kind == "replicated" or plan.local_shape == plan.full_shape:
         return t
-    itemsize = DTYPES[plan.dtype].bits // 8
     if plan.kind == "rows":
-        row = plan.full_bytes // plan.full_shape[0]
-        start = plan.row_offset * row
-        return RawTensor(
-            t.dtype, plan.local_shape, t.data[start : start + plan.local_shape[0] * row]
-        )
-    cols, width = plan.full_shape[-1], plan.local_shape[-1]
-    rows = plan.full_bytes // (cols * itemsize)
-    lo, wide = plan.col_offset * itemsize, width * itemsize
+        return RawTensor(t.dtype, plan.local_shape, shard_view(plan, t.data).data)
     if t.span is not None:
+        itemsize = DTYPES[plan.dtype].bits // 8
+        cols, width = plan.full_shape[-1], plan.local_shape[-1]
+        rows = plan.full_bytes // (cols * itemsize)
+        lo, wide = plan.col_offset * itemsize, width * itemsize
         data = _gather_cols(t, t.span, rows, cols * itemsize, lo, wide)
         return RawTensor(t.dtype, plan.local_shape, data)
-    grid = np.frombuffer(t.data, dtype=np.uint8).reshape(rows, cols * itemsize)  # [rows, cols·B]
-    local = np.ascontiguousarray(grid[:, lo : lo + wide])  # strided gather, local columns only
+    local = np.ascontiguousarray(shard_view(plan, t.data))  # strided gather, local columns only
     return RawTensor(t.dtype, plan.local_shape, local.reshape(-1).data)
+
+
+def shard_view(plan: TensorPlan, data: memoryview) -> npt.NDArray[np.uint8]:
+    """This rank's bytes of a full tensor as a view, no copy: a contiguous byte range for a
+    row shard, a strided [rows, width·B] window for a column shard, everything otherwise."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if plan.kind == "rows":
+        row = plan.full_bytes // plan.full_shape[0]
+        return raw[plan.row_offset * row : (plan.row_offset + plan.local_shape[0]) * row]
+    if plan.kind == "cols":
+        itemsize = DTYPES[plan.dtype].bits // 8
+        grid = raw.reshape(-1, plan.full_shape[-1] * itemsize)  # [rows, cols·B]
+        lo = plan.col_offset * itemsize
+        return grid[:, lo : lo + plan.local_shape[-1] * itemsize]
+    return raw
 
 
 GATHER_BLOCK = 4 << 20  # bytes of source rows mapped at a time during a column gather

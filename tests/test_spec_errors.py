@@ -369,7 +369,12 @@ def test_a_cols_layout_whose_unit_does_not_lead_the_split_axis_is_refused(root: 
 
 
 def test_a_scale_that_is_not_finite_at_the_model_geometry_is_refused(root: Path) -> None:
-    edit(root, DSA, "    scale: IH ** -0.5\n", "    scale: IH ** 60 * IH ** 60 * IH ** 60 * IH ** 60\n")
+    edit(
+        root,
+        DSA,
+        "    scale: IH ** -0.5\n",
+        "    scale: IH ** 60 * IH ** 60 * IH ** 60 * IH ** 60\n",
+    )
     with pytest.raises(SpecError) as e:
         load_specs(root)
     assert e.value.path == "outputs.weights_proj.scale"
