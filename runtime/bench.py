@@ -34,6 +34,7 @@ import numpy as np
 from runtime.bench_absorb import median_seconds
 from runtime.binding import Array
 from runtime.checkpoint import Checkpoint
+from runtime.dtypes import within_one_bf16_ulp
 from runtime.errors import SpecbindError
 from runtime.model import ModelTable
 from runtime.tp import shard_view
@@ -149,9 +150,7 @@ def check_equal(ours: dict[str, Array], theirs: dict[str, Array]) -> None:
             )
         if a.tobytes() == b.tobytes():
             continue
-        x, y = a.astype(np.float64), b.astype(np.float64)
-        _, e = np.frexp(np.maximum(np.maximum(np.abs(x), np.abs(y)), 2.0**-126))
-        if np.any(np.abs(x - y) > np.ldexp(1.0, e - 8)):  # more than 1 BF16 ulp apart
+        if not within_one_bf16_ulp(a, b):
             raise SpecbindError(f"baseline {k} differs from specbind by more than 1 BF16 ulp")
 
 

@@ -63,3 +63,17 @@ def dtype_name(arr: np.ndarray[Any, Any]) -> str:
         if d.numpy is not None and d.numpy == arr.dtype:
             return d.name
     raise ValueError(f"no safetensors dtype for {arr.dtype}")
+
+
+def bf16_ulp(x: Any) -> np.ndarray[Any, Any]:
+    """The BF16 spacing at each |x|: 2**(e - 8) for x = m·2**e with 0.5 <= |m| < 1 (BF16 keeps
+    8 significant bits). Below the smallest normal BF16, 2**-126, the spacing stays 2**-133."""
+    _, e = np.frexp(np.maximum(np.abs(np.asarray(x, dtype=np.float64)), 2.0**-126))
+    spacing: np.ndarray[Any, Any] = np.ldexp(1.0, e - 8)
+    return spacing
+
+
+def within_one_bf16_ulp(got: Any, want: Any) -> bool:
+    """Every element of ``got`` within one BF16 ulp of ``want`` (the ulp at ``want``)."""
+    g, w = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    return bool(np.all(np.abs(g - w) <= bf16_ulp(w)))

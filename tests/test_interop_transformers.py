@@ -29,6 +29,7 @@ from safetensors import safe_open
 from generated import MODELS, SPECS_SHA256
 from runtime.bind import BindResult, bind_checkpoint
 from runtime.checkpoint import Checkpoint
+from runtime.dtypes import bf16_ulp
 from runtime.errors import BindError
 
 # exc_type=ImportError: a present but broken install (not only a missing one) skips too.
@@ -191,16 +192,6 @@ def same_bits(bound: np.ndarray, theirs: Any) -> bool:
 def f64(t: Any) -> np.ndarray:
     """A torch parameter as float64 numpy: exact for BF16 and F32 alike."""
     return t.detach().double().numpy()
-
-
-def bf16_ulp(x: np.ndarray) -> np.ndarray:
-    """The BF16 ulp at each |x|: 2**(e - 8) with x = m * 2**e, 0.5 <= |m| < 1 (np.frexp).
-
-    BF16 has 8 significant bits (7 stored + the implicit one). Below the smallest normal BF16,
-    2**-126, the spacing stays 2**-133, so |x| is clamped there first (x == 0 included).
-    """
-    _, e = np.frexp(np.maximum(np.abs(np.asarray(x, np.float64)), 2.0**-126))
-    return np.ldexp(1.0, e - 8)
 
 
 def ulps(got: np.ndarray, ref: np.ndarray) -> float:

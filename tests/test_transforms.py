@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from generated import dsa
 from runtime import ops
+from runtime.dtypes import bf16_ulp, within_one_bf16_ulp
 from runtime.errors import BindError
 from runtime.tp import shard_raw
 
@@ -44,11 +45,6 @@ def reference(g: dsa.DsaGeometry, arrays: dict[str, Any]) -> dict[str, np.ndarra
         x, h * kvl
     )  # [X, H, KVL] -> [X, H·KVL]
     return {"q_absorb": q_absorb, "o_absorb": o_absorb, "kv_b": kv_b, "q_b": q_b, "o": o}
-
-
-def bf16_ulp(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    _, e = np.frexp(np.maximum(np.abs(x), 2.0**-126))  # x = m·2^e, 0.5 <= |m| < 1
-    return np.ldexp(1.0, e - 8)  # BF16 keeps 8 significant bits
 
 
 def test_absorbed_weights_are_within_one_bf16_ulp_of_the_f64_definition() -> None:
@@ -247,3 +243,14 @@ def test_the_blas_thread_count_does_not_change_a_byte(
         assert proc.returncode == 0, proc.stderr
         digests.append(proc.stdout.split())
     assert digests[0] == digests[1] and len(digests[0]) == len(cases)
+
+
+def test_the_bf16_ulp_is_the_spacing_of_bf16_values() -> None:
+    x = np.array([1.0, 1.5, 2.0, 0.0, 2.0**-130, -3.0])
+    assert list(bf16_ulp(x)) == [2.0**-7, 2.0**-7, 2.0**-6, 2.0**-133, 2.0**-133, 2.0**-6]
+    one = np.array([1.0], dtype=ml_dtypes.bfloat16)
+    next_up = np.nextafter(one, np.array([2.0], dtype=ml_dtypes.bfloat16))
+    assert float(next_up[0]) - 1.0 == 2.0**-7, "one ulp above 1.0 in BF16"
+    assert within_one_bf16_ulp(next_up, one) and not within_one_bf16_ulp(
+        np.array([1.0 + 2**-6]), one
+    )
