@@ -14,6 +14,17 @@ from runtime.dtypes import DTYPES, dtype_name
 from runtime.source import DictSource, RawTensor
 
 TABLE = MODELS["glm-5.3-flash"]
+# The DSA indexer's bound fields as DESIGN.md names them (written out, not read from the
+# generated tables, so a test against them can fail).
+INDEXER_FIELDS = (
+    "wq_b",
+    "wk",
+    "k_norm_weight",
+    "k_norm_bias",
+    "weights_proj",
+    "compress_gate",
+    "ape",
+)
 REAL = TABLE.make_geometry(TABLE.default_values())
 REAL_KDA = kda.KdaGeometry(X=4096, H=64, D=128, K=4, C=32)
 TINY_KDA = kda.KdaGeometry(X=8, H=2, D=64, K=4, C=16)
@@ -116,3 +127,14 @@ def dsa_tp_geometries(draw: st.DrawFn) -> dsa.DsaGeometry:
     tp = draw(TPS)
     g = draw(dsa_geometries())
     return dsa.DsaGeometry(**{**g.__dict__, "H": tp * draw(st.integers(1, 2)), "tp": tp})
+
+
+def read_file(path: Any) -> dict[str, Array]:
+    """Every tensor of one .safetensors file, parsed by the safetensors library (not our reader)."""
+    import safetensors
+
+    out: dict[str, Array] = {}
+    for n, t in safetensors.deserialize(path.read_bytes()):
+        np_dtype = DTYPES[t["dtype"]].numpy
+        out[n] = np.frombuffer(t["data"], dtype=np_dtype).reshape(t["shape"])
+    return out

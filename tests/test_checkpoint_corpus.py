@@ -14,9 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
-from helpers import TABLE
+from helpers import TABLE, read_file
 
 from runtime.bind import bind_checkpoint
 from runtime.checkpoint import Checkpoint
@@ -114,16 +113,11 @@ def _extra_tensor_not_in_index(d: Path) -> None:
 
 def drop(d: Path, needle: str) -> None:
     """Rewrite every shard and the index without the tensors whose names contain ``needle``."""
-    import safetensors
     from safetensors.numpy import save_file
-
-    from runtime.dtypes import DTYPES
 
     idx = json.loads((d / INDEX).read_text())
     for f in sorted(d.glob("*.safetensors")):
-        kept = {n: np.frombuffer(t["data"], DTYPES[t["dtype"]].numpy).reshape(t["shape"])
-                for n, t in safetensors.deserialize(f.read_bytes()) if needle not in n}  # fmt: skip
-        save_file(kept, str(f))
+        save_file({n: a for n, a in read_file(f).items() if needle not in n}, str(f))
     idx["weight_map"] = {n: f for n, f in idx["weight_map"].items() if needle not in n}
     (d / INDEX).write_text(json.dumps(idx))
 

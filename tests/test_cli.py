@@ -12,10 +12,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors
+from helpers import read_file
 from safetensors.numpy import save_file
 
 from generated import SPECS_SHA256
-from runtime.dtypes import DTYPES
 
 
 def specbind(*args: str) -> subprocess.CompletedProcess[str]:
@@ -127,9 +127,7 @@ def _copy_with(ckpt: Path, dest: Path, edit: dict[str, Any]) -> Path:
     dest.mkdir()
     tensors: dict[str, Any] = {}
     for f in sorted(ckpt.glob("*.safetensors")):
-        for n, t in safetensors.deserialize(f.read_bytes()):
-            np_dtype = DTYPES[t["dtype"]].numpy
-            tensors[n] = np.frombuffer(t["data"], dtype=np_dtype).reshape(t["shape"])
+        tensors |= read_file(f)
     for n, v in edit.items():
         if v is None:
             tensors.pop(n)

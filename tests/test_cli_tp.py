@@ -13,10 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 import safetensors
-from helpers import TABLE
+from helpers import TABLE, read_file
 
 from generated import dsa, kda
-from runtime.dtypes import DTYPES
 
 
 def specbind(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -27,11 +26,7 @@ def specbind(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
 
 
 def load(path: Path) -> tuple[dict[str, np.ndarray[Any, Any]], dict[str, str]]:
-    raw = path.read_bytes()
-    out = {
-        n: np.frombuffer(t["data"], dtype=DTYPES[t["dtype"]].numpy).reshape(t["shape"])
-        for n, t in safetensors.deserialize(raw)
-    }
+    out = read_file(path)
     with safetensors.safe_open(str(path), framework="numpy") as f:
         meta = f.metadata()
     return out, meta

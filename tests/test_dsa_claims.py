@@ -6,22 +6,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers import REAL, TABLE, TINY_DSA, layer_arrays, source
+from helpers import INDEXER_FIELDS, REAL, TABLE, TINY_DSA, layer_arrays, source
 
 from generated import dsa
 from generated import model_glm_5_3_flash as m
 from runtime.bind import classify
 from runtime.errors import BindError, GeometryError
-
-INDEXER_FIELDS = [
-    "wq_b",
-    "wk",
-    "k_norm_weight",
-    "k_norm_bias",
-    "weights_proj",
-    "compress_gate",
-    "ape",
-]
 
 
 def test_dsa_spec_has_the_mla_tensors_and_the_seven_indexer_tensors() -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from helpers import INDEXER_FIELDS
 from safetensors import safe_open
 
 from generated import MODELS, SPECS_SHA256
@@ -86,15 +87,6 @@ KVL = CONFIG["kv_lora_rank"]
 QL = CONFIG["q_lora_rank"]
 IH = CONFIG["index_n_heads"]
 TP_RANKS = [(tp, rank) for tp in (1, 2, 4) for rank in range(tp)]
-INDEXER_FIELDS = (
-    "wq_b",
-    "wk",
-    "k_norm_weight",
-    "k_norm_bias",
-    "weights_proj",
-    "compress_gate",
-    "ape",
-)
 
 # The KDA forget gate as transformers' module tree names it; its conversion mapping writes these
 # two as the flat checkpoint names self_attn.A_log / self_attn.dt_bias.

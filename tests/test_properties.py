@@ -9,8 +9,15 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
-import safetensors
-from helpers import TABLE, dsa_geometries, kda_geometries, layer_arrays, model_values, raw
+from helpers import (
+    TABLE,
+    dsa_geometries,
+    kda_geometries,
+    layer_arrays,
+    model_values,
+    raw,
+    read_file,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -28,8 +35,7 @@ def reference_bytes(ckpt: Path) -> dict[str, bytes]:
     """Every tensor's bytes as the safetensors library parses them (independent of our reader)."""
     out: dict[str, bytes] = {}
     for f in sorted(ckpt.glob("*.safetensors")):
-        for name, t in safetensors.deserialize(f.read_bytes()):
-            out[name] = bytes(t["data"])
+        out |= {name: a.tobytes() for name, a in read_file(f).items()}
     return out
 
 
