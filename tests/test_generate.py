@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from generator.render import generate, render_all, stale
+from runtime.errors import GeometryError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -77,4 +79,14 @@ def test_a_spec_change_reaches_the_binder(root: Path) -> None:
     spec.write_text(spec.read_text().replace("<= 49152", "<= 40960"))
     assert stale(root, root / "generated") == ["stale __init__.py", "stale kda.py"]
     generate(root, root / "generated")
-    assert "<= 40960" in (root / "generated" / "kda.py").read_text()
+    spec_ = importlib.util.spec_from_file_location("kda_regenerated", root / "generated" / "kda.py")
+    assert spec_ is not None and spec_.loader is not None
+    kda = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(kda)
+    # C = 36, D = 128 needs 8·36·128 + 4·36·36 = 42048 B: inside the old 49152, over the new 40960.
+    g = kda.KdaGeometry(X=4096, H=64, D=128, K=4, C=36)
+    with pytest.raises(GeometryError, match="scan_shared_memory"):
+        kda.check_constraints(g)
+    from generated import kda as committed
+
+    committed.check_constraints(committed.KdaGeometry(X=4096, H=64, D=128, K=4, C=36))
