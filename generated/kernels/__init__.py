@@ -67,31 +67,28 @@ def launch(kernel: str, n: int, args: tuple[Any, ...]) -> None:
         module().get_function(kernel)((grid(n),), (BLOCK,), args)
 
 
+def elementwise(kernel: str, x: Any, reads: str, writes: str, *extra: Any) -> Any:
+    """One output element per input element: check, allocate, launch with ``extra`` args."""
+    cp = cupy()
+    check(kernel, "in", x, reads)
+    out = cp.empty(x.shape, dtype=writes)
+    launch(kernel, x.size, (x, out, *extra, cp.int64(x.size)))
+    return out
+
+
 def widen_bf16_f32(x: Any) -> Any:
     """BF16 -> F32, exact: the 16 bits become the top half of the F32."""
-    cp = cupy()
-    check("widen_bf16_f32", "in", x, "uint16")
-    out = cp.empty(x.shape, dtype=cp.float32)
-    launch("widen_bf16_f32", x.size, (x, out, cp.int64(x.size)))
-    return out
+    return elementwise("widen_bf16_f32", x, "uint16", "float32")
 
 
 def narrow_f32_bf16(x: Any) -> Any:
     """F32 -> BF16, round to nearest even; NaN stays NaN, overflow goes to Inf."""
-    cp = cupy()
-    check("narrow_f32_bf16", "in", x, "float32")
-    out = cp.empty(x.shape, dtype=cp.uint16)
-    launch("narrow_f32_bf16", x.size, (x, out, cp.int64(x.size)))
-    return out
+    return elementwise("narrow_f32_bf16", x, "float32", "uint16")
 
 
 def scale_bf16(x: Any, factor: float) -> Any:
     """BF16 -> F32, times factor in F32, -> BF16 (nearest even), in one pass."""
-    cp = cupy()
-    check("scale_bf16", "in", x, "uint16")
-    out = cp.empty(x.shape, dtype=cp.uint16)
-    launch("scale_bf16", x.size, (x, out, cp.float32(factor), cp.int64(x.size)))
-    return out
+    return elementwise("scale_bf16", x, "uint16", "uint16", cupy().float32(factor))
 
 
 def gather_cols_b2(x: Any, col0: int, width: int) -> Any:
