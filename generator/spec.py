@@ -25,7 +25,7 @@ import jsonschema
 from generator import algebra, transforms
 from generator.yamlio import Located, PathKey
 from runtime.errors import AlgebraError
-from runtime.model import GeometryField
+from runtime.model import GeometryField, LayerGroupRule
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "specs" / "schema"
 # Names a symbol may not take: symbols become locals and attributes in generated functions
@@ -106,16 +106,6 @@ class BlockUse:
 
 
 @dataclass(frozen=True)
-class LayerGroup:
-    """A per-layer ``config.json`` list that says whether a layer carries an optional group."""
-
-    group: str
-    config: str
-    present: tuple[str, ...]
-    absent: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class Model:
     name: str
     file: str
@@ -125,7 +115,7 @@ class Model:
     geometry: tuple[GeometryField, ...]
     blocks: tuple[BlockUse, ...]
     located: Located
-    layer_groups: tuple[LayerGroup, ...] = ()
+    layer_groups: tuple[LayerGroupRule, ...] = ()
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -405,7 +395,7 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
             raise doc.error(("layers", "groups", g), f"{g!r} is not an optional group of any block")
         if set(r["present"]) & set(r["absent"]):
             raise doc.error(("layers", "groups", g), "a value cannot mean both present and absent")
-        rules.append(LayerGroup(g, r["config"], tuple(r["present"]), tuple(r["absent"])))
+        rules.append(LayerGroupRule(g, r["config"], tuple(r["present"]), tuple(r["absent"])))
     return Model(
         d["model"], doc.file, d.get("doc", ""), layers["pattern"],
         tuple(layers.get("prefixes", [""])), geometry, tuple(uses), doc, tuple(rules),
