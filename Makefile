@@ -32,11 +32,11 @@ drift: $(STAMP)
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check generator runtime generated tests
-	$(BIN)/ruff format --check generator runtime generated tests
+	$(BIN)/ruff check core generator runtime generated tests
+	$(BIN)/ruff format --check core generator runtime generated tests
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict generated runtime generator
+	$(BIN)/mypy --strict core generated runtime generator
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -14,7 +14,7 @@ from typing import Any
 from generated import model_glm_5_3_flash
 from runtime.model import ModelTable
 
-SPECS_SHA256 = "d1fe0b878855c865d96d9f776c08594ff80b454ffe137665bd6ccf6296113e23"
+SPECS_SHA256 = "b1ef11075676f1c3b9f15a43008147c308f50edce0a767e16b4ea4c2f06ab06a"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,

@@ -4,36 +4,28 @@
 DO NOT EDIT: change the spec and run ``make generate``.
 
 Invariants, checked on every layer this binder sees:
-- the layer's ``self_attn.*`` tensors are exactly the 7 required ones below plus the 7 of optional group(s) indexer, each all-or-nothing;
-  any other ``self_attn.*`` name is refused (all of them in one error), never skipped;
-- every dtype, shape and byte count is checked against the geometry; nothing is cast;
+- the block's ``self_attn.`` tensors are exactly the 7 required rules below plus the 7 of optional group(s) indexer, each all-or-nothing;
+  any other name under the prefix is refused (all of them in one error), never skipped;
+- every dtype, shape and byte count is checked against the geometry; a dtype is converted
+  only where the spec accepts another stored dtype, and only exactly;
 - the geometry's constraints hold before any tensor is read.
 Traps: see the spec's comments; a concat fixes its order and squeezes a literal-1 dim only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from runtime import algebra_ops
+from core import algebra_ops
+from core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
+from core.planning import SINGLE, BlockPlan, Ranks, plan_block
 from runtime import ops as numpy_ops
 from runtime.backends import NUMPY, Backend
-from runtime.binding import (
-    Array,
-    BindReport,
-    ConstraintRule,
-    FieldRule,
-    GroupRule,
-    ShardRule,
-    TensorRule,
-    bind_tensors,
-    check_dims,
-    require,
-)
+from runtime.binding import Array, BindReport, bind_tensors, check_dims, require
 from runtime.ops import Ops
 from runtime.source import TensorSource
-from runtime.tp import BlockPlan, ShardedSource, plan_block
+from runtime.tp import ShardedSource
 
 BLOCK = "dsa"
 PREFIX = "self_attn."
@@ -42,7 +34,7 @@ DOC = "Multi-head latent attention with low-rank Q (q_a, q_b) and a compressed K
 
 @dataclass(frozen=True)
 class DsaGeometry:
-    """The block's symbols at one model geometry, and the tensor-parallel size."""
+    """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
     X: int  # hidden size
     H: int  # attention heads
@@ -55,6 +47,7 @@ class DsaGeometry:
     ID: int  # indexer head dim
     KP: int  # indexer k-pool size
     tp: int = 1
+    ep: int = 1
 
     def values(self) -> dict[str, int]:
         return {
@@ -69,99 +62,114 @@ class DsaGeometry:
             "ID": self.ID,
             "KP": self.KP,
             "tp": self.tp,
+            "ep": self.ep,
         }
 
 
 TENSORS: tuple[TensorRule, ...] = (
+    # self_attn.q_a_proj.weight [QL, X] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.q_a_proj.weight",
         dtype="BF16",
         shape="[QL, X]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
+    # self_attn.q_a_layernorm.weight [QL] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.q_a_layernorm.weight",
         dtype="BF16",
         shape="[QL]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
+    # self_attn.q_b_proj.weight [H * (N + R), QL] BF16: rank r: rows [r*(H * (N + R))/tp, (r+1)*(H * (N + R))/tp) in whole H
     TensorRule(
         name="self_attn.q_b_proj.weight",
         dtype="BF16",
         shape="[H * (N + R), QL]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
     ),
+    # self_attn.kv_a_proj_with_mqa.weight [KVL + R, X] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.kv_a_proj_with_mqa.weight",
         dtype="BF16",
         shape="[KVL + R, X]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
+    # self_attn.kv_a_layernorm.weight [KVL] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.kv_a_layernorm.weight",
         dtype="BF16",
         shape="[KVL]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
+    # self_attn.kv_b_proj.weight [H * (N + V), KVL] BF16: rank r: rows [r*(H * (N + V))/tp, (r+1)*(H * (N + V))/tp) in whole H
     TensorRule(
         name="self_attn.kv_b_proj.weight",
         dtype="BF16",
         shape="[H * (N + V), KVL]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
     ),
+    # self_attn.o_proj.weight [X, H * V] BF16: rank r: cols [r*(H * V)/tp, (r+1)*(H * V)/tp) in whole H
     TensorRule(
         name="self_attn.o_proj.weight",
         dtype="BF16",
         shape="[X, H * V]",
-        shard=ShardRule("cols", "H"),
+        shard=ShardRule(kind="cols", unit="H", axis=-1),
     ),
+    # self_attn.indexer.wq_b.weight [IH * ID, QL] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.indexer.wq_b.weight",
         dtype="BF16",
         shape="[IH * ID, QL]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
     ),
+    # self_attn.indexer.wk.weight [ID, X] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.indexer.wk.weight",
         dtype="BF16",
         shape="[ID, X]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
     ),
+    # self_attn.indexer.k_norm.weight [ID] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.indexer.k_norm.weight",
         dtype="BF16",
         shape="[ID]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
     ),
+    # self_attn.indexer.k_norm.bias [ID] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.indexer.k_norm.bias",
         dtype="BF16",
         shape="[ID]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
     ),
+    # self_attn.indexer.weights_proj.weight [IH, X] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.indexer.weights_proj.weight",
         dtype="BF16",
         shape="[IH, X]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
     ),
+    # self_attn.indexer.index_kpool_compress_gate [ID, X] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.indexer.index_kpool_compress_gate",
         dtype="BF16",
         shape="[ID, X]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
     ),
+    # self_attn.indexer.index_kpool_compress_ape [KP, ID] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.indexer.index_kpool_compress_ape",
         dtype="BF16",
         shape="[KP, ID]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
     ),
 )
@@ -174,6 +182,9 @@ GROUPS: dict[str, GroupRule] = {
     ),
 }
 
+# Each family's size symbol; a family split by `experts` is divided whole across ep ranks.
+FAMILIES: dict[str, str] = {}
+
 CONSTRAINTS: tuple[ConstraintRule, ...] = (
     ConstraintRule(
         name="nope_only",
@@ -181,7 +192,6 @@ CONSTRAINTS: tuple[ConstraintRule, ...] = (
         why="NoPE only: q_absorb folds the K half of kv_b_proj into q_b_proj, which lines up only when q_b_proj has no rope section (qk_rope_head_dim = 0); a rope section would need its rows carried separately",
     ),
 )
-
 
 # Each bound field and the checkpoint tensors it is made from, in order.
 SOURCES: dict[str, tuple[str, ...]] = {
@@ -201,21 +211,47 @@ SOURCES: dict[str, tuple[str, ...]] = {
 }
 
 # How each bound field is made, and how it splits across tensor-parallel ranks: a rank holds
-# `parts` consecutive blocks, each one the rank's rows (or columns) of one source.
+# `parts` consecutive blocks along `axis`, each one the rank's share of one source.
 FIELDS: dict[str, FieldRule] = {
-    "q_a_proj": FieldRule("verbatim", "BF16", "replicated", 1),
-    "q_a_layernorm": FieldRule("verbatim", "BF16", "replicated", 1),
-    "q_absorb": FieldRule("transform", "BF16", "rows", 1),
-    "kv_a_proj": FieldRule("verbatim", "BF16", "replicated", 1),
-    "kv_a_layernorm": FieldRule("verbatim", "BF16", "replicated", 1),
-    "o_absorb": FieldRule("transform", "BF16", "cols", 1),
-    "wq_b": FieldRule("verbatim", "BF16", "replicated", 1),
-    "wk": FieldRule("verbatim", "BF16", "replicated", 1),
-    "k_norm_weight": FieldRule("verbatim", "BF16", "replicated", 1),
-    "k_norm_bias": FieldRule("verbatim", "BF16", "replicated", 1),
-    "weights_proj": FieldRule("transform", "BF16", "replicated", 1),
-    "compress_gate": FieldRule("verbatim", "BF16", "replicated", 1),
-    "ape": FieldRule("transform", "F32", "replicated", 1),
+    "q_a_proj": FieldRule(
+        kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "q_a_layernorm": FieldRule(
+        kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "q_absorb": FieldRule(
+        kind="transform", dtype="BF16", layout="rows", parts=1, axis=0, family=None
+    ),
+    "kv_a_proj": FieldRule(
+        kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "kv_a_layernorm": FieldRule(
+        kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "o_absorb": FieldRule(
+        kind="transform", dtype="BF16", layout="cols", parts=1, axis=-1, family=None
+    ),
+    "wq_b": FieldRule(
+        kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "wk": FieldRule(
+        kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "k_norm_weight": FieldRule(
+        kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "k_norm_bias": FieldRule(
+        kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "weights_proj": FieldRule(
+        kind="transform", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "compress_gate": FieldRule(
+        kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "ape": FieldRule(
+        kind="transform", dtype="F32", layout="replicated", parts=1, axis=0, family=None
+    ),
 }
 
 # Present in every layer of this block, so classification needs only names.
@@ -233,7 +269,7 @@ def matches(names: Collection[str]) -> bool:
 
 
 def expected_shapes(g: DsaGeometry) -> dict[str, tuple[int, ...]]:
-    """The full, unsharded on-disk shape of every tensor at geometry ``g``."""
+    """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
     return {
         "self_attn.q_a_proj.weight": (g.QL, g.X),  # [QL, X]
         "self_attn.q_a_layernorm.weight": (g.QL,),  # [QL]
@@ -253,7 +289,7 @@ def expected_shapes(g: DsaGeometry) -> dict[str, tuple[int, ...]]:
 
 
 def env(g: DsaGeometry) -> dict[str, int]:
-    """Every symbol, derived symbol and ``tp`` at geometry ``g`` (shard units are looked up here)."""
+    """Every symbol, derived symbol, ``tp`` and ``ep`` at ``g`` (shard units are looked up here)."""
     return {
         "X": g.X,
         "H": g.H,
@@ -266,12 +302,27 @@ def env(g: DsaGeometry) -> dict[str, int]:
         "ID": g.ID,
         "KP": g.KP,
         "tp": g.tp,
+        "ep": g.ep,
     }
 
 
-def plan(g: DsaGeometry, rank: int = 0) -> BlockPlan:
+def counts(g: DsaGeometry) -> dict[str, int]:
+    """Each family's size at ``g``."""
+    return {}
+
+
+def plan(g: DsaGeometry, ranks: Ranks = SINGLE) -> BlockPlan:
     """This rank's shard plan: local shapes, source offsets, bytes, and the all-reduce flag."""
-    return plan_block(BLOCK, TENSORS, expected_shapes(g), env(g), rank, SOURCES)
+    return plan_block(
+        block=BLOCK,
+        rules=TENSORS,
+        shapes=expected_shapes(g),
+        env=env(g),
+        tp_rank=ranks.tp_rank,
+        sources=SOURCES,
+        ep_rank=ranks.ep_rank,
+        families=FAMILIES,
+    )
 
 
 def make_q_absorb(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:
@@ -327,40 +378,41 @@ def make_ape(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array
 
 def check_constraints(g: DsaGeometry) -> None:
     """Refuse a geometry that breaks a declared constraint, naming it and its reason."""
-    require(BLOCK, CONSTRAINTS[0], g.values(), lambda: g.R == 0)
-    check_dims(BLOCK, expected_shapes(g))
+    # R == 0
+    require(block=BLOCK, rule=CONSTRAINTS[0], values=g.values(), check=lambda: g.R == 0)
+    check_dims(block=BLOCK, shapes=expected_shapes(g))
 
 
 @dataclass(frozen=True)
 class DsaWeights:
-    """The bound weights of one ``dsa`` layer, in the layout the kernels read."""
+    """The bound weights of one ``dsa`` block, in the layout the kernels read."""
 
-    # self_attn.q_a_proj.weight [QL, X] BF16, verbatim
-    q_a_proj: Array
-    # self_attn.q_a_layernorm.weight [QL] BF16, verbatim
-    q_a_layernorm: Array
+    # q_a_proj.weight [QL, X] BF16, verbatim
+    q_a_proj: Array  # [QL, X]
+    # q_a_layernorm.weight [QL] BF16, verbatim
+    q_a_layernorm: Array  # [QL]
     # q_absorb: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16
-    q_absorb: Array
-    # self_attn.kv_a_proj_with_mqa.weight [KVL + R, X] BF16, verbatim
-    kv_a_proj: Array
-    # self_attn.kv_a_layernorm.weight [KVL] BF16, verbatim
-    kv_a_layernorm: Array
+    q_absorb: Array  # [H * KVL, QL]
+    # kv_a_proj_with_mqa.weight [KVL + R, X] BF16, verbatim
+    kv_a_proj: Array  # [KVL + R, X]
+    # kv_a_layernorm.weight [KVL] BF16, verbatim
+    kv_a_layernorm: Array  # [KVL]
     # o_absorb: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16
-    o_absorb: Array
-    # self_attn.indexer.wq_b.weight [IH * ID, QL] BF16, verbatim
-    wq_b: Array | None
-    # self_attn.indexer.wk.weight [ID, X] BF16, verbatim
-    wk: Array | None
-    # self_attn.indexer.k_norm.weight [ID] BF16, verbatim
-    k_norm_weight: Array | None
-    # self_attn.indexer.k_norm.bias [ID] BF16, verbatim
-    k_norm_bias: Array | None
+    o_absorb: Array  # [X, H * KVL]
+    # indexer.wq_b.weight [IH * ID, QL] BF16, verbatim
+    wq_b: Array | None  # [IH * ID, QL]
+    # indexer.wk.weight [ID, X] BF16, verbatim
+    wk: Array | None  # [ID, X]
+    # indexer.k_norm.weight [ID] BF16, verbatim
+    k_norm_weight: Array | None  # [ID]
+    # indexer.k_norm.bias [ID] BF16, verbatim
+    k_norm_bias: Array | None  # [ID]
     # weights_proj: one tensor, scaled by IH ** (-0.5), as BF16
-    weights_proj: Array | None
-    # self_attn.indexer.index_kpool_compress_gate [ID, X] BF16, verbatim
-    compress_gate: Array | None
+    weights_proj: Array | None  # see make_weights_proj
+    # indexer.index_kpool_compress_gate [ID, X] BF16, verbatim
+    compress_gate: Array | None  # [ID, X]
     # ape: one tensor, as F32
-    ape: Array | None
+    ape: Array | None  # see make_ape
 
     def arrays(self) -> dict[str, Array]:
         """Every bound field by name; an absent optional field is left out."""
@@ -389,18 +441,33 @@ class DsaWeights:
 
 
 def bind_dsa(
-    g: DsaGeometry, layer: int, src: TensorSource, rank: int = 0, backend: Backend = NUMPY
+    g: DsaGeometry,
+    ranks: Ranks,
+    layer: int,
+    src: TensorSource,
+    backend: Backend = NUMPY,
+    flags: Mapping[str, bool] | None = None,
 ) -> tuple[DsaWeights, BindReport]:
-    """Bind this rank's shard of one layer strictly; raise ``BindError`` naming the tensor.
+    """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
-    The same code runs at every tp: the sharded source presents each planned tensor as this
-    rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
+    The same code runs at every tp and ep: the sharded source presents each planned tensor as
+    this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
     """
-    p = plan(g, rank)
+    p = plan(g, ranks)
     check_constraints(g)
-    sharded = ShardedSource(src, p, layer)
-    host, report = bind_tensors(BLOCK, layer, PREFIX, sharded, TENSORS, GROUPS, p.local_shapes())
+    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    host, report = bind_tensors(
+        block=BLOCK,
+        layer=layer,
+        prefix=PREFIX,
+        src=sharded,
+        rules=TENSORS,
+        groups=GROUPS,
+        plan=p,
+        counts=counts(g),
+        flags=flags,
+    )
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
     ops = backend.ops
     weights = DsaWeights(

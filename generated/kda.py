@@ -4,34 +4,26 @@
 DO NOT EDIT: change the spec and run ``make generate``.
 
 Invariants, checked on every layer this binder sees:
-- the layer's ``self_attn.*`` tensors are exactly the 15 required ones below;
-  any other ``self_attn.*`` name is refused (all of them in one error), never skipped;
-- every dtype, shape and byte count is checked against the geometry; nothing is cast;
+- the block's ``self_attn.`` tensors are exactly the 15 required rules below;
+  any other name under the prefix is refused (all of them in one error), never skipped;
+- every dtype, shape and byte count is checked against the geometry; a dtype is converted
+  only where the spec accepts another stored dtype, and only exactly;
 - the geometry's constraints hold before any tensor is read.
 Traps: see the spec's comments; a concat fixes its order and squeezes a literal-1 dim only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from runtime import algebra_ops
+from core import algebra_ops
+from core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
+from core.planning import SINGLE, BlockPlan, Ranks, plan_block
 from runtime.backends import NUMPY, Backend
-from runtime.binding import (
-    Array,
-    BindReport,
-    ConstraintRule,
-    FieldRule,
-    GroupRule,
-    ShardRule,
-    TensorRule,
-    bind_tensors,
-    check_dims,
-    require,
-)
+from runtime.binding import Array, BindReport, bind_tensors, check_dims, require
 from runtime.source import TensorSource
-from runtime.tp import BlockPlan, ShardedSource, plan_block
+from runtime.tp import ShardedSource
 
 BLOCK = "kda"
 PREFIX = "self_attn."
@@ -40,7 +32,7 @@ DOC = "Kimi Delta Attention block: q/k/v projections with three depthwise short 
 
 @dataclass(frozen=True)
 class KdaGeometry:
-    """The block's symbols at one model geometry, and the tensor-parallel size."""
+    """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
     X: int  # hidden size
     H: int  # linear-attention heads
@@ -48,6 +40,7 @@ class KdaGeometry:
     K: int  # short-conv kernel width
     C: int  # chunk width of the scan kernel (engine setting, not a checkpoint field)
     tp: int = 1
+    ep: int = 1
 
     def values(self) -> dict[str, int]:
         return {
@@ -57,105 +50,127 @@ class KdaGeometry:
             "K": self.K,
             "C": self.C,
             "tp": self.tp,
+            "ep": self.ep,
         }
 
 
 TENSORS: tuple[TensorRule, ...] = (
+    # self_attn.q_proj.weight [Q, X] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
         name="self_attn.q_proj.weight",
         dtype="BF16",
         shape="[Q, X]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
     ),
+    # self_attn.k_proj.weight [Q, X] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
         name="self_attn.k_proj.weight",
         dtype="BF16",
         shape="[Q, X]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
     ),
+    # self_attn.v_proj.weight [Q, X] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
         name="self_attn.v_proj.weight",
         dtype="BF16",
         shape="[Q, X]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
     ),
+    # self_attn.q_conv1d.weight [Q, 1, K] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
         name="self_attn.q_conv1d.weight",
         dtype="BF16",
         shape="[Q, 1, K]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
+        stored=("F32",),
     ),
+    # self_attn.k_conv1d.weight [Q, 1, K] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
         name="self_attn.k_conv1d.weight",
         dtype="BF16",
         shape="[Q, 1, K]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
+        stored=("F32",),
     ),
+    # self_attn.v_conv1d.weight [Q, 1, K] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
         name="self_attn.v_conv1d.weight",
         dtype="BF16",
         shape="[Q, 1, K]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
+        stored=("F32",),
     ),
+    # self_attn.f_a_proj.weight [D, X] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.f_a_proj.weight",
         dtype="BF16",
         shape="[D, X]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
+    # self_attn.f_b_proj.weight [Q, D] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
         name="self_attn.f_b_proj.weight",
         dtype="BF16",
         shape="[Q, D]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
     ),
+    # self_attn.g_a_proj.weight [D, X] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.g_a_proj.weight",
         dtype="BF16",
         shape="[D, X]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
+    # self_attn.g_b_proj.weight [Q, D] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
         name="self_attn.g_b_proj.weight",
         dtype="BF16",
         shape="[Q, D]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
     ),
+    # self_attn.b_proj.weight [H, X] BF16: rank r: rows [r*(H)/tp, (r+1)*(H)/tp) in whole H
     TensorRule(
         name="self_attn.b_proj.weight",
         dtype="BF16",
         shape="[H, X]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
     ),
+    # self_attn.A_log [H] F32: rank r: rows [r*(H)/tp, (r+1)*(H)/tp) in whole H
     TensorRule(
         name="self_attn.A_log",
         dtype="F32",
         shape="[H]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
         why_dtype="A_log is the per-head decay exponent; casting it to BF16 would change the gate",
     ),
+    # self_attn.dt_bias [Q] F32: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
         name="self_attn.dt_bias",
         dtype="F32",
         shape="[Q]",
-        shard=ShardRule("rows", "H"),
+        shard=ShardRule(kind="rows", unit="H", axis=0),
         why_dtype="dt_bias is the per-channel gate bias; casting it to BF16 would change the gate",
     ),
+    # self_attn.o_norm.weight [D] BF16: every rank holds all of it
     TensorRule(
         name="self_attn.o_norm.weight",
         dtype="BF16",
         shape="[D]",
-        shard=ShardRule("replicated"),
+        shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
+    # self_attn.o_proj.weight [X, Q] BF16: rank r: cols [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
         name="self_attn.o_proj.weight",
         dtype="BF16",
         shape="[X, Q]",
-        shard=ShardRule("cols", "H"),
+        shard=ShardRule(kind="cols", unit="H", axis=-1),
     ),
 )
 
 GROUPS: dict[str, GroupRule] = {}
+
+# Each family's size symbol; a family split by `experts` is divided whole across ep ranks.
+FAMILIES: dict[str, str] = {}
 
 CONSTRAINTS: tuple[ConstraintRule, ...] = (
     ConstraintRule(
@@ -169,7 +184,6 @@ CONSTRAINTS: tuple[ConstraintRule, ...] = (
         why="the chunked scan keeps four BF16 C x D tiles and one F32 C x C tile in static shared memory, capped at 48 KiB per block; a wider chunk must be refused, not truncated",
     ),
 )
-
 
 # Each bound field and the checkpoint tensors it is made from, in order.
 SOURCES: dict[str, tuple[str, ...]] = {
@@ -189,21 +203,29 @@ SOURCES: dict[str, tuple[str, ...]] = {
 }
 
 # How each bound field is made, and how it splits across tensor-parallel ranks: a rank holds
-# `parts` consecutive blocks, each one the rank's rows (or columns) of one source.
+# `parts` consecutive blocks along `axis`, each one the rank's share of one source.
 FIELDS: dict[str, FieldRule] = {
-    "q_proj": FieldRule("verbatim", "BF16", "rows", 1),
-    "k_proj": FieldRule("verbatim", "BF16", "rows", 1),
-    "v_proj": FieldRule("verbatim", "BF16", "rows", 1),
-    "conv": FieldRule("concat", "BF16", "rows", 3),
-    "f_a": FieldRule("verbatim", "BF16", "replicated", 1),
-    "f_b": FieldRule("verbatim", "BF16", "rows", 1),
-    "dt_bias": FieldRule("verbatim", "F32", "rows", 1),
-    "a_log": FieldRule("verbatim", "F32", "rows", 1),
-    "b_proj": FieldRule("verbatim", "BF16", "rows", 1),
-    "g_a": FieldRule("verbatim", "BF16", "replicated", 1),
-    "g_b": FieldRule("verbatim", "BF16", "rows", 1),
-    "o_norm": FieldRule("verbatim", "BF16", "replicated", 1),
-    "o_proj": FieldRule("verbatim", "BF16", "cols", 1),
+    "q_proj": FieldRule(kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None),
+    "k_proj": FieldRule(kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None),
+    "v_proj": FieldRule(kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None),
+    "conv": FieldRule(kind="concat", dtype="BF16", layout="rows", parts=3, axis=0, family=None),
+    "f_a": FieldRule(
+        kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "f_b": FieldRule(kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None),
+    "dt_bias": FieldRule(kind="verbatim", dtype="F32", layout="rows", parts=1, axis=0, family=None),
+    "a_log": FieldRule(kind="verbatim", dtype="F32", layout="rows", parts=1, axis=0, family=None),
+    "b_proj": FieldRule(kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None),
+    "g_a": FieldRule(
+        kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "g_b": FieldRule(kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None),
+    "o_norm": FieldRule(
+        kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
+    ),
+    "o_proj": FieldRule(
+        kind="verbatim", dtype="BF16", layout="cols", parts=1, axis=-1, family=None
+    ),
 }
 
 # Present in every layer of this block, so classification needs only names.
@@ -234,7 +256,7 @@ def matches(names: Collection[str]) -> bool:
 
 
 def expected_shapes(g: KdaGeometry) -> dict[str, tuple[int, ...]]:
-    """The full, unsharded on-disk shape of every tensor at geometry ``g``."""
+    """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
     Q = algebra_ops.bounded(g.H * g.D)
     return {
         "self_attn.q_proj.weight": (Q, g.X),  # [Q, X]
@@ -256,7 +278,7 @@ def expected_shapes(g: KdaGeometry) -> dict[str, tuple[int, ...]]:
 
 
 def env(g: KdaGeometry) -> dict[str, int]:
-    """Every symbol, derived symbol and ``tp`` at geometry ``g`` (shard units are looked up here)."""
+    """Every symbol, derived symbol, ``tp`` and ``ep`` at ``g`` (shard units are looked up here)."""
     Q = algebra_ops.bounded(g.H * g.D)
     return {
         "X": g.X,
@@ -266,56 +288,78 @@ def env(g: KdaGeometry) -> dict[str, int]:
         "C": g.C,
         "Q": Q,
         "tp": g.tp,
+        "ep": g.ep,
     }
 
 
-def plan(g: KdaGeometry, rank: int = 0) -> BlockPlan:
+def counts(g: KdaGeometry) -> dict[str, int]:
+    """Each family's size at ``g``."""
+    return {}
+
+
+def plan(g: KdaGeometry, ranks: Ranks = SINGLE) -> BlockPlan:
     """This rank's shard plan: local shapes, source offsets, bytes, and the all-reduce flag."""
-    return plan_block(BLOCK, TENSORS, expected_shapes(g), env(g), rank, SOURCES)
+    return plan_block(
+        block=BLOCK,
+        rules=TENSORS,
+        shapes=expected_shapes(g),
+        env=env(g),
+        tp_rank=ranks.tp_rank,
+        sources=SOURCES,
+        ep_rank=ranks.ep_rank,
+        families=FAMILIES,
+    )
 
 
 def check_constraints(g: KdaGeometry) -> None:
     """Refuse a geometry that breaks a declared constraint, naming it and its reason."""
+    # 2 * (H / tp) * D % 256 == 0
     require(
-        BLOCK,
-        CONSTRAINTS[0],
-        g.values(),
-        lambda: algebra_ops.mod(2 * algebra_ops.div(g.H, g.tp) * g.D, 256) == 0,
+        block=BLOCK,
+        rule=CONSTRAINTS[0],
+        values=g.values(),
+        check=lambda: algebra_ops.mod(2 * algebra_ops.div(g.H, g.tp) * g.D, 256) == 0,
     )
-    require(BLOCK, CONSTRAINTS[1], g.values(), lambda: 8 * g.C * g.D + 4 * g.C * g.C <= 49152)
-    check_dims(BLOCK, expected_shapes(g))
+    # 8 * C * D + 4 * C * C <= 49152
+    require(
+        block=BLOCK,
+        rule=CONSTRAINTS[1],
+        values=g.values(),
+        check=lambda: 8 * g.C * g.D + 4 * g.C * g.C <= 49152,
+    )
+    check_dims(block=BLOCK, shapes=expected_shapes(g))
 
 
 @dataclass(frozen=True)
 class KdaWeights:
-    """The bound weights of one ``kda`` layer, in the layout the kernels read."""
+    """The bound weights of one ``kda`` block, in the layout the kernels read."""
 
-    # self_attn.q_proj.weight [Q, X] BF16, verbatim
-    q_proj: Array
-    # self_attn.k_proj.weight [Q, X] BF16, verbatim
-    k_proj: Array
-    # self_attn.v_proj.weight [Q, X] BF16, verbatim
-    v_proj: Array
+    # q_proj.weight [Q, X] BF16, verbatim
+    q_proj: Array  # [Q, X]
+    # k_proj.weight [Q, X] BF16, verbatim
+    k_proj: Array  # [Q, X]
+    # v_proj.weight [Q, X] BF16, verbatim
+    v_proj: Array  # [Q, X]
     # concat of 3 on axis 0, dim 1 squeezed
-    conv: Array
-    # self_attn.f_a_proj.weight [D, X] BF16, verbatim
-    f_a: Array
-    # self_attn.f_b_proj.weight [Q, D] BF16, verbatim
-    f_b: Array
-    # self_attn.dt_bias [Q] F32, verbatim
-    dt_bias: Array
-    # self_attn.A_log [H] F32, verbatim
-    a_log: Array
-    # self_attn.b_proj.weight [H, X] BF16, verbatim
-    b_proj: Array
-    # self_attn.g_a_proj.weight [D, X] BF16, verbatim
-    g_a: Array
-    # self_attn.g_b_proj.weight [Q, D] BF16, verbatim
-    g_b: Array
-    # self_attn.o_norm.weight [D] BF16, verbatim
-    o_norm: Array
-    # self_attn.o_proj.weight [X, Q] BF16, verbatim
-    o_proj: Array
+    conv: Array  # [3 * Q, K] (before the tp split)
+    # f_a_proj.weight [D, X] BF16, verbatim
+    f_a: Array  # [D, X]
+    # f_b_proj.weight [Q, D] BF16, verbatim
+    f_b: Array  # [Q, D]
+    # dt_bias [Q] F32, verbatim
+    dt_bias: Array  # [Q]
+    # A_log [H] F32, verbatim
+    a_log: Array  # [H]
+    # b_proj.weight [H, X] BF16, verbatim
+    b_proj: Array  # [H, X]
+    # g_a_proj.weight [D, X] BF16, verbatim
+    g_a: Array  # [D, X]
+    # g_b_proj.weight [Q, D] BF16, verbatim
+    g_b: Array  # [Q, D]
+    # o_norm.weight [D] BF16, verbatim
+    o_norm: Array  # [D]
+    # o_proj.weight [X, Q] BF16, verbatim
+    o_proj: Array  # [X, Q]
 
     def arrays(self) -> dict[str, Array]:
         """Every bound field by name; an absent optional field is left out."""
@@ -337,18 +381,33 @@ class KdaWeights:
 
 
 def bind_kda(
-    g: KdaGeometry, layer: int, src: TensorSource, rank: int = 0, backend: Backend = NUMPY
+    g: KdaGeometry,
+    ranks: Ranks,
+    layer: int,
+    src: TensorSource,
+    backend: Backend = NUMPY,
+    flags: Mapping[str, bool] | None = None,
 ) -> tuple[KdaWeights, BindReport]:
-    """Bind this rank's shard of one layer strictly; raise ``BindError`` naming the tensor.
+    """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
-    The same code runs at every tp: the sharded source presents each planned tensor as this
-    rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
+    The same code runs at every tp and ep: the sharded source presents each planned tensor as
+    this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
     """
-    p = plan(g, rank)
+    p = plan(g, ranks)
     check_constraints(g)
-    sharded = ShardedSource(src, p, layer)
-    host, report = bind_tensors(BLOCK, layer, PREFIX, sharded, TENSORS, GROUPS, p.local_shapes())
+    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    host, report = bind_tensors(
+        block=BLOCK,
+        layer=layer,
+        prefix=PREFIX,
+        src=sharded,
+        rules=TENSORS,
+        groups=GROUPS,
+        plan=p,
+        counts=counts(g),
+        flags=flags,
+    )
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
     ops = backend.ops
     weights = KdaWeights(

@@ -4,71 +4,125 @@
 DO NOT EDIT: change the spec and run ``make generate``.
 
 Invariants: the geometry comes only from config.json fields named here (flat or under
-``text_config``) or from the engine settings below; block families are tried in the order of
-``BLOCKS`` and the first whose markers are all present wins, so classification never looks at
-the layer index or ``layer_types``.
+``text_config``) or from the engine settings below; each slot of a layer is filled by the first
+of its blocks whose markers are all present, so classification looks at names only, and the
+per-layer config lists are cross-checked against what the names say, never trusted instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from generated import dsa, kda
-from runtime.backends import Backend
-from runtime.binding import BindReport
-from runtime.model import BlockEntry, GeometryField, LayerGroupRule, ModelTable
-from runtime.source import TensorSource
-from runtime.tp import BlockPlan
+from core.ir import GeometryField, LayerGroupRule, SlotRule, SynthList, SynthRule, UnboundRule
+from core.planning import Ranks
+from generated import dense, dsa, kda, layer_norms, lm_globals, mhc, moe, mtp_head
+from runtime.model import BlockEntry, ModelTable, block_entry
 
 MODEL = "glm-5.3-flash"
-DOC = "GLM-5.3-Flash (hybrid KDA + DSA), as written by transformers' glm5_next."
+DOC = "GLM-5.3-Flash (hybrid KDA + DSA, MoE, mHC), as written by transformers' glm5_next."
 LAYER_PATTERN = "layers.{index}."
 LAYER_PREFIXES: tuple[str, ...] = (
     "",
     "model.",
     "model.language_model.",
+    "language_model.",
     "language_model.model.",
 )
 
 # Per-layer config.json lists that say which layers carry an optional group.
 LAYER_GROUPS: tuple[LayerGroupRule, ...] = (
-    LayerGroupRule(
-        group="indexer",
-        config="indexer_types",
-        present=("full",),
-        absent=("shared",),
+    LayerGroupRule(group="indexer", config="indexer_types", present=("full",), absent=("shared",)),
+)
+
+# The parts of a layer, each filled by the first of its blocks whose markers are all present;
+# `config` names the per-layer config.json list that must agree with what the names say.
+SLOTS: tuple[SlotRule, ...] = (
+    SlotRule(
+        name="attention",
+        blocks=("dsa", "kda"),
+        scope="all",
+        config="layer_types",
+        values=(("dsa", ("indexed_attention", "full_attention")), ("kda", ("linear_attention",))),
+    ),
+    SlotRule(
+        name="mlp",
+        blocks=("moe", "dense"),
+        scope="all",
+        config="mlp_layer_types",
+        values=(("moe", ("sparse",)), ("dense", ("dense",))),
+    ),
+    SlotRule(name="norms", blocks=("layer_norms",), scope="all", config=None, values=()),
+    SlotRule(name="mhc", blocks=("mhc",), scope="decoder", config=None, values=()),
+    SlotRule(name="mtp", blocks=("mtp_head",), scope="mtp", config=None, values=()),
+)
+
+# Checkpoint names this model declares it does not bind, each with the reason.
+UNBOUND: tuple[UnboundRule, ...] = (
+    UnboundRule(
+        prefix="model.visual.",
+        why="the vision tower (Glm5NextVisionModel) is a separate encoder with its own loader; this spec binds the text model only",
     ),
 )
 
+# What `specbind synth` writes: the tiny geometry, the per-layer config lists, the MTP slots.
+SYNTH: SynthRule | None = SynthRule(
+    tiny=(
+        ("experts", 6),
+        ("hc_mult", 2),
+        ("heads", 8),
+        ("hidden", 72),
+        ("index_head_dim", 12),
+        ("index_heads", 3),
+        ("index_kpool", 5),
+        ("intermediate", 96),
+        ("kv_lora_rank", 28),
+        ("linear_conv", 4),
+        ("linear_head_dim", 64),
+        ("linear_heads", 16),
+        ("moe_intermediate", 48),
+        ("q_lora_rank", 40),
+        ("qk_nope_head_dim", 24),
+        ("qk_rope_head_dim", 0),
+        ("shared_experts", 1),
+        ("v_head_dim", 20),
+        ("vocab", 256),
+    ),
+    layers=8,
+    lists=(
+        SynthList(
+            config="layer_types",
+            head=(),
+            pattern=(
+                "linear_attention",
+                "linear_attention",
+                "linear_attention",
+                "indexed_attention",
+            ),
+        ),
+        SynthList(config="mlp_layer_types", head=("dense", "dense", "dense"), pattern=("sparse",)),
+        SynthList(
+            config="indexer_types",
+            head=(),
+            pattern=("full", "full", "full", "full", "full", "full", "full", "shared"),
+        ),
+    ),
+    mtp=(("attention", "dsa"), ("mlp", "moe")),
+    config_json='{"architectures": ["Glm5NextTextModel"], "model_type": "glm5_next_text", "pad_token_id": 0, "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}',
+)
+
 GEOMETRY: tuple[GeometryField, ...] = (
+    GeometryField(name="hidden", config="hidden_size", value=4096, min=1, doc=""),
+    GeometryField(name="vocab", config="vocab_size", value=154880, min=1, doc=""),
+    GeometryField(name="intermediate", config="intermediate_size", value=12288, min=1, doc=""),
     GeometryField(
-        name="hidden",
-        config="hidden_size",
-        value=4096,
-        min=1,
-        doc="",
+        name="moe_intermediate", config="moe_intermediate_size", value=2048, min=1, doc=""
     ),
-    GeometryField(
-        name="linear_heads",
-        config="linear_num_heads",
-        value=64,
-        min=1,
-        doc="",
-    ),
-    GeometryField(
-        name="linear_head_dim",
-        config="linear_head_dim",
-        value=128,
-        min=1,
-        doc="",
-    ),
-    GeometryField(
-        name="linear_conv",
-        config="linear_conv_kernel_dim",
-        value=4,
-        min=1,
-        doc="",
-    ),
+    GeometryField(name="experts", config="n_routed_experts", value=288, min=1, doc=""),
+    GeometryField(name="shared_experts", config="n_shared_experts", value=1, min=1, doc=""),
+    GeometryField(name="hc_mult", config="hc_mult", value=4, min=1, doc=""),
+    GeometryField(name="linear_heads", config="linear_num_heads", value=64, min=1, doc=""),
+    GeometryField(name="linear_head_dim", config="linear_head_dim", value=128, min=1, doc=""),
+    GeometryField(name="linear_conv", config="linear_conv_kernel_dim", value=4, min=1, doc=""),
     GeometryField(
         name="kda_chunk",
         config=None,
@@ -76,69 +130,15 @@ GEOMETRY: tuple[GeometryField, ...] = (
         min=1,
         doc="chunk width of the engine's KDA scan kernel",
     ),
-    GeometryField(
-        name="heads",
-        config="num_attention_heads",
-        value=64,
-        min=1,
-        doc="",
-    ),
-    GeometryField(
-        name="q_lora_rank",
-        config="q_lora_rank",
-        value=1536,
-        min=1,
-        doc="",
-    ),
-    GeometryField(
-        name="kv_lora_rank",
-        config="kv_lora_rank",
-        value=512,
-        min=1,
-        doc="",
-    ),
-    GeometryField(
-        name="qk_nope_head_dim",
-        config="qk_nope_head_dim",
-        value=256,
-        min=1,
-        doc="",
-    ),
-    GeometryField(
-        name="qk_rope_head_dim",
-        config="qk_rope_head_dim",
-        value=0,
-        min=0,
-        doc="",
-    ),
-    GeometryField(
-        name="v_head_dim",
-        config="v_head_dim",
-        value=256,
-        min=1,
-        doc="",
-    ),
-    GeometryField(
-        name="index_heads",
-        config="index_n_heads",
-        value=32,
-        min=1,
-        doc="",
-    ),
-    GeometryField(
-        name="index_head_dim",
-        config="index_head_dim",
-        value=128,
-        min=1,
-        doc="",
-    ),
-    GeometryField(
-        name="index_kpool",
-        config="index_kpool",
-        value=16,
-        min=1,
-        doc="",
-    ),
+    GeometryField(name="heads", config="num_attention_heads", value=64, min=1, doc=""),
+    GeometryField(name="q_lora_rank", config="q_lora_rank", value=1536, min=1, doc=""),
+    GeometryField(name="kv_lora_rank", config="kv_lora_rank", value=512, min=1, doc=""),
+    GeometryField(name="qk_nope_head_dim", config="qk_nope_head_dim", value=256, min=1, doc=""),
+    GeometryField(name="qk_rope_head_dim", config="qk_rope_head_dim", value=0, min=0, doc=""),
+    GeometryField(name="v_head_dim", config="v_head_dim", value=256, min=1, doc=""),
+    GeometryField(name="index_heads", config="index_n_heads", value=32, min=1, doc=""),
+    GeometryField(name="index_head_dim", config="index_head_dim", value=128, min=1, doc=""),
+    GeometryField(name="index_kpool", config="index_kpool", value=16, min=1, doc=""),
 )
 
 
@@ -147,6 +147,12 @@ class Geometry:
     """Every geometry symbol of the model."""
 
     hidden: int
+    vocab: int
+    intermediate: int
+    moe_intermediate: int
+    experts: int
+    shared_experts: int
+    hc_mult: int
     linear_heads: int
     linear_head_dim: int
     linear_conv: int
@@ -164,6 +170,12 @@ class Geometry:
     def values(self) -> dict[str, int]:
         return {
             "hidden": self.hidden,
+            "vocab": self.vocab,
+            "intermediate": self.intermediate,
+            "moe_intermediate": self.moe_intermediate,
+            "experts": self.experts,
+            "shared_experts": self.shared_experts,
+            "hc_mult": self.hc_mult,
             "linear_heads": self.linear_heads,
             "linear_head_dim": self.linear_head_dim,
             "linear_conv": self.linear_conv,
@@ -184,6 +196,12 @@ def geometry(values: dict[str, int]) -> Geometry:
     """Build the geometry from a symbol -> value mapping (see runtime.model.values_from_config)."""
     return Geometry(
         hidden=values["hidden"],
+        vocab=values["vocab"],
+        intermediate=values["intermediate"],
+        moe_intermediate=values["moe_intermediate"],
+        experts=values["experts"],
+        shared_experts=values["shared_experts"],
+        hc_mult=values["hc_mult"],
         linear_heads=values["linear_heads"],
         linear_head_dim=values["linear_head_dim"],
         linear_conv=values["linear_conv"],
@@ -200,7 +218,8 @@ def geometry(values: dict[str, int]) -> Geometry:
     )
 
 
-def dsa_geometry(m: Geometry, tp: int = 1) -> dsa.DsaGeometry:
+def dsa_geometry(m: Geometry, ranks: Ranks) -> dsa.DsaGeometry:
+    """The ``dsa`` block's symbols from the model's geometry."""
     return dsa.DsaGeometry(
         X=m.hidden,
         H=m.heads,
@@ -212,82 +231,93 @@ def dsa_geometry(m: Geometry, tp: int = 1) -> dsa.DsaGeometry:
         IH=m.index_heads,
         ID=m.index_head_dim,
         KP=m.index_kpool,
-        tp=tp,
+        tp=ranks.tp_size,
+        ep=ranks.ep_size,
     )
 
 
-def bind_dsa(
-    m: Geometry, tp: int, rank: int, layer: int, src: TensorSource, backend: Backend
-) -> tuple[dsa.DsaWeights, BindReport]:
-    return dsa.bind_dsa(dsa_geometry(m, tp), layer, src, rank, backend)
-
-
-def dsa_plan(m: Geometry, tp: int, rank: int) -> BlockPlan:
-    return dsa.plan(dsa_geometry(m, tp), rank)
-
-
-def dsa_shapes(m: Geometry, tp: int) -> dict[str, tuple[int, ...]]:
-    return dsa.expected_shapes(dsa_geometry(m, tp))
-
-
-def dsa_check(m: Geometry, tp: int) -> None:
-    dsa.check_constraints(dsa_geometry(m, tp))
-
-
-def kda_geometry(m: Geometry, tp: int = 1) -> kda.KdaGeometry:
+def kda_geometry(m: Geometry, ranks: Ranks) -> kda.KdaGeometry:
+    """The ``kda`` block's symbols from the model's geometry."""
     return kda.KdaGeometry(
         X=m.hidden,
         H=m.linear_heads,
         D=m.linear_head_dim,
         K=m.linear_conv,
         C=m.kda_chunk,
-        tp=tp,
+        tp=ranks.tp_size,
+        ep=ranks.ep_size,
     )
 
 
-def bind_kda(
-    m: Geometry, tp: int, rank: int, layer: int, src: TensorSource, backend: Backend
-) -> tuple[kda.KdaWeights, BindReport]:
-    return kda.bind_kda(kda_geometry(m, tp), layer, src, rank, backend)
+def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
+    """The ``moe`` block's symbols from the model's geometry."""
+    return moe.MoeGeometry(
+        X=m.hidden,
+        E=m.experts,
+        Im=m.moe_intermediate,
+        S=m.shared_experts,
+        tp=ranks.tp_size,
+        ep=ranks.ep_size,
+    )
 
 
-def kda_plan(m: Geometry, tp: int, rank: int) -> BlockPlan:
-    return kda.plan(kda_geometry(m, tp), rank)
+def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
+    """The ``dense`` block's symbols from the model's geometry."""
+    return dense.DenseGeometry(
+        X=m.hidden,
+        F=m.intermediate,
+        tp=ranks.tp_size,
+        ep=ranks.ep_size,
+    )
 
 
-def kda_shapes(m: Geometry, tp: int) -> dict[str, tuple[int, ...]]:
-    return kda.expected_shapes(kda_geometry(m, tp))
+def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeometry:
+    """The ``layer_norms`` block's symbols from the model's geometry."""
+    return layer_norms.LayerNormsGeometry(
+        X=m.hidden,
+        tp=ranks.tp_size,
+        ep=ranks.ep_size,
+    )
 
 
-def kda_check(m: Geometry, tp: int) -> None:
-    kda.check_constraints(kda_geometry(m, tp))
+def mhc_geometry(m: Geometry, ranks: Ranks) -> mhc.MhcGeometry:
+    """The ``mhc`` block's symbols from the model's geometry."""
+    return mhc.MhcGeometry(
+        X=m.hidden,
+        N=m.hc_mult,
+        tp=ranks.tp_size,
+        ep=ranks.ep_size,
+    )
+
+
+def mtp_head_geometry(m: Geometry, ranks: Ranks) -> mtp_head.MtpHeadGeometry:
+    """The ``mtp_head`` block's symbols from the model's geometry."""
+    return mtp_head.MtpHeadGeometry(
+        X=m.hidden,
+        tp=ranks.tp_size,
+        ep=ranks.ep_size,
+    )
+
+
+def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeometry:
+    """The ``lm_globals`` block's symbols from the model's geometry."""
+    return lm_globals.LmGlobalsGeometry(
+        X=m.hidden,
+        V=m.vocab,
+        tp=ranks.tp_size,
+        ep=ranks.ep_size,
+    )
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry(
-        name=dsa.BLOCK,
-        prefix=dsa.PREFIX,
-        tensors=dsa.TENSORS,
-        markers=dsa.MARKERS,
-        matches=dsa.matches,
-        bind=bind_dsa,
-        fields=dsa.FIELDS,
-        shapes=dsa_shapes,
-        check=dsa_check,
-        plan=dsa_plan,
-    ),
-    BlockEntry(
-        name=kda.BLOCK,
-        prefix=kda.PREFIX,
-        tensors=kda.TENSORS,
-        markers=kda.MARKERS,
-        matches=kda.matches,
-        bind=bind_kda,
-        fields=kda.FIELDS,
-        shapes=kda_shapes,
-        check=kda_check,
-        plan=kda_plan,
-    ),
+    block_entry(dsa, dsa_geometry),
+    block_entry(kda, kda_geometry),
+    block_entry(moe, moe_geometry),
+    block_entry(dense, dense_geometry),
+    block_entry(layer_norms, layer_norms_geometry),
+    block_entry(mhc, mhc_geometry),
+    block_entry(mtp_head, mtp_head_geometry),
+    block_entry(lm_globals, lm_globals_geometry),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(
@@ -298,4 +328,13 @@ TABLE: ModelTable[Geometry] = ModelTable(
     make_geometry=geometry,
     blocks=BLOCKS,
     layer_groups=LAYER_GROUPS,
+    slots=SLOTS,
+    globals="lm_globals",
+    unbound=UNBOUND,
+    layer_count="num_hidden_layers",
+    mtp_count="num_nextn_predict_layers",
+    flags=("tie_word_embeddings",),
+    synth=SYNTH,
+    real_layers=45,
+    real_mtp=1,
 )

@@ -8,7 +8,7 @@ emitted as integer tuples computed here, at generate time.
 
 from __future__ import annotations
 
-from generator import algebra
+from core import algebra
 from generator.literals import comment, py_literal
 from generator.spec import Block, Output
 from generator.transforms import Operand, Transform, ast_text
@@ -89,7 +89,7 @@ def function(block: Block, out: Output, geo_class: str) -> tuple[str, str]:
         if d in needed:
             head.append(f"{d} = algebra_ops.bounded({algebra.to_python(block.derived[d], names)})")
     fn = f"make_{out.field}"
-    doc = f'"""``{out.field}``: {comment(_describe(tf))}."""'
+    doc = f'"""``{out.field}``: {comment(describe(tf))}."""'
     lines = [
         f"def {fn}(g: {geo_class}, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:",
         f"    {doc}",
@@ -98,7 +98,7 @@ def function(block: Block, out: Output, geo_class: str) -> tuple[str, str]:
     return fn, "\n".join(lines)
 
 
-def _describe(tf: Transform) -> str:
+def describe(tf: Transform) -> str:
     parts = []
     if tf.einsum:
         parts.append(f"einsum {tf.einsum} over this rank's operands, in F32")
@@ -128,7 +128,7 @@ def _operand_lines(block: Block, out: Output, o: Operand, var: str, names: _Name
     rel = o.tensor.removeprefix(block.prefix)
     what = f"{out.field}: {rel}"
     lines = [f"{var} = t[{py_literal(o.tensor)}]"]
-    cur = _dims(t.shape)
+    cur = _dims(t.dims)
     if o.view is not None:
         shape = _tuple([algebra.to_python(e, names) for e in o.view])
         lines.append(comment(f"# {cur} -> {_dims(o.view)}"))

@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import math
 
-from generator import algebra, transforms
+from core import algebra, algebra_ops
+from core.errors import AlgebraError, GeometryError, SpecbindError
+from core.planning import plan_block
+from generator import transforms
 from generator.spec import Block, Model
-from runtime import algebra_ops
-from runtime.binding import ShardRule, TensorRule
-from runtime.errors import AlgebraError, GeometryError, SpecbindError
-from runtime.tp import plan_block
 
 
 def block_env(block: Block, values: dict[str, int], tp: int = 1) -> dict[str, int]:
     env = dict(values)
     env["tp"] = tp
+    env["ep"] = 1
     for name, expr in block.derived.items():
         try:
             env[name] = algebra_ops.bounded(int(algebra.evaluate(expr, env)))
@@ -38,8 +38,9 @@ def shapes_at(block: Block, env: dict[str, int], context: str) -> dict[str, tupl
     out: dict[str, tuple[int, ...]] = {}
     for t in block.tensors:
         dims: list[int] = []
-        for i, e in enumerate(t.shape):
-            path = ("tensors", t.name, "shape", i)
+        rel = block.rel(t.name)
+        for i, e in enumerate(t.dims):
+            path = ("tensors", rel, "shape", i)
             try:
                 v = int(algebra.evaluate(e, env))
             except (AlgebraError, GeometryError) as exc:
@@ -52,14 +53,14 @@ def shapes_at(block: Block, env: dict[str, int], context: str) -> dict[str, tupl
         shape = tuple(dims)
         if t.shard.kind != "replicated":
             unit = env[t.shard.unit or ""]
-            axis = 0 if t.shard.kind == "rows" else len(shape) - 1
+            axis = t.shard.resolved(len(shape))
             if unit < 1 or shape[axis] % unit != 0:
                 raise block.located.error(
-                    ("tensors", t.name, "shard"),
+                    ("tensors", rel, "shard"),
                     f"{context}: dim {axis} ({shape[axis]}) does not split into whole "
                     f"{t.shard.unit} units ({unit})",
                 )
-        out[t.full_name] = shape
+        out[t.name] = shape
     return out
 
 
@@ -76,10 +77,7 @@ def local_shapes(
 ) -> dict[str, tuple[int, ...]]:
     """Rank 0's shape of every tensor at ``env["tp"]``, from the runtime's own planner, so
     generate-time checks and bind time agree on what a shard is."""
-    rules = [
-        TensorRule(t.full_name, t.dtype, "", ShardRule(t.shard.kind, t.shard.unit), t.group)
-        for t in block.tensors
-    ]
+    rules = [t for t in block.tensors if t.family is None]  # transforms never read a family
     return plan_block(block.name, rules, shapes, env, 0, {}).local_shapes()
 
 
@@ -106,7 +104,7 @@ def check_transforms(block: Block, values: dict[str, int], ctx: str) -> None:
         for tp in tps:
             lenv = local_env(block, values, tp, {u for u in op_units if u is not None})
             by_tp[tp] = transforms.result_shape(
-                tf, {t.full_name: t for t in block.tensors}, lenv,
+                tf, {t.name: t for t in block.tensors}, lenv,
                 local_shapes(block, full, block_env(block, values, tp)),
                 block.located, path, f"{ctx}, tp {tp}",
             )  # fmt: skip
@@ -132,7 +130,7 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
         env = block_env(block, block_values(model, block))
         shapes = shapes_at(block, env, ctx)
         for out in block.outputs:
-            if out.kind == "concat":
+            if out.kind in ("concat", "stack"):
                 dims = {s[: out.axis] + s[out.axis + 1 :] for s in (shapes[n] for n in out.sources)}
                 if len(dims) != 1:
                     raise block.located.error(
@@ -142,8 +140,9 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
                     )
         check_transforms(block, block_values(model, block), ctx)
         for i, c in enumerate(block.constraints):
+            assert c.expr is not None
             try:
-                ok = algebra.evaluate(c.check, env)
+                ok = algebra.evaluate(c.expr, env)
             except SpecbindError as e:
                 raise block.located.error(("constraints", i, "check"), f"{ctx}: {e}") from None
             if not ok:

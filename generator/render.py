@@ -23,13 +23,15 @@ from typing import Any
 
 import jinja2
 
-from generator import algebra, codegen_transforms, yamlio
+from core import algebra
+from core.errors import GenerateError, SpecError
+from core.ir import TensorRule
+from generator import codegen_transforms, yamlio
 from generator import kernels as generator_kernels
 from generator.evaluate import check_model_geometry
 from generator.literals import comment, py_literal
-from generator.spec import Block, Model, parse_block, parse_model
+from generator.spec import Block, Model, Output, parse_block, parse_model
 from runtime.atomic import atomic_writer
-from runtime.errors import GenerateError, SpecError
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"  # ruff's settings
@@ -156,159 +158,167 @@ def _derived_line(block: Block, d: str) -> str:
     return f"{d} = algebra_ops.bounded({_py(block.derived[d], block)})"
 
 
-def _block_context(b: Block) -> dict[str, Any]:
-    tensors = []
-    all_shapes: list[algebra.Expr] = []
-    for t in b.tensors:
-        dims = [_py(e, b) for e in t.shape]
-        all_shapes.extend(t.shape)
-        tensors.append(
-            {
-                "name": t.full_name,
-                "dtype": t.dtype,
-                "shape": "[" + ", ".join(_text(e) for e in t.shape) + "]",
-                "shape_py": ", ".join(dims) + ("," if len(dims) == 1 else ""),
-                "shard_kind": t.shard.kind,
-                "shard_unit": t.shard.unit,
-                "group": t.group,
-                "why_dtype": t.why_dtype,
-            }
-        )
-    optional_groups = [g for g in b.groups.values() if g.optional]
-    outputs = []
-    functions: list[str] = []
-    for o in b.outputs:
-        optional = o.group is not None and b.groups[o.group].optional
-        src_shapes = ["[" + ", ".join(_text(e) for e in b.tensor(s).shape) + "]" for s in o.sources]
-        if o.kind == "transform":
-            fn, src = codegen_transforms.function(b, o, _camel(b.name) + "Geometry")
-            functions.append(src)
-            call = f"{fn}(g, t, ops)"
-            lit = py_literal(o.sources[0])
-            expr = f"{call} if {lit} in t else None" if optional else call
-            tf = o.transform
-            assert tf is not None
-            comment = f"{o.field}: " + codegen_transforms._describe(tf)
-            above = None
-        elif o.kind == "verbatim":
-            lit = py_literal(o.sources[0])
-            expr = f"t.get({lit})" if optional else f"t[{lit}]"
-            comment = f"{o.sources[0]} {src_shapes[0]} {b.tensor(o.sources[0]).dtype}, verbatim"
-            above = None
+def _rank_slice(t: TensorRule) -> str:
+    """Which part of the tensor rank r holds, for the comment above its rule."""
+    member = "; only the family members of this ep rank" if t.family else ""
+    if t.shard.kind == "replicated" or not t.dims:
+        return "every rank holds all of it" + member
+    axis = t.shard.resolved(len(t.dims))
+    d = _text(t.dims[axis])
+    where = {0: "rows"}.get(axis, "cols" if axis == len(t.dims) - 1 else f"axis {axis}")
+    return f"rank r: {where} [r*({d})/tp, (r+1)*({d})/tp) in whole {t.shard.unit}" + member
+
+
+def _dims_text(dims: list[str]) -> str:
+    return "[" + ", ".join(dims) + "]"
+
+
+def _field_layout(b: Block, o: Output) -> tuple[str, int]:
+    """(layout kind, axis it splits in the field's own shape; -1: the last axis)."""
+    if o.transform is not None:
+        kind = str(o.transform.layout_kind)
+        return kind, (-1 if kind == "cols" else 0)
+    t = b.tensor(o.sources[0])
+    if t.shard.kind == "replicated" or not t.dims:
+        return "replicated", 0
+    axis = t.shard.resolved(len(t.dims))
+    if t.shard.kind == "cols":
+        return "cols", -1
+    if o.squeeze is not None and o.squeeze < axis:
+        axis -= 1
+    if o.kind == "stack":
+        axis += 1
+    return t.shard.kind, axis
+
+
+def _field_context(b: Block, o: Output) -> dict[str, Any]:
+    optional = o.group is not None and b.groups[o.group].optional
+    first = b.tensor(o.sources[0])
+    src_dims = [_text(e) for e in first.dims]
+    above = None
+    if o.kind == "transform":
+        tf = o.transform
+        assert tf is not None
+        comment = f"{o.field}: " + codegen_transforms.describe(tf)
+        result = _dims_text([_text(e) for e in tf.view]) if tf.view else "see make_" + o.field
+        dtype = tf.dtype
+    elif o.kind == "verbatim":
+        comment = f"{b.rel(o.sources[0])} {first.shape} {first.dtype}, verbatim"
+        result = first.shape
+        dtype = first.dtype
+    else:
+        dims = list(src_dims)
+        n = len(o.sources)
+        if n > 1:
+            dims[o.axis] = f"{n} * {dims[o.axis]}" if dims[o.axis] != "1" else str(n)
+        if o.squeeze is not None:
+            del dims[o.squeeze]
+        names = ", ".join(b.rel(s) for s in o.sources)
+        if o.kind == "stack":
+            fam = b.families[o.family or ""]
+            dims = [f"{fam.count}/ep", *dims]
+            comment = f"stack over this rank's {o.family} of: {names}"
         else:
-            expr = _concat_call(o, optional)
-            n = len(o.sources)
-            joined = _concat_shape(b, o)
             comment = f"concat of {n} on axis {o.axis}" + (
                 f", dim {o.squeeze} squeezed" if o.squeeze is not None else ""
             )
-            above = (
-                f"{n} x {src_shapes[0]} -> {joined}: "
-                + ", ".join(s.removeprefix(b.prefix) for s in o.sources)
-                + " in that order"
-            )
-        outputs.append(
-            {
-                "field": o.field,
-                "sources_py": _tuple_entry(o.field, o.sources),
-                "kind": o.kind,
-                "dtype": o.transform.dtype if o.transform else b.tensor(o.sources[0]).dtype,
-                "layout": _layout(b, o),
-                "parts": len(o.sources) if o.kind == "concat" else 1,
-                "optional": optional,
-                "comment": comment,
-                "expr": expr,
-                "above": above,
-            }
-        )
+        result = _dims_text(dims) + " (before the tp split)"
+        above = f"{n} x {first.shape} -> {_dims_text(dims)}: {names} in that order"
+        dtype = first.dtype
+    layout, layout_axis = _field_layout(b, o)
+    return {
+        "field": o.field,
+        "kind": o.kind,
+        "sources": o.sources,
+        "axis": o.axis,
+        "squeeze": o.squeeze,
+        "optional": optional,
+        "family": o.family,
+        "dtype": dtype,
+        "layout": layout,
+        "layout_axis": layout_axis,
+        "parts": len(o.sources) if o.kind in ("concat", "stack") else 1,
+        "comment": comment,
+        "result": result,
+        "above": above,
+    }
+
+
+def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
+    """The import lines a block module needs, sorted as isort sorts them."""
+    kinds = {o.kind for o in b.outputs}
+    ir = ["ConstraintRule", "FieldRule", "GroupRule", "ShardRule", "TensorRule"]
+    if any(t.tie is not None for t in b.tensors):
+        ir.append("TieRule")
+    binding = ["Array", "BindReport", "bind_tensors", "check_dims"]
+    if "stack" in kinds:
+        binding.append("members")
+    if b.constraints:
+        binding.append("require")
+    lines = []
+    if uses_algebra:
+        lines.append("from core import algebra_ops")
+    lines.append(f"from core.ir import {', '.join(sorted(ir))}")
+    lines.append("from core.planning import SINGLE, BlockPlan, Ranks, plan_block")
+    if has_transform:
+        lines.append("from runtime import ops as numpy_ops")
+    lines.append("from runtime.backends import NUMPY, Backend")
+    lines.append(f"from runtime.binding import {', '.join(sorted(binding, key=_isort_key))}")
+    if has_transform:
+        lines.append("from runtime.ops import Ops")
+    lines.append("from runtime.source import TensorSource")
+    lines.append("from runtime.tp import ShardedSource")
+    return lines
+
+
+def _isort_key(name: str) -> tuple[int, str]:
+    """isort's order inside one ``from`` import: CONSTANTS, Classes, then functions."""
+    if name.isupper():
+        return (0, name)
+    return (1, name) if name[:1].isupper() else (2, name)
+
+
+def _block_context(b: Block) -> dict[str, Any]:
+    all_shapes = [e for t in b.tensors for e in t.dims]
+    shape_py = {}
+    for t in b.tensors:
+        dims = [_py(e, b) for e in t.dims]
+        shape_py[t.name] = ", ".join(dims) + ("," if len(dims) == 1 else "")
+    functions: list[str] = []
+    for o in b.outputs:
+        if o.kind == "transform":
+            _, src = codegen_transforms.function(b, o, _camel(b.name) + "Geometry")
+            functions.append(src)
     constraints = [
-        {"name": c.name, "check": _text(c.check), "why": c.why, "py": _py(c.check, b)}
+        {"name": c.name, "check": c.check, "why": c.why, "py": _py(c.expr, b)}
         for c in b.constraints
+        if c.expr is not None
     ]
-    code: list[str] = [str(t["shape_py"]) for t in tensors] + [c["py"] for c in constraints]
-    code += _prelude(b, all_shapes) + _prelude(b, [c.check for c in b.constraints]) + functions
+    shape_prelude = _prelude(b, all_shapes)
+    check_prelude = _prelude(b, [c.expr for c in b.constraints if c.expr is not None])
+    env_prelude = [_derived_line(b, d) for d in b.derived]
+    code = [*shape_py.values(), *(c["py"] for c in constraints), *shape_prelude]
+    code += check_prelude + env_prelude + functions
     uses_algebra = any("algebra_ops." in x for x in code)
+    optional_groups = [g for g in b.groups.values() if g.optional]
     return {
         "b": b,
-        "tensors": tensors,
+        "imports": _imports(b, uses_algebra, bool(functions)),
+        "rank_slices": {t.name: _rank_slice(t) for t in b.tensors},
+        "shape_py": shape_py,
         "constraints": constraints,
-        "outputs": outputs,
+        "outputs": [_field_context(b, o) for o in b.outputs],
         "geo_class": _camel(b.name) + "Geometry",
         "weights_class": _camel(b.name) + "Weights",
         "n_required": sum(1 for t in b.tensors if not (t.group and b.groups[t.group].optional)),
         "n_optional": sum(1 for t in b.tensors if t.group and b.groups[t.group].optional),
         "optional_groups": ", ".join(g.name for g in optional_groups),
-        "shape_prelude": _prelude(b, all_shapes),
-        "check_prelude": _prelude(b, [c.check for c in b.constraints]),
-        "env_prelude": [_derived_line(b, d) for d in b.derived],
-        "bind_signature": _signature(
-            f"bind_{b.name}",
-            [
-                f"g: {_camel(b.name)}Geometry",
-                "layer: int",
-                "src: TensorSource",
-                "rank: int = 0",
-                "backend: Backend = NUMPY",
-            ],
-            f"tuple[{_camel(b.name)}Weights, BindReport]",
-        ),
+        "shape_prelude": shape_prelude,
+        "check_prelude": check_prelude,
+        "env_prelude": env_prelude,
         "functions": functions,
-        "has_transform": bool(functions),
-        "has_concat": any(o.kind == "concat" for o in b.outputs),
-        "uses_algebra": uses_algebra,
+        "uses_ops": any(o.kind != "verbatim" for o in b.outputs),
     }
-
-
-def _signature(name: str, params: list[str], ret: str) -> str:
-    """``def`` line(s) wrapped the way ruff format wraps them at 100 columns."""
-    one = f"def {name}({', '.join(params)}) -> {ret}:"
-    if len(one) <= 100:
-        return one
-    inner = f"    {', '.join(params)}"
-    if len(inner) <= 100:
-        return f"def {name}(\n{inner}\n) -> {ret}:"
-    return f"def {name}(\n" + "".join(f"    {p},\n" for p in params) + f") -> {ret}:"
-
-
-def _layout(b: Block, o: Any) -> str:
-    if o.transform is not None:
-        return str(o.transform.layout_kind)
-    return b.tensor(o.sources[0]).shard.kind
-
-
-def _tuple_entry(key: str, items: tuple[str, ...]) -> str:
-    """``"key": ("a", "b"),`` at dict indent 4, wrapped as ruff format would."""
-    lits = [py_literal(i) for i in items]
-    one = f"    {py_literal(key)}: ({', '.join(lits)}{',' if len(lits) == 1 else ''}),"
-    if len(one) <= 100:
-        return one
-    body = "".join(f"        {lit},\n" for lit in lits)
-    return f"    {py_literal(key)}: (\n{body}    ),"
-
-
-def _concat_call(o: Any, optional: bool) -> str:
-    """A multi-line ``concat_squeeze`` call, laid out as ruff format would."""
-    pad = " " * (16 if optional else 12)
-    parts = "".join(f"{pad}    t[{py_literal(s)}],\n" for s in o.sources)
-    call = (
-        f"ops.concat_squeeze(\n{pad}(\n{parts}{pad}),\n{pad}axis={o.axis},\n"
-        f"{pad}squeeze={o.squeeze!r},\n{pad[:-4]})"
-    )
-    if not optional:
-        return call
-    present = py_literal(o.sources[0])
-    return f"(\n            {call}\n            if {present} in t\n            else None\n        )"
-
-
-def _concat_shape(b: Block, o: Any) -> str:
-    first = [_text(e) for e in b.tensor(o.sources[0]).shape]
-    dims = list(first)
-    dims[o.axis] = (
-        f"{len(o.sources)} * {first[o.axis]}" if first[o.axis] != "1" else str(len(o.sources))
-    )
-    if o.squeeze is not None:
-        del dims[o.squeeze]
-    return "[" + ", ".join(dims) + "]"
 
 
 def render_all(root: Path) -> dict[str, str]:

@@ -16,68 +16,54 @@ import json
 import keyword
 import re
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
 
-from generator import algebra, transforms
+from core import algebra
+from core.errors import AlgebraError
+from core.ir import (
+    ConstraintRule,
+    FamilyRule,
+    GeometryField,
+    GroupRule,
+    LayerGroupRule,
+    ShardRule,
+    SlotRule,
+    SynthList,
+    SynthRule,
+    TensorRule,
+    TieRule,
+    UnboundRule,
+)
+from generator import transforms
 from generator.yamlio import Located, PathKey
-from runtime.errors import AlgebraError
-from runtime.model import GeometryField, LayerGroupRule
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "specs" / "schema"
 # Names a symbol may not take: symbols become locals and attributes in generated functions
 # (``H = g.H // g.tp``), next to these module names and locals.
 _GENERATED_NAMES = {"g", "t", "p", "a", "b", "x", "y", "ops", "algebra_ops", "np", "src", "layer",
-                    "rank", "sharded", "report", "weights", "tp", "self", "cls", "values", "env",
-                    "plan", "matches"}  # fmt: skip
+                    "rank", "sharded", "report", "weights", "tp", "ep", "self", "cls", "values",
+                    "env", "plan", "matches", "ranks", "flags", "counts", "e"}  # fmt: skip
 _FORBIDDEN_IDENTS = frozenset(dir(builtins)) | _GENERATED_NAMES
 # A field is only ever an attribute and a keyword argument; it may not shadow a method.
 _FORBIDDEN_FIELDS = frozenset({"arrays", "self"})
-
-
-@dataclass(frozen=True)
-class Shard:
-    kind: Literal["replicated", "rows", "cols"]
-    unit: str | None = None
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str  # relative to the block prefix, as written in the spec
-    full_name: str  # layer-relative name in the checkpoint: prefix + name
-    dtype: str
-    shape: tuple[algebra.Expr, ...]
-    shard: Shard
-    group: str | None
-    why_dtype: str | None
+_FLOAT_DTYPES = frozenset({"BF16", "F16", "F32", "F64"})
 
 
 @dataclass(frozen=True)
 class Output:
     field: str
-    sources: tuple[str, ...]  # full names
-    kind: Literal["verbatim", "concat", "transform"]
+    sources: tuple[str, ...]  # full names (family patterns for a stack)
+    kind: Literal["verbatim", "concat", "transform", "stack"]
     axis: int = 0
     squeeze: int | None = None
     group: str | None = None
     transform: transforms.Transform | None = None
-
-
-@dataclass(frozen=True)
-class Constraint:
-    name: str
-    check: algebra.Expr
-    why: str
-
-
-@dataclass(frozen=True)
-class Group:
-    name: str
-    optional: bool
-    why: str
+    family: str | None = None  # a stack: one slice per member of this family
 
 
 @dataclass(frozen=True)
@@ -88,15 +74,19 @@ class Block:
     doc: str
     symbols: dict[str, str]
     derived: dict[str, algebra.Expr]
-    constraints: tuple[Constraint, ...]
+    constraints: tuple[ConstraintRule, ...]
     markers: tuple[str, ...]  # full names
-    groups: dict[str, Group]
-    tensors: tuple[Tensor, ...]
+    groups: dict[str, GroupRule]
+    tensors: tuple[TensorRule, ...]  # names are full (prefix included); dims parsed
     outputs: tuple[Output, ...]
     located: Located
+    families: dict[str, FamilyRule] = dataclass_field(default_factory=dict)
 
-    def tensor(self, full_name: str) -> Tensor:
-        return next(t for t in self.tensors if t.full_name == full_name)
+    def tensor(self, full_name: str) -> TensorRule:
+        return next(t for t in self.tensors if t.name == full_name)
+
+    def rel(self, full_name: str) -> str:
+        return full_name.removeprefix(self.prefix)
 
 
 @dataclass(frozen=True)
@@ -116,6 +106,15 @@ class Model:
     blocks: tuple[BlockUse, ...]
     located: Located
     layer_groups: tuple[LayerGroupRule, ...] = ()
+    slots: tuple[SlotRule, ...] = ()
+    globals: str | None = None
+    unbound: tuple[UnboundRule, ...] = ()
+    layer_count: str | None = None
+    mtp_count: str | None = None
+    flags: tuple[str, ...] = ()
+    synth: SynthRule | None = None
+    real_layers: int = 0  # the real model's decoder layers (config layer_count)
+    real_mtp: int = 0
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -175,8 +174,9 @@ def _expr(
     return e
 
 
-_TENSOR_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]{0,127}")
+_TENSOR_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.]|\{[a-z]\}){0,127}")
 _PREFIX = re.compile(r"([A-Za-z0-9_]+\.)*")
+_PLACEHOLDER = re.compile(r"\{([a-z])\}")
 
 
 def _names_fullmatch(doc: Located) -> None:
@@ -191,6 +191,20 @@ def _names_fullmatch(doc: Located) -> None:
             )
 
 
+def _family_of(
+    doc: Located, path: PathKey, name: str, families: dict[str, FamilyRule]
+) -> str | None:
+    found = _PLACEHOLDER.findall(name)
+    if not found:
+        return None
+    if len(found) > 1:
+        raise doc.error(path, f"tensor name {name!r} holds more than one family placeholder")
+    f = found[0]
+    if f not in families:
+        raise doc.error(path, f"family {{{f}}} in {name!r} is not declared under families")
+    return str(f)
+
+
 def parse_block(doc: Located) -> Block:
     validate_schema(doc, "block")
     _names_fullmatch(doc)
@@ -200,7 +214,7 @@ def parse_block(doc: Located) -> Block:
     symbols: dict[str, str] = {}
     for s, text in d["symbols"].items():
         if s in algebra.RESERVED:
-            raise doc.error(("symbols", s), f"symbol {s!r} is reserved (the tensor-parallel size)")
+            raise doc.error(("symbols", s), f"symbol {s!r} is reserved (a parallel size)")
         check_ident(doc, ("symbols", s), s, "symbol")
         symbols[s] = text
     derived: dict[str, algebra.Expr] = {}
@@ -211,45 +225,84 @@ def parse_block(doc: Located) -> Block:
         derived[s] = _expr(doc, ("derived", s), text, set(symbols) | set(derived), False)
     shape_names = set(symbols) | set(derived)
 
+    families: dict[str, FamilyRule] = {}
+    for f, v in (d.get("families") or {}).items():
+        if v["count"] not in symbols:
+            raise doc.error(
+                ("families", f, "count"), f"family count {v['count']!r} is not a symbol"
+            )
+        families[f] = FamilyRule(f, v["count"], v.get("shard", "experts"))
     groups = {
-        g: Group(check_ident(doc, ("groups", g), g, "group"), bool(v["optional"]), v["why"])
+        g: GroupRule(check_ident(doc, ("groups", g), g, "group"), bool(v["optional"]), v["why"])
         for g, v in (d.get("groups") or {}).items()
     }
-    tensors: list[Tensor] = []
+    tensors: list[TensorRule] = []
     for tname, t in d["tensors"].items():
         base: PathKey = ("tensors", tname)
-        shape = tuple(
+        dims = tuple(
             _expr(doc, (*base, "shape", i), dim, shape_names, False)
             for i, dim in enumerate(t["shape"])
         )
-        shard = _shard(doc, (*base, "shard"), t["shard"], set(symbols), len(shape))
+        shard = _shard(doc, (*base, "shard"), t["shard"], set(symbols), len(dims))
         group = t.get("group")
         if group is not None and group not in groups:
             raise doc.error((*base, "group"), f"group {group!r} is not declared under groups")
+        stored = tuple(t.get("stored") or ())
+        if t["dtype"] in stored:
+            raise doc.error((*base, "stored"), f"{t['dtype']} is the bound dtype, not another")
+        if stored and not ({t["dtype"], *stored} <= _FLOAT_DTYPES):
+            raise doc.error(
+                (*base, "stored"), "exact conversion is between float dtypes (BF16, F16, F32, F64)"
+            )
+        tie = None
+        if "tie" in t:
+            tie = TieRule(prefix + t["tie"]["to"], t["tie"]["config"])
         tensors.append(
-            Tensor(tname, prefix + tname, t["dtype"], shape, shard, group, t.get("why_dtype"))
+            TensorRule(
+                prefix + tname,
+                t["dtype"],
+                "[" + ", ".join(e.text for e in dims) + "]",
+                shard,
+                group,
+                t.get("why_dtype"),
+                stored,
+                _family_of(doc, base, tname, families),
+                bool(t.get("root", False)),
+                tie,
+                dims,
+            )
         )
-    by_full = {t.full_name: t for t in tensors}
+    by_full = {t.name: t for t in tensors}
     used_groups = {t.group for t in tensors}
     for g in groups:
         if g not in used_groups:
             raise doc.error(("groups", g), f"group {g!r} has no tensors")
+    for t in tensors:
+        if t.tie is None:
+            continue
+        tie_path: PathKey = ("tensors", t.name.removeprefix(prefix), "tie", "to")
+        target = by_full.get(t.tie.to)
+        if target is None:
+            raise doc.error(
+                tie_path, f"tie target {t.tie.to.removeprefix(prefix)!r} is not a tensor"
+            )
+        if (target.dtype, target.shape, target.shard) != (t.dtype, t.shape, t.shard):
+            raise doc.error(tie_path, "a tied tensor needs its target's dtype, shape and shard")
+    for f in families:
+        if not any(t.family == f for t in tensors):
+            raise doc.error(("families", f), f"family {f!r} has no tensors")
 
-    constraints = tuple(
-        Constraint(
-            check_ident(doc, ("constraints", i, "name"), c["name"], "constraint name"),
-            _expr(
-                doc, ("constraints", i, "check"), c["check"], shape_names | algebra.RESERVED, True
-            ),
-            c["why"],
-        )
-        for i, c in enumerate(d.get("constraints") or [])
-    )
+    constraints = []
+    for i, c in enumerate(d.get("constraints") or []):
+        where: PathKey = ("constraints", i)
+        cname = check_ident(doc, (*where, "name"), c["name"], "constraint name")
+        check = _expr(doc, (*where, "check"), c["check"], shape_names | algebra.RESERVED, True)
+        constraints.append(ConstraintRule(cname, ast_text(check), c["why"], check))
 
     markers_all = "all_required" in d["markers"]
     markers: tuple[str, ...]
     if markers_all:
-        markers = tuple(t.full_name for t in tensors if not _optional(groups, t))
+        markers = tuple(t.name for t in tensors if not _optional(groups, t) and t.family is None)
     else:
         markers = tuple(prefix + m for m in d["markers"]["all_of"])
         for i, m in enumerate(markers):
@@ -258,6 +311,8 @@ def parse_block(doc: Located) -> Block:
                 raise doc.error(path, f"marker {m!r} is not a tensor of this block")
             if _optional(groups, by_full[m]):
                 raise doc.error(path, f"marker {m!r} is in an optional group")
+            if by_full[m].family is not None:
+                raise doc.error(path, f"marker {m!r} is a family, not one tensor")
     if not markers:
         raise doc.error(("markers",), "a block needs at least one required marker tensor")
 
@@ -266,37 +321,54 @@ def parse_block(doc: Located) -> Block:
     )
     consumed = {s for o in outputs for s in o.sources}
     for t in tensors:
-        if t.full_name not in consumed:
+        if t.name not in consumed:
             raise doc.error(
-                ("tensors", t.name), f"tensor {t.name!r} is read by no output (it would be dropped)"
+                ("tensors", t.name.removeprefix(prefix)),
+                f"tensor {t.name.removeprefix(prefix)!r} is read by no output (it would be dropped)",
             )
     return Block(
-        name, doc.file, prefix, d.get("doc", ""), symbols, derived, constraints,
-        markers, groups, tuple(tensors), outputs, doc,
+        name, doc.file, prefix, d.get("doc", ""), symbols, derived, tuple(constraints),
+        markers, groups, tuple(tensors), outputs, doc, families,
     )  # fmt: skip
 
 
-def _optional(groups: dict[str, Group], t: Tensor) -> bool:
+def ast_text(e: algebra.Expr) -> str:
+    import ast
+
+    return ast.unparse(e.node)
+
+
+def _optional(groups: dict[str, GroupRule], t: TensorRule) -> bool:
     return t.group is not None and groups[t.group].optional
 
 
-def _shard(doc: Located, path: PathKey, raw: Any, names: set[str], rank: int) -> Shard:
+def _shard(doc: Located, path: PathKey, raw: Any, names: set[str], rank: int) -> ShardRule:
     if raw == "replicated":
-        return Shard("replicated")
-    kind: Literal["rows", "cols"] = "rows" if "rows" in raw else "cols"
-    unit = raw[kind]
+        return ShardRule("replicated")
+    kind: Literal["rows", "cols", "axis"]
+    if "rows" in raw:
+        kind, unit, axis = "rows", raw["rows"], 0
+    elif "cols" in raw:
+        kind, unit, axis = "cols", raw["cols"], -1
+    else:
+        kind, unit, axis = "axis", raw["unit"], int(raw["axis"])
+    key = "unit" if kind == "axis" else kind
     if unit not in names:
         raise doc.error(
-            (*path, kind),
+            (*path, key),
             f"shard unit {unit!r} is not a symbol of this block (nor may it be derived)",
         )
+    if rank == 0:
+        raise doc.error((*path, key), "a scalar cannot be sharded")
     if kind == "cols" and rank < 2:
         raise doc.error((*path, kind), "a column shard needs a tensor of rank 2 or more")
-    return Shard(kind, unit)
+    if kind == "axis" and not -rank <= axis < rank:
+        raise doc.error((*path, "axis"), f"axis {axis} is out of range for rank {rank}")
+    return ShardRule(kind, unit, axis)
 
 
 def _output(
-    doc: Located, field: str, raw: Any, prefix: str, by_full: dict[str, Tensor], names: set[str]
+    doc: Located, field: str, raw: Any, prefix: str, by_full: dict[str, TensorRule], names: set[str]
 ) -> Output:
     path: PathKey = ("outputs", field)
     check_ident(doc, path, field, "output field", _FORBIDDEN_FIELDS)
@@ -304,30 +376,51 @@ def _output(
         src = prefix + raw
         if src not in by_full:
             raise doc.error(path, f"output {field!r} reads unknown tensor {raw!r}")
+        if by_full[src].family is not None:
+            raise doc.error(path, f"{raw!r} is a family: bind it with `stack`")
         return Output(field, (src,), "verbatim", group=by_full[src].group)
+    if "stack" in raw:
+        return _stack(doc, path, field, raw, prefix, by_full)
     if "concat" not in raw:
         tf = transforms.parse(doc, path, raw, prefix, dict(by_full), names)
         srcs = tuple(o.tensor for o in tf.operands)
+        for s in srcs:
+            if by_full[s].family is not None:
+                raise doc.error(path, f"{s.removeprefix(prefix)!r} is a family: use `stack`")
         return Output(field, srcs, "transform", group=by_full[srcs[0]].group, transform=tf)
-    sources = tuple(prefix + s for s in raw["concat"])
+    sources, ts = _sources(doc, path, raw["concat"], prefix, by_full)
+    for t in ts:
+        if t.family is not None:
+            raise doc.error(path, f"{t.name.removeprefix(prefix)!r} is a family: use `stack`")
+    return _concat(doc, path, field, raw, sources, ts)
+
+
+def _sources(
+    doc: Located, path: PathKey, names: list[str], prefix: str, by_full: dict[str, TensorRule]
+) -> tuple[tuple[str, ...], list[TensorRule]]:
+    sources = tuple(prefix + s for s in names)
     for i, s in enumerate(sources):
         if s not in by_full:
-            raise doc.error(
-                (*path, "concat", i), f"concat reads unknown tensor {raw['concat'][i]!r}"
-            )
+            raise doc.error((*path, "concat", i), f"concat reads unknown tensor {names[i]!r}")
     if len(set(sources)) != len(sources):
         raise doc.error((*path, "concat"), "concat names a tensor twice")
-    ts = [by_full[s] for s in sources]
+    return sources, [by_full[s] for s in sources]
+
+
+def _concat(
+    doc: Located, path: PathKey, field: str, raw: Any, sources: tuple[str, ...],
+    ts: list[TensorRule], family: str | None = None,
+) -> Output:  # fmt: skip
     if len({t.dtype for t in ts}) != 1:
         raise doc.error((*path, "concat"), "concat joins tensors of different dtypes")
-    if len({len(t.shape) for t in ts}) != 1:
+    if len({len(t.dims) for t in ts}) != 1:
         raise doc.error((*path, "concat"), "concat joins tensors of different ranks")
     if len({t.group for t in ts}) != 1:
         raise doc.error((*path, "concat"), "concat joins tensors of different groups")
     if len({t.shard for t in ts}) != 1:
         raise doc.error((*path, "concat"), "concat joins tensors of different shard rules")
-    rank = len(ts[0].shape)
-    axis = int(raw["axis"])
+    rank = len(ts[0].dims)
+    axis = int(raw.get("axis", 0))
     if axis >= rank:
         raise doc.error((*path, "axis"), f"axis {axis} is out of range for rank {rank}")
     squeeze = raw.get("squeeze")
@@ -338,12 +431,33 @@ def _output(
                 f"cannot squeeze dim {squeeze} of a rank-{rank} concat on axis {axis}",
             )
         for t in ts:
-            dim = t.shape[squeeze]
+            dim = t.dims[squeeze]
             if dim.text.strip() != "1":
                 raise doc.error(
                     (*path, "squeeze"), f"{t.name} dim {squeeze} is {dim.text!r}, not a literal 1"
                 )
-    return Output(field, sources, "concat", axis, squeeze, ts[0].group)
+    kind: Literal["concat", "stack"] = "concat" if family is None else "stack"
+    return Output(field, sources, kind, axis, squeeze, ts[0].group, family=family)
+
+
+def _stack(
+    doc: Located, path: PathKey, field: str, raw: Any, prefix: str, by_full: dict[str, TensorRule]
+) -> Output:
+    fam = raw["stack"]
+    if "tensor" in raw:
+        sources, ts = _sources(doc, path, [raw["tensor"]], prefix, by_full)
+    else:
+        sources, ts = _sources(doc, path, raw["concat"], prefix, by_full)
+    for t in ts:
+        if t.family != fam:
+            raise doc.error(
+                (*path, "stack"),
+                f"stack over {fam!r} reads {t.name.removeprefix(prefix)!r}, "
+                f"which is not a member of that family",
+            )
+    if len(ts) == 1:
+        return Output(field, sources, "stack", 0, None, ts[0].group, family=fam)
+    return _concat(doc, path, field, raw, sources, ts, fam)
 
 
 def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
@@ -396,7 +510,80 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         if set(r["present"]) & set(r["absent"]):
             raise doc.error(("layers", "groups", g), "a value cannot mean both present and absent")
         rules.append(LayerGroupRule(g, r["config"], tuple(r["present"]), tuple(r["absent"])))
+    used = {u.block for u in uses}
+    slots = []
+    placed: dict[str, str] = {}
+    for sname, raw in (layers.get("slots") or {}).items():
+        path = ("layers", "slots", sname)
+        check_ident(doc, path, sname, "slot")
+        for i, b in enumerate(raw["blocks"]):
+            if b not in used:
+                raise doc.error((*path, "blocks", i), f"block {b!r} is not listed under blocks")
+            if b in placed:
+                raise doc.error(
+                    (*path, "blocks", i), f"block {b!r} is already in slot {placed[b]!r}"
+                )
+            placed[b] = sname
+        values = raw.get("values") or {}
+        for b in values:
+            if b not in raw["blocks"]:
+                raise doc.error((*path, "values", b), f"{b!r} is not a block of this slot")
+        if values and "config" not in raw:
+            raise doc.error((*path, "values"), "values need the config list they are read from")
+        slots.append(
+            SlotRule(
+                sname,
+                tuple(raw["blocks"]),
+                raw.get("scope", "all"),
+                raw.get("config"),
+                tuple((b, tuple(v)) for b, v in values.items()),
+            )
+        )
+    glob = d.get("globals")
+    if glob is not None:
+        if glob not in used:
+            raise doc.error(("globals",), f"block {glob!r} is not listed under blocks")
+        if glob in placed:
+            raise doc.error(("globals",), f"block {glob!r} is also a layer slot")
+        placed[glob] = "globals"
+    if slots:
+        for i, u in enumerate(uses):
+            if u.block not in placed:
+                raise doc.error(
+                    ("blocks", i, "block"), f"block {u.block!r} is in no slot and is not globals"
+                )
+    unbound = tuple(UnboundRule(u["prefix"], u["why"]) for u in (d.get("unbound") or []))
+    flags = sorted(
+        {t.tie.config for u in uses for t in blocks[u.block].tensors if t.tie is not None}
+    )
     return Model(
         d["model"], doc.file, d.get("doc", ""), layers["pattern"],
         tuple(layers.get("prefixes", [""])), geometry, tuple(uses), doc, tuple(rules),
+        tuple(slots), glob, unbound, (layers.get("count") or {}).get("config"),
+        (layers.get("mtp") or {}).get("config"), tuple(flags),
+        _synth(doc, d.get("synth"), gnames, slots),
+        int((layers.get("count") or {}).get("value", 0)),
+        int((layers.get("mtp") or {}).get("value", 0)),
+    )  # fmt: skip
+
+
+def _synth(doc: Located, raw: Any, gnames: set[str], slots: list[SlotRule]) -> SynthRule | None:
+    if raw is None:
+        return None
+    for name in raw["tiny"]:
+        if name not in gnames:
+            raise doc.error(("synth", "tiny", name), f"unknown geometry symbol {name!r}")
+    by_slot = {s.name: s for s in slots}
+    for slot, block in (raw.get("mtp") or {}).items():
+        if slot not in by_slot or block not in by_slot[slot].blocks:
+            raise doc.error(
+                ("synth", "mtp", slot), f"{slot}: {block!r} is not a block of that slot"
+            )
+    lists = tuple(
+        SynthList(k, tuple(v.get("head") or ()), tuple(v["pattern"]))
+        for k, v in (raw.get("lists") or {}).items()
+    )
+    return SynthRule(
+        tuple(sorted(raw["tiny"].items())), int(raw["layers"]), lists,
+        tuple((raw.get("mtp") or {}).items()), json.dumps(raw.get("config") or {}, sort_keys=True),
     )  # fmt: skip

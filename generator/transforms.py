@@ -22,9 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from generator import algebra
+from core import algebra
+from core.errors import AlgebraError
+from core.ir import TensorRule
 from generator.yamlio import Located, PathKey
-from runtime.errors import AlgebraError
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ def parse(
 
 
 def _rank(o: Operand, tensors: dict[str, Any]) -> int:
-    return len(o.view) if o.view is not None else len(tensors[o.tensor].shape)
+    return len(o.view) if o.view is not None else len(tensors[o.tensor].dims)
 
 
 def _layout(
@@ -187,6 +188,8 @@ def _layout(
                 (*path, "shard"), "a result of sharded operands must declare its shard layout"
             )
         return "replicated"
+    if "axis" in raw:
+        raise doc.error((*path, "shard"), "a transform's result is laid out by rows or cols")
     kind = "rows" if "rows" in raw else "cols"
     unit = raw[kind]
     if unit not in {s.unit for s in sharded}:
@@ -198,11 +201,10 @@ def _layout(
 
 def _unit_axis(doc: Located, o: Operand, tensors: dict[str, Any]) -> int | None:
     """The operand axis that holds the shard units (after its view), or None if replicated."""
-    t = tensors[o.tensor]
+    t: TensorRule = tensors[o.tensor]
     if t.shard.kind == "replicated":
         return None
-    rank = len(t.shape)
-    axis = 0 if t.shard.kind == "rows" else rank - 1
+    axis = t.shard.resolved(len(t.dims))
     if o.view is None:
         return axis
     texts = [ast_text(e) for e in o.view]
@@ -212,7 +214,7 @@ def _unit_axis(doc: Located, o: Operand, tensors: dict[str, Any]) -> int | None:
             f"the view must put the shard unit {t.shard.unit!r} alone at axis {axis}, "
             f"where {o.tensor.split('.', 1)[-1]} is split across ranks",
         )
-    lead = [ast_text(e) for e in t.shape[:axis]]
+    lead = [ast_text(e) for e in t.dims[:axis]]
     if texts[:axis] != lead:
         raise doc.error(
             (*o.path, "view"), f"the view must keep the leading dims {lead} before the unit"

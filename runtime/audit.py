@@ -1,13 +1,16 @@
-"""``specbind audit``: a census of a checkpoint's attention blocks, without binding anything.
+"""``specbind audit``: a census of every tensor of a checkpoint, without binding anything.
 
-Per layer: the kind (from names only), a signature of its attention tensors (name, dtype,
-shape), what its block would still need, what its block does not know, and quantisation
-artefacts (``*_scale``, ``*_scale_2``, ``input_scale``, U8/F8/F4 dtypes). Across layers: the
-distinct signatures per kind and attention tensors whose bytes equal another's.
+Per layer and slot: the block (from names only) or the nearest one and what it lacks, a
+signature of the slot's tensors (name, dtype, shape), what the block does not know, absent
+optional groups and quantisation artefacts (``*_scale``, ``*_scale_2``, ``input_scale``, U8/F8/F4
+dtypes). Across the checkpoint: distinct signatures per block, the model-level tensors, the
+declared-unbound ones with the reason, and whatever nothing accounts for. ``coverage`` sums to
+the tensor count: bound + declared unbound + unaccounted.
 
 Invariant: the audit reports, it never refuses a layer — a malformed *file* is still an error.
-Trap: identical bytes are found by hashing only tensors whose byte count collides with another,
-so a checkpoint of unique sizes is never read beyond its headers.
+Trap: identical bytes are found by hashing only tensors whose byte count collides with
+another, and never family members (288 experts a layer would mean reading the whole
+checkpoint), so a checkpoint of unique sizes is never read beyond its headers.
 """
 
 from __future__ import annotations
@@ -19,13 +22,19 @@ from typing import Any
 
 from tqdm import tqdm
 
-from runtime.bind import UNKNOWN, classify, nearest
+from core.dtypes import QUANT_DTYPES
+from runtime.binding import family_regex
 from runtime.checkpoint import Checkpoint
-from runtime.dtypes import QUANT_DTYPES
-from runtime.layers import split_layers
-from runtime.model import ModelTable
+from runtime.layout import SlotFill, layout
+from runtime.model import BlockEntry, ModelTable
 
-QUANT_NAME = re.compile(r"(_scale|_scale_2|input_scale|weight_scale|_zero_point|_amax)$")
+# Companions a quantisation tool writes beside a linear weight (ModelOpt, compressed-tensors,
+# FP8 block scales); flagged only when the block does not declare them.
+QUANT_NAME = re.compile(
+    r"(weight_scale|weight_scale_2|weight_scale_inv|input_scale|weight_global_scale|"
+    r"input_global_scale|weight_packed|weight_zero_point|_amax)$"
+)
+UNKNOWN = "unknown"
 
 
 def _signature(rows: list[tuple[str, str, tuple[int, ...]]]) -> str:
@@ -35,52 +44,88 @@ def _signature(rows: list[tuple[str, str, tuple[int, ...]]]) -> str:
     return h.hexdigest()[:12]
 
 
+def _declared(block: BlockEntry[Any], names: set[str]) -> tuple[set[str], list[str]]:
+    """(names the block declares among ``names``, its declared tensors absent from them)."""
+    rx = family_regex(block.tensors)
+    known = {n for n in names if any(r.name == n for r in block.tensors)}
+    known |= {n for n in names if any(x.fullmatch(n) for x, _ in rx.values())}
+    groups = {t.group for t in block.tensors if t.group is not None}
+    present = {g for g in groups if any(t.name in names for t in block.tensors if t.group == g)}
+    missing = []
+    for t in block.tensors:
+        if t.group is not None and t.group not in present:
+            continue
+        if t.family is None:
+            if t.name not in names:
+                missing.append(t.name)
+        elif not any(rx[t.name][0].fullmatch(n) for n in names):
+            missing.append(t.name)
+    return known, sorted(missing)
+
+
+def _slot_row(
+    ckpt: Checkpoint, full: str, fill: SlotFill, names: list[str], table: ModelTable[Any]
+) -> dict[str, Any]:
+    block = fill.block or table.block(fill.nearest)
+    mine = fill.names if fill.block is not None else [n for n in names if n in
+            {t.name for t in block.tensors}]  # fmt: skip
+    known, missing = _declared(block, set(mine))
+    rows: list[tuple[str, str, tuple[int, ...]]] = []
+    quant: list[str] = []
+    for n in mine:
+        t = ckpt.get(full + n)
+        assert t is not None
+        rows.append((n, t.dtype, t.shape))
+        if (QUANT_NAME.search(n) and n not in known) or t.dtype in QUANT_DTYPES:
+            quant.append(f"{n} ({t.dtype})")
+    groups = {t.group for t in block.tensors if t.group is not None}
+    absent = sorted(
+        g for g in groups if not any(t.name in mine for t in block.tensors if t.group == g)
+    )
+    return {
+        "block": fill.block.name if fill.block is not None else UNKNOWN,
+        "nearest": block.name,
+        "signature": _signature(rows),
+        "tensors": len(mine),
+        "missing": missing if fill.block is not None else fill.missing,
+        "absent_optional_groups": absent,
+        "unknown": sorted(n for n in mine if n not in known),
+        "quantisation_artefacts": sorted(quant),
+    }
+
+
 def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None) -> dict[str, Any]:
-    split = split_layers(table, ckpt.names())
-    prefixes = {b.prefix for b in table.blocks}
+    lay = layout(table, ckpt.names(), ckpt.config)
+    split = lay.split
     layers: list[dict[str, Any]] = []
-    attn_full_names: list[str] = []
-    for index, names in split.layers.items():
-        attn = [n for n in names if any(n.startswith(p) for p in prefixes)]
-        block = classify(table, names)
-        ref = block if block is not None else nearest(table, names)[0]
-        known = {t.name for t in ref.tensors}
-        # An optional group is absent only when none of it is there; a partial group is missing.
-        groups = {t.group for t in ref.tensors if t.group is not None}
-        present = {g for g in groups if any(t.name in names for t in ref.tensors if t.group == g)}
-        missing = sorted(
-            t.name
-            for t in ref.tensors
-            if t.name not in names and (t.group is None or t.group in present)
-        )
-        absent_groups = sorted(groups - present)
-        rows = []
-        quant = []
-        for n in attn:
-            full = split.full_name(table, index, n)
-            t = ckpt.get(full)
-            assert t is not None
-            rows.append((n, t.dtype, t.shape))
-            attn_full_names.append(full)
-            if QUANT_NAME.search(n) or t.dtype in QUANT_DTYPES:
-                quant.append(f"{n} ({t.dtype})")
+    hashable: list[str] = []
+    family_names = 0
+    for index, lay_layer in lay.layers.items():
+        full = split.full_name(table, index, "")
+        names = split.layers[index]
+        slots = {
+            slot: _slot_row(ckpt, full, fill, names, table)
+            for slot, fill in lay_layer.slots.items()
+        }
+        for fill in lay_layer.slots.values():
+            rx = family_regex(fill.block.tensors) if fill.block is not None else {}
+            for n in fill.names:
+                if any(x.fullmatch(n) for x, _ in rx.values()):
+                    family_names += 1
+                else:
+                    hashable.append(full + n)
         layers.append(
             {
                 "index": index,
-                "kind": block.name if block is not None else UNKNOWN,
-                "nearest": ref.name,
-                "signature": _signature(rows),
-                "self_attn_tensors": len(attn),
-                "other_tensors": len(names) - len(attn),
-                "missing": missing,
-                "absent_optional_groups": absent_groups,
-                "unknown": sorted(n for n in attn if n not in known),
-                "quantisation_artefacts": sorted(quant),
+                "role": lay_layer.role,
+                "slots": slots,
+                "unclaimed": lay_layer.unclaimed,
             }
         )
     sigs: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for row in layers:
-        sigs[row["kind"]][row["signature"]].append(row["index"])
+        for slot in row["slots"].values():
+            sigs[slot["block"]][slot["signature"]].append(row["index"])
     kinds = {
         kind: {
             "layers": sum(len(v) for v in by_sig.values()),
@@ -89,17 +134,34 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
         }
         for kind, by_sig in sorted(sigs.items())
     }
+    claimed = sum(len(f.names) for x in lay.layers.values() for f in x.slots.values())
+    unbound = sum(len(v) for v in lay.unbound.values())
+    layer_unclaimed = sum(len(x.unclaimed) for x in lay.layers.values())
+    unaccounted = layer_unclaimed + len(lay.unclaimed)
+    why = {u.prefix: u.why for u in table.unbound}
     return {
         "checkpoint": str(ckpt.root),
         "model": table.name,
         "layer_prefix": split.prefix + table.layer_pattern,
         "tensors": len(ckpt.names()),
-        "outside_layers": len(split.outside),
+        "coverage": {
+            "bound": claimed + len(lay.globals),
+            "declared_unbound": unbound,
+            "unaccounted": unaccounted,
+        },
+        "globals": sorted(lay.globals),
+        "declared_unbound": {
+            p: {"why": why[p], "tensors": len(ns)} for p, ns in lay.unbound.items() if ns
+        },
+        "unaccounted_outside_layers": lay.unclaimed,
         "unindexed_files": ckpt.unindexed_files(),
         "layers": layers,
         "kinds": kinds,
-        "identical_bytes": _identical(ckpt, attn_full_names, progress),
-        "quantisation_artefacts": sum(len(r["quantisation_artefacts"]) for r in layers),
+        "problems": lay.problems,
+        "identical_bytes": _identical(ckpt, hashable + list(lay.globals.values()), progress),
+        "quantisation_artefacts": sum(
+            len(s["quantisation_artefacts"]) for r in layers for s in r["slots"].values()
+        ),
     }
 
 
@@ -120,38 +182,50 @@ def _identical(ckpt: Checkpoint, names: list[str], progress: bool | None) -> lis
 
 
 def render_text(rep: dict[str, Any]) -> str:
+    cov = rep["coverage"]
     lines = [
         f"checkpoint {rep['checkpoint']} ({rep['model']}): {rep['tensors']} tensors, "
-        f"{len(rep['layers'])} layers under {rep['layer_prefix']!r}, "
-        f"{rep['outside_layers']} outside layers",
-        f"{'layer':>5}  {'kind':<8} {'signature':<12} {'attn':>4} {'other':>5}  notes",
+        f"{len(rep['layers'])} layers under {rep['layer_prefix']!r}",
+        f"coverage: {cov['bound']} bound, {cov['declared_unbound']} declared unbound, "
+        f"{cov['unaccounted']} unaccounted",
+        f"{'layer':>5}  {'role':<7} {'slot':<10} {'block':<12} {'signature':<12} {'n':>5}  notes",
     ]
     for r in rep["layers"]:
-        notes = []
-        if r["missing"]:
-            notes.append(f"missing {r['missing']}")
-        if r["unknown"]:
-            notes.append(f"unknown {r['unknown']}")
-        if r["absent_optional_groups"]:
-            notes.append(f"no {'/'.join(r['absent_optional_groups'])} (optional)")
-        if r["quantisation_artefacts"]:
-            notes.append(f"quantised {r['quantisation_artefacts']}")
-        if r["kind"] == UNKNOWN:
-            notes.insert(0, f"nearest {r['nearest']}")
-        lines.append(
-            f"{r['index']:>5}  {r['kind']:<8} {r['signature']:<12} {r['self_attn_tensors']:>4} "
-            f"{r['other_tensors']:>5}  {'; '.join(notes)}"
-        )
+        for slot, s in r["slots"].items():
+            notes = []
+            if s["block"] == UNKNOWN:
+                notes.append(f"nearest {s['nearest']}")
+            if s["missing"]:
+                notes.append(f"missing {s['missing']}")
+            if s["unknown"]:
+                notes.append(f"unknown {s['unknown']}")
+            if s["absent_optional_groups"]:
+                notes.append(f"no {'/'.join(s['absent_optional_groups'])} (optional)")
+            if s["quantisation_artefacts"]:
+                notes.append(f"quantised {s['quantisation_artefacts']}")
+            lines.append(
+                f"{r['index']:>5}  {r['role']:<7} {slot:<10} {s['block']:<12} "
+                f"{s['signature']:<12} {s['tensors']:>5}  {'; '.join(notes)}"
+            )
+        if r["unclaimed"]:
+            lines.append(f"{r['index']:>5}  unclaimed by any slot: {r['unclaimed']}")
     for kind, k in rep["kinds"].items():
         lines.append(
             f"{kind}: {k['layers']} layer(s), {k['distinct_signatures']} distinct signature(s)"
         )
+    lines.append(f"model-level tensors: {rep['globals']}")
+    for prefix, u in rep["declared_unbound"].items():
+        lines.append(f"declared unbound: {prefix}* ({u['tensors']} tensors): {u['why']}")
+    if rep["unaccounted_outside_layers"]:
+        lines.append(f"unaccounted outside the layers: {rep['unaccounted_outside_layers']}")
+    for p in rep["problems"]:
+        lines.append(f"problem: {p}")
     dup = rep["identical_bytes"]
-    lines.append(f"attention tensors with identical bytes: {len(dup)} group(s)")
+    lines.append(f"tensors with identical bytes: {len(dup)} group(s)")
     lines += [f"  {' = '.join(g)}" for g in dup[:20]]
     if len(dup) > 20:
         lines.append(f"  … {len(dup) - 20} more (see --json)")
-    lines.append(f"quantisation artefacts in attention blocks: {rep['quantisation_artefacts']}")
+    lines.append(f"quantisation artefacts: {rep['quantisation_artefacts']}")
     if rep["unindexed_files"]:
         lines.append(f"not read (no index entry names them): {rep['unindexed_files']}")
     return "\n".join(lines)

@@ -16,9 +16,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from core.errors import SpecbindError
 from runtime import ops as numpy_ops
 from runtime.binding import Array
-from runtime.errors import SpecbindError
 from runtime.ops import Ops
 
 
@@ -49,8 +49,9 @@ class Backend:
 NUMPY = Backend("numpy", numpy_ops, device=False)
 
 
-def cupy_backend() -> Backend:
-    """The CuPy backend, or a clear error naming what is missing (CuPy, or a CUDA device)."""
+def cupy_backend(kernels: Any) -> Backend:
+    """The CuPy backend running the generated ``kernels`` module, or a clear error naming what
+    is missing (CuPy, or a CUDA device)."""
     try:
         cp = importlib.import_module("cupy")
     except ImportError as e:
@@ -67,12 +68,14 @@ def cupy_backend() -> Backend:
         raise SpecbindError("--backend cupy needs a CUDA device: none is visible")
     from runtime import ops_cupy
 
+    ops_cupy.use(kernels)
     return Backend("cupy", ops_cupy, device=True)
 
 
-def get(name: str) -> Backend:
+def get(name: str, kernels: Any = None) -> Backend:
+    """A backend by name; ``cupy`` runs the generated ``kernels`` module it is handed."""
     if name == "numpy":
         return NUMPY
     if name == "cupy":
-        return cupy_backend()
+        return cupy_backend(kernels)
     raise SpecbindError(f"unknown backend {name!r} (numpy or cupy)")

@@ -24,30 +24,31 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from core.dtypes import within_one_bf16_ulp
+from core.errors import SpecbindError
 from runtime.bench_absorb import median_seconds
 from runtime.binding import Array
 from runtime.checkpoint import Checkpoint
-from runtime.dtypes import within_one_bf16_ulp
-from runtime.errors import SpecbindError
 from runtime.model import ModelTable
 from runtime.tp import shard_view
 
 REPO = Path(__file__).resolve().parent.parent
 LAYERS = 4  # layers 0-2 are KDA, layer 3 is DSA
+ATTENTION = frozenset({"kda", "dsa"})  # what the hand-written baseline loads
 
 
 def ensure_checkpoint(table: ModelTable[Any], cache: Path, tiny: bool) -> Path:
     from generated import SPECS_SHA256
-    from runtime.synth import TINY, synth
+    from runtime.synth import synth, tiny_values
 
-    values = dict(TINY) if tiny else {}
+    values = tiny_values(table) if tiny else {}
     key = hashlib.sha256(json.dumps([SPECS_SHA256, values, LAYERS]).encode()).hexdigest()[:12]
     ck = cache / ("glm-tiny" if tiny else "glm-full") / key
     if not (ck / "config.json").exists():
@@ -70,19 +71,19 @@ def _fields(result: Any) -> dict[str, Array]:
     return {
         f"{layer.index}.{k}": v
         for layer in result.layers
-        for k, v in layer.weights.arrays().items()
+        for slot in layer.slots.values()
+        for k, v in slot.weights.arrays().items()
     }
 
 
 def specbind_load(
-    ckpt: Path, table: ModelTable[Any], tp: int, rank: int, kinds: set[str] | None = None
+    ckpt: Path, table: ModelTable[Any], tp: int, rank: int, kinds: Collection[str] | None = None
 ) -> dict[str, Array]:
     from runtime.bind import bind_checkpoint
 
     ck = Checkpoint(ckpt)
-    return _fields(
-        bind_checkpoint(ck, table, tp_size=tp, tp_rank=rank, progress=False, kinds=kinds)
-    )
+    only = ATTENTION if kinds is None else kinds
+    return _fields(bind_checkpoint(ck, table, tp_size=tp, tp_rank=rank, progress=False, kinds=only))
 
 
 def baseline_load(ckpt: Path, table: ModelTable[Any], tp: int, rank: int) -> dict[str, Array]:
@@ -101,29 +102,31 @@ def baseline_load(ckpt: Path, table: ModelTable[Any], tp: int, rank: int) -> dic
 
 
 def shard_views(
-    ckpt: Path, table: ModelTable[Any], tp: int, rank: int, kinds: set[str] | None = None
+    ckpt: Path, table: ModelTable[Any], tp: int, rank: int, kinds: Collection[str] | None = None
 ) -> list[Array]:
     """This rank's bytes of every bound source tensor, as views of the memory map."""
-    from runtime.bind import classify
-    from runtime.layers import split_layers
+    from core.planning import Ranks
+    from runtime.layout import layout
     from runtime.model import values_from_config
 
     ck = Checkpoint(ckpt)
     geometry = table.make_geometry(values_from_config(table, ck.config))
-    split = split_layers(table, ck.names())
+    lay = layout(table, ck.names(), ck.config)
+    only = ATTENTION if kinds is None else kinds
     views = []
-    for index, names in split.layers.items():
-        block = classify(table, names)
-        assert block is not None
-        if kinds is not None and block.name not in kinds:
-            continue
-        plan = block.plan(geometry, tp, rank)
-        for name, p in plan.tensors.items():
-            if name not in names:
+    for index, x in lay.layers.items():
+        for fill in x.slots.values():
+            block = fill.block
+            assert block is not None
+            if block.name not in only:
                 continue
-            t = ck.get(split.full_name(table, index, name))
-            assert t is not None
-            views.append(shard_view(p, t.data))
+            plan = block.plan(geometry, Ranks(tp, rank))
+            for name, p in plan.tensors.items():
+                if name not in fill.names:
+                    continue
+                t = ck.get(lay.split.full_name(table, index, name))
+                assert t is not None
+                views.append(shard_view(p, t.data))
     return views
 
 
@@ -214,6 +217,7 @@ def generate_seconds() -> float:
 def run(
     table: ModelTable[Any], tps: list[int], repeat: int, cache: Path, tiny: bool, rss: bool = True
 ) -> dict[str, Any]:
+    from core.planning import Ranks
     from generated import dsa
     from generated import model_glm_5_3_flash as m
     from runtime import bench_absorb
@@ -233,7 +237,7 @@ def run(
         def timed(load: Callable[[], list[Array]], arena: Array = arena) -> float:
             return median_seconds(lambda: upload(load(), arena), repeat)
 
-        def ours_(tp: int = tp, kinds: set[str] | None = None) -> list[Array]:
+        def ours_(tp: int = tp, kinds: Collection[str] | None = None) -> list[Array]:
             return list(specbind_load(ckpt, table, tp, 0, kinds).values())
 
         def theirs_(tp: int = tp) -> list[Array]:
@@ -256,7 +260,7 @@ def run(
             row |= {f"rss_{k}_mb": _rss(k, ckpt, tp) for k in ("specbind", "baseline", "memcpy")}
         rows.append(row)
     values = values_from_config(table, Checkpoint(ckpt).config)
-    geo = m.dsa_geometry(table.make_geometry(values), 1)
+    geo = m.dsa_geometry(table.make_geometry(values), Ranks())
     absorb = [
         bench_absorb.run(dsa.DsaGeometry(**{**geo.__dict__, "tp": tp}), repeat=repeat)
         for tp in tps

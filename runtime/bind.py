@@ -1,85 +1,135 @@
-"""Bind every attention block of a checkpoint through the generated binders.
+"""Bind every tensor of a checkpoint through the generated binders: each slot of each layer,
+and the model-level tensors.
 
-Invariants: each layer is classified from its tensor names alone (the model's block order,
-first match wins), never from its index or ``layer_types``; a layer that matches no block is
-refused with the nearest block's missing tensors named; all layers are checked before any
-result is returned, so a refusal never leaves a partial result behind.
+Invariants: the layout (``runtime.layout``) is computed from names alone and every problem in
+it is refused before any tensor byte is read; every (block, geometry, ranks) is planned and
+its constraints checked before binding starts; all layers are bound before any result is
+returned, so a refusal never leaves a partial result behind; declared-unbound names (a vision
+tower) are never read and are counted in the result.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm import tqdm
 
+from core.errors import BindError, CheckpointError, SpecbindError
+from core.planning import Ranks
 from runtime.backends import NUMPY, Backend
 from runtime.binding import BindReport
 from runtime.checkpoint import Checkpoint
-from runtime.errors import BindError, SpecbindError
-from runtime.layers import LayerSource, split_layers
-from runtime.model import BlockEntry, ModelTable, Weights, expected_groups, values_from_config
-from runtime.tp import check_tp
+from runtime.layers import LayerSource
+from runtime.layout import Layout, layout
+from runtime.model import BlockEntry, ModelTable, Weights, config_lookup, values_from_config
+from runtime.source import RawTensor, TensorSource
 
-UNKNOWN = "unknown"
-
-
-def classify(table: ModelTable[Any], names: Collection[str]) -> BlockEntry[Any] | None:
-    for b in table.blocks:
-        if b.matches(names):
-            return b
-    return None
-
-
-def nearest(table: ModelTable[Any], names: Collection[str]) -> tuple[BlockEntry[Any], list[str]]:
-    """The block sharing the most tensor names with ``names``, and what it would still need."""
-    best = max(table.blocks, key=lambda b: sum(1 for t in b.tensors if t.name in names))
-    return best, sorted(m for m in best.markers if m not in names)
-
-
-def check_groups(
-    table: ModelTable[Any],
-    config: Mapping[str, Any],
-    index: int,
-    block: BlockEntry[Any],
-    names: Collection[str],
-) -> None:
-    """Refuse a layer whose optional groups disagree with what config.json says it has."""
-    for group, (must, why) in expected_groups(table, config, index).items():
-        members = [t.name for t in block.tensors if t.group == group]
-        if not members:
-            continue
-        has = any(m in names for m in members)
-        if must and not has:
-            raise BindError(f"layer {index}: {why}, but the layer has no {group} tensors")
-        if has and not must:
-            raise BindError(f"layer {index}: {why}, but the layer carries {group} tensors")
+GLOBALS = -1  # the "layer" index the model-level tensors are reported under
 
 
 @dataclass
-class BoundLayer:
-    index: int
-    kind: str
+class BoundSlot:
+    slot: str
+    block: str
     weights: Weights
     report: BindReport
 
 
 @dataclass
-class BindResult:
-    tp_size: int
-    tp_rank: int
-    layers: list[BoundLayer]
-    seconds: float
+class BoundLayer:
+    index: int
+    role: str  # "decoder" | "mtp"
+    slots: dict[str, BoundSlot] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.report.bytes for s in self.slots.values())
+
+    @property
+    def bound(self) -> int:
+        return sum(s.report.bound for s in self.slots.values())
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "tp_size": self.tp_size,
-            "tp_rank": self.tp_rank,
-            "layers": [layer.report.as_dict() for layer in self.layers],
+            "index": self.index,
+            "role": self.role,
+            "bound": self.bound,
+            "bytes": self.bytes,
+            "slots": {name: s.report.as_dict() for name, s in self.slots.items()},
+        }
+
+
+@dataclass
+class BindResult:
+    ranks: Ranks
+    layers: list[BoundLayer]
+    globals: BoundSlot | None
+    unbound: dict[str, int]  # declared-unbound prefix -> tensors left unread, as declared
+    seconds: float
+    flags: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def tp_size(self) -> int:
+        return self.ranks.tp_size
+
+    @property
+    def tp_rank(self) -> int:
+        return self.ranks.tp_rank
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tp_size": self.ranks.tp_size,
+            "tp_rank": self.ranks.tp_rank,
+            "ep_size": self.ranks.ep_size,
+            "ep_rank": self.ranks.ep_rank,
+            "globals": None if self.globals is None else self.globals.report.as_dict(),
+            "layers": [layer.as_dict() for layer in self.layers],
+            "declared_unbound": dict(self.unbound),
+            "bytes": sum(x.bytes for x in self.layers)
+            + (self.globals.report.bytes if self.globals else 0),
             "seconds": round(self.seconds, 6),
         }
+
+
+def config_flags(table: ModelTable[Any], config: Mapping[str, Any]) -> dict[str, bool]:
+    """The config.json booleans the blocks read (``tie_word_embeddings``); absent is false."""
+    out: dict[str, bool] = {}
+    for name in table.flags:
+        found = config_lookup(config, name)
+        if found is None:
+            out[name] = False
+            continue
+        value, where = found
+        if type(value) is not bool:
+            raise CheckpointError(f"config.json: {where} is {value!r}, expected true or false")
+        out[name] = value
+    return out
+
+
+def refuse_problems(lay: Layout) -> None:
+    """Refuse a layout with problems, naming the first and how many more there are."""
+    if lay.problems:
+        more = len(lay.problems) - 1
+        tail = f" (and {more} more problem(s); `specbind audit` lists them all)" if more else ""
+        raise BindError(lay.problems[0] + tail)
+
+
+class GlobalSource:
+    """The model-level tensors by the globals block's names (some sit at the checkpoint root)."""
+
+    def __init__(self, ckpt: Checkpoint, names: Mapping[str, str]) -> None:
+        self._ckpt = ckpt
+        self._full = dict(names)
+
+    def names(self) -> list[str]:
+        return list(self._full)
+
+    def get(self, name: str) -> RawTensor | None:
+        full = self._full.get(name)
+        return None if full is None else self._ckpt.get(full)
 
 
 def bind_checkpoint(
@@ -91,44 +141,84 @@ def bind_checkpoint(
     progress: bool | None = None,
     kinds: Collection[str] | None = None,
     backend: Backend = NUMPY,
+    ep_size: int = 1,
+    ep_rank: int = 0,
 ) -> BindResult:
-    """Bind every layer (or, when ``kinds`` is given, the layers of those blocks only; every
-    layer is still classified, so an unknown layer is refused either way)."""
+    """Bind every tensor (or, when ``kinds`` names blocks, those blocks' slots only; the whole
+    layout is still checked, so an unknown or unclaimed tensor is refused either way)."""
     t0 = time.perf_counter()
-    check_tp(tp_size, tp_rank)
+    ranks = Ranks(tp_size, tp_rank, ep_size, ep_rank)
     geometry = table.make_geometry(values_from_config(table, ckpt.config, overrides))
-    split = split_layers(table, ckpt.names())
-    if not split.layers:
-        raise BindError(f"{ckpt.root}: no tensors named like {table.layer_pattern!r}")
-    for b in table.blocks:  # refuse a bad (geometry, tp) before reading any tensor
-        if any(b.matches(names) for names in split.layers.values()):
-            b.plan(geometry, tp_size, tp_rank)
-            b.check(geometry, tp_size)
+    flags = config_flags(table, ckpt.config)
+    lay = layout(table, ckpt.names(), ckpt.config)
+    if not lay.layers:
+        raise BindError(
+            f"{ckpt.root}: no tensors named like {table.layer_pattern!r} under any of the "
+            f"prefixes {list(table.layer_prefixes)}; " + _first_components(ckpt.names())
+        )
+    refuse_problems(lay)
+    used: dict[str, BlockEntry[Any]] = {}
+    for lay_layer in lay.layers.values():
+        for fill in lay_layer.slots.values():
+            assert fill.block is not None
+            used[fill.block.name] = fill.block
+    glob_block = table.block(table.globals) if table.globals and lay.globals else None
+    if glob_block is not None:
+        used[glob_block.name] = glob_block
+    for b in used.values():  # refuse a bad (geometry, ranks) before reading any tensor
+        b.plan(geometry, ranks)
+        b.check(geometry, ranks)
     out: list[BoundLayer] = []
-    items: Iterable[tuple[int, list[str]]] = split.layers.items()
     # disable=None: a bar only when stderr is a terminal, unless the caller says otherwise.
     disable = None if progress is None else not progress
-    for index, names in tqdm(
-        items, total=len(split.layers), desc="bind", unit="layer", disable=disable
-    ):
-        block = classify(table, names)
-        if block is None:
-            near, missing = nearest(table, names)
-            attn = [n for n in names if n.startswith(near.prefix)]
-            raise BindError(
-                f"layer {index}: its {len(attn)} {near.prefix.rstrip('.')} tensor(s) match no "
-                "block "
-                f"of {table.name}; nearest is {near.name}, missing {missing}"
+    bar = tqdm(lay.layers.values(), desc="bind", unit="layer", disable=disable)
+    for lay_layer in bar:
+        bound = BoundLayer(lay_layer.index, lay_layer.role)
+        full = lay.split.full_name(table, lay_layer.index, "")
+        for slot, fill in lay_layer.slots.items():
+            assert fill.block is not None
+            if kinds is not None and fill.block.name not in kinds:
+                continue
+            src: TensorSource = LayerSource(ckpt, full, fill.names)
+            bound.slots[slot] = _bind_one(
+                fill.block, slot, geometry, ranks, lay_layer.index, src, backend, flags
             )
-        check_groups(table, ckpt.config, index, block, names)
-        if kinds is not None and block.name not in kinds:
-            continue
-        src = LayerSource(ckpt, split.full_name(table, index, ""), names)
-        try:
-            weights, report = block.bind(geometry, tp_size, tp_rank, index, src, backend)
-        except SpecbindError as e:
-            if str(e).startswith(f"layer {index}: "):
-                raise
-            raise type(e)(f"layer {index}: {e}") from None  # an op error names the field only
-        out.append(BoundLayer(index, block.name, weights, report))
-    return BindResult(tp_size, tp_rank, out, time.perf_counter() - t0)
+        out.append(bound)
+    glob = None
+    if glob_block is not None and (kinds is None or glob_block.name in kinds):
+        gsrc = GlobalSource(ckpt, lay.globals)
+        glob = _bind_one(glob_block, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags)
+    unbound = {p: len(ns) for p, ns in lay.unbound.items()}
+    return BindResult(ranks, out, glob, unbound, time.perf_counter() - t0, flags)
+
+
+def _bind_one(
+    block: BlockEntry[Any],
+    slot: str,
+    geometry: Any,
+    ranks: Ranks,
+    index: int,
+    src: TensorSource,
+    backend: Backend,
+    flags: Mapping[str, bool],
+) -> BoundSlot:
+    where = f"layer {index}" if index >= 0 else "model"
+    try:
+        weights, report = block.bind(geometry, ranks, index, src, backend, flags)
+    except SpecbindError as e:
+        if str(e).startswith(f"{where}: "):
+            raise
+        raise type(e)(f"{where}: {e}") from None  # an op error names the field only
+    report.slot = slot
+    return BoundSlot(slot, block.name, weights, report)
+
+
+def _first_components(names: list[str], most: int = 5) -> str:
+    """The most common leading name components, to show what the checkpoint does hold."""
+    counts: dict[str, int] = {}
+    for n in names:
+        head = ".".join(n.split(".")[:2])
+        counts[head] = counts.get(head, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:most]
+    shown = ", ".join(f"{k}.* ({v})" for k, v in top)
+    return f"its names start with {shown}" if top else "it holds no tensors"

@@ -1,18 +1,26 @@
-"""The strict checks every generated binder runs, and the small ops its outputs use.
+"""The strict checks every generated binder runs.
 
 Invariants (the claims of a hand-written strict binder, made once for every block):
-- the census counts every name in the layer: attention names (under the block prefix) and the
-  rest; an attention name the block does not declare is refused, all of them in one error;
+- the census counts every name the block is given: names under the block prefix and the rest;
+  a name under the prefix that the block does not declare is refused, all of them in one error;
+- a family (``experts.{e}.…``) must hold every member ``0 <= e < count`` by name; a missing
+  member is refused by name and an index past the end is refused, even on ranks that do not
+  read it; a rank reads only its own members' bytes;
 - an optional group (the DSA indexer) is all-or-nothing; a partial group is refused;
 - a missing tensor names the layer and the tensor; a dtype mismatch says why; a shape or
-  byte-count mismatch is refused; nothing is cast, padded or truncated;
-- arrays are zero-copy views of the source bytes; only a concat allocates.
+  byte-count mismatch is refused; nothing is padded or truncated;
+- an on-disk dtype the spec accepts as ``stored`` is converted exactly: a widening always, a
+  narrowing only when every value survives, else the first value that would change is named;
+- a tied tensor (``tie``) is bound from its target when the config says so, and a stored copy
+  is then refused;
+- arrays are zero-copy views of the source bytes; only a cast, concat or stack allocates.
 Trap: ``[n, 1, k]`` and ``[n, k]`` share their bytes, so a squeeze is shape-only and silent if
 wrong; ``ops.concat_squeeze`` checks the squeezed dim really is 1.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,70 +28,36 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from runtime.dtypes import DTYPES
-from runtime.errors import BindError, GeometryError
+from core.dtypes import DTYPES
+from core.errors import BindError, GeometryError, at
+from core.ir import ConstraintRule, GroupRule, TensorRule
+from core.planning import BlockPlan
 from runtime.source import TensorSource
 
 Array = npt.NDArray[Any]
 
 
-@dataclass(frozen=True)
-class ShardRule:
-    kind: str  # "replicated" | "rows" | "cols"
-    unit: str | None = None
-
-
-@dataclass(frozen=True)
-class TensorRule:
-    name: str  # layer-relative
-    dtype: str
-    shape: str  # the symbolic shape as written in the spec, for messages
-    shard: ShardRule
-    group: str | None = None
-    why_dtype: str | None = None
-
-
-@dataclass(frozen=True)
-class FieldRule:
-    kind: str  # "verbatim" | "concat" | "transform"
-    dtype: str  # the bound field's dtype
-    layout: str  # across tp ranks: "replicated" | "rows" | "cols"
-    parts: int  # a concat of row shards holds one block per source
-
-
-@dataclass(frozen=True)
-class GroupRule:
-    name: str
-    optional: bool
-    why: str
-
-
-@dataclass(frozen=True)
-class ConstraintRule:
-    name: str
-    check: str
-    why: str
-
-
 @dataclass
 class BindReport:
     index: int
-    kind: str
+    kind: str  # the block
     bound: int = 0
-    self_attn_seen: int = 0
-    non_attn_seen: int = 0
-    unknown_self_attn: list[str] = field(default_factory=list)
-    bytes: int = 0
+    seen: int = 0  # names under the block prefix
+    other: int = 0  # names the block was given outside its prefix
+    bytes: int = 0  # this rank's bytes read from the checkpoint
+    slot: str = ""
+    cast: list[str] = field(
+        default_factory=list
+    )  # tensors converted exactly from another stored dtype
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "index": self.index,
-            "kind": self.kind,
+            "block": self.kind,
             "bound": self.bound,
-            "self_attn_seen": self.self_attn_seen,
-            "non_attn_seen": self.non_attn_seen,
-            "unknown_self_attn": list(self.unknown_self_attn),
+            "seen": self.seen,
+            "other": self.other,
             "bytes": self.bytes,
+            "cast": list(self.cast),
         }
 
 
@@ -113,19 +87,21 @@ def check_dims(block: str, shapes: Mapping[str, tuple[int, ...]]) -> None:
             )
 
 
-def census(
-    layer: int, kind: str, prefix: str, names: Sequence[str], known: frozenset[str]
-) -> BindReport:
-    rep = BindReport(index=layer, kind=kind)
-    for n in names:
-        if n.startswith(prefix):
-            rep.self_attn_seen += 1
-            if n not in known:
-                rep.unknown_self_attn.append(n)
-        else:
-            rep.non_attn_seen += 1
-    rep.unknown_self_attn.sort()
-    return rep
+def family_regex(rules: Sequence[TensorRule]) -> dict[str, tuple[re.Pattern[str], TensorRule]]:
+    """Each family rule's name as a regex capturing the member index (no leading zeros)."""
+    out = {}
+    for r in rules:
+        if r.family is not None:
+            head, tail = r.name.split("{" + r.family + "}")
+            rx = re.compile(re.escape(head) + r"(0|[1-9][0-9]{0,6})" + re.escape(tail))
+            out[r.name] = (rx, r)
+    return out
+
+
+def members(t: Mapping[str, Any], pattern: str, family: str, plan: BlockPlan) -> list[Any]:
+    """This rank's arrays of one family pattern, in member order (what a stack reads)."""
+    assert plan.members is not None
+    return [t[pattern.replace("{" + family + "}", str(i))] for i in plan.members[family]]
 
 
 def bind_tensors(
@@ -135,76 +111,167 @@ def bind_tensors(
     src: TensorSource,
     rules: Sequence[TensorRule],
     groups: Mapping[str, GroupRule],
-    shapes: Mapping[str, tuple[int, ...]],
+    plan: BlockPlan,
+    counts: Mapping[str, int],
+    flags: Mapping[str, bool] | None = None,
 ) -> tuple[dict[str, Array], BindReport]:
-    """Check a layer's tensors against the rules and return zero-copy arrays by name."""
+    """Check a block's tensors against the rules and return this rank's arrays by name.
+
+    ``src`` yields this rank's bytes (a ``ShardedSource``); ``counts`` holds each family's
+    size; ``flags`` holds the config booleans a ``tie`` reads.
+    """
     names = src.names()
     present = set(names)
-    rep = census(layer, block, prefix, names, frozenset(r.name for r in rules))
-    prefix_word = prefix.rstrip(".")
-    if rep.unknown_self_attn:
+    literal = {r.name for r in rules if r.family is None}
+    families = family_regex(rules)
+    rep = BindReport(index=layer, kind=block)
+    unknown: list[str] = []
+    members: dict[str, set[int]] = {p: set() for p in families}
+    for n in names:
+        if not n.startswith(prefix):
+            rep.other += 1
+            continue
+        rep.seen += 1
+        if n in literal:
+            continue
+        for pat, (rx, r) in families.items():
+            m = rx.fullmatch(n)
+            if m:
+                i = int(m.group(1))
+                assert r.family is not None
+                if i >= counts[r.family]:
+                    raise BindError(
+                        f"{at(layer)}: {n}: index {i} is outside the family "
+                        f"{r.family} in range({counts[r.family]}) of a {block} block"
+                    )
+                members[pat].add(i)
+                break
+        else:
+            unknown.append(n)
+    if unknown:
+        unknown.sort()
         n_req = sum(1 for r in rules if r.group is None or not groups[r.group].optional)
         n_opt = len(rules) - n_req
         plus = f" (plus {n_opt} optional)" if n_opt else ""
+        shown = unknown if len(unknown) <= 20 else [*unknown[:20], f"... {len(unknown) - 20} more"]
         raise BindError(
-            f"layer {layer}: {len(rep.unknown_self_attn)} unrecognised {prefix_word} tensor(s): "
-            f"{rep.unknown_self_attn} — a {block} block has exactly {n_req}{plus} "
+            f"{at(layer)}: {len(unknown)} unrecognised {prefix.rstrip('.') or block} "
+            f"tensor(s): {shown} — a {block} block has exactly {n_req}{plus} "
             "and this binder refuses to skip anything"
         )
-    wanted: list[TensorRule] = []
+
+    def has(r: TensorRule) -> bool:
+        return bool(members[r.name]) if r.family is not None else r.name in present
+
+    tied = {r.name for r in rules if r.tie is not None and (flags or {}).get(r.tie.config)}
     for g in groups.values():
-        members = [r.name for r in rules if r.group == g.name]
-        have = [m for m in members if m in present]
-        if g.optional and have and len(have) != len(members):
-            missing = [m for m in members if m not in present]
+        member_rules = [r for r in rules if r.group == g.name and r.name not in tied]
+        have = [r.name for r in member_rules if has(r)]
+        if g.optional and have and len(have) != len(member_rules):
+            missing = [r.name for r in member_rules if not has(r)]
             raise BindError(
-                f"layer {layer}: partial {g.name} group in a {block} block: missing {missing} "
-                f"while {len(have)} of its {len(members)} tensors are present — the group is "
-                f"all-or-nothing ({g.why})"
+                f"{at(layer)}: partial {g.name} group in a {block} block: missing {missing} "
+                f"while {len(have)} of its {len(member_rules)} tensors are present — the group "
+                f"is all-or-nothing ({g.why})"
             )
+    wanted: list[TensorRule] = []
     for r in rules:
-        if r.group is not None and groups[r.group].optional and r.name not in present:
+        if r.group is not None and groups[r.group].optional and not has(r):
+            continue
+        if r.name in tied:
+            assert r.tie is not None
+            if has(r):
+                raise BindError(
+                    f"{at(layer)}: {r.name} is stored, but config.json {r.tie.config} is true: "
+                    f"it must be bound from {r.tie.to}, and a second copy would be ignored"
+                )
             continue
         wanted.append(r)
-    missing = [r.name for r in wanted if r.name not in present]
-    if missing:
-        what = missing[0] if len(missing) == 1 else f"{len(missing)} tensors: {missing}"
-        raise BindError(f"layer {layer}: missing {what} (a {block} block requires it)")
-
-    out: dict[str, Array] = {}
+    missing = []
     for r in wanted:
-        out[r.name] = _check_one(block, layer, src, r, shapes[r.name])
+        if r.family is None:
+            if r.name not in present:
+                missing.append(r.name)
+            continue
+        assert r.family is not None
+        gaps = [i for i in range(counts[r.family]) if i not in members[r.name]]
+        missing += [r.concrete(i).name for i in gaps]
+    if missing:
+        what = missing[0] if len(missing) == 1 else f"{len(missing)} tensors: {missing[:20]}"
+        raise BindError(f"{at(layer)}: missing {what} (a {block} block requires it)")
+
+    by_name = {r.name: r for r in rules}
+    out: dict[str, Array] = {}
+    for name, tp in plan.tensors.items():
+        r = by_name[tp.pattern]
+        if r.name in tied or not (r.family is not None or r.name in present):
+            continue
+        out[name] = _check_one(block, layer, src, r, name, tp.local_shape, rep)
         rep.bound += 1
-        rep.bytes += out[r.name].nbytes
+        rep.bytes += out[name].nbytes
+    for r in rules:
+        if r.name in tied and r.tie is not None:
+            if r.tie.to not in out:
+                raise BindError(f"{at(layer)}: {r.name} is tied to {r.tie.to}, which is absent")
+            out[r.name] = out[r.tie.to]  # the same bytes: both split by the same rule
     return out, rep
 
 
 def _check_one(
-    block: str, layer: int, src: TensorSource, rule: TensorRule, want: tuple[int, ...]
+    block: str,
+    layer: int,
+    src: TensorSource,
+    rule: TensorRule,
+    name: str,
+    want: tuple[int, ...],
+    rep: BindReport,
 ) -> Array:
-    t = src.get(rule.name)
+    t = src.get(name)
     if t is None:
-        raise BindError(f"layer {layer}: missing {rule.name} (a {block} block requires it)")
-    if t.dtype != rule.dtype:
+        raise BindError(f"{at(layer)}: missing {name} (a {block} block requires it)")
+    if t.dtype != rule.dtype and t.dtype not in rule.stored:
         why = rule.why_dtype or "casting it would change the numerics"
+        also = f" (or {', '.join(rule.stored)}, converted exactly)" if rule.stored else ""
         raise BindError(
-            f"layer {layer}: {rule.name} is {t.dtype} but a {block} block requires "
-            f"{rule.dtype} — {why}"
+            f"{at(layer)}: {name} is {t.dtype} but a {block} block requires "
+            f"{rule.dtype}{also} — {why}"
         )
     if tuple(t.shape) != want:
         raise BindError(
-            f"layer {layer}: {rule.name} has shape {list(t.shape)}, expected {list(want)} "
-            f"({rule.shape})"
+            f"{at(layer)}: {name} has shape {list(t.shape)}, expected {list(want)} ({rule.shape})"
         )
-    dt = DTYPES[rule.dtype]
+    dt = DTYPES[t.dtype]
     expect = dt.nbytes(want)
     if len(t.data) != expect:
         raise BindError(
-            f"layer {layer}: {rule.name} is {len(t.data)} B, shape {list(want)} implies {expect} B"
+            f"{at(layer)}: {name} is {len(t.data)} B, shape {list(want)} implies {expect} B"
         )
     if dt.numpy is None:
-        raise BindError(
-            f"layer {layer}: {rule.name} has dtype {rule.dtype}, which has no array form"
-        )
+        raise BindError(f"{at(layer)}: {name} has dtype {t.dtype}, which has no array form")
     flat = np.frombuffer(t.data, dtype=dt.numpy)
-    return flat.reshape(want)  # [prod(want)] -> want: the on-disk shape, zero-copy
+    arr = flat.reshape(want)  # [prod(want)] -> want: the on-disk shape, zero-copy
+    if t.dtype == rule.dtype:
+        return arr
+    rep.cast.append(f"{name}: {t.dtype} -> {rule.dtype}")
+    return exact_cast(arr, t.dtype, rule.dtype, f"{at(layer)}: {name}")
+
+
+def exact_cast(a: Array, stored: str, dtype: str, what: str) -> Array:
+    """``a`` (on-disk dtype ``stored``) converted to ``dtype`` when every value survives the
+    round trip; else refused, naming the first element that would change. NaN stays NaN and
+    the sign of zero must survive."""
+    np_dtype = DTYPES[dtype].numpy
+    assert np_dtype is not None
+    out = a.astype(np_dtype)
+    back = out.astype(a.dtype)
+    same = (back == a) & (np.signbit(back) == np.signbit(a))
+    if a.dtype.kind == "f" or stored == "BF16":
+        same |= np.isnan(back.astype(np.float32)) & np.isnan(a.astype(np.float32))
+    if not bool(np.all(same)):
+        bad = np.unravel_index(int(np.argmin(same)), a.shape)
+        raise BindError(
+            f"{what} is stored as {stored}; converting it to {dtype} would change element "
+            f"{[int(i) for i in bad]} from {float(a[bad])!r} to {float(back[bad])!r} — refused "
+            "(a conversion is exact or not done)"
+        )
+    return out

@@ -19,7 +19,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import CheckpointError
+from core.errors import CheckpointError
 from runtime.safetensors_file import SafetensorsFile
 from runtime.source import RawTensor
 

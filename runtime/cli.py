@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import SpecbindError
+from core.errors import SpecbindError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -76,20 +76,20 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 def cmd_synth(a: argparse.Namespace) -> int:
     from runtime.model import checked_values
-    from runtime.synth import TINY, synth
+    from runtime.synth import synth, tiny_values
 
     table = _table(a.model)
     if a.seed < 0 or (a.shards is not None and a.shards < 1):
         raise SpecbindError("--seed must be >= 0 and --shards >= 1")
-    values = checked_values(
-        table, table.default_values() | ({} if a.full else dict(TINY)), _sets(a.set)
-    )
+    base = table.default_values() if a.full else tiny_values(table)
+    values = checked_values(table, base, _sets(a.set))
+    layers = a.layers if a.layers is not None else (table.synth.layers if table.synth else 1)
     summary = synth(
-        table, Path(a.out), values, layers=a.layers, seed=a.seed, mtp=not a.no_mtp,
+        table, Path(a.out), values, layers=layers, seed=a.seed, mtp=not a.no_mtp,
         shards=a.shards, gates_bf16=a.gates_bf16, nested_config=a.nested_config,
     )  # fmt: skip
     kinds = [
-        f"{x['index']}:{x['block']}{'' if x['block'] != 'dsa' or x['indexer'] else '(shared)'}"
+        f"{x['index']}:{'+'.join(x['blocks'].values())}" + ("(mtp)" if x["role"] == "mtp" else "")
         for x in summary["layers"]
     ]
     print(
@@ -108,86 +108,135 @@ def cmd_audit(a: argparse.Namespace) -> int:
     return 0
 
 
+def _note_overrides(overrides: dict[str, int]) -> None:
+    """``--set`` replaces what config.json says: say so, never silently."""
+    if overrides:
+        shown = ", ".join(f"{k}={v}" for k, v in overrides.items())
+        print(f"specbind: note: --set overrides config.json: {shown}", file=sys.stderr)
+
+
 def cmd_bind(a: argparse.Namespace) -> int:
     from generated import SPECS_SHA256
+    from generated import kernels as generated_kernels
     from runtime import backends
     from runtime.bind import bind_checkpoint
     from runtime.checkpoint import Checkpoint
-    from runtime.export import write_safetensors
+    from runtime.export import bound_tensors, write_safetensors
     from runtime.launcher import resolve_tp
+    from runtime.model import values_from_config
 
     table = _table(a.model)
     overrides = _sets(a.set)
+    if a.out is not None and not a.out:
+        raise SpecbindError("--out is empty; name the .safetensors file to write")
     if a.out and Path(a.out).is_dir():
         raise SpecbindError(
             f"--out {a.out}: is a directory; --out names the .safetensors file to write"
         )
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
-    backend = backends.get(a.backend)
+    backend = backends.get(a.backend, generated_kernels)
     ckpt = Checkpoint(Path(a.ckpt))
+    _note_overrides(overrides)
     result = bind_checkpoint(
-        ckpt, table, overrides, tp_size, tp_rank, progress=a.progress, backend=backend
-    )
+        ckpt, table, overrides, tp_size, tp_rank, progress=a.progress, backend=backend,
+        ep_size=a.ep_size, ep_rank=a.ep_rank,
+    )  # fmt: skip
     if a.out:
-        tensors = {
-            f"layers.{layer.index}.{field}": backend.to_host(
-                arr, table.block(layer.kind).fields[field].dtype
-            )
-            for layer in result.layers
-            for field, arr in layer.weights.arrays().items()
-        }
+        values = values_from_config(table, ckpt.config, overrides)
         meta = {
             "model": table.name,
             "specs_sha256": SPECS_SHA256,
-            "tp_size": str(result.tp_size),
-            "tp_rank": str(result.tp_rank),
+            "tp_size": str(result.ranks.tp_size),
+            "tp_rank": str(result.ranks.tp_rank),
+            "ep_size": str(result.ranks.ep_size),
+            "ep_rank": str(result.ranks.ep_rank),
+            "geometry": json.dumps(values, sort_keys=True),
+            "overrides": json.dumps(overrides, sort_keys=True),
+            "layers": json.dumps(
+                {
+                    str(x.index): {
+                        "role": x.role,
+                        "slots": {k: v.block for k, v in x.slots.items()},
+                    }
+                    for x in result.layers
+                },
+                sort_keys=True,
+            ),
         }
-        write_safetensors(Path(a.out), tensors, meta)
+        write_safetensors(Path(a.out), bound_tensors(result, table, backend), meta)
     if a.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
-        row = "{:>5}  {:<5} {:>5} {:>5} {:>5} {:>7} {:>12}"
-        print(row.format("layer", "kind", "bound", "seen", "other", "unknown", "bytes"))
+        row = "{:>5}  {:<7} {:<10} {:<12} {:>6} {:>14}"
+        print(row.format("layer", "role", "slot", "block", "bound", "bytes"))
         for layer in result.layers:
-            r = layer.report
-            cells = (r.index, r.kind, r.bound, r.self_attn_seen, r.non_attn_seen)
-            print(row.format(*cells, len(r.unknown_self_attn), r.bytes))
-        total = sum(layer.report.bytes for layer in result.layers)
+            for slot, b in layer.slots.items():
+                r = b.report
+                print(row.format(layer.index, layer.role, slot, b.block, r.bound, r.bytes))
+        if result.globals is not None:
+            g = result.globals
+            print(row.format("-", "model", "globals", g.block, g.report.bound, g.report.bytes))
+        total = result.as_dict()["bytes"]
+        skipped = "".join(
+            f"; declared unbound, not read: {n} tensor(s) under {p}"
+            for p, n in result.unbound.items()
+            if n
+        )
         print(
-            f"bound {len(result.layers)} layer(s), {total} B at tp rank {result.tp_rank} of "
-            f"{result.tp_size} in {result.seconds:.3f} s" + (f"; wrote {a.out}" if a.out else "")
+            f"bound {len(result.layers)} layer(s) and the model-level tensors, {total} B at "
+            f"tp rank {result.ranks.tp_rank} of {result.ranks.tp_size}, ep rank "
+            f"{result.ranks.ep_rank} of {result.ranks.ep_size} in {result.seconds:.3f} s"
+            + skipped
+            + (f"; wrote {a.out}" if a.out else "")
         )
     return 0
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
-    from runtime.bind import classify
     from runtime.launcher import resolve_tp
-    from runtime.planning import plan_report, render_text
+    from runtime.planning import LayerUse, plan_report, render_text
 
     table = _table(a.model)
     tp_size, _ = resolve_tp(a.tp_size, 0, os.environ)
+    layers: list[LayerUse] = []
     if a.ckpt:
+        from runtime.bind import refuse_problems
         from runtime.checkpoint import Checkpoint
-        from runtime.layers import split_layers
+        from runtime.layout import layout
         from runtime.model import values_from_config
 
         ckpt = Checkpoint(Path(a.ckpt))
         values = values_from_config(table, ckpt.config, _sets(a.set))
-        layers = []
-        for index, names in split_layers(table, ckpt.names()).layers.items():
-            block = classify(table, names)
-            if block is None:
-                raise SpecbindError(f"layer {index}: matches no block of {table.name} (see audit)")
-            layers.append((index, block.name, frozenset(names)))
+        lay = layout(table, ckpt.names(), ckpt.config)
+        refuse_problems(lay)
+        for index, x in lay.layers.items():
+            for fill in x.slots.values():
+                assert fill.block is not None
+                layers.append((index, fill.block.name, frozenset(fill.names)))
+        if table.globals and lay.globals:
+            layers.append((-1, table.globals, frozenset(lay.globals)))
         source = str(ckpt.root)
     else:
         from runtime.model import checked_values
+        from runtime.synth import schedule
 
         values = checked_values(table, table.default_values(), _sets(a.set))
-        layers = [(-1, b.name, frozenset(t.name for t in b.tensors)) for b in table.blocks]
-        source = "model spec geometry, one layer of each block"
-    rep = plan_report(table, values, tp_size, layers, source)
+        geometry = table.make_geometry(values)
+        for p in schedule(table, table.real_layers, mtp=table.real_mtp > 0):
+            for bname in p.blocks.values():
+                block = table.block(bname)
+                names = [
+                    n for n in block.names(geometry)
+                    if not any(r.group not in p.groups and r.name == n for r in block.tensors
+                               if r.group is not None)
+                ]  # fmt: skip
+                layers.append((p.index, bname, frozenset(names)))
+        if table.globals:
+            layers.append(
+                (-1, table.globals, frozenset(table.block(table.globals).names(geometry)))
+            )
+        source = f"model spec: the real geometry, {table.real_layers} layers + {table.real_mtp} MTP"
+    rep = plan_report(table, values, tp_size, layers, source, ep_size=a.ep_size)
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
 
@@ -243,24 +292,24 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("synth", help="write a synthetic checkpoint in the HF layout")
     s.add_argument("out")
     size = s.add_mutually_exclusive_group()
-    size.add_argument("--tiny", action="store_true", help="tiny geometry (the default)")
-    size.add_argument("--full", action="store_true", help="the real GLM-5.3-Flash geometry")
+    size.add_argument("--tiny", action="store_true", help="the spec's tiny geometry (default)")
+    size.add_argument("--full", action="store_true", help="the model's real geometry")
     s.add_argument(
-        "--layers", type=int, default=8, help="decoder layers (default 8), plus one MTP layer"
+        "--layers", type=int, default=None, help="decoder layers (default: the spec's synth.layers)"
     )
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--shards", type=int, default=None, help="number of shard files")
-    s.add_argument("--no-mtp", action="store_true", help="omit the DSA-shaped MTP layer")
+    s.add_argument("--no-mtp", action="store_true", help="omit the MTP layer")
     s.add_argument("--nested-config", action="store_true", help="put the fields under text_config")
     s.add_argument(
         "--gates-bf16",
         action="store_true",
-        help="write A_log/dt_bias as BF16 (a broken checkpoint)",
+        help="write every F32 tensor as BF16 (a model cast wholesale: a broken checkpoint)",
     )
     common(s)
     s.set_defaults(func=cmd_synth)
 
-    au = sub.add_parser("audit", help="census of a checkpoint's attention blocks")
+    au = sub.add_parser("audit", help="census of every tensor of a checkpoint")
     au.add_argument("ckpt")
     au.add_argument("--json", action="store_true")
     common(au)
@@ -273,12 +322,16 @@ def parser() -> argparse.ArgumentParser:
             type=int,
             help="tensor-parallel size (default: WORLD_SIZE, OMPI_COMM_WORLD_SIZE, 1)",
         )
+        sp.add_argument(
+            "--ep-size", type=int, default=1, help="expert-parallel size: experts split whole"
+        )
         if rank:
             sp.add_argument(
                 "--tp-rank", type=int, help="this rank (default: RANK, OMPI_COMM_WORLD_RANK, 0)"
             )
+            sp.add_argument("--ep-rank", type=int, default=0, help="this expert-parallel rank")
 
-    b = sub.add_parser("bind", help="bind this rank's shard of every attention block strictly")
+    b = sub.add_parser("bind", help="bind this rank's share of every tensor strictly")
     b.add_argument("ckpt")
     b.add_argument("--json", action="store_true")
     b.add_argument("--out", help="write this rank's bound weights to this .safetensors file")

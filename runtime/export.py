@@ -1,7 +1,8 @@
 """Write bound weights to one ``.safetensors`` file, atomically and with bounded memory.
 
-Tensors are named ``layers.{i}.{field}``; ``__metadata__`` records the model, tp size and
-rank, and the hash of the specs that generated the binders.
+Tensors are named ``layers.{i}.{slot}.{field}`` and ``globals.{field}``; ``__metadata__``
+records the model, the tp and ep sizes and ranks, the geometry and any ``--set`` overrides,
+each layer's role and slot blocks, and the hash of the specs that generated the binders.
 
 Written by hand rather than with ``safetensors.serialize_file`` because that call needs every
 tensor's bytes in memory at once (a full-geometry bind is many GB); here each array streams
@@ -15,12 +16,34 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from core.dtypes import dtype_name
 from runtime.atomic import atomic_writer
+from runtime.backends import Backend
 from runtime.binding import Array
-from runtime.dtypes import dtype_name
+from runtime.model import ModelTable
+
+if TYPE_CHECKING:
+    from runtime.bind import BindResult
+
+
+def bound_tensors(result: BindResult, table: ModelTable[Any], backend: Backend) -> dict[str, Array]:
+    """Every bound field of a result on the host, by its name in an ``--out`` file."""
+    out: dict[str, Array] = {}
+    for layer in result.layers:
+        for slot, b in layer.slots.items():
+            fields = table.block(b.block).fields
+            for name, arr in b.weights.arrays().items():
+                key = f"layers.{layer.index}.{slot}.{name}"
+                out[key] = backend.to_host(arr, fields[name].dtype)
+    if result.globals is not None:
+        fields = table.block(result.globals.block).fields
+        for name, arr in result.globals.weights.arrays().items():
+            out[f"globals.{name}"] = backend.to_host(arr, fields[name].dtype)
+    return out
 
 
 def write_safetensors(path: Path, tensors: dict[str, Array], metadata: dict[str, str]) -> int:

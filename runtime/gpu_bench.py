@@ -24,10 +24,10 @@ def _time(cp: Any, fn: Callable[[], object], repeat: int = 20) -> float:
 
 
 def run(n: int = 64 << 20) -> list[dict[str, Any]]:
-    backends.cupy_backend()  # a clear error when CuPy or a device is missing
-    import cupy as cp  # type: ignore[import-not-found, unused-ignore]
-
     from generated import kernels as k
+
+    backends.cupy_backend(k)  # a clear error when CuPy or a device is missing
+    import cupy as cp  # type: ignore[import-not-found, unused-ignore]
 
     bits = cp.random.randint(0, 1 << 16, size=n, dtype=cp.uint16)
     f32 = k.widen_bf16_f32(bits)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from runtime.errors import GeometryError
-from runtime.tp import check_tp
+from core.errors import GeometryError
+from core.planning import check_tp
 
 LAUNCHERS = (("WORLD_SIZE", "RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"))
 

@@ -11,8 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.errors import CheckpointError
 from runtime.checkpoint import Checkpoint
-from runtime.errors import CheckpointError
 from runtime.model import ModelTable
 from runtime.source import RawTensor
 

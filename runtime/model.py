@@ -10,13 +10,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
 
+from core.errors import CheckpointError, GeometryError
+from core.ir import (
+    FieldRule,
+    GeometryField,
+    LayerGroupRule,
+    SlotRule,
+    SynthRule,
+    TensorRule,
+    UnboundRule,
+)
+from core.planning import BlockPlan, Ranks
 from runtime.backends import Backend
-from runtime.binding import Array, BindReport, FieldRule, TensorRule
-from runtime.errors import CheckpointError, GeometryError
+from runtime.binding import Array, BindReport
 from runtime.source import TensorSource
-from runtime.tp import BlockPlan
 
 G = TypeVar("G")
 
@@ -26,35 +36,53 @@ class Weights(Protocol):
 
 
 @dataclass(frozen=True)
-class GeometryField:
-    name: str
-    config: str | None
-    value: int
-    min: int
-    doc: str
-
-
-@dataclass(frozen=True)
-class LayerGroupRule:
-    group: str
-    config: str
-    present: tuple[str, ...]
-    absent: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class BlockEntry(Generic[G]):
     name: str
     prefix: str
-    tensors: tuple[TensorRule, ...]
+    tensors: tuple[TensorRule, ...]  # family members as one pattern rule each
     markers: frozenset[str]
     matches: Callable[[Collection[str]], bool]
-    # (g, tp, rank, layer, source, backend) -> this rank's weights and the layer's report
-    bind: Callable[[G, int, int, int, TensorSource, Backend], tuple[Weights, BindReport]]
+    # (g, ranks, layer, source, backend, config flags) -> this rank's weights and the report
+    bind: Callable[
+        [G, Ranks, int, TensorSource, Backend, Mapping[str, bool]], tuple[Weights, BindReport]
+    ]
     fields: dict[str, FieldRule]
-    shapes: Callable[[G, int], dict[str, tuple[int, ...]]]  # full shapes at (g, tp)
-    check: Callable[[G, int], None]  # constraints at (g, tp)
-    plan: Callable[[G, int, int], BlockPlan]  # (g, tp, rank)
+    shapes: Callable[[G], dict[str, tuple[int, ...]]]  # full shapes, keyed by rule name
+    check: Callable[[G, Ranks], None]  # constraints at (g, ranks)
+    plan: Callable[[G, Ranks], BlockPlan]
+    counts: Callable[[G], dict[str, int]]  # each family's size
+
+    def names(self, g: G) -> list[str]:
+        """Every tensor name the block declares, family members expanded (for synth, audit)."""
+        counts = self.counts(g)
+        out: list[str] = []
+        for r in self.tensors:
+            if r.family is None:
+                out.append(r.name)
+            else:
+                out += [r.concrete(i).name for i in range(counts[r.family])]
+        return out
+
+
+def block_entry(module: ModuleType, geometry: Callable[[G, Ranks], Any]) -> BlockEntry[G]:
+    """A model table's entry for one generated block module; ``geometry`` maps the model's
+    geometry and this process's ranks to the block's own geometry."""
+    bind = getattr(module, f"bind_{module.BLOCK}")
+    return BlockEntry(
+        name=module.BLOCK,
+        prefix=module.PREFIX,
+        tensors=module.TENSORS,
+        markers=module.MARKERS,
+        matches=module.matches,
+        bind=lambda m, r, layer, src, backend, flags: bind(
+            geometry(m, r), r, layer, src, backend, flags
+        ),
+        fields=module.FIELDS,
+        shapes=lambda m: module.expected_shapes(geometry(m, Ranks())),
+        check=lambda m, r: module.check_constraints(geometry(m, r)),
+        plan=lambda m, r: module.plan(geometry(m, r), r),
+        counts=lambda m: module.counts(geometry(m, Ranks())),
+    )
 
 
 @dataclass(frozen=True)
@@ -66,6 +94,15 @@ class ModelTable(Generic[G]):
     make_geometry: Callable[[dict[str, int]], G]
     blocks: tuple[BlockEntry[G], ...]
     layer_groups: tuple[LayerGroupRule, ...] = ()
+    slots: tuple[SlotRule, ...] = ()
+    globals: str | None = None  # the block of model-level tensors (embedding, norm, head)
+    unbound: tuple[UnboundRule, ...] = ()
+    layer_count: str | None = None  # config.json field: decoder layers
+    mtp_count: str | None = None  # config.json field: MTP layers after the decoder layers
+    flags: tuple[str, ...] = ()  # config.json booleans the blocks read (a tie)
+    synth: SynthRule | None = None  # what `specbind synth` writes for this model
+    real_layers: int = 0  # the real model's decoder layers and MTP layers
+    real_mtp: int = 0
 
     def default_values(self) -> dict[str, int]:
         return {f.name: f.value for f in self.geometry_fields}
@@ -75,6 +112,10 @@ class ModelTable(Generic[G]):
             if b.name == name:
                 return b
         raise KeyError(name)
+
+    def slot_blocks(self, scope: str) -> list[SlotRule]:
+        """The slots a layer of role ``scope`` ("decoder" or "mtp") is made of."""
+        return [s for s in self.slots if s.scope in ("all", scope)]
 
 
 def values_from_config(

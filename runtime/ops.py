@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from core.dtypes import DTYPES
+from core.errors import BindError, GeometryError
 from runtime.binding import Array
-from runtime.dtypes import DTYPES
-from runtime.errors import BindError, GeometryError
 
 F32 = np.dtype(np.float32)
 
@@ -104,6 +104,20 @@ def concat_squeeze(parts: Sequence[Array], axis: int, squeeze: int | None) -> Ar
     return joined.squeeze(axis=squeeze)  # [.., 1, ..] -> [.., ..]: same row-major bytes
 
 
+def stack(groups: Sequence[Sequence[Array]], axis: int, squeeze: int | None) -> Array:
+    """One slice per family member on a new axis 0; member i is the concat of ``groups[j][i]``
+    over the sources j along ``axis`` (then ``squeeze``), written straight into the result."""
+    n = len(groups[0])
+    if n == 0 or any(len(g) != n for g in groups):
+        raise BindError(f"cannot stack {[len(g) for g in groups]} members")
+    first = concat_squeeze([g[0] for g in groups], axis, squeeze)
+    out = np.empty((n, *first.shape), dtype=first.dtype)  # [n, *member shape]
+    out[0] = first
+    for i in range(1, n):
+        out[i] = concat_squeeze([g[i] for g in groups], axis, squeeze)
+    return out
+
+
 class Ops(Protocol):
     """What generated transforms call; ``runtime.ops`` (NumPy) and ``runtime.ops_cupy`` agree.
 
@@ -117,6 +131,7 @@ class Ops(Protocol):
     def scale(self, a: Any, factor: float, dtype: str) -> Array: ...
     def cast(self, a: Any, dtype: str) -> Array: ...
     def concat_squeeze(self, parts: Sequence[Any], axis: int, squeeze: int | None) -> Array: ...
+    def stack(self, groups: Sequence[Sequence[Any]], axis: int, squeeze: int | None) -> Array: ...
     def contract(
         self,
         a: Any,

@@ -14,9 +14,17 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from generated import kernels
-from runtime.errors import BindError
+from core.errors import BindError
 from runtime.ops import matmul_groups
+
+# The generated kernel wrappers, handed over by ``runtime.backends.cupy_backend`` (the runtime
+# never imports ``generated`` itself).
+kernels: Any = None
+
+
+def use(module: Any) -> None:
+    global kernels
+    kernels = module
 
 
 def _cp() -> Any:
@@ -87,6 +95,15 @@ def concat_squeeze(parts: Sequence[Any], axis: int, squeeze: int | None) -> Any:
     if joined.shape[squeeze] != 1:
         raise BindError(f"cannot squeeze dim {squeeze} of shape {list(joined.shape)}: it is not 1")
     return joined.squeeze(axis=squeeze)  # [.., 1, ..] -> [.., ..]: same bytes
+
+
+def stack(groups: Sequence[Sequence[Any]], axis: int, squeeze: int | None) -> Any:
+    """As :func:`runtime.ops.stack`, on the device: one slice per family member on axis 0."""
+    cp = _cp()
+    n = len(groups[0])
+    if n == 0 or any(len(g) != n for g in groups):
+        raise BindError(f"cannot stack {[len(g) for g in groups]} members")
+    return cp.stack([concat_squeeze([g[i] for g in groups], axis, squeeze) for i in range(n)])
 
 
 def contract(

@@ -1,92 +1,110 @@
-"""``specbind plan``: every tensor's local shape and bytes on every rank, and the totals.
+"""``specbind plan``: every tensor's local shape and bytes on every (tp, ep) rank, and totals.
 
-Invariant: summed over ranks, the local bytes equal the TP=1 bytes plus (tp - 1) times the
-replicated bytes — sharded tensors partition, replicated ones are held by every rank. The
-report states both sides so a reader (and the tests) can check it.
+Invariant: summed over ranks, each tensor is held ``tp`` times if replicated across tp ranks
+(once if split), times ``ep`` unless it is an expert split across ep ranks (once): sharded
+tensors partition, replicated ones are held by every rank. The report states both sides of that
+sum so a reader (and the tests) can check it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from core.planning import BlockPlan, Ranks
 from runtime.model import ModelTable
+
+# (layer index, block, names present); a layer contributes one entry per filled slot
+LayerUse = tuple[int, str, frozenset[str]]
 
 
 def plan_report(
     table: ModelTable[Any],
     values: dict[str, int],
     tp_size: int,
-    layers: list[tuple[int, str, frozenset[str]]],
+    layers: list[LayerUse],
     source: str,
+    ep_size: int = 1,
 ) -> dict[str, Any]:
-    """``layers``: (index, block, names present); the plan of a layer counts present tensors."""
     geometry = table.make_geometry(values)
     used = sorted({b for _, b, _ in layers})
-    plans = {
-        (name, r): table.block(name).plan(geometry, tp_size, r)
-        for name in used
-        for r in range(tp_size)
-    }
+    grid = [Ranks(tp_size, t, ep_size, e) for e in range(ep_size) for t in range(tp_size)]
+    plans: dict[tuple[str, Ranks], BlockPlan] = {}
     for name in used:
-        table.block(name).check(geometry, tp_size)
+        block = table.block(name)
+        block.check(geometry, grid[0])
+        for r in grid:
+            plans[(name, r)] = block.plan(geometry, r)
+    whole = {name: table.block(name).plan(geometry, Ranks()) for name in used}
     blocks: dict[str, Any] = {}
     for name in used:
-        p0 = plans[(name, 0)]
+        block = table.block(name)
+        shapes = block.shapes(geometry)
         blocks[name] = {
-            "layers": [i for i, b, _ in layers if b == name],
-            "all_reduce": p0.all_reduce,
+            "layers": sorted({i for i, b, _ in layers if b == name}),
+            "all_reduce": plans[(name, grid[0])].all_reduce,
             "tensors": [
                 {
-                    k: v
-                    for k, v in t.as_dict().items()
-                    if k in ("name", "dtype", "shard", "full_shape", "full_bytes")
+                    "name": r.name,
+                    "dtype": r.dtype,
+                    "shard": r.shard.kind
+                    if r.shard.unit is None
+                    else f"{r.shard.kind}:{r.shard.unit}",
+                    "family": r.family,
+                    "full_shape": list(shapes[r.name]),
                 }
-                for t in p0.tensors.values()
+                for r in block.tensors
             ],
         }
-    tp1 = replicated = 0
+    tp1 = expected = 0
     for _, b, present in layers:
-        for t in plans[(b, 0)].tensors.values():
+        for t in whole[b].tensors.values():
             if t.name in present:
                 tp1 += t.full_bytes
-                replicated += t.full_bytes if t.kind == "replicated" else 0
-    ranks = []
-    for r in range(tp_size):
-        per_block = {}
-        for name in used:
-            per_block[name] = [
-                {
-                    k: v
-                    for k, v in t.as_dict().items()
-                    if k in ("name", "local_shape", "local_bytes", "row_offset", "col_offset")
-                }
-                for t in plans[(name, r)].tensors.values()
-            ]
+                copies = tp_size if t.kind == "replicated" else 1
+                copies *= 1 if t.pattern != t.name else ep_size  # an expert lives on one ep rank
+                expected += t.full_bytes * copies
+    ranks: list[dict[str, Any]] = []
+    for r in grid:
         total = sum(
             t.local_bytes
             for _, b, present in layers
             for t in plans[(b, r)].tensors.values()
             if t.name in present
         )
-        ranks.append({"rank": r, "bytes": total, "tensors": per_block})
+        per_block = {
+            name: [
+                {
+                    k: t.as_dict()[k]
+                    for k in ("name", "local_shape", "local_bytes", "axis", "offset")
+                }
+                for t in plans[(name, r)].tensors.values()
+            ]
+            for name in used
+        }
+        ranks.append(
+            {"tp_rank": r.tp_rank, "ep_rank": r.ep_rank, "bytes": total, "tensors": per_block}
+        )
     return {
         "model": table.name,
         "source": source,
         "tp_size": tp_size,
+        "ep_size": ep_size,
         "geometry": values,
         "blocks": blocks,
         "ranks": ranks,
         "totals": {
             "tp1_bytes": tp1,
-            "replicated_bytes": replicated,
             "sum_rank_bytes": sum(r["bytes"] for r in ranks),
-            "expected_sum": tp1 + (tp_size - 1) * replicated,
+            "expected_sum": expected,
+            "max_rank_bytes": max(r["bytes"] for r in ranks),
         },
     }
 
 
 def render_text(rep: dict[str, Any]) -> str:
-    lines = [f"plan for {rep['model']} at tp {rep['tp_size']} ({rep['source']})"]
+    lines = [
+        f"plan for {rep['model']} at tp {rep['tp_size']} x ep {rep['ep_size']} ({rep['source']})"
+    ]
     for name, b in rep["blocks"].items():
         lines.append(f"{name}: layers {b['layers']}, all-reduce after the block: {b['all_reduce']}")
         for t in b["tensors"]:
@@ -94,16 +112,11 @@ def render_text(rep: dict[str, Any]) -> str:
                 f"  {t['name']:<45} {t['dtype']:<5} {t['shard']:<11} {t['full_shape']!s:<16}"
             )
     for r in rep["ranks"]:
-        lines.append(f"rank {r['rank']}: {r['bytes']} B")
-        for name, ts in r["tensors"].items():
-            for t in ts:
-                lines.append(
-                    f"  {name}  {t['name']:<45} {t['local_shape']!s:<16} {t['local_bytes']:>12} B"
-                )
+        lines.append(f"rank tp {r['tp_rank']} ep {r['ep_rank']}: {r['bytes']} B")
     tot = rep["totals"]
     lines.append(
-        f"TP=1 {tot['tp1_bytes']} B; replicated {tot['replicated_bytes']} B; "
-        f"sum over ranks {tot['sum_rank_bytes']} B "
-        f"(= TP=1 + (tp-1) x replicated: {tot['expected_sum']} B)"
+        f"whole model {tot['tp1_bytes']} B; sum over ranks {tot['sum_rank_bytes']} B "
+        f"(expected {tot['expected_sum']} B: replicated tensors on every rank, experts on one "
+        f"ep rank); largest rank {tot['max_rank_bytes']} B"
     )
     return "\n".join(lines)

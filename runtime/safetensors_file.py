@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.dtypes import DTYPES
-from runtime.errors import CheckpointError
+from core.dtypes import DTYPES
+from core.errors import CheckpointError
 from runtime.source import MapSpan, RawTensor
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the cap the safetensors library itself applies

@@ -1,15 +1,15 @@
-"""Write a synthetic GLM-5.3-Flash checkpoint in the Hugging Face layout.
+"""Write a synthetic checkpoint of any generated model in the Hugging Face layout.
 
-What is written: ``config.json`` (flat ``Glm5NextTextConfig`` fields), shards
-``model-0000i-of-0000n.safetensors`` and ``model.safetensors.index.json``, through the
-safetensors library. Attention tensors take their names, dtypes and shapes from the generated
-block tables, so the synthetic checkpoint follows the specs; the layer schedule is GLM's:
-KDA where ``idx % 4 != 3``, DSA otherwise, one DSA-shaped MTP layer after the last, and every
-second DSA layer "shared" (no indexer tensors).
+What is written: ``config.json``, shards ``model-0000i-of-0000n.safetensors`` and
+``model.safetensors.index.json``, through the safetensors library. Everything comes from the
+model table: tensor names, dtypes and shapes from the generated block tables, the layer
+schedule from the per-layer config lists of the model spec's ``synth`` section (each slot's
+block is the one its list value names), the MTP layers' blocks from ``synth.mtp``, and the
+extra config.json fields from ``synth.config``. Nothing here names a model or a tensor.
 
-Invariants: values are seeded and deterministic; ``A_log`` and ``dt_bias`` are F32 (unless
-``gates_bf16`` asks for the broken wholesale cast); the output directory appears whole or not
-at all (written beside it, then renamed).
+Invariants: values are seeded and deterministic; every optional group a layer-group rule
+marks present is written whole; the output directory appears whole or not at all (written
+beside it, then renamed); ``shards`` is honoured exactly or refused.
 """
 
 from __future__ import annotations
@@ -27,105 +27,101 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
+from core.dtypes import DTYPES
+from core.errors import SpecbindError
+from core.ir import TensorRule
+from core.planning import Ranks
 from runtime.binding import Array
-from runtime.dtypes import DTYPES
-from runtime.errors import SpecbindError
-from runtime.model import ModelTable
-
-TINY: dict[str, int] = {
-    "hidden": 64,
-    "linear_heads": 16,
-    "linear_head_dim": 64,
-    "linear_conv": 4,
-    "heads": 8,
-    "q_lora_rank": 32,
-    "kv_lora_rank": 16,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 0,
-    "v_head_dim": 16,
-    "index_heads": 4,
-    "index_head_dim": 16,
-    "index_kpool": 4,
-}
-VOCAB = 256
+from runtime.model import BlockEntry, ModelTable
 
 
 @dataclass(frozen=True)
 class LayerPlan:
     index: int
-    block: str
-    indexer: bool  # DSA only: full (True) or shared (False)
-    mtp: bool = False
+    role: str  # "decoder" | "mtp"
+    blocks: dict[str, str]  # slot -> block
+    groups: frozenset[str]  # the optional groups this layer carries
 
 
-def schedule(layers: int, mtp: bool = True) -> list[LayerPlan]:
+def tiny_values(table: ModelTable[Any]) -> dict[str, int]:
+    """The model spec's tiny geometry (``synth.tiny``) over its real one."""
+    if table.synth is None:
+        raise SpecbindError(f"model {table.name} has no synth section in its spec")
+    return table.default_values() | dict(table.synth.tiny)
+
+
+def schedule(table: ModelTable[Any], layers: int, mtp: bool = True) -> list[LayerPlan]:
+    """Each layer's blocks and optional groups, from the spec's synthetic config lists."""
+    if table.synth is None:
+        raise SpecbindError(f"model {table.name} has no synth section in its spec")
+    lists = {sl.config: sl for sl in table.synth.lists}
+    optional = {g.group for g in table.layer_groups}
     out: list[LayerPlan] = []
-    dsa_seen = 0
     for i in range(layers):
-        if i % 4 != 3:
-            out.append(LayerPlan(i, "kda", False))
-        else:
-            out.append(LayerPlan(i, "dsa", dsa_seen % 2 == 0))
-            dsa_seen += 1
-    if mtp:
-        out.append(LayerPlan(layers, "dsa", True, mtp=True))
+        blocks: dict[str, str] = {}
+        for slot in table.slot_blocks("decoder"):
+            block = slot.blocks[0]
+            if slot.config is not None and slot.config in lists:
+                named = slot.block_for(lists[slot.config].value(i))
+                if named is None:
+                    raise SpecbindError(
+                        f"synth: {slot.config}[{i}] = {lists[slot.config].value(i)!r} names "
+                        f"no block of slot {slot.name}"
+                    )
+                block = named
+            blocks[slot.name] = block
+        groups = set(optional)
+        for rule in table.layer_groups:
+            if rule.config in lists and lists[rule.config].value(i) not in rule.present:
+                groups.discard(rule.group)
+        out.append(LayerPlan(i, "decoder", blocks, frozenset(groups)))
+    n_mtp = 1 if mtp and table.mtp_count is not None else 0
+    chosen = dict(table.synth.mtp)
+    for j in range(n_mtp):
+        blocks = {s.name: chosen.get(s.name, s.blocks[0]) for s in table.slot_blocks("mtp")}
+        out.append(LayerPlan(layers + j, "mtp", blocks, frozenset(optional)))
     return out
 
 
 def config_for(
     table: ModelTable[Any], values: dict[str, int], plans: list[LayerPlan]
 ) -> dict[str, Any]:
-    decoder = [p for p in plans if not p.mtp]
-    cfg: dict[str, Any] = {
-        "architectures": ["Glm5NextTextModel"],
-        "model_type": "glm5_next_text",
-        "torch_dtype": "bfloat16",
-        "vocab_size": VOCAB,
-        "num_hidden_layers": len(decoder),
-        "num_key_value_heads": values["heads"],
-        "num_nextn_predict_layers": len(plans) - len(decoder),
-        "layer_types": [
-            "linear_attention" if p.block == "kda" else "indexed_attention" for p in decoder
-        ],
-        "indexer_types": ["full" if p.block == "kda" or p.indexer else "shared" for p in decoder],
-        "rms_norm_eps": 1e-5,
-    }
+    assert table.synth is not None
+    decoder = [p for p in plans if p.role == "decoder"]
+    cfg: dict[str, Any] = json.loads(table.synth.config_json)
+    if table.layer_count is not None:
+        cfg[table.layer_count] = len(decoder)
+    if table.mtp_count is not None:
+        cfg[table.mtp_count] = len(plans) - len(decoder)
+    for sl in table.synth.lists:
+        cfg[sl.config] = [sl.value(p.index) for p in decoder]
     for f in table.geometry_fields:
         if f.config is not None:
             cfg[f.config] = values[f.name]
     return dict(sorted(cfg.items()))
 
 
-def _values(rng: np.random.Generator, name: str, dtype: str, shape: tuple[int, ...]) -> Array:
-    if name.endswith("A_log"):
-        arr = np.log(rng.uniform(1.0, 16.0, size=shape)).astype(np.float32)
-    elif name.endswith("dt_bias"):
-        arr = rng.uniform(-4.0, -1.0, size=shape).astype(np.float32)
-    else:
-        arr = (rng.standard_normal(size=shape, dtype=np.float32) * 0.02).astype(np.float32)
+def _values(rng: np.random.Generator, dtype: str, shape: tuple[int, ...]) -> Array:
+    arr = (rng.standard_normal(size=shape, dtype=np.float32) * 0.02).astype(np.float32)
     np_dtype = DTYPES[dtype].numpy
     assert np_dtype is not None
     return arr.astype(np_dtype)
 
 
-def layer_tensors(
-    table: ModelTable[Any], geometry: Any, plan: LayerPlan, hidden: int, gates_bf16: bool
-) -> Iterator[tuple[str, str, tuple[int, ...]]]:
-    """(layer-relative name, dtype, shape) of every tensor of one synthetic layer."""
-    block = table.block(plan.block)
-    shapes = block.shapes(geometry, 1)
+def block_tensors(
+    block: BlockEntry[Any], geometry: Any, groups: frozenset[str], cast_bf16: bool
+) -> Iterator[tuple[TensorRule, str, str, tuple[int, ...]]]:
+    """(rule, concrete name, dtype, shape) of every tensor one block writes."""
+    shapes = block.shapes(geometry)
+    counts = block.counts(geometry)
     for rule in block.tensors:
-        if rule.group == "indexer" and not plan.indexer:
+        if rule.group is not None and rule.group not in groups:
             continue
-        dtype = "BF16" if gates_bf16 and rule.dtype == "F32" else rule.dtype
-        yield rule.name, dtype, shapes[rule.name]
-    yield "input_layernorm.weight", "BF16", (hidden,)
-    yield "post_attention_layernorm.weight", "BF16", (hidden,)
-    yield "mlp.gate_proj.weight", "BF16", (2 * hidden, hidden)
-    if plan.mtp:
-        yield "eh_proj.weight", "BF16", (hidden, 2 * hidden)
-        yield "enorm.weight", "BF16", (hidden,)
-        yield "hnorm.weight", "BF16", (hidden,)
+        dtype = "BF16" if cast_bf16 and rule.dtype == "F32" else rule.dtype
+        ids = range(counts[rule.family]) if rule.family is not None else [None]
+        for i in ids:
+            name = rule.name if i is None else rule.concrete(i).name
+            yield rule, name, dtype, shapes[rule.name]
 
 
 def synth(
@@ -146,23 +142,28 @@ def synth(
         raise SpecbindError(f"--layers {layers} is out of range (0..4096)")
     full = table.default_values() | values
     geometry = table.make_geometry(full)
-    for b in table.blocks:
-        b.check(geometry, 1)
-    plans = schedule(layers, mtp)
-    hidden = full["hidden"]
-    entries: list[tuple[str, str, tuple[int, ...]]] = [
-        ("embed_tokens.weight", "BF16", (VOCAB, hidden))
-    ]
+    plans = schedule(table, layers, mtp)
+    entries: list[tuple[str, str, tuple[int, ...]]] = []
     for p in plans:
         pre = table.layer_pattern.format(index=p.index)
-        entries += [
-            (pre + n, d, s) for n, d, s in layer_tensors(table, geometry, p, hidden, gates_bf16)
-        ]
-    entries.append(("norm.weight", "BF16", (hidden,)))
+        for bname in p.blocks.values():
+            block = table.block(bname)
+            block.check(geometry, Ranks())
+            entries += [
+                (pre + n, d, s)
+                for _, n, d, s in block_tensors(block, geometry, p.groups, gates_bf16)
+            ]
+    if table.globals is not None:
+        block = table.block(table.globals)
+        groups = frozenset(t.group for t in block.tensors if t.group is not None)
+        entries += [(n, d, s) for _, n, d, s in block_tensors(block, geometry, groups, gates_bf16)]
     total = sum(DTYPES[d].nbytes(s) for _, d, s in entries)
+    if shards is not None and shards > len(entries):
+        raise SpecbindError(
+            f"--shards {shards}: there are only {len(entries)} tensors to spread over them"
+        )
     n_shards = shards or max(2, math.ceil(total / (2 << 30)))
     n_shards = max(1, min(n_shards, len(entries)))
-    per = math.ceil(len(entries) / n_shards)
     rng = np.random.default_rng(seed)
 
     parent = out.resolve().parent
@@ -171,20 +172,17 @@ def synth(
     try:
         weight_map: dict[str, str] = {}
         for i in range(n_shards):
-            chunk = entries[i * per : (i + 1) * per]
+            lo, hi = _span(i, n_shards, len(entries))
+            chunk = entries[lo:hi]
             fn = f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
-            tensors = {n: _values(rng, n, d, s) for n, d, s in chunk}
+            tensors = {n: _values(rng, d, s) for n, d, s in chunk}
             save_file(tensors, str(tmp / fn), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(tensors, fn))
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         cfg = config_for(table, full, plans)
         if nested_config:
-            cfg = {
-                "architectures": ["Glm5NextForConditionalGeneration"],
-                "model_type": "glm5_next",
-                "text_config": cfg,
-            }
+            cfg = {"text_config": cfg}  # as multimodal wrappers nest the text model's fields
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         umask = os.umask(0)
         os.umask(umask)
@@ -203,6 +201,15 @@ def synth(
         "tensors": len(entries),
         "bytes": total,
         "layers": [
-            {"index": p.index, "block": p.block, "indexer": p.indexer, "mtp": p.mtp} for p in plans
+            {"index": p.index, "role": p.role, "blocks": p.blocks, "groups": sorted(p.groups)}
+            for p in plans
         ],
     }
+
+
+def _span(i: int, n: int, count: int) -> tuple[int, int]:
+    """Shard i's tensors when ``count`` tensors are spread over ``n`` shards as evenly as can
+    be (every shard gets at least one)."""
+    base, rem = divmod(count, n)
+    lo = i * base + min(i, rem)
+    return lo, lo + base + (1 if i < rem else 0)

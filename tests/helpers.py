@@ -8,9 +8,9 @@ import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
 
+from core.dtypes import DTYPES, dtype_name
 from generated import MODELS, dsa, kda
 from runtime.binding import Array, TensorRule
-from runtime.dtypes import DTYPES, dtype_name
 from runtime.source import DictSource, RawTensor
 
 TABLE = MODELS["glm-5.3-flash"]

@@ -8,9 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from generator import algebra
-from runtime import algebra_ops
-from runtime.errors import AlgebraError, GeometryError
+from core import algebra, algebra_ops
+from core.errors import AlgebraError, GeometryError
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from helpers import TABLE
 
+from core.dtypes import within_one_bf16_ulp
+from core.errors import SpecbindError
 from runtime import backends
 from runtime.bind import bind_checkpoint
 from runtime.checkpoint import Checkpoint
-from runtime.dtypes import within_one_bf16_ulp
-from runtime.errors import SpecbindError
 from runtime.synth import TINY, synth
 
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from helpers import TABLE, read_file
 
+from core.errors import SpecbindError
 from runtime.bind import bind_checkpoint
 from runtime.checkpoint import Checkpoint
-from runtime.errors import SpecbindError
 from runtime.synth import TINY, synth
 
 SHARD = "model-00001-of-00002.safetensors"

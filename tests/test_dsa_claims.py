@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from helpers import INDEXER_FIELDS, REAL, TABLE, TINY_DSA, layer_arrays, source
 
+from core.errors import BindError, GeometryError
 from generated import dsa
 from generated import model_glm_5_3_flash as m
 from runtime.bind import classify
-from runtime.errors import BindError, GeometryError
 
 
 def test_dsa_spec_has_the_mla_tensors_and_the_seven_indexer_tensors() -> None:

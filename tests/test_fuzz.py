@@ -13,9 +13,9 @@ from typing import Any
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from core.errors import CheckpointError, SpecbindError, SpecError
 from generator import spec, yamlio
 from generator.render import _block_context, _env
-from runtime.errors import CheckpointError, SpecbindError, SpecError
 from runtime.safetensors_file import SafetensorsFile, parse_header
 
 SCHEMA = json.loads(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import GeometryError
 from generator.render import generate, render_all, stale
-from runtime.errors import GeometryError
 
 REPO = Path(__file__).resolve().parent.parent
 

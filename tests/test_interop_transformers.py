@@ -27,11 +27,11 @@ import pytest
 from helpers import INDEXER_FIELDS
 from safetensors import safe_open
 
+from core.dtypes import bf16_ulp
+from core.errors import BindError
 from generated import MODELS, SPECS_SHA256
 from runtime.bind import BindResult, bind_checkpoint
 from runtime.checkpoint import Checkpoint
-from runtime.dtypes import bf16_ulp
-from runtime.errors import BindError
 
 # exc_type=ImportError: a present but broken install (not only a missing one) skips too.
 torch = pytest.importorskip("torch", exc_type=ImportError)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from helpers import REAL_KDA, TABLE, TINY_KDA, layer_arrays, raw, source
 
+from core import algebra
+from core.errors import BindError, GeometryError
 from generated import kda
-from generator import algebra
 from runtime.bind import classify
-from runtime.errors import BindError, GeometryError
 from runtime.source import DictSource
 
 AUDITED = {

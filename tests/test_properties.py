@@ -21,10 +21,10 @@ from helpers import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.errors import BindError
 from generated import dsa, kda
 from runtime.bind import bind_checkpoint
 from runtime.checkpoint import Checkpoint
-from runtime.errors import BindError
 from runtime.source import DictSource
 from runtime.synth import synth
 

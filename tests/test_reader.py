@@ -15,8 +15,8 @@ import pytest
 from helpers import TABLE
 from safetensors.numpy import save_file
 
+from core.errors import CheckpointError
 from runtime.checkpoint import Checkpoint
-from runtime.errors import CheckpointError
 from runtime.model import values_from_config
 from runtime.safetensors_file import MAX_HEADER_BYTES, SafetensorsFile
 

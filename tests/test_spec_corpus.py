@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import SpecError
 from generator.render import generate
-from runtime.errors import SpecError
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = sorted((Path(__file__).parent / "corpus" / "specs").glob("*.yaml"))

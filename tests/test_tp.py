@@ -22,10 +22,10 @@ from helpers import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.errors import BindError, GeometryError
 from generated import dsa, kda
 from generated import model_glm_5_3_flash as m
 from runtime.checkpoint import Checkpoint
-from runtime.errors import BindError, GeometryError
 from runtime.launcher import resolve_tp
 from runtime.source import DictSource, RawTensor
 from runtime.synth import TINY, synth

@@ -17,10 +17,10 @@ from helpers import TINY_DSA, dsa_tp_geometries, layer_arrays, raw, source
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.dtypes import bf16_ulp, within_one_bf16_ulp
+from core.errors import BindError
 from generated import dsa
 from runtime import ops
-from runtime.dtypes import bf16_ulp, within_one_bf16_ulp
-from runtime.errors import BindError
 from runtime.tp import shard_raw
 
 F64 = np.float64

@@ -17,7 +17,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from runtime.errors import SpecbindError
+from core.errors import SpecbindError
 
 SOURCE = Path(__file__).with_name("specbind.cu")
 BLOCK = 256
@@ -105,6 +105,26 @@ def gather_cols_b2(x: Any, col0: int, width: int) -> Any:
     out = cp.empty((rows, width), dtype=x.dtype)
     args = (x, out, cp.int64(rows), cp.int64(cols), cp.int64(col0), cp.int64(width))
     launch("gather_cols_b2", rows * width, args)
+    return out
+
+
+def concat_rows_2_b2(parts: list[Any]) -> Any:
+    """out = [in0; in1; ...] for 2 row-major inputs of 2-byte elements; the inputs must share dtype and trailing shape."""
+    cp = cupy()
+    if len(parts) != 2:
+        raise KernelError(f"concat_rows_2_b2: {len(parts)} inputs, expected 2")
+    first = parts[0]
+    for i, p in enumerate(parts):
+        check("concat_rows_2_b2", f"in{i}", p, str(first.dtype))
+        if p.shape[1:] != first.shape[1:] or p.dtype.itemsize != 2:
+            raise KernelError(
+                f"concat_rows_2_b2: in{i} is {p.shape} {p.dtype}, unlike in0 {first.shape} {first.dtype}"
+            )
+    out = cp.empty((sum(p.shape[0] for p in parts), *first.shape[1:]), dtype=first.dtype)
+    args: list[Any] = []
+    for p in parts:
+        args += [p, cp.int64(p.size)]
+    launch("concat_rows_2_b2", out.size, (*args, out))
     return out
 
 

@@ -56,6 +56,18 @@ extern "C" void launch_gather_cols_b2(unsigned grid, unsigned block, const unsig
     }
 }
 
+extern "C" void launch_concat_rows_2_b2(unsigned grid, unsigned block, const unsigned short* in0, long long n0, const unsigned short* in1, long long n1, unsigned short* out) {
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < grid; ++b) {
+        for (unsigned t = 0; t < block; ++t) {
+            blockIdx.x = b;
+            threadIdx.x = t;
+            concat_rows_2_b2(in0, n0, in1, n1, out);
+        }
+    }
+}
+
 extern "C" void launch_concat_rows_3_b2(unsigned grid, unsigned block, const unsigned short* in0, long long n0, const unsigned short* in1, long long n1, const unsigned short* in2, long long n2, unsigned short* out) {
     gridDim.x = grid;
     blockDim.x = block;

@@ -56,6 +56,16 @@ extern "C" __global__ void gather_cols_b2(const unsigned short* __restrict__ in,
     }
 }
 
+// out = [in0; in1; ...] for 2 row-major inputs of 2-byte elements
+extern "C" __global__ void concat_rows_2_b2(const unsigned short* __restrict__ in0, long long n0, const unsigned short* __restrict__ in1, long long n1, unsigned short* __restrict__ out) {
+    GRID_STRIDE(i, n0 + n1) {
+        long long j = i;
+        if (j < n0) { out[i] = in0[j]; continue; }
+        j -= n0;
+        if (j < n1) { out[i] = in1[j]; continue; }
+    }
+}
+
 // out = [in0; in1; ...] for 3 row-major inputs of 2-byte elements
 extern "C" __global__ void concat_rows_3_b2(const unsigned short* __restrict__ in0, long long n0, const unsigned short* __restrict__ in1, long long n1, const unsigned short* __restrict__ in2, long long n2, unsigned short* __restrict__ out) {
     GRID_STRIDE(i, n0 + n1 + n2) {

@@ -74,11 +74,11 @@ def test_concat_rows_equals_numpy_concatenate(lengths: list[int], width: int) ->
 
 
 def test_the_cupy_backend_binds_the_numpy_backends_bytes(tmp_path: Path) -> None:
+    from core.dtypes import within_one_bf16_ulp
     from generated import MODELS
     from runtime import backends
     from runtime.bind import bind_checkpoint
     from runtime.checkpoint import Checkpoint
-    from runtime.dtypes import within_one_bf16_ulp
     from runtime.synth import TINY, synth
 
     table = MODELS["glm-5.3-flash"]

@@ -42,3 +42,8 @@ class BindError(SpecbindError):
 
 class GenerateError(SpecbindError):
     """generated/ is stale, holds orphans, or could not be written."""
+
+
+def at(layer: int) -> str:
+    """Where a tensor sits, for messages: ``layer 7``, or ``model`` for the global tensors."""
+    return f"layer {layer}" if layer >= 0 else "model"

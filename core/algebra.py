@@ -8,7 +8,7 @@ Invariants:
   anything else (calls, attributes, subscripts, strings, floats) is refused with a message;
 - :func:`to_python` renders only accepted nodes, names through a caller-checked mapping, and
   integers through ``repr``, so no spec text reaches generated code verbatim;
-- evaluation and generated code share :mod:`runtime.algebra_ops`, so they agree.
+- evaluation and generated code share :mod:`core.algebra_ops`, so they agree.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from runtime import algebra_ops
-from runtime.errors import AlgebraError
+from core import algebra_ops
+from core.errors import AlgebraError
 
 MAX_EXPR_LEN = 300
 MAX_DEPTH = 32
-RESERVED = frozenset({"tp"})
+RESERVED = frozenset({"tp", "ep"})
 
 _ARITH: dict[type[ast.operator], str] = {
     ast.Add: "+",
@@ -190,7 +190,7 @@ _HELPER = {ast.Div: "div", ast.FloorDiv: "floordiv", ast.Mod: "mod", ast.Pow: "p
 def to_python(expr: Expr, name: Callable[[str], str]) -> str:
     """Render as Python source; ``name`` maps a symbol to a checked Python expression.
 
-    ``/ // % **`` become calls into :mod:`runtime.algebra_ops` (exact, zero-checked, bounded);
+    ``/ // % **`` become calls into :mod:`core.algebra_ops` (exact, zero-checked, bounded);
     ``ast.unparse`` of the rewritten, already-whitelisted tree supplies minimal parentheses.
     """
     return ast.unparse(_Rewrite(name).visit(copy.deepcopy(expr.node)))

@@ -1,0 +1,173 @@
+"""The spec IR: one set of rule classes that the generator parses YAML into, the generated
+tables instantiate, and the runtime binds with.
+
+Invariants:
+- every ``kind`` is a ``Literal``; a rule never carries free-form strings where a closed set
+  of values is meant;
+- shapes and checks are carried as the spec's own text (for messages and comments); the
+  generator evaluates them, the generated code holds them as Python expressions;
+- a tensor name may hold one family placeholder ``{e}``; ``concrete`` fills it in, so a rule
+  for 288 experts is one row, not 288.
+Trap: ``ShardRule.axis`` is the axis as written (``cols`` is ``-1``); resolve it against the
+tensor's rank with ``ShardRule.resolved`` before indexing a shape.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from core.algebra import Expr
+
+ShardKind = Literal["replicated", "rows", "cols", "axis"]
+FieldKind = Literal["verbatim", "concat", "transform", "stack", "tie"]
+LayerRole = Literal["decoder", "mtp"]
+SlotScope = Literal["all", "decoder", "mtp"]
+
+
+@dataclass(frozen=True)
+class ShardRule:
+    """How one tensor splits across tensor-parallel ranks: whole ``unit``s along ``axis``."""
+
+    kind: ShardKind
+    unit: str | None = None
+    axis: int = 0  # rows: 0; cols: -1; axis: as declared
+
+    def resolved(self, rank: int) -> int:
+        return self.axis % rank if rank else 0
+
+
+@dataclass(frozen=True)
+class TieRule:
+    """``config`` true: the tensor is bound from ``to`` and a stored copy is refused."""
+
+    to: str
+    config: str
+
+
+@dataclass(frozen=True)
+class TensorRule:
+    name: str  # relative to the layer (or, for globals, to the text model); may hold `{f}`
+    dtype: str  # the dtype that is bound
+    shape: str  # the symbolic shape as written in the spec, for messages
+    shard: ShardRule
+    group: str | None = None
+    why_dtype: str | None = None
+    stored: tuple[str, ...] = ()  # other on-disk dtypes accepted, converted exactly to dtype
+    family: str | None = None  # the family placeholder in ``name``
+    root: bool = False  # named from the checkpoint root, not under the text model's prefix
+    tie: TieRule | None = None
+    # The parsed shape, held by the generator only (generated tables leave it empty).
+    dims: tuple[Expr, ...] = field(default=(), compare=False, repr=False)
+
+    def concrete(self, index: int) -> TensorRule:
+        """This rule for one member of its family (``experts.{e}.w`` -> ``experts.7.w``)."""
+        assert self.family is not None
+        name = self.name.replace("{" + self.family + "}", str(index))
+        return TensorRule(
+            name, self.dtype, self.shape, self.shard, self.group, self.why_dtype, self.stored,
+            None, self.root, self.tie,
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FamilyRule:
+    """An indexed family (``e`` in ``range(E)``); ``experts``: split whole across ep ranks."""
+
+    name: str
+    count: str  # the symbol holding the family's size
+    shard: Literal["experts", "replicated"]
+
+
+@dataclass(frozen=True)
+class FieldRule:
+    kind: FieldKind
+    dtype: str  # the bound field's dtype
+    layout: ShardKind  # across tp ranks
+    parts: int  # a concat of row shards holds one block per source
+    axis: int = 0  # the axis ``layout`` splits, in the field's own shape
+    family: str | None = None  # stacked over this rank's members of the family, on axis 0
+
+
+@dataclass(frozen=True)
+class GroupRule:
+    name: str
+    optional: bool
+    why: str
+
+
+@dataclass(frozen=True)
+class ConstraintRule:
+    name: str
+    check: str
+    why: str
+    expr: Expr | None = field(default=None, compare=False, repr=False)  # generator only
+
+
+@dataclass(frozen=True)
+class GeometryField:
+    name: str
+    config: str | None
+    value: int
+    min: int
+    doc: str
+
+
+@dataclass(frozen=True)
+class LayerGroupRule:
+    group: str
+    config: str
+    present: tuple[str, ...]
+    absent: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SlotRule:
+    """One part of a layer (attention, mlp, norms, ...): the blocks that may fill it, tried in
+    order, where it applies, and the per-layer config list that says which block it holds."""
+
+    name: str
+    blocks: tuple[str, ...]
+    scope: SlotScope = "all"
+    config: str | None = None  # e.g. layer_types
+    values: tuple[tuple[str, tuple[str, ...]], ...] = ()  # block -> config values meaning it
+
+    def block_for(self, value: object) -> str | None:
+        for block, vals in self.values:
+            if value in vals:
+                return block
+        return None
+
+
+@dataclass(frozen=True)
+class UnboundRule:
+    """Checkpoint names under ``prefix`` that this model declares it does not bind, and why."""
+
+    prefix: str
+    why: str
+
+
+@dataclass(frozen=True)
+class SynthList:
+    """A per-layer config.json list of a synthetic checkpoint: ``head``, then ``pattern``
+    repeated."""
+
+    config: str
+    head: tuple[str, ...]
+    pattern: tuple[str, ...]
+
+    def value(self, index: int) -> str:
+        if index < len(self.head):
+            return self.head[index]
+        return self.pattern[(index - len(self.head)) % len(self.pattern)]
+
+
+@dataclass(frozen=True)
+class SynthRule:
+    """What ``specbind synth`` writes for a model (from the model spec's ``synth`` section)."""
+
+    tiny: tuple[tuple[str, int], ...]
+    layers: int
+    lists: tuple[SynthList, ...]
+    mtp: tuple[tuple[str, str], ...]  # slot -> block of the MTP layers
+    config_json: str  # extra config.json fields, as JSON text

@@ -1,0 +1,219 @@
+"""Where every checkpoint tensor belongs: decoder or MTP layer, slot and block, the model-level
+tensors, the declared-unbound ones — from names alone, cross-checked against config.json.
+
+Invariants:
+- each slot of a layer is filled by the first of its blocks whose markers are all present;
+  a block with a prefix claims every name under it (so an unknown ``self_attn.*`` name is the
+  block's to refuse), a block without one claims only the names it declares;
+- every name of a layer belongs to exactly one filled slot; every name outside the layers is a
+  model-level tensor, under a declared-unbound prefix, or a problem; nothing is dropped;
+- a per-layer config list (``layer_types``, ``mlp_layer_types``, ``indexer_types``) and the
+  layer counts (``num_hidden_layers`` plus the MTP layers) must agree with what the names say;
+- the layout reports problems, it never raises for them: ``audit`` lists them all, ``bind``
+  refuses the first before reading a byte.
+Trap: a config list is a cross-check, never a substitute: a layer is what its names are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.errors import CheckpointError
+from runtime.binding import family_regex
+from runtime.layers import LayerSplit, split_layers
+from runtime.model import BlockEntry, ModelTable, config_lookup, expected_groups
+
+
+@dataclass
+class SlotFill:
+    slot: str
+    block: BlockEntry[Any] | None  # None: no block of the slot matches
+    names: list[str] = field(default_factory=list)  # layer-relative names it claims
+    missing: list[str] = field(default_factory=list)  # the nearest block's absent markers
+    nearest: str = ""
+
+
+@dataclass
+class LayerLayout:
+    index: int
+    role: str  # "decoder" | "mtp"
+    slots: dict[str, SlotFill] = field(default_factory=dict)
+    unclaimed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Layout:
+    split: LayerSplit
+    layers: dict[int, LayerLayout]
+    globals: dict[str, str]  # the globals block's relative name -> full checkpoint name
+    unbound: dict[str, list[str]]  # declared prefix -> the names under it
+    unclaimed: list[str]  # outside the layers, neither global nor declared unbound
+    problems: list[str]  # one line each, "layer N: ..." or "model: ..."
+
+
+def claims(block: BlockEntry[Any], name: str) -> bool:
+    """Whether ``block`` owns a layer-relative name (see the module invariants)."""
+    if block.prefix:
+        return name.startswith(block.prefix)
+    if any(r.name == name for r in block.tensors):
+        return True
+    return any(rx.fullmatch(name) for rx, _ in family_regex(block.tensors).values())
+
+
+def config_count(config: Mapping[str, Any], name: str | None) -> int | None:
+    if name is None:
+        return None
+    found = config_lookup(config, name)
+    if found is None:
+        return None
+    value, where = found
+    if type(value) is not int or value < 0:
+        raise CheckpointError(f"config.json: {where} is {value!r}, expected a whole number")
+    return value
+
+
+def fill_slot(table: ModelTable[Any], slot: str, names: Collection[str]) -> SlotFill:
+    rule = next(s for s in table.slots if s.name == slot)
+    blocks = [table.block(b) for b in rule.blocks]
+    for b in blocks:
+        if b.matches(names):
+            return SlotFill(slot, b, sorted(n for n in names if claims(b, n)))
+    best = max(blocks, key=lambda b: sum(1 for r in b.tensors if r.name in names))
+    missing = sorted(m for m in best.markers if m not in names)
+    return SlotFill(slot, None, [], missing, best.name)
+
+
+def layout(table: ModelTable[Any], names: list[str], config: Mapping[str, Any]) -> Layout:
+    split = split_layers(table, names)
+    problems: list[str] = []
+    n_layers = config_count(config, table.layer_count)
+    n_mtp = config_count(config, table.mtp_count) or 0
+    if n_layers is not None:
+        want = set(range(n_layers + n_mtp))
+        have = set(split.layers)
+        told = f"config.json {table.layer_count} is {n_layers}" + (
+            f" plus {n_mtp} MTP layer(s) ({table.mtp_count})" if n_mtp else ""
+        )
+        for i in sorted(want - have):
+            problems.append(f"layer {i}: {told}, but the checkpoint has no layer {i}")
+        for i in sorted(have - want):
+            problems.append(
+                f"layer {i}: {told}, so there is no layer {i}, but the checkpoint has one"
+            )
+    layers: dict[int, LayerLayout] = {}
+    for index, lnames in split.layers.items():
+        role = "mtp" if n_layers is not None and index >= n_layers else "decoder"
+        lay = LayerLayout(index, role)
+        owner: dict[str, str] = {}
+        for rule in table.slot_blocks(role):
+            fill = fill_slot(table, rule.name, lnames)
+            lay.slots[rule.name] = fill
+            if fill.block is None:
+                problems.append(
+                    f"layer {index}: no {rule.name} block of {table.name} matches its names; "
+                    f"nearest is {fill.nearest}, missing {fill.missing}"
+                )
+                continue
+            for n in fill.names:
+                if n in owner:
+                    problems.append(
+                        f"layer {index}: {n} is claimed by slots {owner[n]} and {rule.name}"
+                    )
+                owner[n] = rule.name
+            problems += _cross_check(table, config, index, rule.name, fill)
+        lay.unclaimed = sorted(n for n in lnames if n not in owner)
+        if lay.unclaimed and all(f.block is not None for f in lay.slots.values()):
+            shown = _shown(lay.unclaimed)
+            problems.append(
+                f"layer {index}: {len(lay.unclaimed)} tensor(s) belong to no slot of a {role} "
+                f"layer ({', '.join(lay.slots)}): {shown} — refusing to skip them"
+            )
+        layers[index] = lay
+    glob, unbound, unclaimed = _outside(table, split)
+    if unclaimed:
+        problems.append(
+            f"model: {len(unclaimed)} tensor(s) outside the layers are neither model-level "
+            f"tensors nor declared unbound: {_shown(unclaimed)} — refusing to skip them"
+        )
+    return Layout(split, layers, glob, unbound, unclaimed, problems)
+
+
+def _shown(names: list[str], most: int = 12) -> str:
+    return str(names if len(names) <= most else [*names[:most], f"... {len(names) - most} more"])
+
+
+def _cross_check(
+    table: ModelTable[Any], config: Mapping[str, Any], index: int, slot: str, fill: SlotFill
+) -> list[str]:
+    """What config.json's per-layer lists say about this slot, where they disagree."""
+    assert fill.block is not None
+    out: list[str] = []
+    rule = next(s for s in table.slots if s.name == slot)
+    if rule.config is not None:
+        found = config_lookup(config, rule.config)
+        if found is not None:
+            values, where = found
+            if not isinstance(values, list):
+                raise CheckpointError(
+                    f"config.json: {where} is {type(values).__name__}, not a list"
+                )
+            if index < len(values):
+                want = rule.block_for(values[index])
+                if want is None:
+                    known = sorted(v for _, vs in rule.values for v in vs)
+                    out.append(
+                        f"layer {index}: config.json {rule.config}[{index}] is "
+                        f"{values[index]!r}, expected one of {known}"
+                    )
+                elif want != fill.block.name:
+                    out.append(
+                        f"layer {index}: config.json {rule.config}[{index}] is "
+                        f"{values[index]!r} (a {want} {slot}), but the layer's tensors are "
+                        f"{fill.block.name}"
+                    )
+    names = set(fill.names)
+    for group, (must, why) in expected_groups(table, config, index).items():
+        members = [t.name for t in fill.block.tensors if t.group == group]
+        if not members:
+            continue
+        has = any(m in names for m in members)
+        if must and not has:
+            out.append(f"layer {index}: {why}, but the layer has no {group} tensors")
+        if has and not must:
+            out.append(f"layer {index}: {why}, but the layer carries {group} tensors")
+    return out
+
+
+def _outside(
+    table: ModelTable[Any], split: LayerSplit
+) -> tuple[dict[str, str], dict[str, list[str]], list[str]]:
+    """Sort the names outside the layers into model-level tensors, declared-unbound, the rest."""
+    glob: dict[str, str] = {}
+    block = table.block(table.globals) if table.globals else None
+    unbound: dict[str, list[str]] = {u.prefix: [] for u in table.unbound}
+    rest: list[str] = []
+    for n in split.outside:
+        rel = _global_name(block, split.prefix, n)
+        if rel is not None and rel not in glob:
+            glob[rel] = n
+            continue
+        under = next((u.prefix for u in table.unbound if n.startswith(u.prefix)), None)
+        if under is not None:
+            unbound[under].append(n)
+        else:
+            rest.append(n)
+    return glob, unbound, sorted(rest)
+
+
+def _global_name(block: BlockEntry[Any] | None, prefix: str, full: str) -> str | None:
+    """The globals block's name for a full checkpoint name, or None if it declares none."""
+    if block is None:
+        return None
+    for r in block.tensors:
+        if r.root and full == r.name:
+            return r.name
+        if not r.root and full == prefix + r.name:
+            return r.name
+    return None
