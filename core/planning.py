@@ -197,6 +197,3 @@ class Ranks:
         check_tp(self.tp_size, self.tp_rank)
         check_tp(self.ep_size, self.ep_rank, "ep")
 
-
-# One rank of one process: the default when a caller does not say (tp = ep = 1).
-SINGLE = Ranks()

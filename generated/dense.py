@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
-from core.planning import SINGLE, BlockPlan, Ranks, plan_block
+from core.planning import BlockPlan, plan_block
 from runtime.backends import NUMPY, Backend
 from runtime.binding import Array, BindReport, bind_tensors, check_dims
 from runtime.source import TensorSource
@@ -130,16 +130,17 @@ def counts(g: DenseGeometry) -> dict[str, int]:
     return {}
 
 
-def plan(g: DenseGeometry, ranks: Ranks = SINGLE) -> BlockPlan:
-    """This rank's shard plan: local shapes, source offsets, bytes, and the all-reduce flag."""
+def plan(g: DenseGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
+    """This rank's shard plan (sizes ``g.tp`` and ``g.ep``): local shapes, source offsets,
+    bytes, and the all-reduce flag."""
     return plan_block(
         block=BLOCK,
         rules=TENSORS,
         shapes=expected_shapes(g),
         env=env(g),
-        tp_rank=ranks.tp_rank,
+        tp_rank=rank,
         sources=SOURCES,
-        ep_rank=ranks.ep_rank,
+        ep_rank=ep_rank,
         families=FAMILIES,
     )
 
@@ -168,10 +169,11 @@ class DenseWeights:
 
 def bind_dense(
     g: DenseGeometry,
-    ranks: Ranks,
     layer: int,
     src: TensorSource,
+    rank: int = 0,
     backend: Backend = NUMPY,
+    ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
 ) -> tuple[DenseWeights, BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
@@ -180,7 +182,7 @@ def bind_dense(
     this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
     """
-    p = plan(g, ranks)
+    p = plan(g, rank, ep_rank)
     check_constraints(g)
     sharded = ShardedSource(inner=src, plan=p, layer=layer)
     host, report = bind_tensors(

@@ -259,7 +259,7 @@ def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
     if uses_algebra:
         lines.append("from core import algebra_ops")
     lines.append(f"from core.ir import {', '.join(sorted(ir))}")
-    lines.append("from core.planning import SINGLE, BlockPlan, Ranks, plan_block")
+    lines.append("from core.planning import BlockPlan, plan_block")
     if has_transform:
         lines.append("from runtime import ops as numpy_ops")
     lines.append("from runtime.backends import NUMPY, Backend")

@@ -322,9 +322,9 @@ def parse_block(doc: Located) -> Block:
     consumed = {s for o in outputs for s in o.sources}
     for t in tensors:
         if t.name not in consumed:
+            rel = t.name.removeprefix(prefix)
             raise doc.error(
-                ("tensors", t.name.removeprefix(prefix)),
-                f"tensor {t.name.removeprefix(prefix)!r} is read by no output (it would be dropped)",
+                ("tensors", rel), f"tensor {rel!r} is read by no output (it would be dropped)"
             )
     return Block(
         name, doc.file, prefix, d.get("doc", ""), symbols, derived, tuple(constraints),

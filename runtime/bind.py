@@ -11,13 +11,14 @@ tower) are never read and are counted in the result.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm import tqdm
 
 from core.errors import BindError, CheckpointError, SpecbindError
+from core.ir import FieldRule
 from core.planning import Ranks
 from runtime.backends import NUMPY, Backend
 from runtime.binding import BindReport
@@ -36,6 +37,7 @@ class BoundSlot:
     block: str
     weights: Weights
     report: BindReport
+    fields: Mapping[str, FieldRule]  # how each bound field is made and laid out
 
 
 @dataclass
@@ -70,6 +72,22 @@ class BindResult:
     unbound: dict[str, int]  # declared-unbound prefix -> tensors left unread, as declared
     seconds: float
     flags: dict[str, bool] = field(default_factory=dict)
+
+    def slots(self) -> Iterator[tuple[str, BoundSlot]]:
+        """Every bound slot by its ``--out`` name prefix: ``layers.{i}.{slot}`` or ``globals``."""
+        for layer in self.layers:
+            for name, slot in layer.slots.items():
+                yield f"layers.{layer.index}.{name}", slot
+        if self.globals is not None:
+            yield "globals", self.globals
+
+    def fields(self) -> dict[str, tuple[FieldRule, Any]]:
+        """Every bound field by its ``--out`` name, with its rule (dtype, layout) and array."""
+        return {
+            f"{where}.{name}": (slot.fields[name], arr)
+            for where, slot in self.slots()
+            for name, arr in slot.weights.arrays().items()
+        }
 
     @property
     def tp_size(self) -> int:
@@ -210,7 +228,7 @@ def _bind_one(
             raise
         raise type(e)(f"{where}: {e}") from None  # an op error names the field only
     report.slot = slot
-    return BoundSlot(slot, block.name, weights, report)
+    return BoundSlot(slot, block.name, weights, report, block.fields)
 
 
 def _first_components(names: list[str], most: int = 5) -> str:

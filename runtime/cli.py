@@ -163,7 +163,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
                 sort_keys=True,
             ),
         }
-        write_safetensors(Path(a.out), bound_tensors(result, table, backend), meta)
+        write_safetensors(Path(a.out), bound_tensors(result, backend), meta)
     if a.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,26 +24,14 @@ from core.dtypes import dtype_name
 from runtime.atomic import atomic_writer
 from runtime.backends import Backend
 from runtime.binding import Array
-from runtime.model import ModelTable
 
 if TYPE_CHECKING:
     from runtime.bind import BindResult
 
 
-def bound_tensors(result: BindResult, table: ModelTable[Any], backend: Backend) -> dict[str, Array]:
+def bound_tensors(result: BindResult, backend: Backend) -> dict[str, Array]:
     """Every bound field of a result on the host, by its name in an ``--out`` file."""
-    out: dict[str, Array] = {}
-    for layer in result.layers:
-        for slot, b in layer.slots.items():
-            fields = table.block(b.block).fields
-            for name, arr in b.weights.arrays().items():
-                key = f"layers.{layer.index}.{slot}.{name}"
-                out[key] = backend.to_host(arr, fields[name].dtype)
-    if result.globals is not None:
-        fields = table.block(result.globals.block).fields
-        for name, arr in result.globals.weights.arrays().items():
-            out[f"globals.{name}"] = backend.to_host(arr, fields[name].dtype)
-    return out
+    return {name: backend.to_host(a, rule.dtype) for name, (rule, a) in result.fields().items()}
 
 
 def write_safetensors(path: Path, tensors: dict[str, Array], metadata: dict[str, str]) -> int:

@@ -75,12 +75,12 @@ def block_entry(module: ModuleType, geometry: Callable[[G, Ranks], Any]) -> Bloc
         markers=module.MARKERS,
         matches=module.matches,
         bind=lambda m, r, layer, src, backend, flags: bind(
-            geometry(m, r), r, layer, src, backend, flags
+            geometry(m, r), layer, src, r.tp_rank, backend, r.ep_rank, flags
         ),
         fields=module.FIELDS,
         shapes=lambda m: module.expected_shapes(geometry(m, Ranks())),
         check=lambda m, r: module.check_constraints(geometry(m, r)),
-        plan=lambda m, r: module.plan(geometry(m, r), r),
+        plan=lambda m, r: module.plan(geometry(m, r), r.tp_rank, r.ep_rank),
         counts=lambda m: module.counts(geometry(m, Ranks())),
     )
 

@@ -60,6 +60,7 @@ def install(build_dir: str) -> types.ModuleType:
     cp.ascontiguousarray = lambda a: np.ascontiguousarray(a).view(ndarray)  # type: ignore[attr-defined]
     cp.concatenate = lambda parts, axis=0: np.concatenate(parts, axis=axis).view(ndarray)  # type: ignore[attr-defined]
     cp.matmul = lambda a, b: np.matmul(a, b).view(ndarray)  # type: ignore[attr-defined]
+    cp.stack = lambda parts, axis=0: np.stack(parts, axis=axis).view(ndarray)  # type: ignore[attr-defined]
     cp.RawModule = lambda code, options=(): types.SimpleNamespace(  # type: ignore[attr-defined]
         get_function=lambda name: _Function(lib, name)
     )

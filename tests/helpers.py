@@ -9,9 +9,13 @@ import numpy as np
 from hypothesis import strategies as st
 
 from core.dtypes import DTYPES, dtype_name
+from core.ir import TensorRule
 from generated import MODELS, dsa, kda
-from runtime.binding import Array, TensorRule
+from runtime.binding import Array
+from runtime.layout import fill_slot
+from runtime.model import BlockEntry
 from runtime.source import DictSource, RawTensor
+from runtime.synth import tiny_values
 
 TABLE = MODELS["glm-5.3-flash"]
 # The DSA indexer's bound fields as DESIGN.md names them (written out, not read from the
@@ -26,6 +30,13 @@ INDEXER_FIELDS = (
     "ape",
 )
 REAL = TABLE.make_geometry(TABLE.default_values())
+TINY = tiny_values(TABLE)  # the model spec's synth.tiny geometry
+
+
+def classify(names: list[str], slot: str = "attention") -> BlockEntry[Any] | None:
+    """The block that fills ``slot`` for a layer of these names (names only), or None."""
+    return fill_slot(TABLE, slot, names).block
+
 REAL_KDA = kda.KdaGeometry(X=4096, H=64, D=128, K=4, C=32)
 TINY_KDA = kda.KdaGeometry(X=8, H=2, D=64, K=4, C=16)
 TINY_DSA = dsa.DsaGeometry(X=8, H=2, QL=6, KVL=4, N=3, R=0, V=2, IH=2, ID=4, KP=3)

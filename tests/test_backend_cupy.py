@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import TABLE
+from helpers import TABLE, TINY
 
 from core.dtypes import within_one_bf16_ulp
 from core.errors import SpecbindError
 from runtime import backends
 from runtime.bind import bind_checkpoint
 from runtime.checkpoint import Checkpoint
-from runtime.synth import TINY, synth
+from runtime.synth import synth
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_with_cupy_but_no_device_the_backend_is_refused_naming_why(
         SpecbindError,
         match=r"--backend cupy needs a CUDA device: CUDARuntimeError: cudaErrorNoDevice",
     ):
-        backends.get("cupy")
+        backends.get("cupy", importlib.import_module("generated.kernels"))
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -77,19 +77,19 @@ def test_the_device_path_gives_the_numpy_backends_bytes(
     synth(TABLE, tmp_path / "ck", dict(TINY), layers=8, seed=5)
     ck = Checkpoint(tmp_path / "ck")
     host = bind_checkpoint(ck, TABLE, tp_size=tp, progress=False)
-    backend = backends.get("cupy")
+    backend = backends.get("cupy", importlib.import_module("generated.kernels"))
     dev = bind_checkpoint(ck, TABLE, tp_size=tp, progress=False, backend=backend)
-    for h, d in zip(host.layers, dev.layers, strict=True):
-        fields = TABLE.block(h.kind).fields
-        for name, want in h.weights.arrays().items():
-            got_dev = d.weights.arrays()[name]
-            assert isinstance(got_dev, fake_cupy.ndarray), f"{name} stayed on the host"
-            got = backend.to_host(got_dev, fields[name].dtype)
-            assert got.dtype == want.dtype and got.shape == want.shape, name
-            if fields[name].kind == "transform" and name.endswith("absorb"):
-                assert within_one_bf16_ulp(got, want), name
-            else:
-                assert got.tobytes() == want.tobytes(), (h.index, name)
+    on_device = dev.fields()
+    assert on_device.keys() == host.fields().keys()
+    for name, (rule, want) in host.fields().items():
+        got_dev = on_device[name][1]
+        assert isinstance(got_dev, fake_cupy.ndarray), f"{name} stayed on the host"
+        got = backend.to_host(got_dev, rule.dtype)
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        if rule.kind == "transform" and name.endswith("absorb"):
+            assert within_one_bf16_ulp(got, want), name
+        else:
+            assert got.tobytes() == want.tobytes(), name
 
 
 def test_the_device_path_writes_the_host_paths_out_file_when_its_matmul_is_numpys(

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import TABLE, read_file
+from helpers import TABLE, TINY, read_file
 
 from core.errors import SpecbindError
 from runtime.bind import bind_checkpoint
 from runtime.checkpoint import Checkpoint
-from runtime.synth import TINY, synth
+from runtime.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"
 OTHER = "model-00002-of-00002.safetensors"
@@ -174,7 +174,7 @@ CASES: list[tuple[str, Callable[[Path], None], str]] = [
     ("full_dsa_layer_without_its_indexer", lambda d: drop(d, "layers.3.self_attn.indexer."), "layer 3: config.json indexer_types[3] is 'full', but the layer has no indexer tensors"),
     ("shared_dsa_layer_with_an_indexer", lambda d: set_indexer_type(d, 3, "shared"), "layer 3: config.json indexer_types[3] is 'shared', but the layer carries indexer tensors"),
     ("indexer_type_unknown", lambda d: set_indexer_type(d, 3, "half"), "indexer_types[3] is 'half', expected one of 'full', 'shared'"),
-    ("config_disagrees_with_the_tensors", lambda d: edit_config(d, hidden_size=48), "has shape [1024, 64], expected [1024, 48]"),
+    ("config_disagrees_with_the_tensors", lambda d: edit_config(d, hidden_size=48), "has shape [1024, 72], expected [1024, 48]"),
 ]  # fmt: skip
 
 

@@ -28,7 +28,7 @@ def refused(proc: subprocess.CompletedProcess[str]) -> str:
     """A refusal: non-zero exit, one line on stderr, no traceback."""
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
+    lines = [x for x in proc.stderr.strip().splitlines() if not x.startswith("specbind: note: ")]
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("specbind: error: ")
     return lines[0]
@@ -62,27 +62,25 @@ def test_audit_json_is_a_clean_census_of_the_tiny_checkpoint(ckpt: Path) -> None
     proc = specbind("audit", str(ckpt), "--json")
     assert proc.returncode == 0, proc.stderr
     rep: dict[str, Any] = json.loads(proc.stdout)
-    kinds = {row["index"]: row["kind"] for row in rep["layers"]}
-    assert kinds == {
-        0: "kda",
-        1: "kda",
-        2: "kda",
-        3: "dsa",
-        4: "kda",
-        5: "kda",
-        6: "kda",
-        7: "dsa",
-        8: "dsa",
-    }
+    kinds = {row["index"]: row["slots"]["attention"]["block"] for row in rep["layers"]}
+    assert kinds == {0: "kda", 1: "kda", 2: "kda", 3: "dsa", 4: "kda", 5: "kda", 6: "kda",
+                     7: "dsa", 8: "dsa"}  # fmt: skip
+    mlps = {row["index"]: row["slots"]["mlp"]["block"] for row in rep["layers"]}
+    assert mlps == {0: "dense", 1: "dense", 2: "dense"} | {i: "moe" for i in range(3, 9)}
+    assert [row["role"] for row in rep["layers"]] == ["decoder"] * 8 + ["mtp"]
+    assert "mhc" not in rep["layers"][8]["slots"] and "mtp" in rep["layers"][8]["slots"]
     assert rep["kinds"]["kda"] == {
         "layers": 6,
         "distinct_signatures": 1,
         "signatures": rep["kinds"]["kda"]["signatures"],
     }
     assert rep["kinds"]["dsa"]["distinct_signatures"] == 2, "full and shared DSA layers differ"
-    assert all(not row["missing"] and not row["unknown"] for row in rep["layers"])
-    assert rep["layers"][7]["absent_optional_groups"] == ["indexer"]
+    slots = [s for row in rep["layers"] for s in row["slots"].values()]
+    assert all(not s["missing"] and not s["unknown"] for s in slots)
+    assert rep["layers"][7]["slots"]["attention"]["absent_optional_groups"] == ["indexer"]
     assert rep["quantisation_artefacts"] == 0 and rep["identical_bytes"] == []
+    assert rep["coverage"] == {"bound": rep["tensors"], "declared_unbound": 0, "unaccounted": 0}
+    assert rep["globals"] == ["embed_tokens.weight", "lm_head.weight", "norm.weight"]
 
 
 def test_bind_json_reports_every_layer_bound_with_no_unknowns(ckpt: Path, tmp_path: Path) -> None:
@@ -90,29 +88,37 @@ def test_bind_json_reports_every_layer_bound_with_no_unknowns(ckpt: Path, tmp_pa
     proc = specbind("bind", str(ckpt), "--json", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     rep = json.loads(proc.stdout)
-    assert set(rep) == {"tp_size", "tp_rank", "layers", "seconds"}
-    assert (rep["tp_size"], rep["tp_rank"]) == (1, 0)
+    assert set(rep) == {"tp_size", "tp_rank", "ep_size", "ep_rank", "globals", "layers",
+                        "declared_unbound", "bytes", "seconds"}  # fmt: skip
+    assert (rep["tp_size"], rep["tp_rank"], rep["ep_size"], rep["ep_rank"]) == (1, 0, 1, 0)
     assert len(rep["layers"]) == 9
+    tensors = 0
     for layer in rep["layers"]:
-        assert set(layer) == {
-            "index",
-            "kind",
-            "bound",
-            "self_attn_seen",
-            "non_attn_seen",
-            "unknown_self_attn",
-            "bytes",
-        }
-        assert layer["bound"] == layer["self_attn_seen"] and layer["unknown_self_attn"] == []
+        assert set(layer) == {"index", "role", "bound", "bytes", "slots"}
+        for slot in layer["slots"].values():
+            assert set(slot) == {"block", "bound", "seen", "other", "bytes", "cast"}
+            assert slot["other"] == 0, "each slot is given only the names it claims"
+            tensors += slot["seen"]
+    assert rep["globals"]["bound"] == 3
+    audit = json.loads(specbind("audit", str(ckpt), "--json").stdout)
+    assert tensors + rep["globals"]["bound"] == audit["tensors"], "every tensor is bound"
     with safetensors.safe_open(str(out), framework="numpy") as f:
         meta = f.metadata()
         names = set(f.keys())
     assert (
         meta["specs_sha256"] == SPECS_SHA256 and meta["tp_size"] == "1" and meta["tp_rank"] == "0"
     )
-    assert "layers.0.conv" in names and "layers.3.wk" in names and "layers.7.wk" not in names
-    assert "layers.8.q_absorb" in names, "the MTP layer binds as DSA"
-    assert len(names) == 6 * 13 + 2 * 13 + 6, "6 KDA, 2 full DSA and 1 shared DSA layers"
+    assert json.loads(meta["layers"])["8"] == {
+        "role": "mtp",
+        "slots": {"attention": "dsa", "mlp": "moe", "norms": "layer_norms", "mtp": "mtp_head"},
+    }
+    assert json.loads(meta["geometry"])["hidden"] == 72 and json.loads(meta["overrides"]) == {}
+    assert "layers.0.attention.conv" in names and "layers.3.attention.wk" in names
+    assert "layers.7.attention.wk" not in names, "layer 7 is a shared DSA layer"
+    assert "layers.8.attention.q_absorb" in names, "the MTP layer binds as DSA"
+    assert "layers.8.mtp.eh_proj" in names and "layers.8.mhc.attn_fn" not in names
+    assert {"layers.0.mlp.gate_up", "layers.3.mlp.w13", "layers.3.mlp.w2"} <= names
+    assert {"globals.embed_tokens", "globals.norm", "globals.lm_head"} <= names
 
 
 def test_two_binds_write_byte_identical_files(ckpt: Path, tmp_path: Path) -> None:
@@ -177,8 +183,8 @@ def test_a_failed_bind_leaves_the_previous_out_file_intact(ckpt: Path, tmp_path:
 def test_audit_lists_the_missing_half_of_a_partial_indexer(ckpt: Path, tmp_path: Path) -> None:
     bad = _copy_with(ckpt, tmp_path / "p", {"layers.3.self_attn.indexer.wk.weight": None})
     rep = json.loads(specbind("audit", str(bad), "--json").stdout)
-    assert rep["layers"][3]["missing"] == ["self_attn.indexer.wk.weight"]
-    assert rep["layers"][3]["absent_optional_groups"] == []
+    assert rep["layers"][3]["slots"]["attention"]["missing"] == ["self_attn.indexer.wk.weight"]
+    assert rep["layers"][3]["slots"]["attention"]["absent_optional_groups"] == []
 
 
 def test_audit_reports_quantisation_artefacts_and_identical_bytes(
@@ -193,9 +199,10 @@ def test_audit_reports_quantisation_artefacts_and_identical_bytes(
                                              "layers.2.self_attn.q_proj.input_scale": scale,
                                              "layers.1.self_attn.A_log": a_log})  # fmt: skip
     rep = json.loads(specbind("audit", str(bad), "--json").stdout)
-    assert rep["layers"][2]["quantisation_artefacts"] == [
+    attn = rep["layers"][2]["slots"]["attention"]
+    assert attn["quantisation_artefacts"] == [
         "self_attn.q_proj.input_scale (F32)", "self_attn.q_proj.weight_scale (F32)"]  # fmt: skip
-    assert rep["layers"][2]["unknown"] == [
+    assert attn["unknown"] == [
         "self_attn.q_proj.input_scale",
         "self_attn.q_proj.weight_scale",
     ]
@@ -220,5 +227,19 @@ def test_bad_invocations_are_refused_in_one_line(args: list[str], fragment: str)
 
 def test_a_chunk_override_that_breaks_the_shared_memory_ceiling_is_refused(ckpt: Path) -> None:
     # The tiny geometry has D = 64: C = 128 needs 8*128*64 + 4*128*128 = 131072 B > 49152 B.
-    line = refused(specbind("bind", str(ckpt), "--set", "kda_chunk=128"))
+    proc = specbind("bind", str(ckpt), "--set", "kda_chunk=128")
+    line = refused(proc)
     assert "constraint scan_shared_memory" in line and "refused, not truncated" in line
+
+
+def test_a_set_override_is_announced_on_stderr_and_recorded_in_the_out_file(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "o.safetensors"
+    proc = specbind("bind", str(ckpt), "--set", "kda_chunk=16", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "specbind: note: --set overrides config.json: kda_chunk=16" in proc.stderr
+    with safetensors.safe_open(str(out), framework="numpy") as f:
+        meta = f.metadata()
+    assert json.loads(meta["overrides"]) == {"kda_chunk": 16}
+    assert json.loads(meta["geometry"])["kda_chunk"] == 16

@@ -6,12 +6,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers import INDEXER_FIELDS, REAL, TABLE, TINY_DSA, layer_arrays, source
+from helpers import INDEXER_FIELDS, REAL, TINY_DSA, classify, layer_arrays, source
 
 from core.errors import BindError, GeometryError
 from generated import dsa
 from generated import model_glm_5_3_flash as m
-from runtime.bind import classify
 
 
 def test_dsa_spec_has_the_mla_tensors_and_the_seven_indexer_tensors() -> None:
@@ -51,7 +50,7 @@ def test_a_full_dsa_layer_binds_every_field_and_keeps_the_untransformed_ones_ver
 
 def test_a_shared_dsa_layer_without_indexer_tensors_is_still_dsa_and_binds() -> None:
     arrays = layer_arrays(dsa, TINY_DSA, indexer=False)
-    block = classify(TABLE, list(arrays))
+    block = classify(list(arrays))
     assert block is not None and block.name == "dsa"
     w, rep = dsa.bind_dsa(TINY_DSA, 7, source(arrays))
     assert (rep.bound, rep.self_attn_seen) == (7, 7)

@@ -6,12 +6,11 @@ import dataclasses
 
 import numpy as np
 import pytest
-from helpers import REAL_KDA, TABLE, TINY_KDA, layer_arrays, raw, source
+from helpers import REAL_KDA, TABLE, TINY_KDA, classify, layer_arrays, raw, source
 
 from core import algebra
 from core.errors import BindError, GeometryError
 from generated import kda
-from runtime.bind import classify
 from runtime.source import DictSource
 
 AUDITED = {
@@ -56,20 +55,20 @@ def test_dsa_and_mtp_blocks_do_not_classify_as_kda() -> None:
         "self_attn.indexer.wq_b.weight",
         "self_attn.o_proj.weight",
     ]
-    block = classify(TABLE, dsa_names)
+    block = classify(dsa_names)
     assert block is not None and block.name == "dsa"
     kda_names = [r.name for r in kda.TENSORS]
-    block = classify(TABLE, kda_names)
+    block = classify(kda_names)
     assert block is not None and block.name == "kda"
     # A DSA-shaped layer that also carries every KDA name is still DSA, never KDA.
-    block = classify(TABLE, dsa_names + kda_names)
+    block = classify(dsa_names + kda_names)
     assert block is not None and block.name == "dsa"
 
 
 @pytest.mark.parametrize("dropped", [r.name for r in kda.TENSORS])
 def test_a_kda_block_missing_one_tensor_is_unknown_never_kda(dropped: str) -> None:
     names = [r.name for r in kda.TENSORS if r.name != dropped]
-    assert classify(TABLE, names) is None
+    assert classify(names) is None
 
 
 def test_chunk_width_is_bounded_by_the_shared_memory_ceiling() -> None:

@@ -13,6 +13,7 @@ from helpers import (
     REAL,
     REAL_KDA,
     TABLE,
+    TINY,
     dsa_tp_geometries,
     kda_tp_geometries,
     layer_arrays,
@@ -28,7 +29,7 @@ from generated import model_glm_5_3_flash as m
 from runtime.checkpoint import Checkpoint
 from runtime.launcher import resolve_tp
 from runtime.source import DictSource, RawTensor
-from runtime.synth import TINY, synth
+from runtime.synth import synth
 from runtime.tp import ShardedSource, shard_raw
 
 MODULES: dict[str, Any] = {"kda": kda, "dsa": dsa}

@@ -79,13 +79,13 @@ def test_the_cupy_backend_binds_the_numpy_backends_bytes(tmp_path: Path) -> None
     from runtime import backends
     from runtime.bind import bind_checkpoint
     from runtime.checkpoint import Checkpoint
-    from runtime.synth import TINY, synth
+    from runtime.synth import synth
 
     table = MODELS["glm-5.3-flash"]
     synth(table, tmp_path / "ck", dict(TINY), layers=8, seed=3)
     for tp in (1, 2, 4):
         host = bind_checkpoint(Checkpoint(tmp_path / "ck"), table, tp_size=tp, progress=False)
-        backend = backends.get("cupy")
+        backend = backends.get("cupy", importlib.import_module("generated.kernels"))
         dev = bind_checkpoint(
             Checkpoint(tmp_path / "ck"), table, tp_size=tp, progress=False, backend=backend
         )
