@@ -191,6 +191,15 @@ def _field_layout(b: Block, o: Output) -> tuple[str, int]:
     return t.shard.kind, axis
 
 
+def _parts(b: Block, o: Output) -> int:
+    """How many consecutive blocks a rank's share of the field holds along its split axis: one
+    per source when the sources are joined along the axis the shard splits, else one."""
+    t = b.tensor(o.sources[0])
+    if o.kind not in ("concat", "stack") or t.shard.kind == "replicated" or not t.dims:
+        return 1
+    return len(o.sources) if o.axis == t.shard.resolved(len(t.dims)) else 1
+
+
 def _field_context(b: Block, o: Output) -> dict[str, Any]:
     optional = o.group is not None and b.groups[o.group].optional
     first = b.tensor(o.sources[0])
@@ -237,7 +246,7 @@ def _field_context(b: Block, o: Output) -> dict[str, Any]:
         "dtype": dtype,
         "layout": layout,
         "layout_axis": layout_axis,
-        "parts": len(o.sources) if o.kind in ("concat", "stack") else 1,
+        "parts": _parts(b, o),
         "comment": comment,
         "result": result,
         "above": above,

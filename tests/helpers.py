@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from core.dtypes import DTYPES, dtype_name
-from core.ir import TensorRule
+from core.ir import FieldRule, TensorRule
 from generated import MODELS, dsa, kda
 from runtime.binding import Array
 from runtime.layout import fill_slot
@@ -149,3 +149,47 @@ def read_file(path: Any) -> dict[str, Array]:
         np_dtype = DTYPES[t["dtype"]].numpy
         out[n] = np.frombuffer(t["data"], dtype=np_dtype).reshape(t["shape"])
     return out
+
+
+def field_rules(meta: dict[str, str]) -> dict[str, FieldRule]:
+    """Each field of an ``--out`` file by name, with the rule of the block that bound it
+    (from the file's own ``layers`` metadata: each layer's slots and their blocks)."""
+    import json
+
+    out: dict[str, FieldRule] = {}
+    for index, layer in json.loads(meta["layers"]).items():
+        for slot, block in layer["slots"].items():
+            for field, rule in TABLE.block(block).fields.items():
+                out[f"layers.{index}.{slot}.{field}"] = rule
+    if TABLE.globals:
+        for field, rule in TABLE.block(TABLE.globals).fields.items():
+            out[f"globals.{field}"] = rule
+    return out
+
+
+def rejoin(rule: FieldRule, shares: dict[tuple[int, int], Array], tp: int, ep: int) -> Array:
+    """The whole (tp = ep = 1) field from every (tp rank, ep rank)'s share of it.
+
+    Within an ep rank the tp shares join along the rule's axis, part by part (a rank holds
+    [gate_r; up_r], so the parts rejoin separately); a stacked family's ep shares then join
+    on axis 0 (whole experts). Anything replicated must be equal on every rank.
+    """
+    per_ep = []
+    for e in range(ep):
+        ranks = [shares[(t, e)] for t in range(tp)]
+        if rule.layout == "replicated":
+            assert all(r.tobytes() == ranks[0].tobytes() for r in ranks), "replicated differs"
+            per_ep.append(ranks[0])
+            continue
+        axis = rule.axis % ranks[0].ndim
+        pieces = [np.split(r, rule.parts, axis=axis) for r in ranks]
+        per_ep.append(
+            np.concatenate(
+                [np.concatenate([p[i] for p in pieces], axis=axis) for i in range(rule.parts)],
+                axis=axis,
+            )
+        )
+    if rule.family is not None:
+        return np.concatenate(per_ep, axis=0)
+    assert all(x.tobytes() == per_ep[0].tobytes() for x in per_ep), "differs across ep ranks"
+    return per_ep[0]
