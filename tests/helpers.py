@@ -37,6 +37,7 @@ def classify(names: list[str], slot: str = "attention") -> BlockEntry[Any] | Non
     """The block that fills ``slot`` for a layer of these names (names only), or None."""
     return fill_slot(TABLE, slot, names).block
 
+
 REAL_KDA = kda.KdaGeometry(X=4096, H=64, D=128, K=4, C=32)
 TINY_KDA = kda.KdaGeometry(X=8, H=2, D=64, K=4, C=16)
 TINY_DSA = dsa.DsaGeometry(X=8, H=2, QL=6, KVL=4, N=3, R=0, V=2, IH=2, ID=4, KP=3)
@@ -57,13 +58,41 @@ def fill(rule: TensorRule, shape: tuple[int, ...], seed: int) -> Array:
 
 
 def layer_arrays(module: Any, g: Any, *, seed: int = 0, indexer: bool = True) -> dict[str, Array]:
+    """Every tensor of one block at geometry ``g`` (family members expanded, optional groups
+    included unless ``indexer`` is false), with distinct values."""
     shapes = module.expected_shapes(g)
+    counts = module.counts(g)
     out: dict[str, Array] = {}
     for i, rule in enumerate(module.TENSORS):
-        if rule.group == "indexer" and not indexer:
+        if rule.group is not None and not indexer:
             continue
-        out[rule.name] = fill(rule, shapes[rule.name], seed * 1000 + i)
+        if rule.family is None:
+            out[rule.name] = fill(rule, shapes[rule.name], seed * 1000 + i)
+            continue
+        for e in range(counts[rule.family]):
+            out[rule.concrete(e).name] = fill(rule, shapes[rule.name], seed * 1000 + i * 97 + e)
     return out
+
+
+@st.composite
+def block_geometries(draw: st.DrawFn, module: Any, most: int = 6) -> Any:
+    """Any block's geometry: each symbol drawn from 1..most, kept only if its constraints hold."""
+    import dataclasses
+
+    names = [f.name for f in dataclasses.fields(_geo_class(module))]
+    values = {n: draw(st.integers(1, most)) for n in names if n not in ("tp", "ep")}
+    g = _geo_class(module)(**values)
+    try:
+        module.check_constraints(g)
+    except Exception:  # GeometryError: not a geometry this block accepts
+        from hypothesis import assume
+
+        assume(False)
+    return g
+
+
+def _geo_class(module: Any) -> Any:
+    return next(v for k, v in vars(module).items() if k.endswith("Geometry"))
 
 
 def source(arrays: dict[str, Array], **extra: Array) -> DictSource:
@@ -100,8 +129,15 @@ def model_values(draw: st.DrawFn) -> dict[str, int]:
     """Model-level geometry (config.json values) that meets every block constraint."""
     k = draw(kda_geometries())
     d = draw(dsa_geometries())
+    small = st.integers(1, 6)
     return {
         "hidden": draw(st.integers(1, 16)),
+        "vocab": draw(st.integers(1, 24)),
+        "intermediate": draw(small),
+        "moe_intermediate": draw(small),
+        "experts": draw(st.integers(1, 5)),
+        "shared_experts": draw(st.integers(1, 2)),
+        "hc_mult": draw(st.integers(1, 3)),
         "linear_heads": k.H,
         "linear_head_dim": k.D,
         "linear_conv": k.K,

@@ -9,12 +9,13 @@ import pytest
 from helpers import INDEXER_FIELDS, REAL, TINY_DSA, classify, layer_arrays, source
 
 from core.errors import BindError, GeometryError
+from core.planning import Ranks
 from generated import dsa
 from generated import model_glm_5_3_flash as m
 
 
 def test_dsa_spec_has_the_mla_tensors_and_the_seven_indexer_tensors() -> None:
-    shapes = dsa.expected_shapes(m.dsa_geometry(REAL))
+    shapes = dsa.expected_shapes(m.dsa_geometry(REAL, Ranks()))
     assert shapes == {
         "self_attn.q_a_proj.weight": (1536, 4096),
         "self_attn.q_a_layernorm.weight": (1536,),
@@ -38,7 +39,7 @@ def test_dsa_spec_has_the_mla_tensors_and_the_seven_indexer_tensors() -> None:
 def test_a_full_dsa_layer_binds_every_field_and_keeps_the_untransformed_ones_verbatim() -> None:
     arrays = layer_arrays(dsa, TINY_DSA)
     w, rep = dsa.bind_dsa(TINY_DSA, 3, source(arrays))
-    assert (rep.bound, rep.self_attn_seen, rep.unknown_self_attn) == (14, 14, [])
+    assert (rep.bound, rep.seen, rep.other) == (14, 14, 0)
     assert set(w.arrays()) == set(dsa.FIELDS)
     for field, rule in dsa.FIELDS.items():
         if rule.kind == "verbatim":
@@ -53,7 +54,7 @@ def test_a_shared_dsa_layer_without_indexer_tensors_is_still_dsa_and_binds() -> 
     block = classify(list(arrays))
     assert block is not None and block.name == "dsa"
     w, rep = dsa.bind_dsa(TINY_DSA, 7, source(arrays))
-    assert (rep.bound, rep.self_attn_seen) == (7, 7)
+    assert (rep.bound, rep.seen) == (7, 7)
     assert all(getattr(w, f) is None for f in INDEXER_FIELDS)
     assert set(w.arrays()) == {"q_a_proj", "q_a_layernorm", "q_absorb", "kv_a_proj",
                                "kv_a_layernorm", "o_absorb"}  # fmt: skip
@@ -73,7 +74,7 @@ def test_the_mtp_layer_with_extra_non_attention_tensors_binds_as_dsa() -> None:
     x = np.zeros(4, dtype=np.float32)
     src = source(arrays, eh_proj__weight=x, enorm__weight=x, hnorm__weight=x)
     _, rep = dsa.bind_dsa(TINY_DSA, 45, src)
-    assert (rep.kind, rep.bound, rep.non_attn_seen) == ("dsa", 14, 3)
+    assert (rep.kind, rep.bound, rep.other) == ("dsa", 14, 3)
 
 
 def test_a_rope_dim_is_in_the_shapes_but_refused_because_the_absorb_is_nope_only() -> None:

@@ -10,6 +10,7 @@ from helpers import REAL_KDA, TABLE, TINY_KDA, classify, layer_arrays, raw, sour
 
 from core import algebra
 from core.errors import BindError, GeometryError
+from core.planning import Ranks
 from generated import kda
 from runtime.source import DictSource
 
@@ -41,7 +42,7 @@ def test_kda_spec_matches_the_audited_checkpoint_shapes() -> None:
 def test_model_geometry_binds_kda_with_the_real_values() -> None:
     from generated import model_glm_5_3_flash as m
 
-    assert m.kda_geometry(m.geometry(TABLE.default_values())) == REAL_KDA
+    assert m.kda_geometry(m.geometry(TABLE.default_values()), Ranks()) == REAL_KDA
 
 
 def test_dsa_and_mtp_blocks_do_not_classify_as_kda() -> None:
@@ -189,12 +190,11 @@ def test_the_report_counts_attention_and_other_tensors_and_bytes() -> None:
     other = np.zeros(8, dtype=np.float32)
     src = source(arrays, input_layernorm__weight=other, mlp__gate_proj__weight=other)
     _, rep = kda.bind_kda(TINY_KDA, 4, src)
-    assert (rep.index, rep.kind, rep.bound, rep.self_attn_seen, rep.non_attn_seen) == (
+    assert (rep.index, rep.kind, rep.bound, rep.seen, rep.other) == (
         4,
         "kda",
         15,
         15,
         2,
     )
-    assert rep.unknown_self_attn == []
     assert rep.bytes == sum(a.nbytes for a in arrays.values())

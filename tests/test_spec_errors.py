@@ -278,16 +278,16 @@ CASES = [
     ),
     (
         KDA,
-        "  k_conv1d.weight:     {dtype: BF16, shape: [Q, 1, K], shard: {rows: H}}",
-        "  k_conv1d.weight:     {dtype: BF16, shape: [Q, 1, K], shard: replicated}",
+        "  k_conv1d.weight:     {dtype: BF16, stored: [F32], shape: [Q, 1, K], shard: {rows: H}}",
+        "  k_conv1d.weight:     {dtype: BF16, stored: [F32], shape: [Q, 1, K], shard: replicated}",
         "concat: [q_conv1d.weight",
         "outputs.conv.concat",
         "concat joins tensors of different shard rules",
     ),
     (
         KDA,
-        "  k_conv1d.weight:     {dtype: BF16, shape: [Q, 1, K], shard: {rows: H}}",
-        "  k_conv1d.weight:     {dtype: BF16, shape: [Q, 1, K + 1], shard: {rows: H}}",
+        "  k_conv1d.weight:     {dtype: BF16, stored: [F32], shape: [Q, 1, K], shard: {rows: H}}",
+        "  k_conv1d.weight:     {dtype: BF16, stored: [F32], shape: [Q, 1, K + 1], shard: {rows: H}}",
         "concat: [q_conv1d.weight",
         "outputs.conv.concat",
         "differ off that axis",
@@ -331,7 +331,17 @@ def test_a_bad_spec_names_file_path_and_line_and_leaves_generated_untouched(
 
 def test_the_real_specs_load(root: Path) -> None:
     specs = load_specs(root)
-    assert set(specs.blocks) == {"kda", "dsa"} and set(specs.models) == {"glm-5.3-flash"}
+    assert set(specs.blocks) == {
+        "kda",
+        "dsa",
+        "moe",
+        "dense",
+        "layer_norms",
+        "mhc",
+        "mtp_head",
+        "lm_globals",
+    }
+    assert set(specs.models) == {"glm-5.3-flash"}
 
 
 def _no_markers(root: Path) -> None:

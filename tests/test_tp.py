@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import BindError, GeometryError
+from core.planning import Ranks
 from generated import dsa, kda
 from generated import model_glm_5_3_flash as m
 from runtime.checkpoint import Checkpoint
@@ -59,7 +60,7 @@ def test_the_plan_follows_the_spec_shard_rules() -> None:
     assert {n for n, k in kinds.items() if k == "replicated"} == {
         "self_attn.f_a_proj.weight", "self_attn.g_a_proj.weight", "self_attn.o_norm.weight"}  # fmt: skip
     assert {n for n, k in kinds.items() if k == "cols"} == {"self_attn.o_proj.weight"}
-    dkinds = {n: t.kind for n, t in m.dsa_plan(REAL, 2, 0).tensors.items()}
+    dkinds = {n: t.kind for n, t in TABLE.block("dsa").plan(REAL, Ranks(2, 0)).tensors.items()}
     assert {n for n, k in dkinds.items() if k != "replicated"} == {
         "self_attn.q_b_proj.weight", "self_attn.kv_b_proj.weight", "self_attn.o_proj.weight"}  # fmt: skip
     assert dkinds["self_attn.o_proj.weight"] == "cols"
@@ -97,7 +98,7 @@ def test_a_log_and_dt_bias_shard_at_different_granularity_at_the_real_geometry()
         (8192,),
         (4096,),
     )
-    assert d.row_offset == a.row_offset * 128
+    assert d.offset == a.offset * 128
 
 
 def test_tp1_is_the_identity_and_needs_no_all_reduce() -> None:
@@ -178,7 +179,7 @@ def test_a_file_backed_column_shard_reads_the_same_bytes_as_the_mapped_gather(
         assert t is not None and t.span is not None
         block = kda if ".0." in name else dsa
         g = m.kda_geometry if block is kda else m.dsa_geometry
-        geo = g(TABLE.make_geometry(TABLE.default_values() | TINY), 8)
+        geo = g(TABLE.make_geometry(TABLE.default_values() | TINY), Ranks(8, rank))
         p = block.plan(geo, rank).tensors["self_attn.o_proj.weight"]
         by_file = shard_raw(p, t, 0)
         by_map = shard_raw(p, dataclasses.replace(t, span=None), 0)
@@ -205,7 +206,7 @@ def test_a_tp_the_heads_do_not_divide_is_refused_naming_the_tensor() -> None:
         GeometryError,
         match=r"self_attn\.q_b_proj\.weight shards rows on H = 64 units, which tp 3 does not divide",
     ):
-        m.dsa_plan(REAL, 3, 0)
+        TABLE.block("dsa").plan(REAL, Ranks(3, 0))
 
 
 def test_the_kda_tile_constraint_is_checked_at_the_planned_tp() -> None:
@@ -277,10 +278,7 @@ def test_tp1_plans_are_the_identity(bg: tuple[str, Any]) -> None:
     block, g = bg
     p = MODULES[block].plan(dataclasses.replace(g, tp=1), 0)
     assert not p.all_reduce
-    assert all(
-        t.local_shape == t.full_shape and t.row_offset == t.col_offset == 0
-        for t in p.tensors.values()
-    )
+    assert all(t.local_shape == t.full_shape and t.offset == 0 for t in p.tensors.values())
 
 
 @given(kda_tp_geometries(), st.data())
@@ -288,9 +286,7 @@ def test_dt_bias_offset_is_head_dim_times_a_log_offset(
     g: kda.KdaGeometry, data: st.DataObject
 ) -> None:
     p = kda.plan(g, data.draw(st.integers(0, g.tp - 1)))
-    assert (
-        p.tensors["self_attn.dt_bias"].row_offset == g.D * p.tensors["self_attn.A_log"].row_offset
-    )
+    assert p.tensors["self_attn.dt_bias"].offset == g.D * p.tensors["self_attn.A_log"].offset
 
 
 @given(kda_tp_geometries().filter(lambda g: g.tp > 1 and g.X > 1), st.data())
