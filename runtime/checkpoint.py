@@ -1,9 +1,18 @@
 """A checkpoint directory: ``model.safetensors``, or shards plus ``model.safetensors.index.json``.
 
 Invariants:
-- an index entry must name a plain file inside the directory: no absolute path, no ``..``, no
-  symlink that resolves outside; every tensor the index names must be in that shard's header,
-  and every tensor in a shard must be named by the index (nothing is silently ignored);
+- an index entry's *name* stays inside the directory as written: no absolute path, no ``..``,
+  no backslash, no NUL;
+- every file read (each shard the index names, ``model.safetensors``, the index itself and
+  ``config.json``) must be in the directory as a regular file or a symlink; a symlink is
+  followed and its final target must be a regular file, inside the directory — or, only when
+  the directory has the Hugging Face Hub cache shape (``<repo>/snapshots/<rev>/``), inside that
+  same repo's ``<repo>/blobs/``, where ``snapshot_download`` puts the bytes. Anything else (a
+  link to ``/etc/passwd``, into another repo's blobs, through a ``blobs`` that is itself a
+  symlink) is refused naming the entry and where it resolves. The rule is the same for the
+  sharded and the single-file layout, and the file opened is the real path that was checked;
+- every tensor the index names must be in that shard's header, and every tensor in a shard
+  must be named by the index (nothing is silently ignored);
 - a ``*.safetensors`` file no index entry names (``consolidated.safetensors`` beside HF shards)
   is not read, and ``unindexed_files`` lists it so the audit can say so;
 - a tensor name appears in exactly one shard;
@@ -14,6 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import os
 import stat
 from functools import cached_property
 from pathlib import Path
@@ -55,17 +65,18 @@ class Checkpoint:
             raise CheckpointError(f"{self.root}: not a directory")
         self._real_root = self.root.resolve()
         self._files: dict[str, SafetensorsFile] = {}
+        self._real: dict[str, Path] = {}  # file name as named -> its checked real path
         self._where: dict[str, str] = {}  # tensor name -> shard file name
-        index = self.root / INDEX
-        if index.exists() and (self.root / SINGLE).exists():
+        has_index = os.path.lexists(self.root / INDEX)
+        if has_index and os.path.lexists(self.root / SINGLE):
             raise CheckpointError(
                 f"{self.root}: holds both {SINGLE} and {INDEX}; transformers would read "
                 f"{SINGLE} — remove the one you do not mean, rather than have specbind guess"
             )
-        if index.exists():
-            self._load_index(index)
-        elif (self.root / SINGLE).exists():
-            f = self._open(SINGLE)
+        if has_index:
+            self._load_index(self._resolve(INDEX, INDEX))
+        elif os.path.lexists(self.root / SINGLE):
+            f = self._open(SINGLE, SINGLE)
             self._where = dict.fromkeys(f.names(), SINGLE)
         else:
             shards = sorted(p.name for p in self.root.glob("*.safetensors"))
@@ -80,9 +91,11 @@ class Checkpoint:
         for name, fn in wm.items():
             if not isinstance(fn, str):
                 raise CheckpointError(f"{INDEX}: weight_map[{name!r}] is not a file name")
-            self._check_path(fn, name)
+            if fn not in self._real:  # each file is checked once, named by its first tensor
+                self._check_name(fn, name)
+                self._resolve(fn, f"{INDEX}: {name!r} -> {fn!r}")
         for fn in sorted(set(wm.values())):
-            f = self._open(fn)
+            f = self._open(fn, fn)
             for t in f.names():
                 owner = wm.get(t)
                 if owner is None:
@@ -96,7 +109,8 @@ class Checkpoint:
                 raise CheckpointError(f"{INDEX}: {name!r} maps to {fn}, which does not hold it")
         self._where = dict(wm)
 
-    def _check_path(self, fn: str, name: str) -> None:
+    def _check_name(self, fn: str, name: str) -> None:
+        """An index entry's file name must stay inside the directory, as written."""
         if "\0" in fn or len(fn) > 255:
             shown = fn[:40].replace("\0", "\\0") + ("…" if len(fn) > 40 else "")
             raise CheckpointError(f"{INDEX}: {name[:80]!r} names an impossible file {shown!r}")
@@ -111,18 +125,48 @@ class Checkpoint:
             raise CheckpointError(
                 f"{INDEX}: {name!r} points outside the checkpoint directory: {fn!r}"
             )
-        real = (self.root / p).resolve()
-        if not real.is_relative_to(self._real_root):
-            raise CheckpointError(
-                f"{INDEX}: {name!r} -> {fn!r} resolves outside the checkpoint directory"
-            )
-        if not real.is_file():
-            raise CheckpointError(f"{INDEX}: {name!r} -> {fn!r}: no such file")
 
-    def _open(self, fn: str) -> SafetensorsFile:
+    def _resolve(self, fn: str, what: str) -> Path:
+        """The real path of the regular file the entry ``fn`` is, or links to, by the rule in the
+        module docstring; ``what`` names the entry in the refusal."""
+        entry = self.root / fn
+        try:
+            mode = entry.lstat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            raise CheckpointError(f"{what}: no such file") from None
+        except OSError as e:
+            raise CheckpointError(f"{what}: cannot read: {e.strerror}") from None
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise CheckpointError(f"{what}: not a regular file")
+        try:
+            real = entry.resolve(strict=True)
+        except FileNotFoundError:
+            raise CheckpointError(f"{what}: a symlink whose target does not exist") from None
+        except (OSError, RuntimeError):  # a symlink loop: RuntimeError before Python 3.13
+            raise CheckpointError(f"{what}: a symlink that cannot be resolved (a loop?)") from None
+        if not (real.is_relative_to(self._real_root) or self._in_hub_blobs(real)):
+            raise CheckpointError(f"{what} resolves outside the checkpoint directory, to {real}")
+        try:
+            target = real.stat().st_mode
+        except OSError as e:
+            raise CheckpointError(f"{what}: cannot read {real}: {e.strerror}") from None
+        if not stat.S_ISREG(target):
+            raise CheckpointError(f"{what}: resolves to {real}, which is not a regular file")
+        self._real[fn] = real
+        return real
+
+    def _in_hub_blobs(self, real: Path) -> bool:
+        """``real`` is in the blobs/ of the Hub cache repo whose snapshot this directory is."""
+        snapshots = self._real_root.parent
+        if snapshots.name != "snapshots":
+            return False
+        return real.is_relative_to(snapshots.parent / "blobs")  # blobs itself is not followed
+
+    def _open(self, fn: str, what: str) -> SafetensorsFile:
         f = self._files.get(fn)
         if f is None:
-            f = SafetensorsFile(self.root / fn, fn)
+            real = self._real.get(fn) or self._resolve(fn, what)
+            f = SafetensorsFile(real, fn)
             self._files[fn] = f
         return f
 
@@ -140,10 +184,9 @@ class Checkpoint:
 
     @cached_property
     def config(self) -> dict[str, Any]:
-        path = self.root / "config.json"
-        if not path.exists():
+        if not os.path.lexists(self.root / "config.json"):
             raise CheckpointError(f"{self.root}: no config.json")
-        doc = read_json(path, "config.json")
+        doc = read_json(self._resolve("config.json", "config.json"), "config.json")
         if not isinstance(doc, dict):
             raise CheckpointError("config.json: must be a JSON object")
         return doc
