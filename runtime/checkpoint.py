@@ -12,7 +12,8 @@ Invariants:
   symlink) is refused naming the entry and where it resolves. The rule is the same for the
   sharded and the single-file layout, and the file opened is the real path that was checked;
 - every tensor the index names must be in that shard's header, and every tensor in a shard
-  must be named by the index (nothing is silently ignored);
+  must be named by the index (nothing is silently ignored); a tensor the index maps to the
+  wrong shard is reported as such, with the shard that does hold it;
 - a ``*.safetensors`` file no index entry names (``consolidated.safetensors`` beside HF shards)
   is not read, and ``unindexed_files`` lists it so the audit can say so;
 - a tensor name appears in exactly one shard;
@@ -103,7 +104,11 @@ class Checkpoint:
                         f"{fn}: tensor {t!r} is not in {INDEX} (it would be ignored)"
                     )
                 if owner != fn:
-                    raise CheckpointError(f"tensor {t!r} is in both {fn} and {owner}")
+                    if t in self._open(owner, owner).entries:
+                        raise CheckpointError(f"tensor {t!r} is in both {fn} and {owner}")
+                    raise CheckpointError(
+                        f"{INDEX}: maps {t!r} to {owner}, but it is stored in {fn}"
+                    )
         for name, fn in wm.items():
             if name not in self._files[fn].entries:
                 raise CheckpointError(f"{INDEX}: {name!r} maps to {fn}, which does not hold it")
