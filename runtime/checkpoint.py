@@ -62,7 +62,13 @@ class Checkpoint:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        if not self.root.is_dir():
+        try:
+            mode = self.root.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            raise CheckpointError(f"{self.root}: no such directory") from None
+        except OSError as e:
+            raise CheckpointError(f"{self.root}: cannot read: {e.strerror}") from None
+        if not stat.S_ISDIR(mode):
             raise CheckpointError(f"{self.root}: not a directory")
         self._real_root = self.root.resolve()
         self._files: dict[str, SafetensorsFile] = {}
