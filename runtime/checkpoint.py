@@ -19,6 +19,8 @@ Invariants:
 - a tensor name appears in exactly one shard;
 - shards are opened lazily, each once, and read through memory maps;
 - ``config.json`` must be a JSON object.
+Trap: ``files()`` lists paths as named in the directory, not resolved; compare real paths (and
+inodes) when asking whether some other path is one of them, as ``export.check_out_path`` does.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ class Checkpoint:
         self._files: dict[str, SafetensorsFile] = {}
         self._real: dict[str, Path] = {}  # file name as named -> its checked real path
         self._where: dict[str, str] = {}  # tensor name -> shard file name
+        self._used: list[str] = []  # the weight files read, then the index if there is one
         has_index = os.path.lexists(self.root / INDEX)
         if has_index and os.path.lexists(self.root / SINGLE):
             raise CheckpointError(
@@ -85,6 +88,7 @@ class Checkpoint:
         elif os.path.lexists(self.root / SINGLE):
             f = self._open(SINGLE, SINGLE)
             self._where = dict.fromkeys(f.names(), SINGLE)
+            self._used = [SINGLE]
         else:
             shards = sorted(p.name for p in self.root.glob("*.safetensors"))
             hint = f" (found {shards[:3]} but no {INDEX})" if shards else ""
@@ -101,7 +105,8 @@ class Checkpoint:
             if fn not in self._real:  # each file is checked once, named by its first tensor
                 self._check_name(fn, name)
                 self._resolve(fn, f"{INDEX}: {name!r} -> {fn!r}")
-        for fn in sorted(set(wm.values())):
+        self._used = sorted(set(wm.values()))
+        for fn in self._used:
             f = self._open(fn, fn)
             for t in f.names():
                 owner = wm.get(t)
@@ -119,6 +124,7 @@ class Checkpoint:
             if name not in self._files[fn].entries:
                 raise CheckpointError(f"{INDEX}: {name!r} maps to {fn}, which does not hold it")
         self._where = dict(wm)
+        self._used.append(INDEX)
 
     def _check_name(self, fn: str, name: str) -> None:
         """An index entry's file name must stay inside the directory, as written."""
@@ -180,6 +186,13 @@ class Checkpoint:
             f = SafetensorsFile(real, fn)
             self._files[fn] = f
         return f
+
+    def files(self) -> list[Path]:
+        """The files of the directory this checkpoint is read from, as named there: the weight
+        files in use, the index if there is one, and ``config.json`` if it exists. Symlinks are
+        not resolved here (a caller comparing paths resolves them)."""
+        extra = ["config.json"] if os.path.lexists(self.root / "config.json") else []
+        return [self.root / fn for fn in self._used + extra]
 
     def names(self) -> list[str]:
         return list(self._where)

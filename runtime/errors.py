@@ -42,3 +42,7 @@ class BindError(SpecbindError):
 
 class GenerateError(SpecbindError):
     """generated/ is stale, holds orphans, or could not be written."""
+
+
+class OutputError(SpecbindError):
+    """An output path is unsafe to write: not a regular file, or a file being read."""
