@@ -113,22 +113,19 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from runtime import backends
     from runtime.bind import bind_checkpoint
     from runtime.checkpoint import Checkpoint
-    from runtime.export import write_safetensors
+    from runtime.export import check_out_path, write_safetensors
     from runtime.launcher import resolve_tp
 
     table = _table(a.model)
     overrides = _sets(a.set)
-    if a.out and Path(a.out).is_dir():
-        raise SpecbindError(
-            f"--out {a.out}: is a directory; --out names the .safetensors file to write"
-        )
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
     backend = backends.get(a.backend)
     ckpt = Checkpoint(Path(a.ckpt))
+    out = None if a.out is None else check_out_path(a.out, ckpt.files(), "--out")
     result = bind_checkpoint(
         ckpt, table, overrides, tp_size, tp_rank, progress=a.progress, backend=backend
     )
-    if a.out:
+    if out is not None:
         tensors = {
             f"layers.{layer.index}.{field}": backend.to_host(
                 arr, table.block(layer.kind).fields[field].dtype
@@ -142,7 +139,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
             "tp_size": str(result.tp_size),
             "tp_rank": str(result.tp_rank),
         }
-        write_safetensors(Path(a.out), tensors, meta)
+        write_safetensors(out, tensors, meta, ckpt.files())
     if a.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
