@@ -196,7 +196,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.repeat < 1:
         raise SpecbindError("--repeat must be >= 1")
     result = bench.run(
-        table, a.tp_size or [1, 2, 8], a.repeat, Path(a.cache), a.tiny, rss=not a.no_rss
+        table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), a.tiny, rss=not a.no_rss
     )
     print(json.dumps(result, indent=2) if a.json else bench.render(result))
     return 0
@@ -303,7 +303,7 @@ def parser() -> argparse.ArgumentParser:
     )
     be.add_argument("--repeat", type=int, default=3, help="timed runs per measurement (median)")
     be.add_argument(
-        "--cache", default=str(REPO / ".bench-cache"), help="where the checkpoint slice is kept"
+        "--cache", help="where the checkpoint slice is kept (default: ~/.cache/specbind/bench)"
     )
     be.add_argument("--tiny", action="store_true", help="tiny geometry (a smoke run)")
     be.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
