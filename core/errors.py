@@ -44,6 +44,10 @@ class GenerateError(SpecbindError):
     """generated/ is stale, holds orphans, or could not be written."""
 
 
+class OutputError(SpecbindError):
+    """An output path is unsafe to write: not a regular file, or a file being read."""
+
+
 def at(layer: int) -> str:
     """Where a tensor sits, for messages: ``layer 7``, or ``model`` for the global tensors."""
     return f"layer {layer}" if layer >= 0 else "model"

@@ -196,4 +196,3 @@ class Ranks:
     def __post_init__(self) -> None:
         check_tp(self.tp_size, self.tp_rank)
         check_tp(self.ep_size, self.ep_rank, "ep")
-

@@ -44,6 +44,20 @@ LAYERS = 4  # layers 0-2 are KDA, layer 3 is DSA
 ATTENTION = frozenset({"kda", "dsa"})  # what the hand-written baseline loads
 
 
+def cache_dir(given: str | None) -> Path:
+    """Where the checkpoint slice is kept: ``given`` (``--cache``), else
+    ``$XDG_CACHE_HOME/specbind/bench``, else ``~/.cache/specbind/bench`` — never the repository
+    (a full-geometry slice is over 1 GB). A relative ``XDG_CACHE_HOME`` is ignored, as the XDG
+    spec says."""
+    if given is not None:
+        if not given:
+            raise SpecbindError("--cache '': an empty path; --cache names a directory")
+        return Path(given)
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "specbind" / "bench"
+
+
 def ensure_checkpoint(table: ModelTable[Any], cache: Path, tiny: bool) -> Path:
     from generated import SPECS_SHA256
     from runtime.synth import synth, tiny_values

@@ -1,19 +1,32 @@
 """A checkpoint directory: ``model.safetensors``, or shards plus ``model.safetensors.index.json``.
 
 Invariants:
-- an index entry must name a plain file inside the directory: no absolute path, no ``..``, no
-  symlink that resolves outside; every tensor the index names must be in that shard's header,
-  and every tensor in a shard must be named by the index (nothing is silently ignored);
+- an index entry's *name* stays inside the directory as written: no absolute path, no ``..``,
+  no backslash, no NUL;
+- every file read (each shard the index names, ``model.safetensors``, the index itself and
+  ``config.json``) must be in the directory as a regular file or a symlink; a symlink is
+  followed and its final target must be a regular file, inside the directory — or, only when
+  the directory has the Hugging Face Hub cache shape (``<repo>/snapshots/<rev>/``), inside that
+  same repo's ``<repo>/blobs/``, where ``snapshot_download`` puts the bytes. Anything else (a
+  link to ``/etc/passwd``, into another repo's blobs, through a ``blobs`` that is itself a
+  symlink) is refused naming the entry and where it resolves. The rule is the same for the
+  sharded and the single-file layout, and the file opened is the real path that was checked;
+- every tensor the index names must be in that shard's header, and every tensor in a shard
+  must be named by the index (nothing is silently ignored); a tensor the index maps to the
+  wrong shard is reported as such, with the shard that does hold it;
 - a ``*.safetensors`` file no index entry names (``consolidated.safetensors`` beside HF shards)
   is not read, and ``unindexed_files`` lists it so the audit can say so;
 - a tensor name appears in exactly one shard;
 - shards are opened lazily, each once, and read through memory maps;
 - ``config.json`` must be a JSON object.
+Trap: ``files()`` lists paths as named in the directory, not resolved; compare real paths (and
+inodes) when asking whether some other path is one of them, as ``export.check_out_path`` does.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import stat
 from functools import cached_property
 from pathlib import Path
@@ -51,22 +64,31 @@ class Checkpoint:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        if not self.root.is_dir():
+        try:
+            mode = self.root.stat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            raise CheckpointError(f"{self.root}: no such directory") from None
+        except OSError as e:
+            raise CheckpointError(f"{self.root}: cannot read: {e.strerror}") from None
+        if not stat.S_ISDIR(mode):
             raise CheckpointError(f"{self.root}: not a directory")
         self._real_root = self.root.resolve()
         self._files: dict[str, SafetensorsFile] = {}
+        self._real: dict[str, Path] = {}  # file name as named -> its checked real path
         self._where: dict[str, str] = {}  # tensor name -> shard file name
-        index = self.root / INDEX
-        if index.exists() and (self.root / SINGLE).exists():
+        self._used: list[str] = []  # the weight files read, then the index if there is one
+        has_index = os.path.lexists(self.root / INDEX)
+        if has_index and os.path.lexists(self.root / SINGLE):
             raise CheckpointError(
                 f"{self.root}: holds both {SINGLE} and {INDEX}; transformers would read "
                 f"{SINGLE} — remove the one you do not mean, rather than have specbind guess"
             )
-        if index.exists():
-            self._load_index(index)
-        elif (self.root / SINGLE).exists():
-            f = self._open(SINGLE)
+        if has_index:
+            self._load_index(self._resolve(INDEX, INDEX))
+        elif os.path.lexists(self.root / SINGLE):
+            f = self._open(SINGLE, SINGLE)
             self._where = dict.fromkeys(f.names(), SINGLE)
+            self._used = [SINGLE]
         else:
             shards = sorted(p.name for p in self.root.glob("*.safetensors"))
             hint = f" (found {shards[:3]} but no {INDEX})" if shards else ""
@@ -80,9 +102,12 @@ class Checkpoint:
         for name, fn in wm.items():
             if not isinstance(fn, str):
                 raise CheckpointError(f"{INDEX}: weight_map[{name!r}] is not a file name")
-            self._check_path(fn, name)
-        for fn in sorted(set(wm.values())):
-            f = self._open(fn)
+            if fn not in self._real:  # each file is checked once, named by its first tensor
+                self._check_name(fn, name)
+                self._resolve(fn, f"{INDEX}: {name!r} -> {fn!r}")
+        self._used = sorted(set(wm.values()))
+        for fn in self._used:
+            f = self._open(fn, fn)
             for t in f.names():
                 owner = wm.get(t)
                 if owner is None:
@@ -90,13 +115,19 @@ class Checkpoint:
                         f"{fn}: tensor {t!r} is not in {INDEX} (it would be ignored)"
                     )
                 if owner != fn:
-                    raise CheckpointError(f"tensor {t!r} is in both {fn} and {owner}")
+                    if t in self._open(owner, owner).entries:
+                        raise CheckpointError(f"tensor {t!r} is in both {fn} and {owner}")
+                    raise CheckpointError(
+                        f"{INDEX}: maps {t!r} to {owner}, but it is stored in {fn}"
+                    )
         for name, fn in wm.items():
             if name not in self._files[fn].entries:
                 raise CheckpointError(f"{INDEX}: {name!r} maps to {fn}, which does not hold it")
         self._where = dict(wm)
+        self._used.append(INDEX)
 
-    def _check_path(self, fn: str, name: str) -> None:
+    def _check_name(self, fn: str, name: str) -> None:
+        """An index entry's file name must stay inside the directory, as written."""
         if "\0" in fn or len(fn) > 255:
             shown = fn[:40].replace("\0", "\\0") + ("…" if len(fn) > 40 else "")
             raise CheckpointError(f"{INDEX}: {name[:80]!r} names an impossible file {shown!r}")
@@ -111,20 +142,57 @@ class Checkpoint:
             raise CheckpointError(
                 f"{INDEX}: {name!r} points outside the checkpoint directory: {fn!r}"
             )
-        real = (self.root / p).resolve()
-        if not real.is_relative_to(self._real_root):
-            raise CheckpointError(
-                f"{INDEX}: {name!r} -> {fn!r} resolves outside the checkpoint directory"
-            )
-        if not real.is_file():
-            raise CheckpointError(f"{INDEX}: {name!r} -> {fn!r}: no such file")
 
-    def _open(self, fn: str) -> SafetensorsFile:
+    def _resolve(self, fn: str, what: str) -> Path:
+        """The real path of the regular file the entry ``fn`` is, or links to, by the rule in the
+        module docstring; ``what`` names the entry in the refusal."""
+        entry = self.root / fn
+        try:
+            mode = entry.lstat().st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            raise CheckpointError(f"{what}: no such file") from None
+        except OSError as e:
+            raise CheckpointError(f"{what}: cannot read: {e.strerror}") from None
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise CheckpointError(f"{what}: not a regular file")
+        try:
+            real = entry.resolve(strict=True)
+        except FileNotFoundError:
+            raise CheckpointError(f"{what}: a symlink whose target does not exist") from None
+        except (OSError, RuntimeError):  # a symlink loop: RuntimeError before Python 3.13
+            raise CheckpointError(f"{what}: a symlink that cannot be resolved (a loop?)") from None
+        if not (real.is_relative_to(self._real_root) or self._in_hub_blobs(real)):
+            raise CheckpointError(f"{what} resolves outside the checkpoint directory, to {real}")
+        try:
+            target = real.stat().st_mode
+        except OSError as e:
+            raise CheckpointError(f"{what}: cannot read {real}: {e.strerror}") from None
+        if not stat.S_ISREG(target):
+            raise CheckpointError(f"{what}: resolves to {real}, which is not a regular file")
+        self._real[fn] = real
+        return real
+
+    def _in_hub_blobs(self, real: Path) -> bool:
+        """``real`` is in the blobs/ of the Hub cache repo whose snapshot this directory is."""
+        snapshots = self._real_root.parent
+        if snapshots.name != "snapshots":
+            return False
+        return real.is_relative_to(snapshots.parent / "blobs")  # blobs itself is not followed
+
+    def _open(self, fn: str, what: str) -> SafetensorsFile:
         f = self._files.get(fn)
         if f is None:
-            f = SafetensorsFile(self.root / fn, fn)
+            real = self._real.get(fn) or self._resolve(fn, what)
+            f = SafetensorsFile(real, fn)
             self._files[fn] = f
         return f
+
+    def files(self) -> list[Path]:
+        """The files of the directory this checkpoint is read from, as named there: the weight
+        files in use, the index if there is one, and ``config.json`` if it exists. Symlinks are
+        not resolved here (a caller comparing paths resolves them)."""
+        extra = ["config.json"] if os.path.lexists(self.root / "config.json") else []
+        return [self.root / fn for fn in self._used + extra]
 
     def names(self) -> list[str]:
         return list(self._where)
@@ -140,10 +208,9 @@ class Checkpoint:
 
     @cached_property
     def config(self) -> dict[str, Any]:
-        path = self.root / "config.json"
-        if not path.exists():
+        if not os.path.lexists(self.root / "config.json"):
             raise CheckpointError(f"{self.root}: no config.json")
-        doc = read_json(path, "config.json")
+        doc = read_json(self._resolve("config.json", "config.json"), "config.json")
         if not isinstance(doc, dict):
             raise CheckpointError("config.json: must be a JSON object")
         return doc

@@ -121,27 +121,22 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from runtime import backends
     from runtime.bind import bind_checkpoint
     from runtime.checkpoint import Checkpoint
-    from runtime.export import bound_tensors, write_safetensors
+    from runtime.export import bound_tensors, check_out_path, write_safetensors
     from runtime.launcher import resolve_tp
     from runtime.model import values_from_config
 
     table = _table(a.model)
     overrides = _sets(a.set)
-    if a.out is not None and not a.out:
-        raise SpecbindError("--out is empty; name the .safetensors file to write")
-    if a.out and Path(a.out).is_dir():
-        raise SpecbindError(
-            f"--out {a.out}: is a directory; --out names the .safetensors file to write"
-        )
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
     backend = backends.get(a.backend, generated_kernels)
     ckpt = Checkpoint(Path(a.ckpt))
+    out = None if a.out is None else check_out_path(a.out, ckpt.files(), "--out")
     _note_overrides(overrides)
     result = bind_checkpoint(
         ckpt, table, overrides, tp_size, tp_rank, progress=a.progress, backend=backend,
         ep_size=a.ep_size, ep_rank=a.ep_rank,
     )  # fmt: skip
-    if a.out:
+    if out is not None:
         values = values_from_config(table, ckpt.config, overrides)
         meta = {
             "model": table.name,
@@ -163,7 +158,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
                 sort_keys=True,
             ),
         }
-        write_safetensors(Path(a.out), bound_tensors(result, backend), meta)
+        write_safetensors(out, bound_tensors(result, backend), meta, ckpt.files())
     if a.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
@@ -248,7 +243,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.repeat < 1:
         raise SpecbindError("--repeat must be >= 1")
     result = bench.run(
-        table, a.tp_size or [1, 2, 8], a.repeat, Path(a.cache), a.tiny, rss=not a.no_rss
+        table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), a.tiny, rss=not a.no_rss
     )
     print(json.dumps(result, indent=2) if a.json else bench.render(result))
     return 0
@@ -359,7 +354,7 @@ def parser() -> argparse.ArgumentParser:
     )
     be.add_argument("--repeat", type=int, default=3, help="timed runs per measurement (median)")
     be.add_argument(
-        "--cache", default=str(REPO / ".bench-cache"), help="where the checkpoint slice is kept"
+        "--cache", help="where the checkpoint slice is kept (default: ~/.cache/specbind/bench)"
     )
     be.add_argument("--tiny", action="store_true", help="tiny geometry (a smoke run)")
     be.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")

@@ -213,8 +213,9 @@ def test_audit_reports_quantisation_artefacts_and_identical_bytes(
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (["bind", "/nonexistent/ckpt"], "not a directory"),
-        (["audit", "/nonexistent/ckpt"], "not a directory"),
+        (["bind", "/nonexistent/ckpt"], "/nonexistent/ckpt: no such directory"),
+        (["audit", "/nonexistent/ckpt"], "/nonexistent/ckpt: no such directory"),
+        (["bind", __file__], f"{__file__}: not a directory"),
         (["bind", "."], "no model.safetensors and no model.safetensors.index.json"),
         (["synth", "/tmp", "--layers", "2"], "exists and is not an empty directory"),
         (["bind", ".", "--model", "llama"], "unknown model 'llama'"),

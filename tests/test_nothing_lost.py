@@ -19,8 +19,9 @@ class Boom(RuntimeError):
     pass
 
 
-def test_an_interrupted_out_file_leaves_the_previous_one_intact(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("error", [Boom, KeyboardInterrupt])
+def test_an_interrupted_out_file_leaves_the_previous_one_intact_and_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: type[BaseException]
 ) -> None:
     out = tmp_path / "bound.safetensors"
     write_safetensors(out, {"a": np.arange(4, dtype=np.float32)}, {"k": "v"})
@@ -31,11 +32,11 @@ def test_an_interrupted_out_file_leaves_the_previous_one_intact(
     def flaky(a: object) -> object:  # the second tensor's bytes cannot be read
         calls.append(a)
         if len(calls) == 2:
-            raise Boom("disk pulled out")
+            raise error("disk pulled out")
         return real(a)
 
     monkeypatch.setattr(np, "ascontiguousarray", flaky)
-    with pytest.raises(Boom):
+    with pytest.raises(error):
         write_safetensors(
             out, {"a": np.ones(4, np.float32), "b": np.zeros(8, np.float32)}, {"k": "v"}
         )

@@ -170,6 +170,33 @@ def test_the_same_tensor_in_two_shards_is_refused(tmp_path: Path) -> None:
         Checkpoint(d)
 
 
+def test_an_index_mapping_a_tensor_to_the_wrong_shard_says_which_shard_stores_it(
+    tmp_path: Path,
+) -> None:
+    d = _sharded(tmp_path)
+    _index(d, {"a": "s2.safetensors", "b": "s1.safetensors"})  # each in the other's shard
+    with pytest.raises(
+        CheckpointError,
+        match="^"
+        + re.escape(
+            "model.safetensors.index.json: maps 'a' to s2.safetensors, but it is stored in "
+            "s1.safetensors"
+        )
+        + "$",
+    ):
+        Checkpoint(d)
+
+
+def test_a_missing_checkpoint_is_no_such_directory_and_a_file_is_not_a_directory(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(CheckpointError, match=re.escape(f"{tmp_path / 'nope'}: no such directory")):
+        Checkpoint(tmp_path / "nope")
+    (tmp_path / "file").write_text("{}")
+    with pytest.raises(CheckpointError, match=re.escape(f"{tmp_path / 'file'}: not a directory")):
+        Checkpoint(tmp_path / "file")
+
+
 def test_a_directory_without_weights_is_refused(tmp_path: Path) -> None:
     with pytest.raises(
         CheckpointError, match=re.escape("no model.safetensors and no model.safetensors.index.json")
