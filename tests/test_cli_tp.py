@@ -121,13 +121,13 @@ def _glm_bytes() -> int:
     by hand (not from the specs): 45 layers (34 KDA; 11 DSA, of which the spec's schedule makes
     every second one shared, without an indexer: 6 full, 5 shared; 3 dense MLPs, 42 MoE) plus
     one MTP layer (full DSA, MoE)."""
-    H, V, I, Im, E, S, N = 4096, 154880, 12288, 2048, 288, 1, 4
+    H, V, F_, Im, E, S, N = 4096, 154880, 12288, 2048, 288, 1, 4
     M = (2 + N) * N
     kda = 2 * (3 * 8192 * H + 3 * 8192 * 4 + 2 * 128 * H + 2 * 8192 * 128 + 64 * H + 128 + H * 8192)
     kda += 4 * (64 + 8192)  # A_log, dt_bias: F32
     mla = 2 * (1536 * H + 1536 + 64 * 256 * 1536 + 512 * H + 512 + 64 * 512 * 512 + H * 64 * 256)
     indexer = 2 * (32 * 128 * 1536 + 128 * H + 128 + 128 + 32 * H + 128 * H + 16 * 128)
-    dense = 2 * 3 * I * H
+    dense = 2 * 3 * F_ * H
     moe = 2 * (E * H + 3 * E * Im * H + 3 * S * Im * H) + 4 * E
     norms = 2 * 2 * H
     mhc = 2 * 4 * (M * N * H + M + 3)  # all F32 as bound (fn is BF16 on disk, widened)
