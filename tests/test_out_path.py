@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import TABLE, read_file
+from helpers import TABLE, TINY, read_file
 
 from core.errors import OutputError
 from runtime.checkpoint import Checkpoint
 from runtime.export import check_out_path, write_safetensors
-from runtime.synth import TINY, synth
+from runtime.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"
 
@@ -197,7 +197,7 @@ def test_out_writes_through_a_symlink_to_its_target(work: Path) -> None:
     proc = specbind("bind", str(work / "ck"), "--out", str(work / "link.safetensors"))
     assert proc.returncode == 0, proc.stderr
     assert os.readlink(work / "link.safetensors") == str(target), "the link itself is kept"
-    assert "layers.0.conv" in read_file(target)
+    assert "layers.0.attention.conv" in read_file(target)
     assert sorted(p.name for p in (work / "real").iterdir()) == ["bound.safetensors"]
 
 
@@ -206,7 +206,9 @@ def test_a_dangling_symlink_out_creates_its_target(work: Path) -> None:
     os.symlink(target, work / "link.safetensors")
     proc = specbind("bind", str(work / "ck"), "--out", str(work / "link.safetensors"))
     assert proc.returncode == 0, proc.stderr
-    assert (work / "link.safetensors").is_symlink() and "layers.0.conv" in read_file(target)
+    assert (work / "link.safetensors").is_symlink() and "layers.0.attention.conv" in read_file(
+        target
+    )
 
 
 def test_a_bad_out_is_refused_before_any_binding(work: Path) -> None:
