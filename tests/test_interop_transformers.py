@@ -25,6 +25,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from helpers import INDEXER_FIELDS
+from whole_model import F32_IN_MODULE
 from safetensors import safe_open
 
 from core.dtypes import bf16_ulp
@@ -136,12 +137,13 @@ def write_checkpoint(path: Path, *, gates_f32: bool) -> Path:
         for name, p in model.named_parameters():
             # randn, so norms are not all ones and no two tensors share their values.
             values = torch.randn(p.shape, dtype=torch.float32) * 0.02
-            if gates_f32 and GATE_PARAM.fullmatch(name):
-                p.data = values  # the real checkpoint keeps A_log and dt_bias in F32
+            if gates_f32 and F32_IN_MODULE.fullmatch(name):
+                p.data = values  # the real checkpoint keeps A_log, dt_bias, mHC base/scale F32
                 kept += 1
             else:
                 p.data = values.to(torch.bfloat16)
-    assert kept == (2 * len(KDA_LAYERS) if gates_f32 else 0)
+    # A_log and dt_bias per KDA layer, mHC base and scale twice per layer
+    assert kept == (2 * len(KDA_LAYERS) + 4 * CONFIG["num_hidden_layers"] if gates_f32 else 0)
     model.save_pretrained(path)
     return path
 
@@ -316,24 +318,29 @@ def test_transformers_checkpoint_binds_every_layer_with_no_unknowns(
     bound: BindResult, on_disk: dict[str, tuple[str, Any]]
 ) -> None:
     kinds = {i: "kda" for i in KDA_LAYERS} | {i: "dsa" for i in DSA_LAYERS}
-    assert [(layer.index, layer.kind) for layer in bound.layers] == sorted(kinds.items())
+    assert [(layer.index, layer.slots["attention"].block) for layer in bound.layers] == sorted(
+        kinds.items()
+    )
     for layer in bound.layers:
-        r = layer.report
-        assert (r.index, r.kind) == (layer.index, layer.kind)
-        assert r.bound == r.self_attn_seen > 0
-        assert r.unknown_self_attn == []
+        r = layer.slots["attention"].report
+        assert (r.index, r.kind) == (layer.index, layer.slots["attention"].block)
+        assert r.bound == r.seen > 0 and r.other == 0
         # bytes counts what was read from the file: at TP=1, every self_attn tensor of the layer.
         p = f"layers.{layer.index}.self_attn."
         read = [t for n, (_, t) in on_disk.items() if n.startswith(p)]
         assert r.bound == len(read)
         assert r.bytes == sum(t.numel() * t.element_size() for t in read), layer.index
-        if layer.kind == "kda":  # KDA binds verbatim (conv is a concat): the same bytes come out
-            assert r.bytes == sum(a.nbytes for a in layer.weights.arrays().values())
+        if (
+            layer.slots["attention"].block == "kda"
+        ):  # KDA binds verbatim (conv is a concat): the same bytes come out
+            assert r.bytes == sum(
+                a.nbytes for a in layer.slots["attention"].weights.arrays().values()
+            )
 
 
 def test_shared_dsa_layer_binds_without_indexer_fields(bound: BindResult) -> None:
-    shared = bound.layers[SHARED_DSA].weights
-    full = bound.layers[FULL_DSA].weights
+    shared = bound.layers[SHARED_DSA].slots["attention"].weights
+    full = bound.layers[FULL_DSA].slots["attention"].weights
     assert shared.wk is None
     assert all(getattr(shared, f) is None for f in INDEXER_FIELDS)
     assert all(getattr(full, f) is not None for f in INDEXER_FIELDS)
@@ -352,7 +359,7 @@ def test_bound_conv_equals_transformers_fused_conv1d_byte_for_byte(
     bound: BindResult, hf: Loaded
 ) -> None:
     for i in KDA_LAYERS:
-        conv = bound.layers[i].weights.conv
+        conv = bound.layers[i].slots["attention"].weights.conv
         assert conv.dtype == ml_dtypes.bfloat16
         assert conv.shape == (3 * Q, K)
         # transformers keeps conv1d in F32 (_keep_in_fp32_modules_strict) after concatenating the
@@ -367,7 +374,7 @@ def test_bound_conv_rows_are_q_then_k_then_v_conv1d_from_the_file(
     bound: BindResult, on_disk: dict[str, tuple[str, Any]]
 ) -> None:
     for i in KDA_LAYERS:
-        conv = bound.layers[i].weights.conv
+        conv = bound.layers[i].slots["attention"].weights.conv
         for part, name in enumerate(("q_conv1d", "k_conv1d", "v_conv1d")):
             _, t = on_disk[f"layers.{i}.self_attn.{name}.weight"]
             rows = conv[part * Q : (part + 1) * Q]
@@ -378,7 +385,7 @@ def test_bound_gates_stay_f32_and_equal_transformers_forget_gate_byte_for_byte(
     bound: BindResult, hf: Loaded
 ) -> None:
     for i in KDA_LAYERS:
-        w = bound.layers[i].weights
+        w = bound.layers[i].slots["attention"].weights
         gate = attn(hf, i).forget_gate
         for mine, theirs in ((w.a_log, gate.A_log), (w.dt_bias, gate.dt_bias)):
             assert mine.dtype == np.float32
@@ -392,9 +399,9 @@ def test_every_verbatim_bound_field_equals_the_transformers_parameter(
     """q_proj and every other verbatim field: BF16 bits equal when transformers loads BF16, else
     widened. Every bound field is compared: conv and DSA's computed fields by their own tests."""
     for layer in bound.layers:
-        params = KDA_PARAMS if layer.kind == "kda" else DSA_PARAMS
-        own_test = {"conv"} if layer.kind == "kda" else DSA_COMPUTED
-        fields = layer.weights.arrays()
+        params = KDA_PARAMS if layer.slots["attention"].block == "kda" else DSA_PARAMS
+        own_test = {"conv"} if layer.slots["attention"].block == "kda" else DSA_COMPUTED
+        fields = layer.slots["attention"].weights.arrays()
         if layer.index == SHARED_DSA:
             want = (set(params) | own_test) - set(INDEXER_FIELDS)
         else:
@@ -446,7 +453,7 @@ def test_absorbed_weights_match_an_f64_reference_from_transformers_modules_withi
     result = bind_at(tp, rank)
     assert (result.tp_size, result.tp_rank) == (tp, rank)
     for i in DSA_LAYERS:
-        w = result.layers[i].weights
+        w = result.layers[i].slots["attention"].weights
         assert (w.q_absorb.dtype, w.o_absorb.dtype) == (ml_dtypes.bfloat16,) * 2
         assert w.q_absorb.shape == (NH // tp * KVL, QL)
         assert w.o_absorb.shape == (X, NH // tp * KVL)
@@ -463,7 +470,7 @@ def test_indexer_weights_proj_is_scaled_within_one_bf16_ulp_and_ape_widens_exact
     rank: int,
 ) -> None:
     """Replicated: every rank holds the whole scaled weights_proj and the whole F32 ape."""
-    w = bind_at(tp, rank).layers[FULL_DSA].weights
+    w = bind_at(tp, rank).layers[FULL_DSA].slots["attention"].weights
     indexer = attn(hf, FULL_DSA).indexer
     assert w.weights_proj is not None and w.ape is not None
     assert w.weights_proj.shape == (IH, X)
@@ -482,7 +489,10 @@ def test_shared_dsa_layer_binds_without_indexer_fields_at_every_tp(
     """transformers' index_topk_pattern "...S" makes layer 7 shared: no indexer on any rank."""
     for rank in range(tp):
         layers = bind_at(tp, rank).layers
-        shared, full = layers[SHARED_DSA].weights, layers[FULL_DSA].weights
+        shared, full = (
+            layers[SHARED_DSA].slots["attention"].weights,
+            layers[FULL_DSA].slots["attention"].weights,
+        )
         assert all(getattr(shared, f) is None for f in INDEXER_FIELDS), (tp, rank)
         assert all(getattr(full, f) is not None for f in INDEXER_FIELDS), (tp, rank)
         assert set(full.arrays()) - set(shared.arrays()) == set(INDEXER_FIELDS)
@@ -498,8 +508,8 @@ def test_rank_shards_rejoin_into_the_tp1_fields_byte_for_byte(
     whole = bind_at(1, 0).layers
     ranks = [bind_at(tp, r).layers for r in range(tp)]
     for i in DSA_LAYERS:
-        one = whole[i].weights.arrays()
-        parts = [layers[i].weights.arrays() for layers in ranks]
+        one = whole[i].slots["attention"].weights.arrays()
+        parts = [layers[i].slots["attention"].weights.arrays() for layers in ranks]
         for field, axis in (("q_absorb", 0), ("o_absorb", 1)):
             joined = np.concatenate([p[field] for p in parts], axis=axis)
             assert joined.dtype == one[field].dtype
@@ -528,25 +538,21 @@ def test_cli_bind_out_writes_the_transformers_conv(
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert set(doc) == {"tp_size", "tp_rank", "layers", "seconds"}
     assert (doc["tp_size"], doc["tp_rank"]) == (1, 0)
-    assert doc["layers"] == [layer.report.as_dict() for layer in bound.layers]
-
-    want = {
-        f"layers.{layer.index}.{field}"
-        for layer in bound.layers
-        for field in layer.weights.arrays()
-    }
+    assert [x["slots"]["attention"] for x in doc["layers"]] == [
+        layer.slots["attention"].report.as_dict() for layer in bound.layers
+    ]
+    want = set(bound.fields())
     with safe_open(out_file, "pt") as f:
         assert set(f.keys()) == want
         meta = f.metadata()
         assert (meta["model"], meta["specs_sha256"]) == (MODEL, SPECS_SHA256)
         for i in KDA_LAYERS:
-            conv = f.get_tensor(f"layers.{i}.conv")
+            conv = f.get_tensor(f"layers.{i}.attention.conv")
             assert (conv.dtype, tuple(conv.shape)) == (torch.bfloat16, (3 * Q, K))
             theirs = attn(hf, i).conv1d.weight.squeeze(1)
             assert np.array_equal(f32_bits(conv), f32_bits(theirs)), i
-            assert f.get_tensor(f"layers.{i}.a_log").dtype == torch.float32
+            assert f.get_tensor(f"layers.{i}.attention.a_log").dtype == torch.float32
 
 
 def test_wholesale_bf16_cast_of_gates_is_refused(wholesale_bf16_ckpt: Path) -> None:

@@ -3,8 +3,9 @@
 transformers' ``Glm5Next`` model writes a tiny checkpoint (``whole_model.write_whole_checkpoint``)
 and loads it back; its dense MLP and MoE modules, run in float32, are the ground truth. The
 reference (``whole_model.dense_forward`` / ``moe_forward``) sees only per-rank fields in the
-layout fused-MoE engines read, built from the checkpoint tensors by ``split_dense`` /
-``split_moe`` (the binder's role until specbind's bound fields replace them). Claims:
+layout fused-MoE engines read: the fields specbind binds from the file at that (tp, ep) rank.
+``split_dense`` / ``split_moe`` build the same fields by hand from the checkpoint tensors, and
+the bound ones must equal them byte for byte. Claims:
 
 * the dense partials summed over tp ranks equal the dense MLP, at tp = 1, 2 and 4;
 * the MoE partials summed over every (tp, ep) rank, the shared experts counted once per tp rank,
@@ -37,7 +38,8 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
@@ -69,6 +71,10 @@ from whole_model import (
     write_whole_checkpoint,
 )
 
+from generated import MODELS
+from runtime.bind import BindResult, bind_checkpoint
+from runtime.checkpoint import Checkpoint
+
 # exc_type=ImportError: a present but broken install (not only a missing one) skips too.
 torch = pytest.importorskip("torch", exc_type=ImportError)
 transformers = pytest.importorskip("transformers", exc_type=ImportError)
@@ -87,6 +93,7 @@ H = TEXT_CONFIG["hidden_size"]
 # "clamped" drives a large share past swiglu_limit = 10 (each case asserts which it is).
 SCALES = {"small": 1.0, "unit": 8.0, "clamped": 64.0}
 MOE_RANKS = [(tp, ep) for tp in (1, 2) for ep in (1, 2, 3, 4, 6)]
+TABLE = MODELS["glm-5.3-flash"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,20 @@ class Whole:
     model: Any
     routing: Routing
     config: dict[str, Any]  # TEXT_CONFIG with the variant's overrides
+    path: Path
+    binds: dict[tuple[int, int, int, int], BindResult] = field(default_factory=dict)
+
+    def bound(self, layer: int, tp: int, r: int, ep: int = 1, e: int = 0) -> dict[str, Array]:
+        """Layer ``layer``'s MLP fields as specbind binds them at tp rank r, ep rank e."""
+        key = (tp, r, ep, e)
+        if key not in self.binds:
+            self.binds[key] = bind_checkpoint(
+                Checkpoint(self.path), TABLE, tp_size=tp, tp_rank=r, ep_size=ep, ep_rank=e,
+                progress=False,
+            )  # fmt: skip
+        found = [x for x in self.binds[key].layers if x.index == layer]
+        arrays: dict[str, Array] = found[0].slots["mlp"].weights.arrays()
+        return arrays
 
     def mlp(self, layer: int) -> dict[str, Array]:
         return mlp_tensors(self.tensors, layer)
@@ -124,7 +145,7 @@ def whole(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     tensors = write_whole_checkpoint(path, overrides, vision=vision, seed=len(overrides))
     model = load_whole_model(path)
     routing = Routing.from_config(model.config.get_text_config())
-    return Whole(tensors, model, routing, {**TEXT_CONFIG, **overrides})
+    return Whole(tensors, model, routing, {**TEXT_CONFIG, **overrides}, path)
 
 
 def inputs(seed: int, scale: float, tokens: int = TOKENS) -> Array:
@@ -164,10 +185,9 @@ def dense_fields(mlp: dict[str, Array], tp: int, r: int) -> dict[str, Array]:
 
 def dense_sum(whole: Whole, x: Array, tp: int, mutate: Any = None) -> Any:
     """The dense reference summed over tp ranks; ``mutate(fields, tp, r)`` may break a layout."""
-    mlp = whole.mlp(DENSE_LAYERS[0])
     total = np.zeros((x.shape[0], H))
     for r in range(tp):
-        f = dense_fields(mlp, tp, r)
+        f = whole.bound(DENSE_LAYERS[0], tp, r)
         if mutate is not None:
             f = mutate(f, tp, r)
         total += dense_forward(x, f["gate_up"], f["down"], whole.routing.swiglu_limit)
@@ -192,7 +212,7 @@ def moe_sum(whole: Whole, layer: int, x: Array, tp: int, ep: int, mutate: Any = 
     total = np.zeros((x.shape[0], H))
     for r in range(tp):
         for e in range(ep):
-            f = split_moe(mlp, tp, ep, r, e)
+            f = whole.bound(layer, tp, r, ep, e)
             if mutate is not None:
                 f = mutate(f, tp, r)
             start, _ = expert_range(num_experts, ep, e)
@@ -516,3 +536,25 @@ def test_dtype_repair_narrows_an_upcast_bf16_tensor_exactly(tmp_path: Any) -> No
     )
     with pytest.raises(ValueError, match="precision is lost"):
         repair_dtypes(tmp_path)
+
+
+@pytest.mark.parametrize(("tp", "ep"), [(1, 1), (2, 1), (2, 3), (1, 4)])
+def test_bound_mlp_fields_equal_the_hand_split_of_the_checkpoint_tensors(
+    whole: Whole, tp: int, ep: int
+) -> None:
+    """specbind's dense and MoE fields at every rank are byte for byte what split_dense and
+    split_moe build by hand from the file: [gate_r; up_r], down's column slice, whole experts."""
+    for r in range(tp):
+        dense = whole.bound(DENSE_LAYERS[0], tp, r, ep, 0)
+        want = dense_fields(whole.mlp(DENSE_LAYERS[0]), tp, r)
+        assert {k: v.tobytes() for k, v in dense.items()} == {
+            k: v.tobytes() for k, v in want.items()
+        }
+        for e in range(ep):
+            for layer in SPARSE_LAYERS:
+                got = whole.bound(layer, tp, r, ep, e)
+                hand = split_moe(whole.mlp(layer), tp, ep, r, e)
+                assert set(got) == set(hand)
+                for k, v in hand.items():
+                    assert (got[k].shape, got[k].dtype) == (v.shape, v.dtype), (layer, k)
+                    assert got[k].tobytes() == v.tobytes(), (layer, k, r, e)
