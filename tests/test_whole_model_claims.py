@@ -1,0 +1,205 @@
+"""The whole model's claims on synthetic checkpoints: every tensor in exactly one place, layers
+checked against config.json, families and ties, and expert parallelism that reads only a rank's
+own experts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import TABLE, TINY, read_file
+from safetensors.numpy import save_file
+
+from core.errors import BindError, GeometryError
+from runtime.bind import bind_checkpoint
+from runtime.checkpoint import Checkpoint
+from runtime.synth import synth
+
+E = TINY["experts"]  # 6
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("whole") / "ck"
+    synth(TABLE, d, TINY, seed=21)
+    return d
+
+
+def copy_with(
+    ckpt: Path, dest: Path, edit: dict[str, Any] | None = None, config: dict[str, Any] | None = None
+) -> Path:
+    """A one-file copy: tensors edited ({name: array, or None to drop; a name ending in '.*'
+    drops every tensor under that prefix}), config.json fields replaced."""
+    dest.mkdir()
+    tensors: dict[str, Any] = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        tensors |= read_file(f)
+    for n, v in (edit or {}).items():
+        if n.endswith(".*"):
+            tensors = {k: a for k, a in tensors.items() if not k.startswith(n[:-1])}
+        elif v is None:
+            tensors.pop(n)
+        else:
+            tensors[n] = v
+    save_file(tensors, str(dest / "model.safetensors"))
+    cfg = json.loads((ckpt / "config.json").read_text()) | (config or {})
+    (dest / "config.json").write_text(json.dumps(cfg))
+    return dest
+
+
+def refused(path: Path, **kw: Any) -> str:
+    with pytest.raises(BindError) as e:
+        bind_checkpoint(Checkpoint(path), TABLE, progress=False, **kw)
+    return str(e.value)
+
+
+def test_a_missing_middle_layer_is_refused_naming_it(ckpt: Path, tmp_path: Path) -> None:
+    bad = copy_with(ckpt, tmp_path / "b", {"layers.5.*": None})
+    msg = refused(bad)
+    assert msg.startswith("layer 5: config.json num_hidden_layers is 8 plus 1 MTP layer(s)")
+    assert "the checkpoint has no layer 5" in msg
+
+
+def test_a_missing_mtp_layer_is_refused(ckpt: Path, tmp_path: Path) -> None:
+    msg = refused(copy_with(ckpt, tmp_path / "b", {"layers.8.*": None}))
+    assert msg.startswith("layer 8: ") and "no layer 8" in msg
+
+
+def test_layers_beyond_the_configured_count_are_refused(ckpt: Path, tmp_path: Path) -> None:
+    bad = copy_with(ckpt, tmp_path / "b", config={"num_hidden_layers": 4})
+    msg = refused(bad)
+    assert msg.startswith("layer 5: config.json num_hidden_layers is 4 plus 1 MTP layer(s)")
+    assert "there is no layer 5, but the checkpoint has one" in msg
+    assert "more problem(s)" in msg, "every extra layer is a problem; audit lists them all"
+
+
+def test_layer_types_that_contradict_the_names_are_refused(ckpt: Path, tmp_path: Path) -> None:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    types = list(cfg["layer_types"])
+    types[3] = "linear_attention"
+    msg = refused(copy_with(ckpt, tmp_path / "b", config={"layer_types": types}))
+    assert msg == (
+        "layer 3: config.json layer_types[3] is 'linear_attention' (a kda attention), but the "
+        "layer's tensors are dsa"
+    )
+
+
+def test_mlp_layer_types_that_contradict_the_names_are_refused(ckpt: Path, tmp_path: Path) -> None:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    kinds = ["sparse"] * len(cfg["mlp_layer_types"])
+    msg = refused(copy_with(ckpt, tmp_path / "b", config={"mlp_layer_types": kinds}))
+    assert msg.startswith(
+        "layer 0: config.json mlp_layer_types[0] is 'sparse' (a moe mlp), but the layer's "
+        "tensors are dense"
+    )
+
+
+def test_an_unclaimed_tensor_in_a_layer_is_refused_with_all_such_names(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    z = np.zeros(2, np.float32)
+    bad = copy_with(ckpt, tmp_path / "b", {"layers.2.rotary.inv_freq": z, "layers.2.zz": z})
+    msg = refused(bad)
+    assert msg.startswith("layer 2: 2 tensor(s) belong to no slot of a decoder layer")
+    assert "['rotary.inv_freq', 'zz']" in msg and "refusing to skip them" in msg
+
+
+def test_a_zero_padded_layer_index_is_not_silently_outside_the_layers(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    z = np.zeros(2, np.float32)
+    msg = refused(copy_with(ckpt, tmp_path / "b", {"layers.03.input_layernorm.weight": z}))
+    assert "outside the layers are neither model-level tensors nor declared unbound" in msg
+    assert "layers.03.input_layernorm.weight" in msg
+
+
+def test_a_vision_tower_is_declared_unbound_and_never_read(ckpt: Path, tmp_path: Path) -> None:
+    z = np.zeros(3, np.float32)
+    ok = copy_with(ckpt, tmp_path / "ok", {"model.visual.blocks.0.attn.qkv.weight": z})
+    got = bind_checkpoint(Checkpoint(ok), TABLE, progress=False)
+    assert got.unbound == {"model.visual.": 1}
+    msg = refused(copy_with(ckpt, tmp_path / "b", {"visual.blocks.0.weight": z}))
+    assert msg.startswith("model: 1 tensor(s) outside the layers")
+
+
+def test_a_missing_expert_is_refused_by_name(ckpt: Path, tmp_path: Path) -> None:
+    bad = copy_with(ckpt, tmp_path / "b", {"layers.4.mlp.experts.3.up_proj.weight": None})
+    assert refused(bad) == (
+        "layer 4: missing mlp.experts.3.up_proj.weight (a moe block requires it)"
+    )
+
+
+def test_an_expert_index_past_the_family_is_refused(ckpt: Path, tmp_path: Path) -> None:
+    extra = read_file(next(ckpt.glob("*.safetensors")))
+    any_up = next(a for n, a in extra.items() if n.endswith("experts.0.up_proj.weight"))
+    bad = copy_with(ckpt, tmp_path / "b", {f"layers.4.mlp.experts.{E}.up_proj.weight": any_up})
+    assert refused(bad) == (
+        f"layer 4: mlp.experts.{E}.up_proj.weight: index {E} is outside the family e in "
+        f"range({E}) of a moe block"
+    )
+
+
+def test_a_tied_head_binds_the_embedding_and_refuses_a_stored_copy(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    tied = copy_with(ckpt, tmp_path / "t", {"lm_head.weight": None}, {"tie_word_embeddings": True})
+    got = bind_checkpoint(Checkpoint(tied), TABLE, tp_size=2, tp_rank=1, progress=False)
+    assert got.globals is not None
+    g = got.globals.weights.arrays()
+    assert g["lm_head"].tobytes() == g["embed_tokens"].tobytes()
+    both = copy_with(ckpt, tmp_path / "b", config={"tie_word_embeddings": True})
+    assert refused(both) == (
+        "model: lm_head.weight is stored, but config.json tie_word_embeddings is true: it must "
+        "be bound from embed_tokens.weight, and a second copy would be ignored"
+    )
+
+
+def test_an_untied_base_model_without_a_head_binds_its_embedding_and_norm(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    base = copy_with(ckpt, tmp_path / "b", {"lm_head.weight": None})
+    got = bind_checkpoint(Checkpoint(base), TABLE, progress=False)
+    assert got.globals is not None
+    assert set(got.globals.weights.arrays()) == {"embed_tokens", "norm"}
+
+
+def test_an_exact_bf16_mhc_fn_is_widened_and_a_bf16_base_refused(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    tensors = read_file(next(ckpt.glob("*.safetensors"))) | read_file(
+        sorted(ckpt.glob("*.safetensors"))[-1]
+    )
+    fn = tensors["layers.1.hc_attn_fn"].astype(ml_dtypes.bfloat16)
+    ok = copy_with(ckpt, tmp_path / "ok", {"layers.1.hc_attn_fn": fn})
+    got = bind_checkpoint(Checkpoint(ok), TABLE, progress=False)
+    arr = got.layers[1].slots["mhc"].weights.arrays()["attn_fn"]
+    assert arr.dtype == np.float32 and np.array_equal(arr, fn.astype(np.float32))
+    assert got.layers[1].slots["mhc"].report.cast == ["hc_attn_fn: BF16 -> F32"]
+    base = tensors["layers.1.hc_attn_base"].astype(ml_dtypes.bfloat16)
+    msg = refused(copy_with(ckpt, tmp_path / "b", {"layers.1.hc_attn_base": base}))
+    assert msg.startswith("layer 1: hc_attn_base is BF16 but a mhc block requires F32")
+
+
+def test_an_ep_rank_reads_only_its_own_experts(ckpt: Path) -> None:
+    read: list[str] = []
+    ck = Checkpoint(ckpt)
+    real_get = ck.get
+
+    def spy(name: str) -> Any:
+        read.append(name)
+        return real_get(name)
+
+    ck.get = spy  # type: ignore[method-assign]
+    bind_checkpoint(ck, TABLE, ep_size=4, ep_rank=1, progress=False)
+    experts = {n.split(".experts.")[1].split(".")[0] for n in read if ".experts." in n}
+    assert experts == {"2", "3"}, "ep 4 splits 6 experts as 2, 2, 1, 1: rank 1 holds 2 and 3"
+    assert len(read) == len(set(read)), "no tensor is read twice"
+
+
+def test_an_ep_larger_than_the_experts_is_refused(ckpt: Path) -> None:
+    with pytest.raises(GeometryError, match=r"ep size 7 is larger than the 6 experts"):
+        bind_checkpoint(Checkpoint(ckpt), TABLE, ep_size=7, ep_rank=0, progress=False)
