@@ -122,23 +122,36 @@ def check_transforms(block: Block, values: dict[str, int], ctx: str) -> None:
                 )
 
 
+def distinct_values(values: dict[str, int]) -> dict[str, int]:
+    """``values`` with every symbol made different from every other: a colliding value is
+    multiplied by the smallest factor that frees it (0 stays 0). Multiplying keeps what
+    divides what, so the shard units still divide their dims; a transform that mixes up two
+    symbols (N for V in a slice) cannot hide behind their being equal at the real geometry."""
+    out: dict[str, int] = {}
+    for name in sorted(values):
+        v, k = values[name], 1
+        while v and v * k in out.values():
+            k += 1
+        out[name] = v * k
+    return out
+
+
 def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
-    """Refuse a spec pair whose real geometry breaks a shape, shard or constraint."""
+    """Refuse a spec pair whose real geometry breaks a shape, shard or constraint, or whose
+    transforms do not fit at a geometry where no two symbols are equal."""
     for use in model.blocks:
         block = blocks[use.block]
+        real = block_values(model, block)
+        distinct = distinct_values(real)
+        if distinct != real:
+            shown = ", ".join(f"{k}={v}" for k, v in distinct.items())
+            ctx = f"at a geometry where no two symbols are equal ({shown})"
+            _check_shapes(block, block_env(block, distinct), ctx)
+            check_transforms(block, distinct, ctx)
         ctx = f"at {model.name} geometry"
-        env = block_env(block, block_values(model, block))
-        shapes = shapes_at(block, env, ctx)
-        for out in block.outputs:
-            if out.kind in ("concat", "stack"):
-                dims = {s[: out.axis] + s[out.axis + 1 :] for s in (shapes[n] for n in out.sources)}
-                if len(dims) != 1:
-                    raise block.located.error(
-                        ("outputs", out.field, "concat"),
-                        f"{ctx}: concat on axis {out.axis} joins shapes "
-                        f"{[list(shapes[n]) for n in out.sources]} that differ off that axis",
-                    )
-        check_transforms(block, block_values(model, block), ctx)
+        env = block_env(block, real)
+        _check_shapes(block, env, ctx)
+        check_transforms(block, real, ctx)
         for i, c in enumerate(block.constraints):
             assert c.expr is not None
             try:
@@ -148,4 +161,18 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
             if not ok:
                 raise block.located.error(
                     ("constraints", i, "check"), f"{ctx}: constraint {c.name} fails: {c.why}"
+                )
+
+
+def _check_shapes(block: Block, env: dict[str, int], ctx: str) -> None:
+    """Every dim positive, every shard whole, every concat joining equal off-axis shapes."""
+    shapes = shapes_at(block, env, ctx)
+    for out in block.outputs:
+        if out.kind in ("concat", "stack"):
+            dims = {s[: out.axis] + s[out.axis + 1 :] for s in (shapes[n] for n in out.sources)}
+            if len(dims) != 1:
+                raise block.located.error(
+                    ("outputs", out.field, "concat"),
+                    f"{ctx}: concat on axis {out.axis} joins shapes "
+                    f"{[list(shapes[n]) for n in out.sources]} that differ off that axis",
                 )

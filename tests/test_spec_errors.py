@@ -226,7 +226,7 @@ CASES = [
         "        slice: {axis: 1, start: 0, stop: N + V + 1}",
         "stop: N + V + 1",
         "outputs.q_absorb.operands[0].slice",
-        "does not fit dim 512",
+        "slice [0:1025] does not fit dim 1024",
     ),
     (
         DSA,
@@ -275,6 +275,16 @@ CASES = [
         "view: [X, H * KVL]",
         "outputs.o_absorb.view",
         "does not merge consecutive axes of [h, i, c]",
+    ),
+    (
+        # N and V swapped in the K-half slice: both are 256 at the real geometry, so only a
+        # geometry where no two symbols are equal shows the einsum's r letters disagree.
+        DSA,
+        "        slice: {axis: 1, start: 0, stop: N}      # the K half of each head's block\n",
+        "        slice: {axis: 1, start: 0, stop: V}      # the K half of each head's block\n",
+        "    einsum: hrc,hrk->hck",
+        "outputs.q_absorb.einsum",
+        "at a geometry where no two symbols are equal",
     ),
     (
         KDA,

@@ -4,6 +4,7 @@ own experts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,13 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import TABLE, TINY, read_file
+from helpers import TABLE, TINY, layer_arrays, read_file, rejoin, source
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
 from core.errors import BindError, GeometryError
+from generated import moe
 from runtime.bind import bind_checkpoint
 from runtime.checkpoint import Checkpoint
 from runtime.synth import synth
@@ -203,3 +207,42 @@ def test_an_ep_rank_reads_only_its_own_experts(ckpt: Path) -> None:
 def test_an_ep_larger_than_the_experts_is_refused(ckpt: Path) -> None:
     with pytest.raises(GeometryError, match=r"ep size 7 is larger than the 6 experts"):
         bind_checkpoint(Checkpoint(ckpt), TABLE, ep_size=7, ep_rank=0, progress=False)
+
+
+@st.composite
+def moe_cases(draw: st.DrawFn) -> tuple[Any, int, int]:
+    """A MoE geometry with a tp that divides Im and an ep no larger than E."""
+    tp = draw(st.sampled_from([1, 2, 4]))
+    g = moe.MoeGeometry(
+        X=draw(st.integers(1, 5)), E=draw(st.integers(1, 9)),
+        Im=tp * draw(st.integers(1, 3)), S=draw(st.integers(1, 2)), tp=tp,
+    )  # fmt: skip
+    ep = draw(st.integers(1, g.E))
+    return dataclasses.replace(g, ep=ep), tp, ep
+
+
+@settings(max_examples=300, deadline=None)
+@given(moe_cases(), st.integers(0, 99))
+def test_moe_shares_over_tp_and_ep_partition_the_tensors_and_rejoin(
+    case: tuple[Any, int, int], seed: int
+) -> None:
+    """Every field of every (tp, ep) rank rejoins to the tp = ep = 1 field, and the ranks read
+    every expert byte exactly once and every replicated byte once per rank."""
+    g, tp, ep = case
+    one = dataclasses.replace(g, tp=1, ep=1)
+    arrays = layer_arrays(moe, one, seed=seed)
+    whole, _ = moe.bind_moe(one, 0, source(arrays))
+    shares: dict[tuple[int, int], dict[str, Any]] = {}
+    read = 0
+    for r in range(tp):
+        for e in range(ep):
+            w, rep = moe.bind_moe(g, 0, source(arrays), r, ep_rank=e)
+            shares[(r, e)] = w.arrays()
+            read += rep.bytes
+    for name, want in whole.arrays().items():
+        got = rejoin(moe.FIELDS[name], {k: v[name] for k, v in shares.items()}, tp, ep)
+        assert got.tobytes() == want.tobytes(), name
+    experts = sum(a.nbytes for n, a in arrays.items() if ".experts." in n)
+    router = sum(a.nbytes for n, a in arrays.items() if n.startswith("mlp.gate."))
+    shared = sum(a.nbytes for n, a in arrays.items() if ".shared_experts." in n)
+    assert read == experts + ep * shared + tp * ep * router
