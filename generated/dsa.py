@@ -328,37 +328,55 @@ def plan(g: DsaGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
 
 def make_q_absorb(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
-    H = g.H // g.tp  # this rank's H units
+    H_rank = g.H // g.tp  # this rank's H units
     a = t["self_attn.kv_b_proj.weight"]
     # [H * (N + V), KVL] -> [H, N + V, KVL]
-    a = ops.view(a, (H, g.N + g.V, g.KVL), "q_absorb: kv_b_proj.weight")
+    a = ops.view(a, shape=(H_rank, g.N + g.V, g.KVL), what="q_absorb: kv_b_proj.weight")
     # [H, N + V, KVL], axis 1 [0:N]
-    a = ops.take(a, 1, 0, g.N, "q_absorb: kv_b_proj.weight")
+    a = ops.take(a, axis=1, start=0, stop=g.N, what="q_absorb: kv_b_proj.weight")
     b = t["self_attn.q_b_proj.weight"]
     # [H * (N + R), QL] -> [H, N, QL]
-    b = ops.view(b, (H, g.N, g.QL), "q_absorb: q_b_proj.weight")
-    y = ops.contract(a, b, (0, 2, 1), (0, 1, 2), (1, 1, 1, 1), (0, 1, 2), "BF16", None)
+    b = ops.view(b, shape=(H_rank, g.N, g.QL), what="q_absorb: q_b_proj.weight")
     # einsum hrc,hrk->hck: [h, r, c], [h, r, k] -> [h, c, r] @ [h, r, k] -> [h, c, k]
+    y = ops.contract(
+        a,
+        b,
+        perm_a=(0, 2, 1),
+        perm_b=(0, 1, 2),
+        groups=(1, 1, 1, 1),
+        perm_out=(0, 1, 2),
+        dtype="BF16",
+        factor=None,
+    )
     # [h, c, k] -> [H * KVL, QL]
-    y = ops.view(y, (H * g.KVL, g.QL), "q_absorb")
+    y = ops.view(y, shape=(H_rank * g.KVL, g.QL), what="q_absorb")
     return y
 
 
 def make_o_absorb(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
-    H = g.H // g.tp  # this rank's H units
+    H_rank = g.H // g.tp  # this rank's H units
     a = t["self_attn.o_proj.weight"]
     # [X, H * V] -> [X, H, V]
-    a = ops.view(a, (g.X, H, g.V), "o_absorb: o_proj.weight")
+    a = ops.view(a, shape=(g.X, H_rank, g.V), what="o_absorb: o_proj.weight")
     b = t["self_attn.kv_b_proj.weight"]
     # [H * (N + V), KVL] -> [H, N + V, KVL]
-    b = ops.view(b, (H, g.N + g.V, g.KVL), "o_absorb: kv_b_proj.weight")
+    b = ops.view(b, shape=(H_rank, g.N + g.V, g.KVL), what="o_absorb: kv_b_proj.weight")
     # [H, N + V, KVL], axis 1 [N:N + V]
-    b = ops.take(b, 1, g.N, g.N + g.V, "o_absorb: kv_b_proj.weight")
-    y = ops.contract(a, b, (1, 0, 2), (0, 1, 2), (1, 1, 1, 1), (1, 0, 2), "BF16", None)
+    b = ops.take(b, axis=1, start=g.N, stop=g.N + g.V, what="o_absorb: kv_b_proj.weight")
     # einsum ihr,hrc->ihc: [i, h, r], [h, r, c] -> [h, i, r] @ [h, r, c] -> [i, h, c]
+    y = ops.contract(
+        a,
+        b,
+        perm_a=(1, 0, 2),
+        perm_b=(0, 1, 2),
+        groups=(1, 1, 1, 1),
+        perm_out=(1, 0, 2),
+        dtype="BF16",
+        factor=None,
+    )
     # [i, h, c] -> [X, H * KVL]
-    y = ops.view(y, (g.X, H * g.KVL), "o_absorb")
+    y = ops.view(y, shape=(g.X, H_rank * g.KVL), what="o_absorb")
     return y
 
 
@@ -366,14 +384,14 @@ def make_weights_proj(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops)
     """``weights_proj``: one tensor, scaled by IH ** (-0.5), as BF16."""
     x = t["self_attn.indexer.weights_proj.weight"]
     # x (IH ** (-0.5)) in F32, then BF16, in one pass
-    x = ops.scale(x, algebra_ops.rpow(g.IH, -0.5), "BF16")
+    x = ops.scale(x, factor=algebra_ops.rpow(g.IH, -0.5), dtype="BF16")
     return x
 
 
 def make_ape(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:
     """``ape``: one tensor, as F32."""
     x = t["self_attn.indexer.index_kpool_compress_ape"]
-    x = ops.cast(x, "F32")
+    x = ops.cast(x, dtype="F32")
     return x
 
 

@@ -175,7 +175,7 @@ FAMILIES: dict[str, str] = {}
 CONSTRAINTS: tuple[ConstraintRule, ...] = (
     ConstraintRule(
         name="scan_tile",
-        check="2 * (H / tp) * D % 256 == 0",
+        check="(2 * (H / tp) * D) % 256 == 0",
         why="the scan kernel tiles 256 channels at a time",
     ),
     ConstraintRule(
@@ -314,7 +314,7 @@ def plan(g: KdaGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
 
 def check_constraints(g: KdaGeometry) -> None:
     """Refuse a geometry that breaks a declared constraint, naming it and its reason."""
-    # 2 * (H / tp) * D % 256 == 0
+    # (2 * (H / tp) * D) % 256 == 0
     require(
         block=BLOCK,
         rule=CONSTRAINTS[0],

@@ -200,7 +200,28 @@ def _parts(b: Block, o: Output) -> int:
     return len(o.sources) if o.axis == t.shard.resolved(len(t.dims)) else 1
 
 
-def _field_context(b: Block, o: Output) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FieldContext:
+    """What the template macro of one output kind (verbatim, concat, transform, stack) needs to
+    bind a field, plus its rule (``FIELDS``) and its comments."""
+
+    field: str
+    kind: str
+    sources: tuple[str, ...]
+    axis: int
+    squeeze: int | None
+    optional: bool
+    family: str | None
+    dtype: str
+    layout: str
+    layout_axis: int
+    parts: int
+    comment: str
+    result: str
+    above: str | None
+
+
+def _field_context(b: Block, o: Output) -> FieldContext:
     optional = o.group is not None and b.groups[o.group].optional
     first = b.tensor(o.sources[0])
     src_dims = [_text(e) for e in first.dims]
@@ -235,22 +256,10 @@ def _field_context(b: Block, o: Output) -> dict[str, Any]:
         above = f"{n} x {first.shape} -> {_dims_text(dims)}: {names} in that order"
         dtype = first.dtype
     layout, layout_axis = _field_layout(b, o)
-    return {
-        "field": o.field,
-        "kind": o.kind,
-        "sources": o.sources,
-        "axis": o.axis,
-        "squeeze": o.squeeze,
-        "optional": optional,
-        "family": o.family,
-        "dtype": dtype,
-        "layout": layout,
-        "layout_axis": layout_axis,
-        "parts": _parts(b, o),
-        "comment": comment,
-        "result": result,
-        "above": above,
-    }
+    return FieldContext(
+        o.field, o.kind, o.sources, o.axis, o.squeeze, optional, o.family, dtype, layout,
+        layout_axis, _parts(b, o), comment, result, above,
+    )  # fmt: skip
 
 
 def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
@@ -293,11 +302,15 @@ def _block_context(b: Block) -> dict[str, Any]:
     for t in b.tensors:
         dims = [_py(e, b) for e in t.dims]
         shape_py[t.name] = ", ".join(dims) + ("," if len(dims) == 1 else "")
-    functions: list[str] = []
-    for o in b.outputs:
-        if o.kind == "transform":
-            _, src = codegen_transforms.function(b, o, _camel(b.name) + "Geometry")
-            functions.append(src)
+    transforms = [
+        codegen_transforms.context(b, o, _camel(b.name) + "Geometry")
+        for o in b.outputs
+        if o.kind == "transform"
+    ]
+    functions = [
+        " ".join([expr for _, expr, _ in c.locals] + [a for s in c.steps for a in s.args])
+        for c in transforms
+    ]
     constraints = [
         {"name": c.name, "check": c.check, "why": c.why, "py": _py(c.expr, b)}
         for c in b.constraints
@@ -325,7 +338,7 @@ def _block_context(b: Block) -> dict[str, Any]:
         "shape_prelude": shape_prelude,
         "check_prelude": check_prelude,
         "env_prelude": env_prelude,
-        "functions": functions,
+        "transforms": transforms,
         "uses_ops": any(o.kind != "verbatim" for o in b.outputs),
     }
 

@@ -213,8 +213,9 @@ def parse_block(doc: Located) -> Block:
     prefix: str = d["prefix"]
     symbols: dict[str, str] = {}
     for s, text in d["symbols"].items():
-        if s in algebra.RESERVED:
-            raise doc.error(("symbols", s), f"symbol {s!r} is reserved (a parallel size)")
+        if s in algebra.RESERVED or s.endswith("_rank"):
+            # generated transforms name a rank's share of unit U `U_rank`
+            raise doc.error(("symbols", s), f"symbol {s!r} is reserved (a parallel size or rank)")
         check_ident(doc, ("symbols", s), s, "symbol")
         symbols[s] = text
     derived: dict[str, algebra.Expr] = {}
@@ -297,7 +298,8 @@ def parse_block(doc: Located) -> Block:
         where: PathKey = ("constraints", i)
         cname = check_ident(doc, (*where, "name"), c["name"], "constraint name")
         check = _expr(doc, (*where, "check"), c["check"], shape_names | algebra.RESERVED, True)
-        constraints.append(ConstraintRule(cname, ast_text(check), c["why"], check))
+        text = " ".join(str(c["check"]).split())  # as written, on one line
+        constraints.append(ConstraintRule(cname, text, c["why"], check))
 
     markers_all = "all_required" in d["markers"]
     markers: tuple[str, ...]

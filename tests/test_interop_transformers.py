@@ -25,8 +25,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 from helpers import INDEXER_FIELDS
-from whole_model import F32_IN_MODULE
 from safetensors import safe_open
+from whole_model import F32_IN_MODULE
 
 from core.dtypes import bf16_ulp
 from core.errors import BindError
