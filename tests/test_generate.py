@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,3 +92,58 @@ def test_a_spec_change_reaches_the_binder(root: Path, monkeypatch: pytest.Monkey
     from generated import kda as committed
 
     committed.check_constraints(committed.KdaGeometry(X=4096, H=64, D=128, K=4, C=36))
+
+
+SCALAR_AND_AXIS = """\
+block: probe
+prefix: probe.
+symbols: {X: width, H: heads, D: head dim}
+markers: {all_required: true}
+tensors:
+  temperature: {dtype: F32, shape: [], shard: replicated}
+  heads_mid.weight: {dtype: BF16, shape: [X, H, D], shard: {axis: 1, unit: H}}
+outputs:
+  temperature: temperature
+  mid: heads_mid.weight
+"""
+
+
+def _load(root: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> object:
+    spec_ = importlib.util.spec_from_file_location(f"{name}_gen", root / "generated" / f"{name}.py")
+    assert spec_ is not None and spec_.loader is not None
+    mod = importlib.util.module_from_spec(spec_)
+    monkeypatch.setitem(sys.modules, f"{name}_gen", mod)  # dataclasses look their module up
+    spec_.loader.exec_module(mod)
+    return mod
+
+
+def test_a_scalar_and_a_middle_axis_shard_generate_and_bind(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``shape: []`` binds a 0-d array on every rank; ``{axis: 1, unit: H}`` gives rank r the
+    middle slice [:, r*H/tp:(r+1)*H/tp, :] of every outer index, strided."""
+    import numpy as np
+    from helpers import raw
+
+    from runtime.source import DictSource
+
+    (root / "specs" / "blocks" / "probe.yaml").write_text(SCALAR_AND_AXIS)
+    model = root / "specs" / "models" / "glm-5.3-flash.yaml"
+    text = model.read_text().replace(
+        "  - block: lm_globals\n",
+        "  - block: probe\n    symbols: {X: hidden, H: heads, D: linear_conv}\n  - block: lm_globals\n",
+    ).replace("    mtp: {blocks: [mtp_head], scope: mtp}\n",
+              "    mtp: {blocks: [mtp_head], scope: mtp}\n    probe: {blocks: [probe]}\n")  # fmt: skip
+    model.write_text(text)
+    generate(root, root / "generated")
+    probe: Any = _load(root, "probe", monkeypatch)
+    temp = np.array(0.25, np.float32)
+    mid = np.arange(5 * 4 * 3, dtype=np.float32).reshape(5, 4, 3).astype("bfloat16")
+    src = {"probe.temperature": raw(temp), "probe.heads_mid.weight": raw(mid)}
+    g = probe.ProbeGeometry(X=5, H=4, D=3, tp=2)
+    for r in range(2):
+        w, rep = probe.bind_probe(g, 0, DictSource(src), r)
+        assert w.temperature.shape == () and float(w.temperature) == 0.25
+        assert w.mid.tobytes() == np.ascontiguousarray(mid[:, 2 * r : 2 * r + 2]).tobytes()
+        assert w.mid.shape == (5, 2, 3) and rep.bound == 2
+    assert probe.FIELDS["mid"].axis == 1 and probe.FIELDS["mid"].layout == "axis"

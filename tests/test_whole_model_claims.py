@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from core.errors import BindError, GeometryError
+from core.errors import BindError, GeometryError, SpecbindError
 from generated import moe
 from runtime.bind import bind_checkpoint
 from runtime.checkpoint import Checkpoint
@@ -246,3 +246,26 @@ def test_moe_shares_over_tp_and_ep_partition_the_tensors_and_rejoin(
     router = sum(a.nbytes for n, a in arrays.items() if n.startswith("mlp.gate."))
     shared = sum(a.nbytes for n, a in arrays.items() if ".shared_experts." in n)
     assert read == experts + ep * shared + tp * ep * router
+
+
+def test_no_layer_under_a_known_prefix_lists_the_prefixes_and_what_the_names_start_with(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    tensors: dict[str, Any] = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        tensors |= {f"backbone.decoder.{n}": a for n, a in read_file(f).items()}
+    (tmp_path / "b").mkdir()
+    save_file(tensors, str(tmp_path / "b" / "model.safetensors"))
+    (tmp_path / "b" / "config.json").write_text((ckpt / "config.json").read_text())
+    msg = refused(tmp_path / "b")
+    assert "no tensors named like 'layers.{index}.' under any of the prefixes" in msg
+    assert "'model.language_model.'" in msg and "'language_model.'" in msg
+    assert "its names start with backbone.decoder.* (" in msg
+
+
+def test_synth_honours_the_shard_count_or_refuses_it(tmp_path: Path) -> None:
+    summary = synth(TABLE, tmp_path / "a", TINY, layers=2, mtp=False, shards=7)
+    assert summary["files"] == 7 == len(list((tmp_path / "a").glob("*.safetensors")))
+    with pytest.raises(SpecbindError, match=r"--shards 100000: there are only \d+ tensors"):
+        synth(TABLE, tmp_path / "b", TINY, layers=2, mtp=False, shards=100000)
+    assert not (tmp_path / "b").exists()
