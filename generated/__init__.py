@@ -14,7 +14,7 @@ from typing import Any
 from generated import model_glm_5_3_flash
 from runtime.model import ModelTable
 
-SPECS_SHA256 = "b1ef11075676f1c3b9f15a43008147c308f50edce0a767e16b4ea4c2f06ab06a"
+SPECS_SHA256 = "78f02eac95600cadedce4b060a1699b7b2ac7748819cf90902717828482bc369"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,

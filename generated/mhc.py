@@ -87,7 +87,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="F32",
         shape="[M]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
-        why_dtype="mHC scale is F32 in the mixing kernel; narrowing it would change the stream weights",
+        why_dtype="mHC base is F32 in the mixing kernel; narrowing it would change the stream weights",
     ),
     # hc_ffn_scale [3] F32: every rank holds all of it
     TensorRule(

@@ -262,8 +262,10 @@ def parser() -> argparse.ArgumentParser:
     )
     g.set_defaults(func=cmd_generate)
 
-    def common(sp: argparse.ArgumentParser) -> None:
+    def common(sp: argparse.ArgumentParser, sets: bool = True) -> None:
         sp.add_argument("--model", help="model spec name (default: the only one)")
+        if not sets:
+            return  # the census reads names, dtypes and shapes: no geometry to override
         sp.add_argument(
             "--set",
             action="append",
@@ -307,7 +309,7 @@ def parser() -> argparse.ArgumentParser:
     au = sub.add_parser("audit", help="census of every tensor of a checkpoint")
     au.add_argument("ckpt")
     au.add_argument("--json", action="store_true")
-    common(au)
+    common(au, sets=False)
     progress(au)
     au.set_defaults(func=cmd_audit)
 
