@@ -171,3 +171,4 @@ class SynthRule:
     lists: tuple[SynthList, ...]
     mtp: tuple[tuple[str, str], ...]  # slot -> block of the MTP layers
     config_json: str  # extra config.json fields, as JSON text
+    config_from: tuple[tuple[str, str], ...] = ()  # config.json field <- geometry symbol

@@ -14,7 +14,7 @@ from typing import Any
 from generated import model_glm_5_3_flash
 from runtime.model import ModelTable
 
-SPECS_SHA256 = "78f02eac95600cadedce4b060a1699b7b2ac7748819cf90902717828482bc369"
+SPECS_SHA256 = "9c0462f277aa2e1b57fb58b071369da6f351193a74f674661279b7ad1078e8aa"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,

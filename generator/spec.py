@@ -581,6 +581,9 @@ def _synth(doc: Located, raw: Any, gnames: set[str], slots: list[SlotRule]) -> S
             raise doc.error(
                 ("synth", "mtp", slot), f"{slot}: {block!r} is not a block of that slot"
             )
+    for cfg, sym in (raw.get("config_from") or {}).items():
+        if sym not in gnames:
+            raise doc.error(("synth", "config_from", cfg), f"unknown geometry symbol {sym!r}")
     lists = tuple(
         SynthList(k, tuple(v.get("head") or ()), tuple(v["pattern"]))
         for k, v in (raw.get("lists") or {}).items()
@@ -588,4 +591,5 @@ def _synth(doc: Located, raw: Any, gnames: set[str], slots: list[SlotRule]) -> S
     return SynthRule(
         tuple(sorted(raw["tiny"].items())), int(raw["layers"]), lists,
         tuple((raw.get("mtp") or {}).items()), json.dumps(raw.get("config") or {}, sort_keys=True),
+        tuple(sorted((raw.get("config_from") or {}).items())),
     )  # fmt: skip

@@ -95,6 +95,8 @@ def config_for(
         cfg[table.mtp_count] = len(plans) - len(decoder)
     for sl in table.synth.lists:
         cfg[sl.config] = [sl.value(p.index) for p in decoder]
+    for field, symbol in table.synth.config_from:
+        cfg[field] = values[symbol]
     for f in table.geometry_fields:
         if f.config is not None:
             cfg[f.config] = values[f.name]

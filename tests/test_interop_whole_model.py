@@ -209,3 +209,22 @@ def test_a_checkpoint_resaved_by_transformers_binds_its_f32_conv_narrowed_exactl
     msg = str(e.value)
     assert msg.startswith(f"layer {KDA_LAYERS[0]}: self_attn.q_conv1d.weight is stored as F32")
     assert "element [5, 0, 2]" in msg and "to BF16" in msg
+
+
+def test_a_synthetic_checkpoint_loads_into_transformers_with_nothing_missing(
+    tmp_path: Path,
+) -> None:
+    """``specbind synth`` writes what transformers' Glm5NextTextModel loads: no missing or
+    mismatched key; the unexpected ones are exactly the MTP layer (which transformers drops)
+    and the LM head (the base model has none)."""
+    from helpers import TINY
+
+    from runtime.synth import synth
+
+    synth(TABLE, tmp_path / "ck", TINY, seed=9)
+    _, info = transformers.Glm5NextTextModel.from_pretrained(
+        tmp_path / "ck", output_loading_info=True
+    )
+    assert info["missing_keys"] == set() and info["mismatched_keys"] == set()
+    assert {k.split(".")[1] for k in info["unexpected_keys"] if k.startswith("layers.")} == {"8"}
+    assert {k for k in info["unexpected_keys"] if not k.startswith("layers.")} == {"lm_head.weight"}
