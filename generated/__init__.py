@@ -14,7 +14,7 @@ from typing import Any
 from generated import model_glm_5_3_flash
 from runtime.model import ModelTable
 
-SPECS_SHA256 = "9c0462f277aa2e1b57fb58b071369da6f351193a74f674661279b7ad1078e8aa"
+SPECS_SHA256 = "45d96a066283d22a1a37ed3bdc5bb4bf8475ad89b25ea6f0aa248b98f9635bb9"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,

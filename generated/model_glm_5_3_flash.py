@@ -62,6 +62,10 @@ UNBOUND: tuple[UnboundRule, ...] = (
         prefix="model.visual.",
         why="the vision tower (Glm5NextVisionModel) is a separate encoder with its own loader; this spec binds the text model only",
     ),
+    UnboundRule(
+        prefix="visual.",
+        why="the vision tower (Glm5NextVisionModel) is a separate encoder with its own loader; this spec binds the text model only",
+    ),
 )
 
 # What `specbind synth` writes: the tiny geometry, the per-layer config lists, the MTP slots.

@@ -206,7 +206,7 @@ def bind_checkpoint(
     if glob_block is not None and (kinds is None or glob_block.name in kinds):
         gsrc = GlobalSource(ckpt, lay.globals)
         glob = _bind_one(glob_block, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags)
-    unbound = {p: len(ns) for p, ns in lay.unbound.items()}
+    unbound = {p: len(ns) for p, ns in lay.unbound.items() if ns}
     return BindResult(ranks, out, glob, unbound, time.perf_counter() - t0, flags)
 
 

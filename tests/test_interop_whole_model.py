@@ -228,3 +228,16 @@ def test_a_synthetic_checkpoint_loads_into_transformers_with_nothing_missing(
     assert info["missing_keys"] == set() and info["mismatched_keys"] == set()
     assert {k.split(".")[1] for k in info["unexpected_keys"] if k.startswith("layers.")} == {"8"}
     assert {k for k in info["unexpected_keys"] if not k.startswith("layers.")} == {"lm_head.weight"}
+
+
+def test_the_prefix_automodel_writes_is_accepted(tmp_path: Path) -> None:
+    """``Glm5NextModel`` (what AutoModel returns for the VL config) writes
+    ``language_model.layers.N.``: the same layers bind, and its vision tower is declared."""
+    names = write_whole_checkpoint(tmp_path, vision=True, seed=5, cls=transformers.Glm5NextModel)
+    assert any(n.startswith("language_model.layers.0.") for n in names)
+    rep = audit(Checkpoint(tmp_path), TABLE, progress=False)
+    assert rep["layer_prefix"] == "language_model.layers.{index}."
+    assert rep["coverage"]["unaccounted"] == 0 and rep["problems"] == []
+    got = bind_checkpoint(Checkpoint(tmp_path), TABLE, tp_size=2, tp_rank=1, progress=False)
+    assert len(got.layers) == TEXT_CONFIG["num_hidden_layers"]
+    assert got.globals is not None and "lm_head" not in got.globals.weights.arrays()

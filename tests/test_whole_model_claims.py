@@ -126,7 +126,7 @@ def test_a_vision_tower_is_declared_unbound_and_never_read(ckpt: Path, tmp_path:
     ok = copy_with(ckpt, tmp_path / "ok", {"model.visual.blocks.0.attn.qkv.weight": z})
     got = bind_checkpoint(Checkpoint(ok), TABLE, progress=False)
     assert got.unbound == {"model.visual.": 1}
-    msg = refused(copy_with(ckpt, tmp_path / "b", {"visual.blocks.0.weight": z}))
+    msg = refused(copy_with(ckpt, tmp_path / "b", {"vision_tower.blocks.0.weight": z}))
     assert msg.startswith("model: 1 tensor(s) outside the layers")
 
 
