@@ -286,15 +286,17 @@ def bind_moe(
         # 2 x [Im, X] -> [E/ep, 2 * Im, X]: experts.{e}.gate_proj.weight, experts.{e}.up_proj.weight in that order
         w13=ops.stack(
             (
-                members(t, "mlp.experts.{e}.gate_proj.weight", "e", p),
-                members(t, "mlp.experts.{e}.up_proj.weight", "e", p),
+                members(t, pattern="mlp.experts.{e}.gate_proj.weight", family="e", plan=p),
+                members(t, pattern="mlp.experts.{e}.up_proj.weight", family="e", plan=p),
             ),
             axis=0,
             squeeze=None,
         ),
         # 1 x [X, Im] -> [E/ep, X, Im]: experts.{e}.down_proj.weight in that order
         w2=ops.stack(
-            (members(t, "mlp.experts.{e}.down_proj.weight", "e", p),), axis=0, squeeze=None
+            (members(t, pattern="mlp.experts.{e}.down_proj.weight", family="e", plan=p),),
+            axis=0,
+            squeeze=None,
         ),
         # 2 x [S * Im, X] -> [2 * S * Im, X]: shared_experts.gate_proj.weight, shared_experts.up_proj.weight in that order
         shared_gate_up=ops.concat_squeeze(
