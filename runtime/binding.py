@@ -126,7 +126,7 @@ def bind_tensors(
     families = family_regex(rules)
     rep = BindReport(index=layer, kind=block)
     unknown: list[str] = []
-    members: dict[str, set[int]] = {p: set() for p in families}
+    found: dict[str, set[int]] = {p: set() for p in families}  # pattern -> member indices
     for n in names:
         if not n.startswith(prefix):
             rep.other += 1
@@ -144,7 +144,7 @@ def bind_tensors(
                         f"{at(layer)}: {n}: index {i} is outside the family "
                         f"{r.family} in range({counts[r.family]}) of a {block} block"
                     )
-                members[pat].add(i)
+                found[pat].add(i)
                 break
         else:
             unknown.append(n)
@@ -161,7 +161,7 @@ def bind_tensors(
         )
 
     def has(r: TensorRule) -> bool:
-        return bool(members[r.name]) if r.family is not None else r.name in present
+        return bool(found[r.name]) if r.family is not None else r.name in present
 
     tied = {r.name for r in rules if r.tie is not None and (flags or {}).get(r.tie.config)}
     for g in groups.values():
@@ -194,7 +194,7 @@ def bind_tensors(
                 missing.append(r.name)
             continue
         assert r.family is not None
-        gaps = [i for i in range(counts[r.family]) if i not in members[r.name]]
+        gaps = [i for i in range(counts[r.family]) if i not in found[r.name]]
         missing += [r.concrete(i).name for i in gaps]
     if missing:
         what = missing[0] if len(missing) == 1 else f"{len(missing)} tensors: {missing[:20]}"
