@@ -1,10 +1,14 @@
-"""The loader a vLLM user would write by hand for GLM-5.3-Flash attention, as the baseline.
+"""The loader a vLLM user would write by hand for GLM-5.3-Flash attention and MoE, as the
+baseline.
 
 Per tensor, ``safetensors.safe_open(...).get_slice(name)[...]`` reads this rank's rows or
 columns (vLLM's sharded ``weight_loader`` does the same), and NumPy does the rest: the conv
-concat, the MLA absorbs with ``np.einsum(..., optimize=True)`` in F32, the scale, the casts.
-It knows the layer layout by hand; it checks nothing. Its outputs are compared with
-specbind's before anything is timed.
+concat, the MLA absorbs with ``np.einsum(..., optimize=True)`` in F32, the scale, the casts;
+for the MoE, each of this ep rank's experts' gate and up rows and down columns for this tp
+rank, concatenated and stacked into w13 / w2 with ``np.concatenate`` / ``np.stack``, the shared
+experts merged the same way, the router and its bias verbatim. It knows the layer layout and
+vLLM's expert map by hand; it checks nothing. Its outputs are compared with specbind's before
+anything is timed.
 """
 
 from __future__ import annotations
@@ -58,6 +62,20 @@ class Loader:
     def full(self, name: str) -> Arr:
         return _numpy(self._slice(name)[:])
 
+    def load(
+        self, block: str, i: int, tp: int, rank: int, ep: int = 1, ep_rank: int = 0
+    ) -> dict[str, Arr]:
+        """Layer ``i``'s ``block`` ("kda", "dsa" or "moe") at (tp, rank) and (ep, ep_rank)."""
+        if block == "moe":
+            return self.moe(i, tp, rank, ep, ep_rank)
+        if ep != 1:
+            raise ValueError(f"{block} has no experts to split over ep={ep}")
+        if block == "kda":
+            return self.kda(i, tp, rank)
+        if block == "dsa":
+            return self.dsa(i, tp, rank)
+        raise ValueError(f"no hand-written loader for {block!r}")
+
     def kda(self, i: int, tp: int, rank: int) -> dict[str, Arr]:
         p = f"layers.{i}.self_attn."
         rows = {f: self.rows(p + n, tp, rank) for f, n in [
@@ -110,4 +128,35 @@ class Loader:
             ).astype(ml_dtypes.bfloat16),
             "compress_gate": self.full(ix + "index_kpool_compress_gate"),
             "ape": self.full(ix + "index_kpool_compress_ape").astype(np.float32),
+        }
+
+    def moe(self, i: int, tp: int, rank: int, ep: int, ep_rank: int) -> dict[str, Arr]:
+        p = f"layers.{i}.mlp."
+        n = self.config["n_routed_experts"]
+        base, rem = divmod(n, ep)  # vLLM's contiguous expert map
+        first = ep_rank * base + min(ep_rank, rem)
+        mine = range(first, first + base + (1 if ep_rank < rem else 0))
+        e = p + "experts.{}."
+        w13 = np.stack([
+            np.concatenate([
+                self.rows(e.format(j) + "gate_proj.weight", tp, rank),
+                self.rows(e.format(j) + "up_proj.weight", tp, rank),
+            ], axis=0)
+            for j in mine
+        ])  # fmt: skip
+        w2 = np.stack([self.cols(e.format(j) + "down_proj.weight", tp, rank) for j in mine])
+        s = p + "shared_experts."
+        return {
+            "router": self.full(p + "gate.weight"),
+            "router_bias": self.full(p + "gate.e_score_correction_bias"),
+            "w13": w13,
+            "w2": w2,
+            "shared_gate_up": np.concatenate(
+                [
+                    self.rows(s + "gate_proj.weight", tp, rank),
+                    self.rows(s + "up_proj.weight", tp, rank),
+                ],
+                axis=0,
+            ),
+            "shared_down": self.cols(s + "down_proj.weight", tp, rank),
         }

@@ -14,26 +14,55 @@ import pytest
 def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "runtime", "bench", "--tiny", "--repeat", "1", "--json",
-         "--tp-size", "1", "--tp-size", "2", "--cache", str(tmp_path)],
+         "--tp-size", "1", "--tp-size", "2", "--no-rss", "--cache", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert [row["tp"] for row in r["rows"]] == [1, 2]
-    for row in r["rows"]:
-        for key in (
-            "specbind_s",
-            "baseline_s",
-            "memcpy_s",
-            "rss_specbind_mb",
-            "rss_baseline_mb",
-            "rss_memcpy_mb",
-        ):
+    assert [(row["tp"], row["ep"]) for row in r["moe_rows"]] == [(1, 1), (2, 1), (1, 2)]
+    experts = r["moe_rows"][0]["experts"]
+    assert [row["experts_on_rank"] for row in r["moe_rows"]] == [experts, experts, experts // 2]
+    one, tp2, ep2 = (row["shard_bytes"] for row in r["moe_rows"])
+    assert one > tp2 > 0 and one > ep2 > 0
+    for row in r["rows"] + r["moe_rows"]:
+        for key in ("specbind_s", "baseline_s", "memcpy_s", "specbind_min_s", "baseline_min_s"):
             assert row[key] > 0, key
         assert row["shard_bytes"] > 0
+    assert all(row["copy_only_bytes"] > 0 for row in r["rows"])
     assert [a["geometry"]["tp"] for a in r["absorb"]] == [1, 2]
     assert all(a["gflop"] > 0 and a["absorb_gflops"] > 0 for a in r["absorb"])
     assert r["generate_s"] > 0
+    from runtime import bench
+
+    assert "| 1 | 2 | " in bench.render(r)  # the text table has the ep row
+
+
+def test_bench_measures_peak_rss_of_each_method_in_its_own_process(tmp_path: Path) -> None:
+    # Apart from the run above, at one size, to stay quick: a baseline child imports torch (~3 s).
+    from generated import MODELS
+    from runtime import bench
+
+    table = MODELS["glm-5.3-flash"]
+    ckpt, _ = bench.ensure_checkpoint(table, tmp_path, tiny=True)
+    rows: list[dict[str, object]] = [{"part": "moe", "tp": 1, "ep": 2}]
+    bench.add_rss(ckpt, rows)
+    for k in bench.METHODS:
+        assert isinstance(rows[0][f"rss_{k}_mb"], float) and rows[0][f"rss_{k}_mb"] > 0
+
+
+def test_bench_takes_its_blocks_from_the_slots_and_writes_the_fewest_layers() -> None:
+    from generated import MODELS
+    from runtime import bench
+
+    table = MODELS["glm-5.3-flash"]
+    parts = bench.parts(table)
+    assert parts == {"attention": {"dsa", "kda"}, "moe": {"moe"}}
+    assert bench.copy_only(table, parts["attention"]) == {"kda"}  # dsa computes its absorbs
+    assert bench.computed_fields(table, parts["moe"]) == set()  # MoE: byte for byte
+    assert bench.slice_layers(table) == 4  # KDA + dense at 0, DSA + MoE first at 3
+    assert bench.slice_values(table, False, bench.DEFAULT_SETS)["experts"] == 32
+    assert bench.slice_values(table, True, {"experts": 8})["experts"] == 8
 
 
 def test_bench_keeps_its_cache_in_the_user_cache_directory_not_the_repository(
