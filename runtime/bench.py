@@ -27,7 +27,6 @@ The full-geometry slice holds ``DEFAULT_SETS["experts"]`` routed experts, not th
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -511,7 +510,7 @@ def run(
     values = values_from_config(table, Checkpoint(ckpt).config)
     geo = m.dsa_geometry(table.make_geometry(values), Ranks())
     absorb = [
-        bench_absorb.run(dsa.DsaGeometry(**{**geo.__dict__, "tp": tp}), repeat=repeat)
+        bench_absorb.run(dsa, dsa.DsaGeometry(**{**geo.__dict__, "tp": tp}), repeat=repeat)
         for tp in tps
         if geo.H % tp == 0
     ]
@@ -549,13 +548,14 @@ def _memory_gb() -> float:
 
 
 HEAD = (
-    "| tp | shard MB | specbind s | baseline s | specbind / baseline (min) | memcpy s | of memcpy "
-    "| {cheap} of memcpy | peak RSS specbind MB | baseline MB | memcpy MB |"
+    "| tp | shard MB | specbind s | baseline s | specbind / baseline (min) | memcpy s "
+    "| memcpy speed share | {cheap} memcpy speed share | peak RSS specbind MB | baseline MB "
+    "| memcpy MB |"
 )
 MOE_HEAD = (
     "| tp | ep | experts on rank | shard MB | specbind s (min) | baseline s (min) "
-    "| specbind / baseline (min) | memcpy s | of memcpy | peak RSS specbind MB | baseline MB "
-    "| memcpy MB |"
+    "| specbind / baseline (min) | memcpy s | memcpy speed share | peak RSS specbind MB "
+    "| baseline MB | memcpy MB |"
 )
 ABSORB_HEAD = (
     "| tp | heads | GFLOP | absorb GFLOP/s | matmul GFLOP/s | absorb / matmul "
@@ -627,25 +627,3 @@ def render(r: dict[str, Any]) -> str:
         lines.append(f"writing the slice (synth, once): {r['synth_s']:.1f} s")
     lines.append(f"specbind generate from nothing: {r['generate_s']:.2f} s")
     return "\n".join(lines)
-
-
-def cmd(a: argparse.Namespace) -> int:
-    """``specbind bench`` with ``--set`` passed on to the slice (``cli.cmd_bench`` drops it)."""
-    from runtime import cli
-
-    table = cli._table(a.model)
-    if a.repeat < 1:
-        raise SpecbindError("--repeat must be >= 1")
-    result = run(
-        table, a.tp_size or [1, 2, 8], a.repeat, cache_dir(a.cache), a.tiny, rss=not a.no_rss,
-        overrides=cli._sets(a.set),
-    )  # fmt: skip
-    print(json.dumps(result, indent=2) if a.json else render(result))
-    return 0
-
-
-if __name__ == "__main__":  # `python -m runtime.bench [bench flags]`: as `specbind bench`
-    from runtime import cli
-
-    cli.cmd_bench = cmd  # the parser is built after this, so `bench` dispatches here
-    sys.exit(cli.main(["bench", *sys.argv[1:]]))

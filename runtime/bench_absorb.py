@@ -16,7 +16,6 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from generated import dsa
 from runtime import ops
 
 F32 = np.float32
@@ -35,7 +34,7 @@ def median_seconds(fn: Callable[[], object], repeat: int) -> float:
 Arr = np.ndarray[Any, Any]
 
 
-def seed_q_absorb(kv_b: Arr, q_b: Arr, g: dsa.DsaGeometry, heads: int) -> Arr:
+def seed_q_absorb(kv_b: Arr, q_b: Arr, g: Any, heads: int) -> Arr:
     """The seed's loop order: per output row (h, c), Σ_r kv_b[h, r, c] · q_b[h, r, :]."""
     kv = kv_b.reshape(heads, g.N + g.V, g.KVL)  # [H(N+V), KVL] -> [H, N+V, KVL]
     qb = q_b.reshape(heads, g.N, g.QL)  # [HN, QL] -> [H, N, QL]
@@ -47,10 +46,11 @@ def seed_q_absorb(kv_b: Arr, q_b: Arr, g: dsa.DsaGeometry, heads: int) -> Arr:
     return out
 
 
-def run(
-    g: dsa.DsaGeometry, rank: int = 0, repeat: int = 3, seed_rows: bool = True
-) -> dict[str, Any]:
-    """GFLOP/s of the generated absorbs, of matmul on the same F32 operands, of the seed order."""
+def run(dsa: Any, g: Any, rank: int = 0, repeat: int = 3, seed_rows: bool = True) -> dict[str, Any]:
+    """GFLOP/s of the generated absorbs, of matmul on the same F32 operands, of the seed order.
+
+    ``dsa`` is the generated MLA block module (with ``make_q_absorb`` / ``make_o_absorb``),
+    handed over by the caller: the runtime never imports ``generated`` at module level."""
     heads = g.H // g.tp
     rng = np.random.default_rng(0)
 

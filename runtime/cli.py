@@ -243,8 +243,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.repeat < 1:
         raise SpecbindError("--repeat must be >= 1")
     result = bench.run(
-        table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), a.tiny, rss=not a.no_rss
-    )
+        table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), a.tiny,
+        rss=not a.no_rss, overrides=_sets(a.set),
+    )  # fmt: skip
     print(json.dumps(result, indent=2) if a.json else bench.render(result))
     return 0
 
