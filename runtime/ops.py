@@ -106,15 +106,23 @@ def concat_squeeze(parts: Sequence[Array], axis: int, squeeze: int | None) -> Ar
 
 def stack(groups: Sequence[Sequence[Array]], axis: int, squeeze: int | None) -> Array:
     """One slice per family member on a new axis 0; member i is the concat of ``groups[j][i]``
-    over the sources j along ``axis`` (then ``squeeze``), written straight into the result."""
+    over the sources j along ``axis`` (then ``squeeze``), written straight into the result:
+    each member's bytes are copied once, with no per-member temporary."""
     n = len(groups[0])
     if n == 0 or any(len(g) != n for g in groups):
         raise BindError(f"cannot stack {[len(g) for g in groups]} members")
-    first = concat_squeeze([g[0] for g in groups], axis, squeeze)
-    out = np.empty((n, *first.shape), dtype=first.dtype)  # [n, *member shape]
-    out[0] = first
-    for i in range(1, n):
-        out[i] = concat_squeeze([g[i] for g in groups], axis, squeeze)
+    first = [g[0] for g in groups]
+    joined = list(first[0].shape)
+    joined[axis] = sum(p.shape[axis] for p in first)
+    member = list(joined)
+    if squeeze is not None:
+        if joined[squeeze] != 1:
+            raise BindError(f"cannot squeeze dim {squeeze} of shape {joined}: it is not 1")
+        del member[squeeze]
+    out = np.empty((n, *member), dtype=first[0].dtype)  # [n, *member shape]
+    for i in range(n):
+        dest = out[i] if squeeze is None else np.expand_dims(out[i], squeeze)  # a view
+        np.concatenate([g[i] for g in groups], axis=axis, out=dest)
     return out
 
 
