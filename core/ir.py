@@ -172,3 +172,4 @@ class SynthRule:
     mtp: tuple[tuple[str, str], ...]  # slot -> block of the MTP layers
     config_json: str  # extra config.json fields, as JSON text
     config_from: tuple[tuple[str, str], ...] = ()  # config.json field <- geometry symbol
+    nested_json: str = "{}"  # top-level fields when the text fields nest under text_config

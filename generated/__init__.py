@@ -14,7 +14,7 @@ from typing import Any
 from generated import model_glm_5_3_flash
 from runtime.model import ModelTable
 
-SPECS_SHA256 = "45d96a066283d22a1a37ed3bdc5bb4bf8475ad89b25ea6f0aa248b98f9635bb9"
+SPECS_SHA256 = "804013148b8f8129a9e1e28aa8985c9998f8e85db9053a3a3990bd961030b314"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,

@@ -111,8 +111,9 @@ SYNTH: SynthRule | None = SynthRule(
         ),
     ),
     mtp=(("attention", "dsa"), ("mlp", "moe")),
-    config_json='{"architectures": ["Glm5NextTextModel"], "index_topk": 20, "model_type": "glm5_next_text", "pad_token_id": 0, "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}',
-    config_from=(("num_key_value_heads", "heads"),),
+    config_json='{"architectures": ["Glm5NextTextModel"], "model_type": "glm5_next_text", "pad_token_id": 0, "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}',
+    config_from=(("index_topk", "index_kpool"), ("num_key_value_heads", "heads")),
+    nested_json='{"architectures": ["Glm5NextForConditionalGeneration"], "model_type": "glm5_next"}',
 )
 
 GEOMETRY: tuple[GeometryField, ...] = (

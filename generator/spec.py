@@ -592,4 +592,5 @@ def _synth(doc: Located, raw: Any, gnames: set[str], slots: list[SlotRule]) -> S
         tuple(sorted(raw["tiny"].items())), int(raw["layers"]), lists,
         tuple((raw.get("mtp") or {}).items()), json.dumps(raw.get("config") or {}, sort_keys=True),
         tuple(sorted((raw.get("config_from") or {}).items())),
+        json.dumps(raw.get("nested") or {}, sort_keys=True),
     )  # fmt: skip

@@ -23,10 +23,11 @@ from typing import Any
 from tqdm import tqdm
 
 from core.dtypes import QUANT_DTYPES
+from core.errors import SpecbindError
 from runtime.binding import family_regex
 from runtime.checkpoint import Checkpoint
 from runtime.layout import SlotFill, layout
-from runtime.model import BlockEntry, ModelTable
+from runtime.model import BlockEntry, ModelTable, values_from_config
 
 # Companions a quantisation tool writes beside a linear weight (ModelOpt, compressed-tensors,
 # FP8 block scales); flagged only when the block does not declare them.
@@ -44,11 +45,20 @@ def _signature(rows: list[tuple[str, str, tuple[int, ...]]]) -> str:
     return h.hexdigest()[:12]
 
 
-def _declared(block: BlockEntry[Any], names: set[str]) -> tuple[set[str], list[str]]:
-    """(names the block declares among ``names``, its declared tensors absent from them)."""
+def _declared(
+    block: BlockEntry[Any], names: set[str], counts: dict[str, int] | None
+) -> tuple[set[str], list[str]]:
+    """(names the block declares among ``names``, its declared tensors absent from them).
+
+    With ``counts`` (each family's size from config.json), a family member past the end is not
+    declared and every absent member is missing by name, as ``bind`` would refuse them."""
     rx = family_regex(block.tensors)
     known = {n for n in names if any(r.name == n for r in block.tensors)}
-    known |= {n for n in names if any(x.fullmatch(n) for x, _ in rx.values())}
+    for n in names:
+        for x, r in rx.values():
+            m = x.fullmatch(n)
+            if m and (counts is None or int(m.group(1)) < counts[r.family or ""]):
+                known.add(n)
     groups = {t.group for t in block.tensors if t.group is not None}
     present = {g for g in groups if any(t.name in names for t in block.tensors if t.group == g)}
     missing = []
@@ -58,26 +68,45 @@ def _declared(block: BlockEntry[Any], names: set[str]) -> tuple[set[str], list[s
         if t.family is None:
             if t.name not in names:
                 missing.append(t.name)
+        elif counts is not None:
+            missing += [
+                t.concrete(i).name
+                for i in range(counts[t.family])
+                if t.concrete(i).name not in names
+            ]
         elif not any(rx[t.name][0].fullmatch(n) for n in names):
             missing.append(t.name)
     return known, sorted(missing)
 
 
+def _dtype_ok(block: BlockEntry[Any], name: str, dtype: str) -> bool:
+    rx = family_regex(block.tensors)
+    for r in block.tensors:
+        if r.name == name or (r.family is not None and rx[r.name][0].fullmatch(name)):
+            return dtype == r.dtype or dtype in r.stored
+    return True  # not declared: reported as unknown instead
+
+
 def _slot_row(
-    ckpt: Checkpoint, full: str, fill: SlotFill, names: list[str], table: ModelTable[Any]
-) -> dict[str, Any]:
+    ckpt: Checkpoint, full: str, fill: SlotFill, names: list[str], table: ModelTable[Any],
+    geometry: Any,
+) -> dict[str, Any]:  # fmt: skip
     block = fill.block or table.block(fill.nearest)
     mine = fill.names if fill.block is not None else [n for n in names if n in
             {t.name for t in block.tensors}]  # fmt: skip
-    known, missing = _declared(block, set(mine))
+    counts = block.counts(geometry) if geometry is not None else None
+    known, missing = _declared(block, set(mine), counts)
     rows: list[tuple[str, str, tuple[int, ...]]] = []
     quant: list[str] = []
+    wrong: list[str] = []
     for n in mine:
         t = ckpt.get(full + n)
         assert t is not None
         rows.append((n, t.dtype, t.shape))
         if (QUANT_NAME.search(n) and n not in known) or t.dtype in QUANT_DTYPES:
             quant.append(f"{n} ({t.dtype})")
+        if n in known and not _dtype_ok(block, n, t.dtype):
+            wrong.append(f"{n} ({t.dtype})")
     groups = {t.group for t in block.tensors if t.group is not None}
     absent = sorted(
         g for g in groups if not any(t.name in mine for t in block.tensors if t.group == g)
@@ -90,13 +119,34 @@ def _slot_row(
         "missing": missing if fill.block is not None else fill.missing,
         "absent_optional_groups": absent,
         "unknown": sorted(n for n in mine if n not in known),
+        "wrong_dtype": sorted(wrong),
         "quantisation_artefacts": sorted(quant),
     }
+
+
+def _row_problems(index: int, slot: str, row: dict[str, Any]) -> list[str]:
+    """What ``bind`` would refuse in a slot a block does fill (an unfilled slot is already a
+    layout problem)."""
+    if row["block"] == UNKNOWN:
+        return []
+    out = []
+    for key, what in (("missing", "missing"), ("unknown", "undeclared"),
+                      ("wrong_dtype", "of a dtype the block refuses")):  # fmt: skip
+        if row[key]:
+            shown = row[key] if len(row[key]) <= 8 else [*row[key][:8], "..."]
+            out.append(f"layer {index}: {slot} ({row['block']}): {len(row[key])} {what}: {shown}")
+    return out
 
 
 def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None) -> dict[str, Any]:
     lay = layout(table, ckpt.names(), ckpt.config)
     split = lay.split
+    problems = list(lay.problems)
+    try:
+        geometry = table.make_geometry(values_from_config(table, ckpt.config))
+    except SpecbindError as e:  # the census still runs; family sizes are then unknown
+        geometry = None
+        problems.append(f"model: {e}")
     layers: list[dict[str, Any]] = []
     hashable: list[str] = []
     family_names = 0
@@ -104,9 +154,11 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
         full = split.full_name(table, index, "")
         names = split.layers[index]
         slots = {
-            slot: _slot_row(ckpt, full, fill, names, table)
+            slot: _slot_row(ckpt, full, fill, names, table, geometry)
             for slot, fill in lay_layer.slots.items()
         }
+        for slot, row in slots.items():
+            problems += _row_problems(index, slot, row)
         for fill in lay_layer.slots.values():
             rx = family_regex(fill.block.tensors) if fill.block is not None else {}
             for n in fill.names:
@@ -135,9 +187,10 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
         for kind, by_sig in sorted(sigs.items())
     }
     claimed = sum(len(f.names) for x in lay.layers.values() for f in x.slots.values())
+    undeclared = sum(len(s["unknown"]) for r in layers for s in r["slots"].values())
     unbound = sum(len(v) for v in lay.unbound.values())
     layer_unclaimed = sum(len(x.unclaimed) for x in lay.layers.values())
-    unaccounted = layer_unclaimed + len(lay.unclaimed)
+    unaccounted = layer_unclaimed + len(lay.unclaimed) + undeclared
     why = {u.prefix: u.why for u in table.unbound}
     return {
         "checkpoint": str(ckpt.root),
@@ -145,7 +198,7 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
         "layer_prefix": split.prefix + table.layer_pattern,
         "tensors": len(ckpt.names()),
         "coverage": {
-            "bound": claimed + len(lay.globals),
+            "bound": claimed - undeclared + len(lay.globals),
             "declared_unbound": unbound,
             "unaccounted": unaccounted,
         },
@@ -157,7 +210,7 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
         "unindexed_files": ckpt.unindexed_files(),
         "layers": layers,
         "kinds": kinds,
-        "problems": lay.problems,
+        "problems": problems,
         "identical_bytes": _identical(ckpt, hashable + list(lay.globals.values()), progress),
         "quantisation_artefacts": sum(
             len(s["quantisation_artefacts"]) for r in layers for s in r["slots"].values()
@@ -199,6 +252,8 @@ def render_text(rep: dict[str, Any]) -> str:
                 notes.append(f"missing {s['missing']}")
             if s["unknown"]:
                 notes.append(f"unknown {s['unknown']}")
+            if s["wrong_dtype"]:
+                notes.append(f"refused dtype {s['wrong_dtype']}")
             if s["absent_optional_groups"]:
                 notes.append(f"no {'/'.join(s['absent_optional_groups'])} (optional)")
             if s["quantisation_artefacts"]:

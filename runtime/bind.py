@@ -113,10 +113,15 @@ class BindResult:
 
 
 def config_flags(table: ModelTable[Any], config: Mapping[str, Any]) -> dict[str, bool]:
-    """The config.json booleans the blocks read (``tie_word_embeddings``); absent is false."""
+    """The config.json booleans the blocks read (``tie_word_embeddings``); absent is false.
+
+    Trap: unlike geometry, a flag is read at the top level first: transformers ties a
+    multimodal model's head by the outer config's ``tie_word_embeddings``, whatever its
+    ``text_config`` says; only a file without the top-level field falls back to text_config.
+    """
     out: dict[str, bool] = {}
     for name in table.flags:
-        found = config_lookup(config, name)
+        found = (config[name], name) if name in config else config_lookup(config, name)
         if found is None:
             out[name] = False
             continue

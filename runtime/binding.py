@@ -198,7 +198,8 @@ def bind_tensors(
         missing += [r.concrete(i).name for i in gaps]
     if missing:
         what = missing[0] if len(missing) == 1 else f"{len(missing)} tensors: {missing[:20]}"
-        raise BindError(f"{at(layer)}: missing {what} (a {block} block requires it)")
+        them = "it" if len(missing) == 1 else "them"
+        raise BindError(f"{at(layer)}: missing {what} (a {block} block requires {them})")
 
     by_name = {r.name: r for r in rules}
     out: dict[str, Array] = {}
@@ -208,7 +209,6 @@ def bind_tensors(
             continue
         out[name] = _check_one(block, layer, src, r, name, tp.local_shape, rep)
         rep.bound += 1
-        rep.bytes += out[name].nbytes
     for r in rules:
         if r.name in tied and r.tie is not None:
             if r.tie.to not in out:
@@ -230,7 +230,10 @@ def _check_one(
     if t is None:
         raise BindError(f"{at(layer)}: missing {name} (a {block} block requires it)")
     if t.dtype != rule.dtype and t.dtype not in rule.stored:
-        why = rule.why_dtype or "casting it would change the numerics"
+        why = rule.why_dtype or (
+            "the spec accepts no other stored dtype here (`stored:` lists the ones converted "
+            "exactly), and nothing is cast behind your back"
+        )
         also = f" (or {', '.join(rule.stored)}, converted exactly)" if rule.stored else ""
         raise BindError(
             f"{at(layer)}: {name} is {t.dtype} but a {block} block requires "
@@ -248,6 +251,7 @@ def _check_one(
         )
     if dt.numpy is None:
         raise BindError(f"{at(layer)}: {name} has dtype {t.dtype}, which has no array form")
+    rep.bytes += len(t.data)  # what this rank read from the file, at its on-disk width
     flat = np.frombuffer(t.data, dtype=dt.numpy)
     arr = flat.reshape(want)  # [prod(want)] -> want: the on-disk shape, zero-copy
     if t.dtype == rule.dtype:

@@ -194,6 +194,14 @@ class Checkpoint:
         extra = ["config.json"] if os.path.lexists(self.root / "config.json") else []
         return [self.root / fn for fn in self._used + extra]
 
+    def dirs(self) -> list[Path]:
+        """The directories this checkpoint lives in: its own, and for a Hub cache snapshot
+        (``<repo>/snapshots/<rev>``) the cache repo, whose ``blobs/`` its links point into."""
+        out = [self.root]
+        if self.root.absolute().parent.name == "snapshots":
+            out.append(self.root.absolute().parent.parent)
+        return out
+
     def names(self) -> list[str]:
         return list(self._where)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -41,10 +42,11 @@ def _sets(items: list[str]) -> dict[str, int]:
         key, sep, val = item.partition("=")
         if not sep or not key.isidentifier():
             raise SpecbindError(f"--set {item!r}: expected NAME=INTEGER")
-        try:
-            out[key] = int(val)
-        except ValueError:
-            raise SpecbindError(f"--set {item!r}: {val!r} is not an integer") from None
+        if not re.fullmatch(r"-?[0-9]{1,12}", val):  # int() also takes '1_6', '+1', '１６'
+            raise SpecbindError(f"--set {item!r}: {val!r} is not an integer")
+        if key in out:
+            raise SpecbindError(f"--set {key} is given twice ({out[key]} and {val})")
+        out[key] = int(val)
     return out
 
 
@@ -79,8 +81,10 @@ def cmd_synth(a: argparse.Namespace) -> int:
     from runtime.synth import synth, tiny_values
 
     table = _table(a.model)
-    if a.seed < 0 or (a.shards is not None and a.shards < 1):
-        raise SpecbindError("--seed must be >= 0 and --shards >= 1")
+    if a.seed < 0:
+        raise SpecbindError(f"--seed {a.seed}: must be >= 0")
+    if a.shards is not None and a.shards < 1:
+        raise SpecbindError(f"--shards {a.shards}: must be >= 1")
     base = table.default_values() if a.full else tiny_values(table)
     values = checked_values(table, base, _sets(a.set))
     layers = a.layers if a.layers is not None else (table.synth.layers if table.synth else 1)
@@ -130,14 +134,14 @@ def cmd_bind(a: argparse.Namespace) -> int:
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
     backend = backends.get(a.backend, generated_kernels)
     ckpt = Checkpoint(Path(a.ckpt))
-    out = None if a.out is None else check_out_path(a.out, ckpt.files(), "--out")
+    out = None if a.out is None else check_out_path(a.out, ckpt.files(), "--out", ckpt.dirs())
+    values = values_from_config(table, ckpt.config, overrides)  # refuse a bad --set first
     _note_overrides(overrides)
     result = bind_checkpoint(
         ckpt, table, overrides, tp_size, tp_rank, progress=a.progress, backend=backend,
         ep_size=a.ep_size, ep_rank=a.ep_rank,
     )  # fmt: skip
     if out is not None:
-        values = values_from_config(table, ckpt.config, overrides)
         meta = {
             "model": table.name,
             "specs_sha256": SPECS_SHA256,
@@ -158,7 +162,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
                 sort_keys=True,
             ),
         }
-        write_safetensors(out, bound_tensors(result, backend), meta, ckpt.files())
+        write_safetensors(out, bound_tensors(result, backend), meta, ckpt.files(), ckpt.dirs())
     if a.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:

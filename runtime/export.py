@@ -63,11 +63,17 @@ def _kind(mode: int) -> str:
 
 
 def check_out_path(
-    out: str | os.PathLike[str], inputs: Iterable[Path] = (), what: str = "output"
+    out: str | os.PathLike[str],
+    inputs: Iterable[Path] = (),
+    what: str = "output",
+    dirs: Iterable[Path] = (),
 ) -> Path:
     """The real path to write ``out`` to, or an ``OutputError`` saying why it must not be.
 
-    ``inputs`` are the files being read (``Checkpoint.files()``); ``what`` names the path in
+    ``inputs`` are the files being read (``Checkpoint.files()``); ``dirs`` are directories no
+    output may land in, by its given or its resolved path (the checkpoint directory: a new
+    ``model.safetensors`` beside an index would make the loader refuse it; and, for a Hub
+    cache snapshot, the cache repo whose blobs its links share). ``what`` names the path in
     the message (the CLI passes ``--out``). Pass the string the user gave: ``Path("")`` is ``.``.
     """
     given = os.fspath(out)
@@ -111,6 +117,15 @@ def check_out_path(
                 f"{what} {shown}: is a hard link to {p}, a file of the checkpoint being read; "
                 "writing it would destroy the checkpoint"
             )
+    given_abs = Path(os.path.abspath(given))
+    for d in dirs:
+        inside = d.resolve()
+        for candidate in (given_abs, real):
+            if candidate.is_relative_to(inside) or candidate.is_relative_to(d.absolute()):
+                raise OutputError(
+                    f"{what} {shown}: is inside {d}, the checkpoint being read; write the bound "
+                    "weights outside it, so the checkpoint stays as it was"
+                )
     parent = real.parent
     while not os.path.lexists(parent) and parent != parent.parent:
         parent = parent.parent  # the first ancestor that exists: atomic_writer makes the rest
@@ -122,11 +137,15 @@ def check_out_path(
 
 
 def write_safetensors(
-    path: Path, tensors: dict[str, Array], metadata: dict[str, str], inputs: Iterable[Path] = ()
+    path: Path,
+    tensors: dict[str, Array],
+    metadata: dict[str, str],
+    inputs: Iterable[Path] = (),
+    dirs: Iterable[Path] = (),
 ) -> int:
     """Write ``tensors`` to the real path of ``path`` (checked by ``check_out_path`` against
-    ``inputs``); return the number of bytes written."""
-    real = check_out_path(path, inputs)
+    ``inputs`` and ``dirs``); return the number of bytes written."""
+    real = check_out_path(path, inputs, dirs=dirs)
     header: dict[str, object] = {"__metadata__": dict(sorted(metadata.items()))}
     pos = 0
     order = sorted(tensors)

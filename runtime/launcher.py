@@ -29,13 +29,21 @@ def _int(env: Mapping[str, str], key: str) -> int | None:
 
 
 def resolve_tp(size: int | None, rank: int | None, env: Mapping[str, str]) -> tuple[int, int]:
+    if size is not None and rank is not None:
+        check_tp(size, rank)
+        return size, rank  # both flags given: the environment is not read at all
     env_size = env_rank = None
+    source = ""
     for size_key, rank_key in LAUNCHERS:
         s, r = _int(env, size_key), _int(env, rank_key)
         if s is not None or r is not None:
             env_size, env_rank = s, r
+            source = f" (from {size_key}/{rank_key})"
             break
     tp_size = size if size is not None else (env_size if env_size is not None else 1)
     tp_rank = rank if rank is not None else (env_rank if env_rank is not None else 0)
-    check_tp(tp_size, tp_rank)
+    try:
+        check_tp(tp_size, tp_rank)
+    except GeometryError as e:
+        raise GeometryError(f"{e}{source}") from None
     return tp_size, tp_rank

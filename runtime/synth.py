@@ -184,7 +184,9 @@ def synth(
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
         cfg = config_for(table, full, plans)
         if nested_config:
-            cfg = {"text_config": cfg}  # as multimodal wrappers nest the text model's fields
+            assert table.synth is not None
+            # as multimodal wrappers nest the text model's fields
+            cfg = json.loads(table.synth.nested_json) | {"text_config": cfg}
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         umask = os.umask(0)
         os.umask(umask)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -220,6 +221,10 @@ def test_audit_reports_quantisation_artefacts_and_identical_bytes(
         (["synth", "/tmp", "--layers", "2"], "exists and is not an empty directory"),
         (["bind", ".", "--model", "llama"], "unknown model 'llama'"),
         (["bind", ".", "--set", "hidden=big"], "not an integer"),
+        (["bind", ".", "--set", "hidden=1_6"], "'1_6' is not an integer"),
+        (["bind", ".", "--set", "hidden=+16"], "'+16' is not an integer"),
+        (["bind", ".", "--set", "hidden=64", "--set", "hidden=72"], "--set hidden is given twice"),
+        (["synth", "/tmp/x-never", "--shards", "0"], "--shards 0: must be >= 1"),
     ],
 )
 def test_bad_invocations_are_refused_in_one_line(args: list[str], fragment: str) -> None:
@@ -244,3 +249,24 @@ def test_a_set_override_is_announced_on_stderr_and_recorded_in_the_out_file(
         meta = f.metadata()
     assert json.loads(meta["overrides"]) == {"kda_chunk": 16}
     assert json.loads(meta["geometry"])["kda_chunk"] == 16
+
+
+def test_a_bad_set_is_refused_without_announcing_an_override(ckpt: Path) -> None:
+    proc = specbind("bind", str(ckpt), "--set", "nonsense=3")
+    assert "unknown geometry symbol 'nonsense'" in refused(proc)
+    assert "note:" not in proc.stderr, "no override happened, so none is announced"
+
+
+def test_rank_flags_win_over_a_broken_launcher_environment(ckpt: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", "bind", str(ckpt), "--tp-size", "2", "--tp-rank", "0"],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "WORLD_SIZE": "abc", "RANK": "9"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    env = {**os.environ, "WORLD_SIZE": "1", "RANK": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", "bind", str(ckpt)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert "tp rank 1 is outside [0, 1) (from WORLD_SIZE/RANK)" in refused(proc)

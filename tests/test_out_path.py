@@ -220,3 +220,28 @@ def test_a_bad_out_is_refused_before_any_binding(work: Path) -> None:
         specbind("bind", str(work / "ck"), "--set", "kda_chunk=128", "--out", str(work / "ck"))
     )
     assert "is a directory" in line
+
+
+def test_out_refuses_a_new_file_inside_the_checkpoint_directory(work: Path) -> None:
+    """A new model.safetensors beside the index would make every loader refuse (or misread)
+    the checkpoint; any other new file there is the checkpoint's to keep, not ours to write."""
+    before = snapshot(work)
+    for name in ("model.safetensors", "generation_config.json", "sub/bound.safetensors"):
+        line = refused(specbind("bind", str(work / "ck"), "--out", str(work / "ck" / name)))
+        assert "is inside" in line and "the checkpoint being read" in line
+    assert snapshot(work) == before
+
+
+def test_out_refuses_the_hub_cache_repo_a_snapshot_links_into(tmp_path: Path, ckpt: Path) -> None:
+    repo = tmp_path / "models--org--m"
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    for f in ckpt.iterdir():
+        (repo / "blobs" / f.name).write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(Path("../../blobs") / f.name)
+    (repo / "blobs" / "gen").write_text("{}")
+    (snap / "generation_config.json").symlink_to("../../blobs/gen")
+    line = refused(specbind("bind", str(snap), "--out", str(snap / "generation_config.json")))
+    assert "the checkpoint being read" in line
+    assert (repo / "blobs" / "gen").read_text() == "{}"

@@ -269,3 +269,62 @@ def test_synth_honours_the_shard_count_or_refuses_it(tmp_path: Path) -> None:
     with pytest.raises(SpecbindError, match=r"--shards 100000: there are only \d+ tensors"):
         synth(TABLE, tmp_path / "b", TINY, layers=2, mtp=False, shards=100000)
     assert not (tmp_path / "b").exists()
+
+
+def test_the_top_level_tie_flag_wins_over_text_config_as_in_transformers(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    """A multimodal config ties the head by its outer tie_word_embeddings; text_config's copy
+    is read only when the outer one is absent."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    inner = cfg | {"tie_word_embeddings": False}
+    tied = copy_with(ckpt, tmp_path / "t", {"lm_head.weight": None})
+    (tied / "config.json").write_text(
+        json.dumps({"tie_word_embeddings": True, "text_config": inner})
+    )
+    got = bind_checkpoint(Checkpoint(tied), TABLE, progress=False)
+    assert got.globals is not None and "lm_head" in got.globals.weights.arrays()
+    untied = copy_with(ckpt, tmp_path / "u")
+    inner = cfg | {"tie_word_embeddings": True}
+    (untied / "config.json").write_text(
+        json.dumps({"tie_word_embeddings": False, "text_config": inner})
+    )
+    got = bind_checkpoint(Checkpoint(untied), TABLE, progress=False)
+    assert got.globals is not None
+    g = got.globals.weights.arrays()
+    assert g["lm_head"].tobytes() != g["embed_tokens"].tobytes(), "the stored head is bound"
+
+
+def test_audit_counts_as_problems_what_bind_refuses(ckpt: Path, tmp_path: Path) -> None:
+    from runtime.audit import audit
+
+    up = read_file(next(ckpt.glob("*.safetensors")))
+    any_up = next(a for n, a in up.items() if n.endswith("experts.0.up_proj.weight"))
+    a_log = next(a for n, a in up.items() if n.endswith("self_attn.A_log"))
+    bad = copy_with(ckpt, tmp_path / "b", {
+        "layers.4.mlp.experts.3.up_proj.weight": None,
+        f"layers.5.mlp.experts.{E}.up_proj.weight": any_up,
+        "layers.1.self_attn.A_log": a_log.astype(ml_dtypes.bfloat16),
+        "layers.2.self_attn.extra.weight": np.zeros(2, np.float32),
+    })  # fmt: skip
+    rep = audit(Checkpoint(bad), TABLE, progress=False)
+    assert rep["layers"][4]["slots"]["mlp"]["missing"] == ["mlp.experts.3.up_proj.weight"]
+    assert rep["layers"][5]["slots"]["mlp"]["unknown"] == [f"mlp.experts.{E}.up_proj.weight"]
+    assert rep["layers"][1]["slots"]["attention"]["wrong_dtype"] == ["self_attn.A_log (BF16)"]
+    problems = "\n".join(rep["problems"])
+    for layer in ("layer 1: attention", "layer 2: attention", "layer 4: mlp", "layer 5: mlp"):
+        assert layer in problems
+    assert rep["coverage"]["unaccounted"] == 2, "the undeclared expert and the extra tensor"
+    assert rep["coverage"]["bound"] + 2 == rep["tensors"]
+
+
+def test_bind_reports_the_bytes_it_read_at_their_on_disk_width(ckpt: Path, tmp_path: Path) -> None:
+    tensors = read_file(next(ckpt.glob("*.safetensors"))) | read_file(
+        sorted(ckpt.glob("*.safetensors"))[-1]
+    )
+    fn = tensors["layers.1.hc_attn_fn"]
+    narrow = copy_with(ckpt, tmp_path / "n", {"layers.1.hc_attn_fn": fn.astype(ml_dtypes.bfloat16)})
+    wide = bind_checkpoint(Checkpoint(ckpt), TABLE, progress=False).layers[1].slots["mhc"]
+    got = bind_checkpoint(Checkpoint(narrow), TABLE, progress=False).layers[1].slots["mhc"]
+    assert wide.report.bytes - got.report.bytes == fn.nbytes // 2, "BF16 on disk: half of F32"
+    assert sum(a.nbytes for a in got.weights.arrays().values()) == wide.report.bytes
