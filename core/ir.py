@@ -72,11 +72,11 @@ class TensorRule:
 
 @dataclass(frozen=True)
 class FamilyRule:
-    """An indexed family (``e`` in ``range(E)``); ``experts``: split whole across ep ranks."""
+    """An indexed family (``e`` in ``range(E)``), split whole across ep ranks (``experts``)."""
 
     name: str
     count: str  # the symbol holding the family's size
-    shard: Literal["experts", "replicated"]
+    shard: Literal["experts"]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 from generated import model_glm_5_3_flash
 from runtime.model import ModelTable
 
-SPECS_SHA256 = "804013148b8f8129a9e1e28aa8985c9998f8e85db9053a3a3990bd961030b314"
+SPECS_SHA256 = "6b3495adcf842bb2821468a3d3edfd3add35ce7577f732a5963747bc28ece1be"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,

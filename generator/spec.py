@@ -232,7 +232,7 @@ def parse_block(doc: Located) -> Block:
             raise doc.error(
                 ("families", f, "count"), f"family count {v['count']!r} is not a symbol"
             )
-        families[f] = FamilyRule(f, v["count"], v.get("shard", "experts"))
+        families[f] = FamilyRule(f, v["count"], "experts")
     groups = {
         g: GroupRule(check_ident(doc, ("groups", g), g, "group"), bool(v["optional"]), v["why"])
         for g, v in (d.get("groups") or {}).items()
@@ -289,9 +289,18 @@ def parse_block(doc: Located) -> Block:
             )
         if (target.dtype, target.shape, target.shard) != (t.dtype, t.shape, t.shard):
             raise doc.error(tie_path, "a tied tensor needs its target's dtype, shape and shard")
+        if target.family is not None or t.family is not None:
+            raise doc.error(tie_path, "a tie joins two single tensors, not family members")
     for f in families:
         if not any(t.family == f for t in tensors):
             raise doc.error(("families", f), f"family {f!r} has no tensors")
+    for t in tensors:
+        if t.family is not None and t.group is not None:
+            raise doc.error(
+                ("tensors", t.name.removeprefix(prefix), "group"),
+                "a family cannot be in a group: its members are all required, or the block is "
+                "not this one",
+            )
 
     constraints = []
     for i, c in enumerate(d.get("constraints") or []):

@@ -138,6 +138,36 @@ def _row_problems(index: int, slot: str, row: dict[str, Any]) -> list[str]:
     return out
 
 
+def _globals_problems(
+    ckpt: Checkpoint, table: ModelTable[Any], present: dict[str, str]
+) -> list[str]:
+    """What ``bind`` would refuse among the model-level tensors: a missing one, a refused
+    dtype, a stored copy of a tied tensor, a tie flag that is not a boolean."""
+    from runtime.bind import config_flags  # bind builds on the layout as audit does
+
+    if table.globals is None or not present:
+        return []  # none at all is a layout problem already
+    block = table.block(table.globals)
+    try:
+        flags = config_flags(table, ckpt.config)
+    except SpecbindError as e:
+        return [f"model: {e}"]
+    out = []
+    groups = {r.group for r in block.tensors if r.group is not None and r.name in present}
+    for r in block.tensors:
+        tied = r.tie is not None and flags.get(r.tie.config, False)
+        if r.name not in present:
+            if not tied and (r.group is None or r.group in groups):
+                out.append(f"model: missing {r.name} (a {block.name} block requires it)")
+            continue
+        if tied and r.tie is not None:
+            out.append(f"model: {r.name} is stored, but config.json {r.tie.config} is true")
+        t = ckpt.get(present[r.name])
+        if t is not None and t.dtype != r.dtype and t.dtype not in r.stored:
+            out.append(f"model: {r.name} is {t.dtype} but a {block.name} block requires {r.dtype}")
+    return out
+
+
 def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None) -> dict[str, Any]:
     lay = layout(table, ckpt.names(), ckpt.config)
     split = lay.split
@@ -147,9 +177,9 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
     except SpecbindError as e:  # the census still runs; family sizes are then unknown
         geometry = None
         problems.append(f"model: {e}")
+    problems += _globals_problems(ckpt, table, lay.globals)
     layers: list[dict[str, Any]] = []
     hashable: list[str] = []
-    family_names = 0
     for index, lay_layer in lay.layers.items():
         full = split.full_name(table, index, "")
         names = split.layers[index]
@@ -161,11 +191,9 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
             problems += _row_problems(index, slot, row)
         for fill in lay_layer.slots.values():
             rx = family_regex(fill.block.tensors) if fill.block is not None else {}
-            for n in fill.names:
-                if any(x.fullmatch(n) for x, _ in rx.values()):
-                    family_names += 1
-                else:
-                    hashable.append(full + n)
+            hashable += [
+                full + n for n in fill.names if not any(x.fullmatch(n) for x, _ in rx.values())
+            ]
         layers.append(
             {
                 "index": index,

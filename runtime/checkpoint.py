@@ -198,8 +198,9 @@ class Checkpoint:
         """The directories this checkpoint lives in: its own, and for a Hub cache snapshot
         (``<repo>/snapshots/<rev>``) the cache repo, whose ``blobs/`` its links point into."""
         out = [self.root]
-        if self.root.absolute().parent.name == "snapshots":
-            out.append(self.root.absolute().parent.parent)
+        for root in (self.root.absolute(), self.root.resolve()):  # named or reached by link
+            if root.parent.name == "snapshots":
+                out.append(root.parent.parent)
         return out
 
     def names(self) -> list[str]:

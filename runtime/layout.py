@@ -9,8 +9,9 @@ Invariants:
   model-level tensor, under a declared-unbound prefix, or a problem; nothing is dropped;
 - a per-layer config list (``layer_types``, ``mlp_layer_types``, ``indexer_types``) and the
   layer counts (``num_hidden_layers`` plus the MTP layers) must agree with what the names say;
-- the layout reports problems, it never raises for them: ``audit`` lists them all, ``bind``
-  refuses the first before reading a byte.
+- the layout reports problems, it does not raise for them: ``audit`` lists them all, ``bind``
+  refuses the first before reading a byte (only a config.json count that is not a plausible
+  whole number is refused outright: nothing can be laid out against it).
 Trap: a config list is a cross-check, never a substitute: a layer is what its names are.
 """
 
@@ -24,6 +25,8 @@ from core.errors import CheckpointError
 from runtime.binding import family_regex
 from runtime.layers import LayerSplit, split_layers
 from runtime.model import BlockEntry, ModelTable, config_lookup, expected_groups
+
+MAX_LAYERS = 1 << 16  # a layer count past this is a broken config, not a model
 
 
 @dataclass
@@ -69,8 +72,10 @@ def config_count(config: Mapping[str, Any], name: str | None) -> int | None:
     if found is None:
         return None
     value, where = found
-    if type(value) is not int or value < 0:
-        raise CheckpointError(f"config.json: {where} is {value!r}, expected a whole number")
+    if type(value) is not int or not 0 <= value <= MAX_LAYERS:
+        raise CheckpointError(
+            f"config.json: {where} is {value!r}, expected a whole number up to {MAX_LAYERS}"
+        )
     return value
 
 
@@ -132,6 +137,12 @@ def layout(table: ModelTable[Any], names: list[str], config: Mapping[str, Any]) 
             )
         layers[index] = lay
     glob, unbound, unclaimed = _outside(table, split)
+    if table.globals is not None and not glob:
+        needs = sorted(table.block(table.globals).markers)
+        problems.append(
+            f"model: none of the model-level tensors of {table.globals} is present "
+            f"(it needs {needs} under {split.prefix!r})"
+        )
     if unclaimed:
         problems.append(
             f"model: {len(unclaimed)} tensor(s) outside the layers are neither model-level "
@@ -174,7 +185,14 @@ def _cross_check(
                         f"{fill.block.name}"
                     )
     names = set(fill.names)
-    for group, (must, why) in expected_groups(table, config, index).items():
+    mine = {t.group for t in fill.block.tensors if t.group is not None}
+    if not mine & {r.group for r in table.layer_groups}:
+        return out  # this block has no group a per-layer list speaks about
+    try:
+        expected = expected_groups(table, config, index)
+    except CheckpointError as e:
+        return [*out, f"layer {index}: {e}"]
+    for group, (must, why) in expected.items():
         members = [t.name for t in fill.block.tensors if t.group == group]
         if not members:
             continue

@@ -98,12 +98,18 @@ def concat_squeeze(parts: Sequence[Any], axis: int, squeeze: int | None) -> Any:
 
 
 def stack(groups: Sequence[Sequence[Any]], axis: int, squeeze: int | None) -> Any:
-    """As :func:`runtime.ops.stack`, on the device: one slice per family member on axis 0."""
+    """As :func:`runtime.ops.stack`, on the device: one slice per family member on axis 0; at
+    most one member's temporary lives beside the result."""
     cp = _cp()
     n = len(groups[0])
     if n == 0 or any(len(g) != n for g in groups):
         raise BindError(f"cannot stack {[len(g) for g in groups]} members")
-    return cp.stack([concat_squeeze([g[i] for g in groups], axis, squeeze) for i in range(n)])
+    first = concat_squeeze([g[0] for g in groups], axis, squeeze)
+    out = cp.empty((n, *first.shape), dtype=first.dtype)  # one result, filled member by member
+    out[0] = first
+    for i in range(1, n):
+        out[i] = concat_squeeze([g[i] for g in groups], axis, squeeze)
+    return out
 
 
 def contract(

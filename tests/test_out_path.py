@@ -245,3 +245,21 @@ def test_out_refuses_the_hub_cache_repo_a_snapshot_links_into(tmp_path: Path, ck
     line = refused(specbind("bind", str(snap), "--out", str(snap / "generation_config.json")))
     assert "the checkpoint being read" in line
     assert (repo / "blobs" / "gen").read_text() == "{}"
+
+
+def test_out_refuses_the_cache_repo_of_a_snapshot_reached_through_a_link(
+    tmp_path: Path, ckpt: Path
+) -> None:
+    repo = tmp_path / "hub" / "models--org--m"
+    (repo / "blobs").mkdir(parents=True)
+    snap = repo / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    for f in ckpt.iterdir():
+        (repo / "blobs" / f.name).write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(Path("../../blobs") / f.name)
+    (tmp_path / "link").symlink_to(snap)
+    line = refused(
+        specbind("bind", str(tmp_path / "link"), "--out", str(repo / "blobs" / "new.safetensors"))
+    )
+    assert "the checkpoint being read" in line
+    assert not (repo / "blobs" / "new.safetensors").exists()

@@ -41,6 +41,7 @@ def line_of(root: Path, rel: str, needle: str) -> int:
 KDA = "blocks/kda.yaml"
 DSA = "blocks/dsa.yaml"
 MODEL = "models/glm-5.3-flash.yaml"
+MOE = "blocks/moe.yaml"
 
 # (spec file, old text, new text, line needle, path in the error, message fragment)
 CASES = [
@@ -275,6 +276,14 @@ CASES = [
         "view: [X, H * KVL]",
         "outputs.o_absorb.view",
         "does not merge consecutive axes of [h, i, c]",
+    ),
+    (
+        MOE,
+        "  e: {count: E, shard: experts}\n",
+        "  e: {count: E, shard: replicated}\n",
+        "  e: {count: E, shard: replicated}",
+        "families.e.shard",
+        "schema:",
     ),
     (
         # N and V swapped in the K-half slice: both are 256 at the real geometry, so only a

@@ -328,3 +328,52 @@ def test_bind_reports_the_bytes_it_read_at_their_on_disk_width(ckpt: Path, tmp_p
     got = bind_checkpoint(Checkpoint(narrow), TABLE, progress=False).layers[1].slots["mhc"]
     assert wide.report.bytes - got.report.bytes == fn.nbytes // 2, "BF16 on disk: half of F32"
     assert sum(a.nbytes for a in got.weights.arrays().values()) == wide.report.bytes
+
+
+def test_a_checkpoint_without_its_model_level_tensors_is_refused(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    bare = copy_with(
+        ckpt, tmp_path / "b", {"embed_tokens.weight": None, "norm.weight": None,
+                               "lm_head.weight": None},
+    )  # fmt: skip
+    msg = refused(bare)
+    assert msg.startswith("model: none of the model-level tensors of lm_globals is present")
+
+
+def test_audit_lists_the_model_level_problems_bind_refuses(ckpt: Path, tmp_path: Path) -> None:
+    from runtime.audit import audit
+
+    emb = read_file(sorted(ckpt.glob("*.safetensors"))[-1])["embed_tokens.weight"]
+    cases = {
+        "tied": ({}, {"tie_word_embeddings": True}, "lm_head.weight is stored, but config.json"),
+        "no-norm": ({"norm.weight": None}, {}, "model: missing norm.weight"),
+        "f32": ({"embed_tokens.weight": emb.astype(np.float32)}, {}, "embed_tokens.weight is F32"),
+        "str": ({}, {"tie_word_embeddings": "false"}, "tie_word_embeddings is 'false'"),
+    }
+    for name, (edit, config, fragment) in cases.items():
+        d = copy_with(ckpt, tmp_path / name, edit, config)
+        problems = audit(Checkpoint(d), TABLE, progress=False)["problems"]
+        assert any(fragment in p for p in problems), (name, problems)
+        with pytest.raises(SpecbindError):
+            bind_checkpoint(Checkpoint(d), TABLE, progress=False)
+
+
+def test_an_implausible_layer_count_is_refused_in_one_line(ckpt: Path, tmp_path: Path) -> None:
+    d = copy_with(ckpt, tmp_path / "b", config={"num_hidden_layers": 10**9})
+    with pytest.raises(SpecbindError, match=r"num_hidden_layers is 1000000000, expected a whole"):
+        bind_checkpoint(Checkpoint(d), TABLE, progress=False)
+
+
+def test_audit_lists_every_bad_per_layer_config_value_rather_than_stopping_at_one(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    from runtime.audit import audit
+
+    cfg = json.loads((ckpt / "config.json").read_text())
+    idx, types = list(cfg["indexer_types"]), list(cfg["layer_types"])
+    idx[3], types[0] = "bogus", "bogus"
+    d = copy_with(ckpt, tmp_path / "b", config={"indexer_types": idx, "layer_types": types})
+    problems = audit(Checkpoint(d), TABLE, progress=False)["problems"]
+    assert any(p.startswith("layer 3: config.json: indexer_types[3] is 'bogus'") for p in problems)
+    assert any(p.startswith("layer 0: config.json layer_types[0] is 'bogus'") for p in problems)
