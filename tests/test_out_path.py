@@ -232,14 +232,20 @@ def test_out_refuses_a_new_file_inside_the_checkpoint_directory(work: Path) -> N
     assert snapshot(work) == before
 
 
-def test_out_refuses_the_hub_cache_repo_a_snapshot_links_into(tmp_path: Path, ckpt: Path) -> None:
-    repo = tmp_path / "models--org--m"
+def hub_snapshot(ckpt: Path, repo: Path) -> Path:
+    """``ckpt`` laid out as a Hub cache repo: ``repo/snapshots/abc/x -> ../../blobs/x``."""
     (repo / "blobs").mkdir(parents=True)
     snap = repo / "snapshots" / "abc"
     snap.mkdir(parents=True)
     for f in ckpt.iterdir():
         (repo / "blobs" / f.name).write_bytes(f.read_bytes())
         (snap / f.name).symlink_to(Path("../../blobs") / f.name)
+    return snap
+
+
+def test_out_refuses_the_hub_cache_repo_a_snapshot_links_into(tmp_path: Path, ckpt: Path) -> None:
+    repo = tmp_path / "models--org--m"
+    snap = hub_snapshot(ckpt, repo)
     (repo / "blobs" / "gen").write_text("{}")
     (snap / "generation_config.json").symlink_to("../../blobs/gen")
     line = refused(specbind("bind", str(snap), "--out", str(snap / "generation_config.json")))
@@ -251,13 +257,7 @@ def test_out_refuses_the_cache_repo_of_a_snapshot_reached_through_a_link(
     tmp_path: Path, ckpt: Path
 ) -> None:
     repo = tmp_path / "hub" / "models--org--m"
-    (repo / "blobs").mkdir(parents=True)
-    snap = repo / "snapshots" / "abc"
-    snap.mkdir(parents=True)
-    for f in ckpt.iterdir():
-        (repo / "blobs" / f.name).write_bytes(f.read_bytes())
-        (snap / f.name).symlink_to(Path("../../blobs") / f.name)
-    (tmp_path / "link").symlink_to(snap)
+    (tmp_path / "link").symlink_to(hub_snapshot(ckpt, repo))
     line = refused(
         specbind("bind", str(tmp_path / "link"), "--out", str(repo / "blobs" / "new.safetensors"))
     )
