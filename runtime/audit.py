@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from core.dtypes import QUANT_DTYPES
 from core.errors import SpecbindError
-from runtime.binding import family_regex
+from runtime.binding import census, family_regex
 from runtime.checkpoint import Checkpoint
 from runtime.layout import SlotFill, layout
 from runtime.model import BlockEntry, ModelTable, values_from_config
@@ -48,34 +48,23 @@ def _signature(rows: list[tuple[str, str, tuple[int, ...]]]) -> str:
 def _declared(
     block: BlockEntry[Any], names: set[str], counts: dict[str, int] | None
 ) -> tuple[set[str], list[str]]:
-    """(names the block declares among ``names``, its declared tensors absent from them).
-
-    With ``counts`` (each family's size from config.json), a family member past the end is not
-    declared and every absent member is missing by name, as ``bind`` would refuse them."""
-    rx = family_regex(block.tensors)
-    known = {n for n in names if any(r.name == n for r in block.tensors)}
-    for n in names:
-        for x, r in rx.values():
-            m = x.fullmatch(n)
-            if m and (counts is None or int(m.group(1)) < counts[r.family or ""]):
-                known.add(n)
+    """(names the block declares among ``names``, its declared tensors absent from them), by
+    the binder's own census. With ``counts`` (each family's size from config.json), a member
+    past the end is not declared and every absent member is missing by name, as ``bind``
+    would refuse them; without, a family is missing only when none of it is there."""
+    sizes = counts or {r.family: 1 << 30 for r in block.tensors if r.family is not None}
+    c = census(block.tensors, sorted(names), "", sizes)
+    known = names - set(c.unknown) - {n for n, _, _, _ in c.beyond}
     groups = {t.group for t in block.tensors if t.group is not None}
-    present = {g for g in groups if any(t.name in names for t in block.tensors if t.group == g)}
+    present = {g for g in groups if any(c.has(t) for t in block.tensors if t.group == g)}
     missing = []
     for t in block.tensors:
         if t.group is not None and t.group not in present:
             continue
-        if t.family is None:
-            if t.name not in names:
-                missing.append(t.name)
-        elif counts is not None:
-            missing += [
-                t.concrete(i).name
-                for i in range(counts[t.family])
-                if t.concrete(i).name not in names
-            ]
-        elif not any(rx[t.name][0].fullmatch(n) for n in names):
-            missing.append(t.name)
+        if counts is None and t.family is not None:
+            missing += [] if c.has(t) else [t.name]
+        else:
+            missing += c.absent(t, counts or {})
     return known, sorted(missing)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -87,8 +88,10 @@ def check_dims(block: str, shapes: Mapping[str, tuple[int, ...]]) -> None:
             )
 
 
-def family_regex(rules: Sequence[TensorRule]) -> dict[str, tuple[re.Pattern[str], TensorRule]]:
-    """Each family rule's name as a regex capturing the member index (no leading zeros)."""
+@cache
+def family_regex(rules: tuple[TensorRule, ...]) -> dict[str, tuple[re.Pattern[str], TensorRule]]:
+    """Each family rule's name as a regex capturing the member index (no leading zeros).
+    Cached per rule table: the layout and the census ask once per name."""
     out = {}
     for r in rules:
         if r.family is not None:
@@ -104,12 +107,64 @@ def members(t: Mapping[str, Any], pattern: str, family: str, plan: BlockPlan) ->
     return [t[pattern.replace("{" + family + "}", str(i))] for i in plan.members[family]]
 
 
+@dataclass
+class Census:
+    """What a block's rules make of the names it is given (names only: nothing is read)."""
+
+    present: set[str]  # every name given
+    seen: int = 0  # names under the prefix
+    other: int = 0  # names outside it
+    found: dict[str, set[int]] = field(default_factory=dict)  # family pattern -> members
+    unknown: list[str] = field(default_factory=list)  # under the prefix, declared by no rule
+    beyond: list[tuple[str, int, str, int]] = field(default_factory=list)  # name, i, family, size
+
+    def has(self, r: TensorRule) -> bool:
+        return bool(self.found[r.name]) if r.family is not None else r.name in self.present
+
+    def absent(self, r: TensorRule, counts: Mapping[str, int]) -> list[str]:
+        """The names of ``r`` (every family member by name) that are not there."""
+        if r.family is None:
+            return [] if r.name in self.present else [r.name]
+        have = self.found[r.name]
+        return [r.concrete(i).name for i in range(counts[r.family]) if i not in have]
+
+
+def census(
+    rules: tuple[TensorRule, ...], names: Sequence[str], prefix: str, counts: Mapping[str, int]
+) -> Census:
+    """Sort ``names`` against the rules: declared tensors, family members (and those past the
+    family's size), undeclared names under the prefix, names outside it."""
+    literal = {r.name for r in rules if r.family is None}
+    families = family_regex(rules)
+    c = Census(set(names), found={p: set() for p in families})
+    for n in names:
+        if not n.startswith(prefix):
+            c.other += 1
+            continue
+        c.seen += 1
+        if n in literal:
+            continue
+        for pat, (rx, r) in families.items():
+            m = rx.fullmatch(n)
+            if m:
+                i, size = int(m.group(1)), counts[r.family or ""]
+                if i < size:
+                    c.found[pat].add(i)
+                else:
+                    c.beyond.append((n, i, r.family or "", size))
+                break
+        else:
+            c.unknown.append(n)
+    c.unknown.sort()
+    return c
+
+
 def bind_tensors(
     block: str,
     layer: int,
     prefix: str,
     src: TensorSource,
-    rules: Sequence[TensorRule],
+    rules: tuple[TensorRule, ...],
     groups: Mapping[str, GroupRule],
     plan: BlockPlan,
     counts: Mapping[str, int],
@@ -120,36 +175,15 @@ def bind_tensors(
     ``src`` yields this rank's bytes (a ``ShardedSource``); ``counts`` holds each family's
     size; ``flags`` holds the config booleans a ``tie`` reads.
     """
-    names = src.names()
-    present = set(names)
-    literal = {r.name for r in rules if r.family is None}
-    families = family_regex(rules)
-    rep = BindReport(index=layer, kind=block)
-    unknown: list[str] = []
-    found: dict[str, set[int]] = {p: set() for p in families}  # pattern -> member indices
-    for n in names:
-        if not n.startswith(prefix):
-            rep.other += 1
-            continue
-        rep.seen += 1
-        if n in literal:
-            continue
-        for pat, (rx, r) in families.items():
-            m = rx.fullmatch(n)
-            if m:
-                i = int(m.group(1))
-                assert r.family is not None
-                if i >= counts[r.family]:
-                    raise BindError(
-                        f"{at(layer)}: {n}: index {i} is outside the family "
-                        f"{r.family} in range({counts[r.family]}) of a {block} block"
-                    )
-                found[pat].add(i)
-                break
-        else:
-            unknown.append(n)
+    c = census(rules, src.names(), prefix, counts)
+    rep = BindReport(index=layer, kind=block, seen=c.seen, other=c.other)
+    for n, i, family, size in c.beyond[:1]:
+        raise BindError(
+            f"{at(layer)}: {n}: index {i} is outside the family {family} in range({size}) "
+            f"of a {block} block"
+        )
+    unknown = c.unknown
     if unknown:
-        unknown.sort()
         n_req = sum(1 for r in rules if r.group is None or not groups[r.group].optional)
         n_opt = len(rules) - n_req
         plus = f" (plus {n_opt} optional)" if n_opt else ""
@@ -159,9 +193,8 @@ def bind_tensors(
             f"tensor(s): {shown} — a {block} block has exactly {n_req}{plus} "
             "and this binder refuses to skip anything"
         )
-
-    def has(r: TensorRule) -> bool:
-        return bool(found[r.name]) if r.family is not None else r.name in present
+    has = c.has
+    present = c.present
 
     tied = {r.name for r in rules if r.tie is not None and (flags or {}).get(r.tie.config)}
     for g in groups.values():
@@ -187,15 +220,7 @@ def bind_tensors(
                 )
             continue
         wanted.append(r)
-    missing = []
-    for r in wanted:
-        if r.family is None:
-            if r.name not in present:
-                missing.append(r.name)
-            continue
-        assert r.family is not None
-        gaps = [i for i in range(counts[r.family]) if i not in found[r.name]]
-        missing += [r.concrete(i).name for i in gaps]
+    missing = [n for r in wanted for n in c.absent(r, counts)]
     if missing:
         what = missing[0] if len(missing) == 1 else f"{len(missing)} tensors: {missing[:20]}"
         them = "it" if len(missing) == 1 else "them"

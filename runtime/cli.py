@@ -223,12 +223,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
         geometry = table.make_geometry(values)
         for p in schedule(table, table.real_layers, mtp=table.real_mtp > 0):
             for bname in p.blocks.values():
-                block = table.block(bname)
-                names = [
-                    n for n in block.names(geometry)
-                    if not any(r.group not in p.groups and r.name == n for r in block.tensors
-                               if r.group is not None)
-                ]  # fmt: skip
+                names = table.block(bname).names(geometry, p.groups)
                 layers.append((p.index, bname, frozenset(names)))
         if table.globals:
             layers.append(

@@ -23,7 +23,7 @@ from core.ir import (
     TensorRule,
     UnboundRule,
 )
-from core.planning import BlockPlan, Ranks
+from core.planning import BlockPlan, Ranks, expand
 from runtime.backends import Backend
 from runtime.binding import Array, BindReport
 from runtime.source import TensorSource
@@ -52,16 +52,12 @@ class BlockEntry(Generic[G]):
     plan: Callable[[G, Ranks], BlockPlan]
     counts: Callable[[G], dict[str, int]]  # each family's size
 
-    def names(self, g: G) -> list[str]:
-        """Every tensor name the block declares, family members expanded (for synth, audit)."""
-        counts = self.counts(g)
-        out: list[str] = []
-        for r in self.tensors:
-            if r.family is None:
-                out.append(r.name)
-            else:
-                out += [r.concrete(i).name for i in range(counts[r.family])]
-        return out
+    def names(self, g: G, groups: Collection[str] | None = None) -> list[str]:
+        """Every tensor name the block declares, family members expanded (synth, plan); with
+        ``groups``, the tensors of optional groups not listed there are left out."""
+        rules = [r for r in self.tensors if groups is None or r.group is None or r.group in groups]
+        whole = {f: range(n) for f, n in self.counts(g).items()}
+        return [r.name for r in expand(rules, whole)[0]]
 
 
 def block_entry(module: ModuleType, geometry: Callable[[G, Ranks], Any]) -> BlockEntry[G]:

@@ -29,8 +29,7 @@ from safetensors.numpy import save_file
 
 from core.dtypes import DTYPES
 from core.errors import SpecbindError
-from core.ir import TensorRule
-from core.planning import Ranks
+from core.planning import Ranks, expand
 from runtime.binding import Array
 from runtime.model import BlockEntry, ModelTable
 
@@ -112,18 +111,15 @@ def _values(rng: np.random.Generator, dtype: str, shape: tuple[int, ...]) -> Arr
 
 def block_tensors(
     block: BlockEntry[Any], geometry: Any, groups: frozenset[str], cast_bf16: bool
-) -> Iterator[tuple[TensorRule, str, str, tuple[int, ...]]]:
-    """(rule, concrete name, dtype, shape) of every tensor one block writes."""
+) -> Iterator[tuple[str, str, tuple[int, ...]]]:
+    """(concrete name, dtype, shape) of every tensor one block writes."""
     shapes = block.shapes(geometry)
-    counts = block.counts(geometry)
-    for rule in block.tensors:
-        if rule.group is not None and rule.group not in groups:
-            continue
-        dtype = "BF16" if cast_bf16 and rule.dtype == "F32" else rule.dtype
-        ids = range(counts[rule.family]) if rule.family is not None else [None]
-        for i in ids:
-            name = rule.name if i is None else rule.concrete(i).name
-            yield rule, name, dtype, shapes[rule.name]
+    whole = {f: range(n) for f, n in block.counts(geometry).items()}
+    rules = [r for r in block.tensors if r.group is None or r.group in groups]
+    concrete, pattern = expand(rules, whole)
+    for r in concrete:
+        dtype = "BF16" if cast_bf16 and r.dtype == "F32" else r.dtype
+        yield r.name, dtype, shapes[pattern[r.name]]
 
 
 def synth(
@@ -152,13 +148,12 @@ def synth(
             block = table.block(bname)
             block.check(geometry, Ranks())
             entries += [
-                (pre + n, d, s)
-                for _, n, d, s in block_tensors(block, geometry, p.groups, gates_bf16)
+                (pre + n, d, s) for n, d, s in block_tensors(block, geometry, p.groups, gates_bf16)
             ]
     if table.globals is not None:
         block = table.block(table.globals)
         groups = frozenset(t.group for t in block.tensors if t.group is not None)
-        entries += [(n, d, s) for _, n, d, s in block_tensors(block, geometry, groups, gates_bf16)]
+        entries += list(block_tensors(block, geometry, groups, gates_bf16))
     total = sum(DTYPES[d].nbytes(s) for _, d, s in entries)
     if shards is not None and shards > len(entries):
         raise SpecbindError(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 from hypothesis import strategies as st
+from safetensors.numpy import save_file
 
 from core.dtypes import DTYPES, dtype_name
 from core.ir import FieldRule, TensorRule
@@ -190,8 +193,6 @@ def read_file(path: Any) -> dict[str, Array]:
 def field_rules(meta: dict[str, str]) -> dict[str, FieldRule]:
     """Each field of an ``--out`` file by name, with the rule of the block that bound it
     (from the file's own ``layers`` metadata: each layer's slots and their blocks)."""
-    import json
-
     out: dict[str, FieldRule] = {}
     for index, layer in json.loads(meta["layers"]).items():
         for slot, block in layer["slots"].items():
@@ -229,3 +230,25 @@ def rejoin(rule: FieldRule, shares: dict[tuple[int, int], Array], tp: int, ep: i
         return np.concatenate(per_ep, axis=0)
     assert all(x.tobytes() == per_ep[0].tobytes() for x in per_ep), "differs across ep ranks"
     return per_ep[0]
+
+
+def copy_with(
+    ckpt: Path, dest: Path, edit: dict[str, Any] | None = None, config: dict[str, Any] | None = None
+) -> Path:
+    """A one-file copy: tensors edited ({name: array, or None to drop; a name ending in '.*'
+    drops every tensor under that prefix}), config.json fields replaced."""
+    dest.mkdir()
+    tensors: dict[str, Any] = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        tensors |= read_file(f)
+    for n, v in (edit or {}).items():
+        if n.endswith(".*"):
+            tensors = {k: a for k, a in tensors.items() if not k.startswith(n[:-1])}
+        elif v is None:
+            tensors.pop(n)
+        else:
+            tensors[n] = v
+    save_file(tensors, str(dest / "model.safetensors"))
+    cfg = json.loads((ckpt / "config.json").read_text()) | (config or {})
+    (dest / "config.json").write_text(json.dumps(cfg))
+    return dest

@@ -13,8 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import safetensors
-from helpers import read_file
-from safetensors.numpy import save_file
+from helpers import copy_with
 
 from generated import SPECS_SHA256
 
@@ -129,30 +128,14 @@ def test_two_binds_write_byte_identical_files(ckpt: Path, tmp_path: Path) -> Non
     assert a.read_bytes() == b.read_bytes()
 
 
-def _copy_with(ckpt: Path, dest: Path, edit: dict[str, Any]) -> Path:
-    """Copy a checkpoint into one file, applying {name: array, or None to drop it}."""
-    dest.mkdir()
-    tensors: dict[str, Any] = {}
-    for f in sorted(ckpt.glob("*.safetensors")):
-        tensors |= read_file(f)
-    for n, v in edit.items():
-        if v is None:
-            tensors.pop(n)
-        else:
-            tensors[n] = v
-    save_file(tensors, str(dest / "model.safetensors"))
-    (dest / "config.json").write_text((ckpt / "config.json").read_text())
-    return dest
-
-
 def test_bind_refuses_a_dropped_tensor_naming_layer_and_tensor(ckpt: Path, tmp_path: Path) -> None:
-    bad = _copy_with(ckpt, tmp_path / "bad", {"layers.3.self_attn.q_b_proj.weight": None})
+    bad = copy_with(ckpt, tmp_path / "bad", {"layers.3.self_attn.q_b_proj.weight": None})
     line = refused(specbind("bind", str(bad), "--json"))
     assert "layer 3: missing self_attn.q_b_proj.weight" in line
 
 
 def test_bind_refuses_a_bf16_a_log_saying_why(ckpt: Path, tmp_path: Path) -> None:
-    bad = _copy_with(
+    bad = copy_with(
         ckpt, tmp_path / "bad", {"layers.1.self_attn.A_log": np.zeros(8, ml_dtypes.bfloat16)}
     )
     line = refused(specbind("bind", str(bad)))
@@ -163,7 +146,7 @@ def test_bind_refuses_a_bf16_a_log_saying_why(ckpt: Path, tmp_path: Path) -> Non
 def test_bind_refuses_a_kda_layer_missing_a_tensor_as_matching_no_block(
     ckpt: Path, tmp_path: Path
 ) -> None:
-    bad = _copy_with(ckpt, tmp_path / "bad", {"layers.0.self_attn.o_norm.weight": None})
+    bad = copy_with(ckpt, tmp_path / "bad", {"layers.0.self_attn.o_norm.weight": None})
     line = refused(specbind("bind", str(bad)))
     assert "layer 0:" in line and "nearest is kda" in line and "self_attn.o_norm.weight" in line
 
@@ -172,7 +155,7 @@ def test_a_failed_bind_leaves_the_previous_out_file_intact(ckpt: Path, tmp_path:
     out = tmp_path / "bound.safetensors"
     assert specbind("bind", str(ckpt), "--out", str(out)).returncode == 0
     before = out.read_bytes()
-    bad = _copy_with(
+    bad = copy_with(
         ckpt, tmp_path / "bad", {"layers.5.self_attn.extra.weight": np.zeros(2, np.float32)}
     )
     line = refused(specbind("bind", str(bad), "--out", str(out)))
@@ -182,7 +165,7 @@ def test_a_failed_bind_leaves_the_previous_out_file_intact(ckpt: Path, tmp_path:
 
 
 def test_audit_lists_the_missing_half_of_a_partial_indexer(ckpt: Path, tmp_path: Path) -> None:
-    bad = _copy_with(ckpt, tmp_path / "p", {"layers.3.self_attn.indexer.wk.weight": None})
+    bad = copy_with(ckpt, tmp_path / "p", {"layers.3.self_attn.indexer.wk.weight": None})
     rep = json.loads(specbind("audit", str(bad), "--json").stdout)
     assert rep["layers"][3]["slots"]["attention"]["missing"] == ["self_attn.indexer.wk.weight"]
     assert rep["layers"][3]["slots"]["attention"]["absent_optional_groups"] == []
@@ -196,7 +179,7 @@ def test_audit_reports_quantisation_artefacts_and_identical_bytes(
         str(ckpt / "model-00001-of-00002.safetensors"), framework="numpy"
     ) as h:
         a_log = h.get_tensor("layers.0.self_attn.A_log")
-    bad = _copy_with(ckpt, tmp_path / "q", {"layers.2.self_attn.q_proj.weight_scale": scale,
+    bad = copy_with(ckpt, tmp_path / "q", {"layers.2.self_attn.q_proj.weight_scale": scale,
                                              "layers.2.self_attn.q_proj.input_scale": scale,
                                              "layers.1.self_attn.A_log": a_log})  # fmt: skip
     rep = json.loads(specbind("audit", str(bad), "--json").stdout)

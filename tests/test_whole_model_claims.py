@@ -12,7 +12,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import TABLE, TINY, layer_arrays, read_file, rejoin, source
+from helpers import TABLE, TINY, copy_with, layer_arrays, read_file, rejoin, source
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
@@ -31,28 +31,6 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("whole") / "ck"
     synth(TABLE, d, TINY, seed=21)
     return d
-
-
-def copy_with(
-    ckpt: Path, dest: Path, edit: dict[str, Any] | None = None, config: dict[str, Any] | None = None
-) -> Path:
-    """A one-file copy: tensors edited ({name: array, or None to drop; a name ending in '.*'
-    drops every tensor under that prefix}), config.json fields replaced."""
-    dest.mkdir()
-    tensors: dict[str, Any] = {}
-    for f in sorted(ckpt.glob("*.safetensors")):
-        tensors |= read_file(f)
-    for n, v in (edit or {}).items():
-        if n.endswith(".*"):
-            tensors = {k: a for k, a in tensors.items() if not k.startswith(n[:-1])}
-        elif v is None:
-            tensors.pop(n)
-        else:
-            tensors[n] = v
-    save_file(tensors, str(dest / "model.safetensors"))
-    cfg = json.loads((ckpt / "config.json").read_text()) | (config or {})
-    (dest / "config.json").write_text(json.dumps(cfg))
-    return dest
 
 
 def refused(path: Path, **kw: Any) -> str:
