@@ -32,11 +32,11 @@ drift: $(STAMP)
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check core generator runtime generated tests
-	$(BIN)/ruff format --check core generator runtime generated tests
+	$(BIN)/ruff check core generator runtime generated benchmarks specbind/*.py tests
+	$(BIN)/ruff format --check core generator runtime generated benchmarks specbind/*.py tests
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict core generated runtime generator
+	$(BIN)/mypy --strict specbind
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -53,7 +53,7 @@ demo: $(STAMP) generate
 gpu-check: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,interop,gpu]'
 	$(BIN)/python -m pytest -v -rs tests/gpu
-	$(BIN)/python -m runtime.gpu_bench
+	$(BIN)/python -m specbind.runtime.gpu_bench
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -18,8 +18,8 @@ import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from core import algebra_ops
-from core.errors import AlgebraError
+from specbind.core import algebra_ops
+from specbind.core.errors import AlgebraError
 
 MAX_EXPR_LEN = 300
 MAX_DEPTH = 32

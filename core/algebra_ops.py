@@ -8,7 +8,7 @@ bounded so a hostile exponent cannot allocate a huge integer.
 
 from __future__ import annotations
 
-from core.errors import GeometryError
+from specbind.core.errors import GeometryError
 
 MAX_MAGNITUDE = 1 << 62
 

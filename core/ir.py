@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from core.algebra import Expr
+from specbind.core.algebra import Expr
 
 ShardKind = Literal["replicated", "rows", "cols", "axis"]
 FieldKind = Literal["verbatim", "concat", "transform", "stack", "tie"]

@@ -24,9 +24,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.dtypes import DTYPES
-from core.errors import GeometryError
-from core.ir import ShardKind, TensorRule
+from specbind.core.dtypes import DTYPES
+from specbind.core.errors import GeometryError
+from specbind.core.ir import ShardKind, TensorRule
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from generated import model_glm_5_3_flash
-from runtime.model import ModelTable
+from specbind.generated import model_glm_5_3_flash
+from specbind.runtime.model import ModelTable
 
 SPECS_SHA256 = "6b3495adcf842bb2821468a3d3edfd3add35ce7577f732a5963747bc28ece1be"
 

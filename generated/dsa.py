@@ -17,15 +17,15 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from core import algebra_ops
-from core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
-from core.planning import BlockPlan, plan_block
-from runtime import ops as numpy_ops
-from runtime.backends import NUMPY, Backend
-from runtime.binding import Array, BindReport, bind_tensors, check_dims, require
-from runtime.ops import Ops
-from runtime.source import TensorSource
-from runtime.tp import ShardedSource
+from specbind.core import algebra_ops
+from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
+from specbind.core.planning import BlockPlan, plan_block
+from specbind.runtime import ops as numpy_ops
+from specbind.runtime.backends import NUMPY, Backend
+from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims, require
+from specbind.runtime.ops import Ops
+from specbind.runtime.source import TensorSource
+from specbind.runtime.tp import ShardedSource
 
 BLOCK = "dsa"
 PREFIX = "self_attn."

@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule, TieRule
-from core.planning import BlockPlan, plan_block
-from runtime.backends import NUMPY, Backend
-from runtime.binding import Array, BindReport, bind_tensors, check_dims
-from runtime.source import TensorSource
-from runtime.tp import ShardedSource
+from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule, TieRule
+from specbind.core.planning import BlockPlan, plan_block
+from specbind.runtime.backends import NUMPY, Backend
+from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims
+from specbind.runtime.source import TensorSource
+from specbind.runtime.tp import ShardedSource
 
 BLOCK = "lm_globals"
 PREFIX = ""

@@ -13,10 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.ir import GeometryField, LayerGroupRule, SlotRule, SynthList, SynthRule, UnboundRule
-from core.planning import Ranks
-from generated import dense, dsa, kda, layer_norms, lm_globals, mhc, moe, mtp_head
-from runtime.model import BlockEntry, ModelTable, block_entry
+from specbind.core.ir import (
+    GeometryField,
+    LayerGroupRule,
+    SlotRule,
+    SynthList,
+    SynthRule,
+    UnboundRule,
+)
+from specbind.core.planning import Ranks
+from specbind.generated import dense, dsa, kda, layer_norms, lm_globals, mhc, moe, mtp_head
+from specbind.runtime.model import BlockEntry, ModelTable, block_entry
 
 MODEL = "glm-5.3-flash"
 DOC = "GLM-5.3-Flash (hybrid KDA + DSA, MoE, mHC), as written by transformers' glm5_next."

@@ -15,10 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from core import algebra
-from generator.literals import comment, py_literal
-from generator.spec import Block, Output
-from generator.transforms import Lowering, Operand, Transform, ast_text
+from specbind.core import algebra
+from specbind.generator.literals import comment, py_literal
+from specbind.generator.spec import Block, Output
+from specbind.generator.transforms import Lowering, Operand, Transform, ast_text
 
 StepKind = Literal["read", "view", "take", "contract", "scale", "cast"]
 

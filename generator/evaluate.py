@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 
-from core import algebra, algebra_ops
-from core.errors import AlgebraError, GeometryError, SpecbindError
-from core.planning import plan_block
-from generator import transforms
-from generator.spec import Block, Model
+from specbind.core import algebra, algebra_ops
+from specbind.core.errors import AlgebraError, GeometryError, SpecbindError
+from specbind.core.planning import plan_block
+from specbind.generator import transforms
+from specbind.generator.spec import Block, Model
 
 
 def block_env(block: Block, values: dict[str, int], tp: int = 1) -> dict[str, int]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from core.dtypes import DTYPES
-from generator.spec import Block
+from specbind.core.dtypes import DTYPES
+from specbind.generator.spec import Block
 
 WIDTH_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 DTYPE_BYTES = {name: d.bits // 8 for name, d in DTYPES.items() if d.bits % 8 == 0}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from core.errors import GenerateError
+from specbind.core.errors import GenerateError
 
 _COMMENT_OK = re.compile(r"^[\x20-\x7e\u00b7\u2014\u2192]*$")
 

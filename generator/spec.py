@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 import jsonschema
 
-from core import algebra
-from core.errors import AlgebraError
-from core.ir import (
+from specbind.core import algebra
+from specbind.core.errors import AlgebraError
+from specbind.core.ir import (
     ConstraintRule,
     FamilyRule,
     GeometryField,
@@ -39,8 +39,8 @@ from core.ir import (
     TieRule,
     UnboundRule,
 )
-from generator import transforms
-from generator.yamlio import Located, PathKey
+from specbind.generator import transforms
+from specbind.generator.yamlio import Located, PathKey
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "specs" / "schema"
 # Names a symbol may not take: symbols become locals and attributes in generated functions

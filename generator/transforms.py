@@ -22,10 +22,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core import algebra
-from core.errors import AlgebraError
-from core.ir import TensorRule
-from generator.yamlio import Located, PathKey
+from specbind.core import algebra
+from specbind.core.errors import AlgebraError
+from specbind.core.ir import TensorRule
+from specbind.generator.yamlio import Located, PathKey
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from core.errors import SpecError
+from specbind.core.errors import SpecError
 
 MAX_SPEC_BYTES = 1 << 20  # a spec is a page of text; 1 MiB is already absurd
 

@@ -22,12 +22,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from core.dtypes import QUANT_DTYPES
-from core.errors import SpecbindError
-from runtime.binding import census, family_regex
-from runtime.checkpoint import Checkpoint
-from runtime.layout import SlotFill, layout
-from runtime.model import BlockEntry, ModelTable, values_from_config
+from specbind.core.dtypes import QUANT_DTYPES
+from specbind.core.errors import SpecbindError
+from specbind.runtime.binding import census, family_regex
+from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.layout import SlotFill, layout
+from specbind.runtime.model import BlockEntry, ModelTable, values_from_config
 
 # Companions a quantisation tool writes beside a linear weight (ModelOpt, compressed-tensors,
 # FP8 block scales); flagged only when the block does not declare them.
@@ -132,7 +132,7 @@ def _globals_problems(
 ) -> list[str]:
     """What ``bind`` would refuse among the model-level tensors: a missing one, a refused
     dtype, a stored copy of a tied tensor, a tie flag that is not a boolean."""
-    from runtime.bind import config_flags  # bind builds on the layout as audit does
+    from specbind.runtime.bind import config_flags  # bind builds on the layout as audit does
 
     if table.globals is None or not present:
         return []  # none at all is a layout problem already

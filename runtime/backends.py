@@ -16,10 +16,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from core.errors import SpecbindError
-from runtime import ops as numpy_ops
-from runtime.binding import Array
-from runtime.ops import Ops
+from specbind.core.errors import SpecbindError
+from specbind.runtime import ops as numpy_ops
+from specbind.runtime.binding import Array
+from specbind.runtime.ops import Ops
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def cupy_backend(kernels: Any) -> Backend:
         ) from None
     if count < 1:
         raise SpecbindError("--backend cupy needs a CUDA device: none is visible")
-    from runtime import ops_cupy
+    from specbind.runtime import ops_cupy
 
     ops_cupy.use(kernels)
     return Backend("cupy", ops_cupy, device=True)

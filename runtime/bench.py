@@ -44,11 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from core.dtypes import bf16_ulp
-from core.errors import SpecbindError
-from runtime.binding import Array
-from runtime.checkpoint import Checkpoint
-from runtime.model import ModelTable
+from specbind.core.dtypes import bf16_ulp
+from specbind.core.errors import SpecbindError
+from specbind.runtime.binding import Array
+from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.model import ModelTable
 
 REPO = Path(__file__).resolve().parent.parent
 # The full-geometry slice's default ``--set``: 32 routed experts at the real expert shape (one
@@ -101,7 +101,7 @@ def copy_only(table: ModelTable[Any], kinds: Collection[str]) -> frozenset[str]:
 def slice_layers(table: ModelTable[Any]) -> int:
     """The fewest leading decoder layers whose schedule holds every attention block and an
     expert block."""
-    from runtime.synth import schedule
+    from specbind.runtime.synth import schedule
 
     p = parts(table)
     need = [{b} for b in sorted(p["attention"])] + [set(p["moe"])]
@@ -115,8 +115,8 @@ def slice_layers(table: ModelTable[Any]) -> int:
 
 def slice_values(table: ModelTable[Any], tiny: bool, sets: Mapping[str, int]) -> dict[str, int]:
     """The geometry the slice is written at: the spec's tiny or real one, with ``sets``."""
-    from runtime.model import checked_values
-    from runtime.synth import tiny_values
+    from specbind.runtime.model import checked_values
+    from specbind.runtime.synth import tiny_values
 
     base = tiny_values(table) if tiny else table.default_values()
     return checked_values(table, base, sets)
@@ -126,8 +126,8 @@ def ensure_checkpoint(
     table: ModelTable[Any], cache: Path, tiny: bool, sets: Mapping[str, int] | None = None
 ) -> tuple[Path, float | None]:
     """The cached slice (written now if absent) and the seconds writing it took, if it was."""
-    from generated import SPECS_SHA256
-    from runtime.synth import synth
+    from specbind.generated import SPECS_SHA256
+    from specbind.runtime.synth import synth
 
     values = slice_values(table, tiny, sets or {})
     layers = slice_layers(table)
@@ -159,7 +159,7 @@ def warm(ckpt: Path) -> int:
 
 def _filled(ckpt: Checkpoint, table: ModelTable[Any], kinds: Collection[str]) -> Any:
     """(layer index, slot, block) of every slot the layout fills with one of ``kinds``."""
-    from runtime.layout import layout
+    from specbind.runtime.layout import layout
 
     lay = layout(table, ckpt.names(), ckpt.config)
     for index, x in lay.layers.items():
@@ -177,7 +177,7 @@ def specbind_load(
     ep: int = 1,
     ep_rank: int = 0,
 ) -> dict[str, Array]:
-    from runtime.bind import bind_checkpoint
+    from specbind.runtime.bind import bind_checkpoint
 
     result = bind_checkpoint(
         Checkpoint(ckpt), table, tp_size=tp, tp_rank=rank, ep_size=ep, ep_rank=ep_rank,
@@ -201,7 +201,7 @@ def baseline_load(
     ep_rank: int = 0,
 ) -> dict[str, Array]:
     try:
-        from benchmarks.vllm_style import Loader
+        from specbind.benchmarks.vllm_style import Loader
     except ImportError as e:
         raise SpecbindError(
             f"the baseline needs torch and the benchmarks/ folder ({e}); install the interop extra"
@@ -224,10 +224,10 @@ def shard_views(
     ep_rank: int = 0,
 ) -> list[Array]:
     """This rank's bytes of every bound source tensor, as views of the memory map."""
-    from core.planning import Ranks
-    from runtime.layout import layout
-    from runtime.model import values_from_config
-    from runtime.tp import shard_view
+    from specbind.core.planning import Ranks
+    from specbind.runtime.layout import layout
+    from specbind.runtime.model import values_from_config
+    from specbind.runtime.tp import shard_view
 
     ck = Checkpoint(ckpt)
     geometry = table.make_geometry(values_from_config(table, ck.config))
@@ -342,7 +342,7 @@ def peak_rss_mb() -> float:
 def child(method: str, ckpt: str, tp: int, part: str = "attention", ep: int = 1) -> dict[str, Any]:
     """One load + upload of ``part`` at (tp, ep) rank 0 in this (fresh) process; report its
     peak RSS."""
-    from generated import MODELS
+    from specbind.generated import MODELS
 
     table = next(iter(MODELS.values()))
     kinds = parts(table)[part]
@@ -379,7 +379,7 @@ def generate_seconds() -> float:
         shutil.copytree(REPO / "specs", Path(tmp) / "specs")
         t0 = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "runtime", "generate", "--root", tmp],
+            [sys.executable, "-m", "specbind", "generate", "--root", tmp],
             capture_output=True,
             text=True,
             cwd=REPO,
@@ -468,8 +468,8 @@ def _members(
     ckpt: Path, table: ModelTable[Any], kinds: Collection[str], ep: int
 ) -> tuple[int, int]:
     """(the largest family size among ``kinds``, how many of its members ep rank 0 holds)."""
-    from core.planning import member_range
-    from runtime.model import values_from_config
+    from specbind.core.planning import member_range
+    from specbind.runtime.model import values_from_config
 
     geometry = table.make_geometry(values_from_config(table, Checkpoint(ckpt).config))
     count = max(c for b in sorted(kinds) for c in table.block(b).counts(geometry).values())
@@ -489,11 +489,11 @@ def run(
     each ep > 1 of the same sizes (tp 1). ``overrides`` (``--set``) go over ``DEFAULT_SETS``
     for the full-geometry slice (over nothing for ``tiny``); the checkpoint's config.json
     carries them to the bind."""
-    from core.planning import Ranks
-    from generated import dsa
-    from generated import model_glm_5_3_flash as m
-    from runtime import bench_absorb
-    from runtime.model import values_from_config
+    from specbind.core.planning import Ranks
+    from specbind.generated import dsa
+    from specbind.generated import model_glm_5_3_flash as m
+    from specbind.runtime import bench_absorb
+    from specbind.runtime.model import values_from_config
 
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
     ckpt, synth_s = ensure_checkpoint(table, cache, tiny, sets)

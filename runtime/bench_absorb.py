@@ -16,7 +16,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from runtime import ops
+from specbind.runtime import ops
 
 F32 = np.float32
 

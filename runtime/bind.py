@@ -17,16 +17,22 @@ from typing import Any
 
 from tqdm import tqdm
 
-from core.errors import BindError, CheckpointError, SpecbindError
-from core.ir import FieldRule
-from core.planning import Ranks
-from runtime.backends import NUMPY, Backend
-from runtime.binding import BindReport
-from runtime.checkpoint import Checkpoint
-from runtime.layers import LayerSource
-from runtime.layout import Layout, layout
-from runtime.model import BlockEntry, ModelTable, Weights, config_lookup, values_from_config
-from runtime.source import RawTensor, TensorSource
+from specbind.core.errors import BindError, CheckpointError, SpecbindError
+from specbind.core.ir import FieldRule
+from specbind.core.planning import Ranks
+from specbind.runtime.backends import NUMPY, Backend
+from specbind.runtime.binding import BindReport
+from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.layers import LayerSource
+from specbind.runtime.layout import Layout, layout
+from specbind.runtime.model import (
+    BlockEntry,
+    ModelTable,
+    Weights,
+    config_lookup,
+    values_from_config,
+)
+from specbind.runtime.source import RawTensor, TensorSource
 
 GLOBALS = -1  # the "layer" index the model-level tensors are reported under
 

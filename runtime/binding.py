@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from core.dtypes import DTYPES
-from core.errors import BindError, GeometryError, at
-from core.ir import ConstraintRule, GroupRule, TensorRule
-from core.planning import BlockPlan
-from runtime.source import TensorSource
+from specbind.core.dtypes import DTYPES
+from specbind.core.errors import BindError, GeometryError, at
+from specbind.core.ir import ConstraintRule, GroupRule, TensorRule
+from specbind.core.planning import BlockPlan
+from specbind.runtime.source import TensorSource
 
 Array = npt.NDArray[Any]
 

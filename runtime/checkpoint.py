@@ -32,9 +32,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from core.errors import CheckpointError
-from runtime.safetensors_file import SafetensorsFile
-from runtime.source import RawTensor
+from specbind.core.errors import CheckpointError
+from specbind.runtime.safetensors_file import SafetensorsFile
+from specbind.runtime.source import RawTensor
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

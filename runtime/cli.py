@@ -17,13 +17,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from core.errors import SpecbindError
+from specbind.core.errors import SpecbindError
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def _table(name: str | None) -> Any:
-    from generated import MODELS
+    from specbind.generated import MODELS
 
     if name is None:
         if len(MODELS) != 1:
@@ -51,7 +51,7 @@ def _sets(items: list[str]) -> dict[str, int]:
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from generator.render import generate, stale
+    from specbind.generator.render import generate, stale
 
     root = Path(a.root)
     out = root / "generated"
@@ -77,8 +77,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_synth(a: argparse.Namespace) -> int:
-    from runtime.model import checked_values
-    from runtime.synth import synth, tiny_values
+    from specbind.runtime.model import checked_values
+    from specbind.runtime.synth import synth, tiny_values
 
     table = _table(a.model)
     if a.seed < 0:
@@ -104,8 +104,8 @@ def cmd_synth(a: argparse.Namespace) -> int:
 
 
 def cmd_audit(a: argparse.Namespace) -> int:
-    from runtime.audit import audit, render_text
-    from runtime.checkpoint import Checkpoint
+    from specbind.runtime.audit import audit, render_text
+    from specbind.runtime.checkpoint import Checkpoint
 
     rep = audit(Checkpoint(Path(a.ckpt)), _table(a.model), progress=a.progress)
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
@@ -120,14 +120,14 @@ def _note_overrides(overrides: dict[str, int]) -> None:
 
 
 def cmd_bind(a: argparse.Namespace) -> int:
-    from generated import SPECS_SHA256
-    from generated import kernels as generated_kernels
-    from runtime import backends
-    from runtime.bind import bind_checkpoint
-    from runtime.checkpoint import Checkpoint
-    from runtime.export import bound_tensors, check_out_path, write_safetensors
-    from runtime.launcher import resolve_tp
-    from runtime.model import values_from_config
+    from specbind.generated import SPECS_SHA256
+    from specbind.generated import kernels as generated_kernels
+    from specbind.runtime import backends
+    from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.checkpoint import Checkpoint
+    from specbind.runtime.export import bound_tensors, check_out_path, write_safetensors
+    from specbind.runtime.launcher import resolve_tp
+    from specbind.runtime.model import values_from_config
 
     table = _table(a.model)
     overrides = _sets(a.set)
@@ -192,17 +192,17 @@ def cmd_bind(a: argparse.Namespace) -> int:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
-    from runtime.launcher import resolve_tp
-    from runtime.planning import LayerUse, plan_report, render_text
+    from specbind.runtime.launcher import resolve_tp
+    from specbind.runtime.planning import LayerUse, plan_report, render_text
 
     table = _table(a.model)
     tp_size, _ = resolve_tp(a.tp_size, 0, os.environ)
     layers: list[LayerUse] = []
     if a.ckpt:
-        from runtime.bind import refuse_problems
-        from runtime.checkpoint import Checkpoint
-        from runtime.layout import layout
-        from runtime.model import values_from_config
+        from specbind.runtime.bind import refuse_problems
+        from specbind.runtime.checkpoint import Checkpoint
+        from specbind.runtime.layout import layout
+        from specbind.runtime.model import values_from_config
 
         ckpt = Checkpoint(Path(a.ckpt))
         values = values_from_config(table, ckpt.config, _sets(a.set))
@@ -216,8 +216,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
             layers.append((-1, table.globals, frozenset(lay.globals)))
         source = str(ckpt.root)
     else:
-        from runtime.model import checked_values
-        from runtime.synth import schedule
+        from specbind.runtime.model import checked_values
+        from specbind.runtime.synth import schedule
 
         values = checked_values(table, table.default_values(), _sets(a.set))
         geometry = table.make_geometry(values)
@@ -236,7 +236,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from runtime import bench
+    from specbind.runtime import bench
 
     table = _table(a.model)
     if a.repeat < 1:

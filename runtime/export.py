@@ -34,14 +34,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.dtypes import dtype_name
-from core.errors import OutputError
-from runtime.atomic import atomic_writer
-from runtime.backends import Backend
-from runtime.binding import Array
+from specbind.core.dtypes import dtype_name
+from specbind.core.errors import OutputError
+from specbind.runtime.atomic import atomic_writer
+from specbind.runtime.backends import Backend
+from specbind.runtime.binding import Array
 
 if TYPE_CHECKING:
-    from runtime.bind import BindResult
+    from specbind.runtime.bind import BindResult
 
 
 def bound_tensors(result: BindResult, backend: Backend) -> dict[str, Array]:

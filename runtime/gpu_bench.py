@@ -9,7 +9,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from runtime import backends
+from specbind.runtime import backends
 
 
 def _time(cp: Any, fn: Callable[[], object], repeat: int = 20) -> float:
@@ -24,7 +24,7 @@ def _time(cp: Any, fn: Callable[[], object], repeat: int = 20) -> float:
 
 
 def run(n: int = 64 << 20) -> list[dict[str, Any]]:
-    from generated import kernels as k
+    from specbind.generated import kernels as k
 
     backends.cupy_backend(k)  # a clear error when CuPy or a device is missing
     import cupy as cp  # type: ignore[import-not-found, unused-ignore]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from core.errors import GeometryError
-from core.planning import check_tp
+from specbind.core.errors import GeometryError
+from specbind.core.planning import check_tp
 
 LAUNCHERS = (("WORLD_SIZE", "RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"))
 

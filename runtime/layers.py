@@ -11,10 +11,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import CheckpointError
-from runtime.checkpoint import Checkpoint
-from runtime.model import ModelTable
-from runtime.source import RawTensor
+from specbind.core.errors import CheckpointError
+from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.model import ModelTable
+from specbind.runtime.source import RawTensor
 
 
 def _regex(prefix: str, pattern: str) -> re.Pattern[str]:

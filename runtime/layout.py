@@ -21,10 +21,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.errors import CheckpointError
-from runtime.binding import family_regex
-from runtime.layers import LayerSplit, split_layers
-from runtime.model import BlockEntry, ModelTable, config_lookup, expected_groups
+from specbind.core.errors import CheckpointError
+from specbind.runtime.binding import family_regex
+from specbind.runtime.layers import LayerSplit, split_layers
+from specbind.runtime.model import BlockEntry, ModelTable, config_lookup, expected_groups
 
 MAX_LAYERS = 1 << 16  # a layer count past this is a broken config, not a model
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
 
-from core.errors import CheckpointError, GeometryError
-from core.ir import (
+from specbind.core.errors import CheckpointError, GeometryError
+from specbind.core.ir import (
     FieldRule,
     GeometryField,
     LayerGroupRule,
@@ -23,10 +23,10 @@ from core.ir import (
     TensorRule,
     UnboundRule,
 )
-from core.planning import BlockPlan, Ranks, expand
-from runtime.backends import Backend
-from runtime.binding import Array, BindReport
-from runtime.source import TensorSource
+from specbind.core.planning import BlockPlan, Ranks, expand
+from specbind.runtime.backends import Backend
+from specbind.runtime.binding import Array, BindReport
+from specbind.runtime.source import TensorSource
 
 G = TypeVar("G")
 

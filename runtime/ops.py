@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from core.dtypes import DTYPES
-from core.errors import BindError, GeometryError
-from runtime.binding import Array
+from specbind.core.dtypes import DTYPES
+from specbind.core.errors import BindError, GeometryError
+from specbind.runtime.binding import Array
 
 F32 = np.dtype(np.float32)
 

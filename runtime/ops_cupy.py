@@ -14,8 +14,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from core.errors import BindError
-from runtime.ops import matmul_groups
+from specbind.core.errors import BindError
+from specbind.runtime.ops import matmul_groups
 
 # The generated kernel wrappers, handed over by ``runtime.backends.cupy_backend`` (the runtime
 # never imports ``generated`` itself).

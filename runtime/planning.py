@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.planning import BlockPlan, Ranks
-from runtime.model import ModelTable
+from specbind.core.planning import BlockPlan, Ranks
+from specbind.runtime.model import ModelTable
 
 # (layer index, block, names present); a layer contributes one entry per filled slot
 LayerUse = tuple[int, str, frozenset[str]]

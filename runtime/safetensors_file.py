@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.dtypes import DTYPES
-from core.errors import CheckpointError
-from runtime.source import MapSpan, RawTensor
+from specbind.core.dtypes import DTYPES
+from specbind.core.errors import CheckpointError
+from specbind.runtime.source import MapSpan, RawTensor
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the cap the safetensors library itself applies
 MAX_RANK = 16

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from core.dtypes import DTYPES
-from core.errors import SpecbindError
-from core.planning import Ranks, expand
-from runtime.binding import Array
-from runtime.model import BlockEntry, ModelTable
+from specbind.core.dtypes import DTYPES
+from specbind.core.errors import SpecbindError
+from specbind.core.planning import Ranks, expand
+from specbind.runtime.binding import Array
+from specbind.runtime.model import BlockEntry, ModelTable
 
 
 @dataclass(frozen=True)

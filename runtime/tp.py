@@ -21,10 +21,10 @@ import mmap
 import numpy as np
 import numpy.typing as npt
 
-from core.dtypes import DTYPES
-from core.errors import BindError, at
-from core.planning import BlockPlan, TensorPlan
-from runtime.source import MapSpan, RawTensor, TensorSource
+from specbind.core.dtypes import DTYPES
+from specbind.core.errors import BindError, at
+from specbind.core.planning import BlockPlan, TensorPlan
+from specbind.runtime.source import MapSpan, RawTensor, TensorSource
 
 
 def shard_raw(plan: TensorPlan, t: RawTensor, layer: int) -> RawTensor:

@@ -11,14 +11,14 @@ import numpy as np
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from core.dtypes import DTYPES, dtype_name
-from core.ir import FieldRule, TensorRule
-from generated import MODELS, dsa, kda
-from runtime.binding import Array
-from runtime.layout import fill_slot
-from runtime.model import BlockEntry
-from runtime.source import DictSource, RawTensor
-from runtime.synth import tiny_values
+from specbind.core.dtypes import DTYPES, dtype_name
+from specbind.core.ir import FieldRule, TensorRule
+from specbind.generated import MODELS, dsa, kda
+from specbind.runtime.binding import Array
+from specbind.runtime.layout import fill_slot
+from specbind.runtime.model import BlockEntry
+from specbind.runtime.source import DictSource, RawTensor
+from specbind.runtime.synth import tiny_values
 
 TABLE = MODELS["glm-5.3-flash"]
 # The DSA indexer's bound fields as DESIGN.md names them (written out, not read from the

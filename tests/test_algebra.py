@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core import algebra, algebra_ops
-from core.errors import AlgebraError, GeometryError
+from specbind.core import algebra, algebra_ops
+from specbind.core.errors import AlgebraError, GeometryError
 
 
 @pytest.mark.parametrize(

@@ -21,9 +21,13 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+OUTER = ("runtime", "generator", "generated")
+PACKAGES = ("core", "runtime", "generator", "generated", "benchmarks")
+
+
 def modules(package: str) -> list[str]:
     return sorted(
-        f"{package}.{p.stem}" if p.stem != "__init__" else package
+        f"specbind.{package}.{p.stem}" if p.stem != "__init__" else f"specbind.{package}"
         for p in (REPO / package).glob("*.py")
     )
 
@@ -43,16 +47,18 @@ def loaded_after_importing(names: list[str]) -> list[str]:
 
 
 def _top(name: str) -> str:
-    return name.split(".")[0]
+    """The design package a module belongs to: ``specbind.runtime.tp`` -> ``runtime``."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == "specbind" and len(parts) > 1 else parts[0]
 
 
 def test_core_imports_nothing_of_runtime_generator_or_generated() -> None:
     loaded = loaded_after_importing(modules("core"))
     assert len(modules("core")) >= 6
-    assert [m for m in loaded if _top(m) in ("runtime", "generator", "generated")] == []
+    assert [m for m in loaded if _top(m) in OUTER] == []
 
 
-@pytest.mark.parametrize("module", [m for m in modules("runtime") if m != "runtime.__main__"])
+@pytest.mark.parametrize("module", modules("runtime"))
 def test_a_runtime_module_loads_nothing_of_generated_or_generator(module: str) -> None:
     loaded = loaded_after_importing([module])
     assert [m for m in loaded if _top(m) in ("generated", "generator")] == []
@@ -70,7 +76,7 @@ def test_no_core_source_imports_the_outer_packages_even_inside_a_function() -> N
             found += [
                 f"{path.name}: {n}"
                 for n in names
-                if _top(n) in ("runtime", "generator", "generated")
+                if _top(n) in OUTER
             ]
     assert found == []
 
@@ -83,4 +89,30 @@ def test_the_generator_reaches_the_runtime_only_for_atomic_writes() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and _top(node.module) == "runtime":
                 used.add(node.module)
-    assert used <= {"runtime.atomic"}
+    assert used <= {"specbind.runtime.atomic"}
+
+
+def _imports(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+def test_every_import_of_the_project_goes_through_the_specbind_namespace() -> None:
+    """Installed, the folders live only under ``specbind``: a bare ``import runtime`` would work
+    in the repository (its root is on sys.path) and fail in an engine's environment, or load a
+    second copy of a module beside ``specbind.runtime``."""
+    sources = [p for d in (*PACKAGES, "tests") for p in sorted((REPO / d).rglob("*.py"))]
+    sources += sorted((REPO / "specbind").glob("*.py"))
+    bare = [
+        f"{p.relative_to(REPO)}: {n}"
+        for p in sources
+        for n in _imports(p)
+        if n.split(".")[0] in PACKAGES
+    ]
+    assert len(sources) > 80
+    assert bare == []

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from helpers import TABLE, TINY
 
-from core.dtypes import within_one_bf16_ulp
-from core.errors import SpecbindError
-from runtime import backends
-from runtime.bind import bind_checkpoint
-from runtime.checkpoint import Checkpoint
-from runtime.synth import synth
+from specbind.core.dtypes import within_one_bf16_ulp
+from specbind.core.errors import SpecbindError
+from specbind.runtime import backends
+from specbind.runtime.bind import bind_checkpoint
+from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.synth import synth
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def fake_cupy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
     monkeypatch.delitem(sys.modules, "cupy", raising=False)
     cp = fake_cupy.install(str(tmp_path))
-    import generated.kernels as k
+    import specbind.generated.kernels as k
 
     k.module.cache_clear()
     yield cp
@@ -40,7 +40,7 @@ def fake_cupy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 def test_without_cupy_the_cupy_backend_is_refused_in_one_line(tmp_path: Path) -> None:
     synth(TABLE, tmp_path / "ck", dict(TINY), layers=4, mtp=False)
-    proc = subprocess.run([sys.executable, "-m", "runtime", "bind", str(tmp_path / "ck"), "--backend", "cupy"],
+    proc = subprocess.run([sys.executable, "-m", "specbind", "bind", str(tmp_path / "ck"), "--backend", "cupy"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed here")
@@ -67,7 +67,7 @@ def test_with_cupy_but_no_device_the_backend_is_refused_naming_why(
         SpecbindError,
         match=r"--backend cupy needs a CUDA device: CUDARuntimeError: cudaErrorNoDevice",
     ):
-        backends.get("cupy", importlib.import_module("generated.kernels"))
+        backends.get("cupy", importlib.import_module("specbind.generated.kernels"))
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -77,7 +77,7 @@ def test_the_device_path_gives_the_numpy_backends_bytes(
     synth(TABLE, tmp_path / "ck", dict(TINY), layers=8, seed=5)
     ck = Checkpoint(tmp_path / "ck")
     host = bind_checkpoint(ck, TABLE, tp_size=tp, progress=False)
-    backend = backends.get("cupy", importlib.import_module("generated.kernels"))
+    backend = backends.get("cupy", importlib.import_module("specbind.generated.kernels"))
     dev = bind_checkpoint(ck, TABLE, tp_size=tp, progress=False, backend=backend)
     on_device = dev.fields()
     assert on_device.keys() == host.fields().keys()
@@ -97,7 +97,7 @@ def test_the_device_path_writes_the_host_paths_out_file_when_its_matmul_is_numpy
 ) -> None:
     """Byte-identical here because the stand-in's matmul is NumPy's; on a GPU cuBLAS may sum in
     another order, and tests/gpu allows the absorbed fields 1 BF16 ulp."""
-    from runtime.cli import main
+    from specbind.runtime.cli import main
 
     synth(TABLE, tmp_path / "ck", dict(TINY), layers=4, seed=2, mtp=False)
     assert main(["bind", str(tmp_path / "ck"), "--out", str(tmp_path / "host.safetensors")]) == 0
@@ -120,7 +120,7 @@ def test_the_device_path_writes_the_host_paths_out_file_when_its_matmul_is_numpy
 
 
 def test_a_launch_with_a_wrong_argument_is_refused_before_it_runs(fake_cupy: Any) -> None:
-    import generated.kernels as k
+    import specbind.generated.kernels as k
 
     with pytest.raises(
         k.KernelError, match=r"widen_bf16_f32: in is float32, the kernel reads uint16"
@@ -135,7 +135,7 @@ def test_a_launch_with_a_wrong_argument_is_refused_before_it_runs(fake_cupy: Any
 
 
 def test_an_empty_tensor_launches_nothing_and_comes_back_empty(fake_cupy: Any) -> None:
-    import generated.kernels as k
+    import specbind.generated.kernels as k
 
     out = k.widen_bf16_f32(fake_cupy.asarray(np.zeros((0, 3), np.uint16)))
     assert out.shape == (0, 3) and str(out.dtype) == "float32"

@@ -13,7 +13,7 @@ import pytest
 
 def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime", "bench", "--tiny", "--repeat", "1", "--json",
+        [sys.executable, "-m", "specbind", "bench", "--tiny", "--repeat", "1", "--json",
          "--tp-size", "1", "--tp-size", "2", "--no-rss", "--cache", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -33,15 +33,15 @@ def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     assert [a["geometry"]["tp"] for a in r["absorb"]] == [1, 2]
     assert all(a["gflop"] > 0 and a["absorb_gflops"] > 0 for a in r["absorb"])
     assert r["generate_s"] > 0
-    from runtime import bench
+    from specbind.runtime import bench
 
     assert "| 1 | 2 | " in bench.render(r)  # the text table has the ep row
 
 
 def test_bench_measures_peak_rss_of_each_method_in_its_own_process(tmp_path: Path) -> None:
     # Apart from the run above, at one size, to stay quick: a baseline child imports torch (~3 s).
-    from generated import MODELS
-    from runtime import bench
+    from specbind.generated import MODELS
+    from specbind.runtime import bench
 
     table = MODELS["glm-5.3-flash"]
     ckpt, _ = bench.ensure_checkpoint(table, tmp_path, tiny=True)
@@ -52,8 +52,8 @@ def test_bench_measures_peak_rss_of_each_method_in_its_own_process(tmp_path: Pat
 
 
 def test_bench_takes_its_blocks_from_the_slots_and_writes_the_fewest_layers() -> None:
-    from generated import MODELS
-    from runtime import bench
+    from specbind.generated import MODELS
+    from specbind.runtime import bench
 
     table = MODELS["glm-5.3-flash"]
     parts = bench.parts(table)
@@ -68,8 +68,8 @@ def test_bench_takes_its_blocks_from_the_slots_and_writes_the_fewest_layers() ->
 def test_bench_keeps_its_cache_in_the_user_cache_directory_not_the_repository(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from runtime import bench
-    from runtime.cli import main
+    from specbind.runtime import bench
+    from specbind.runtime.cli import main
 
     seen: list[Path] = []
     monkeypatch.setattr(

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from helpers import TABLE, TINY, read_file
 
-from core.errors import SpecbindError
-from runtime.bind import bind_checkpoint
-from runtime.checkpoint import Checkpoint
-from runtime.synth import synth
+from specbind.core.errors import SpecbindError
+from specbind.runtime.bind import bind_checkpoint
+from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"
 OTHER = "model-00002-of-00002.safetensors"
@@ -228,7 +228,7 @@ def test_the_cli_refuses_a_lying_header_in_one_line_within_a_memory_limit(
     def limit() -> None:  # 1 GiB of address space: a claimed 4 TiB tensor cannot be allocated
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
-    proc = subprocess.run([sys.executable, "-m", "runtime", "bind", str(good)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "specbind", "bind", str(good)], capture_output=True,
                           text=True, timeout=60, preexec_fn=limit)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and fragment in proc.stderr

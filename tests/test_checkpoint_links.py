@@ -14,10 +14,10 @@ import pytest
 from helpers import TABLE, TINY, read_file
 from safetensors.numpy import save_file
 
-from core.errors import CheckpointError
-from runtime.bind import bind_checkpoint
-from runtime.checkpoint import INDEX, SINGLE, Checkpoint
-from runtime.synth import synth
+from specbind.core.errors import CheckpointError
+from specbind.runtime.bind import bind_checkpoint
+from specbind.runtime.checkpoint import INDEX, SINGLE, Checkpoint
+from specbind.runtime.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"
 

@@ -15,12 +15,12 @@ import pytest
 import safetensors
 from helpers import copy_with
 
-from generated import SPECS_SHA256
+from specbind.generated import SPECS_SHA256
 
 
 def specbind(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runtime", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, timeout=120
     )
 
 
@@ -242,14 +242,14 @@ def test_a_bad_set_is_refused_without_announcing_an_override(ckpt: Path) -> None
 
 def test_rank_flags_win_over_a_broken_launcher_environment(ckpt: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime", "bind", str(ckpt), "--tp-size", "2", "--tp-rank", "0"],
+        [sys.executable, "-m", "specbind", "bind", str(ckpt), "--tp-size", "2", "--tp-rank", "0"],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "WORLD_SIZE": "abc", "RANK": "9"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     env = {**os.environ, "WORLD_SIZE": "1", "RANK": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime", "bind", str(ckpt)],
+        [sys.executable, "-m", "specbind", "bind", str(ckpt)],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert "tp rank 1 is outside [0, 1) (from WORLD_SIZE/RANK)" in refused(proc)

@@ -18,7 +18,7 @@ from helpers import TABLE, field_rules, read_file, rejoin
 
 def specbind(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runtime", *args], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, timeout=120,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from helpers import INDEXER_FIELDS, REAL, TINY_DSA, classify, layer_arrays, source
 
-from core.errors import BindError, GeometryError
-from core.planning import Ranks
-from generated import dsa
-from generated import model_glm_5_3_flash as m
+from specbind.core.errors import BindError, GeometryError
+from specbind.core.planning import Ranks
+from specbind.generated import dsa
+from specbind.generated import model_glm_5_3_flash as m
 
 
 def test_dsa_spec_has_the_mla_tensors_and_the_seven_indexer_tensors() -> None:

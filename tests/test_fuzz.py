@@ -13,10 +13,10 @@ from typing import Any
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from core.errors import CheckpointError, SpecbindError, SpecError
-from generator import spec, yamlio
-from generator.render import _block_context, _env
-from runtime.safetensors_file import SafetensorsFile, parse_header
+from specbind.core.errors import CheckpointError, SpecbindError, SpecError
+from specbind.generator import spec, yamlio
+from specbind.generator.render import _block_context, _env
+from specbind.runtime.safetensors_file import SafetensorsFile, parse_header
 
 SCHEMA = json.loads(
     (Path(__file__).resolve().parent.parent / "specs/schema/block.schema.json").read_text()

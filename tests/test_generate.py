@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from core.errors import GeometryError
-from generator.render import generate, render_all, stale
+from specbind.core.errors import GeometryError
+from specbind.generator.render import generate, render_all, stale
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -66,7 +66,7 @@ def test_a_second_generate_writes_nothing(root: Path) -> None:
 
 
 def test_generate_check_exits_non_zero_on_drift_via_the_cli(root: Path) -> None:
-    run = [sys.executable, "-m", "runtime", "generate", "--check", "--root", str(root)]
+    run = [sys.executable, "-m", "specbind", "generate", "--check", "--root", str(root)]
     ok = subprocess.run(run, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     (root / "generated" / "stray.py").write_text("")
@@ -89,7 +89,7 @@ def test_a_spec_change_reaches_the_binder(root: Path, monkeypatch: pytest.Monkey
     g = kda.KdaGeometry(X=4096, H=64, D=128, K=4, C=36)
     with pytest.raises(GeometryError, match="scan_shared_memory"):
         kda.check_constraints(g)
-    from generated import kda as committed
+    from specbind.generated import kda as committed
 
     committed.check_constraints(committed.KdaGeometry(X=4096, H=64, D=128, K=4, C=36))
 
@@ -125,7 +125,7 @@ def test_a_scalar_and_a_middle_axis_shard_generate_and_bind(
     import numpy as np
     from helpers import raw
 
-    from runtime.source import DictSource
+    from specbind.runtime.source import DictSource
 
     (root / "specs" / "blocks" / "probe.yaml").write_text(SCALAR_AND_AXIS)
     model = root / "specs" / "models" / "glm-5.3-flash.yaml"

@@ -28,11 +28,11 @@ from helpers import INDEXER_FIELDS
 from safetensors import safe_open
 from whole_model import F32_IN_MODULE
 
-from core.dtypes import bf16_ulp
-from core.errors import BindError
-from generated import MODELS, SPECS_SHA256
-from runtime.bind import BindResult, bind_checkpoint
-from runtime.checkpoint import Checkpoint
+from specbind.core.dtypes import bf16_ulp
+from specbind.core.errors import BindError
+from specbind.generated import MODELS, SPECS_SHA256
+from specbind.runtime.bind import BindResult, bind_checkpoint
+from specbind.runtime.checkpoint import Checkpoint
 
 # exc_type=ImportError: a present but broken install (not only a missing one) skips too.
 torch = pytest.importorskip("torch", exc_type=ImportError)
@@ -529,7 +529,7 @@ def test_cli_bind_out_writes_the_transformers_conv(
 ) -> None:
     out_file = tmp_path / "bound.safetensors"
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime", "bind", str(ckpt), "--json", "--out", str(out_file)],
+        [sys.executable, "-m", "specbind", "bind", str(ckpt), "--json", "--out", str(out_file)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -39,11 +39,11 @@ from whole_model import (
     write_whole_checkpoint,
 )
 
-from core.errors import BindError
-from generated import MODELS
-from runtime.audit import audit
-from runtime.bind import BindResult, bind_checkpoint
-from runtime.checkpoint import Checkpoint
+from specbind.core.errors import BindError
+from specbind.generated import MODELS
+from specbind.runtime.audit import audit
+from specbind.runtime.bind import BindResult, bind_checkpoint
+from specbind.runtime.checkpoint import Checkpoint
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
 transformers = pytest.importorskip("transformers", exc_type=ImportError)
@@ -219,7 +219,7 @@ def test_a_synthetic_checkpoint_loads_into_transformers_with_nothing_missing(
     and the LM head (the base model has none)."""
     from helpers import TINY
 
-    from runtime.synth import synth
+    from specbind.runtime.synth import synth
 
     synth(TABLE, tmp_path / "ck", TINY, seed=9)
     _, info = transformers.Glm5NextTextModel.from_pretrained(

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from helpers import REAL_KDA, TABLE, TINY_KDA, classify, layer_arrays, raw, source
 
-from core import algebra
-from core.errors import BindError, GeometryError
-from core.planning import Ranks
-from generated import kda
-from runtime.source import DictSource
+from specbind.core import algebra
+from specbind.core.errors import BindError, GeometryError
+from specbind.core.planning import Ranks
+from specbind.generated import kda
+from specbind.runtime.source import DictSource
 
 AUDITED = {
     "self_attn.q_proj.weight": ("BF16", (8192, 4096)),
@@ -40,7 +40,7 @@ def test_kda_spec_matches_the_audited_checkpoint_shapes() -> None:
 
 
 def test_model_geometry_binds_kda_with_the_real_values() -> None:
-    from generated import model_glm_5_3_flash as m
+    from specbind.generated import model_glm_5_3_flash as m
 
     assert m.kda_geometry(m.geometry(TABLE.default_values()), Ranks()) == REAL_KDA
 

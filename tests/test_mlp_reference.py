@@ -71,9 +71,9 @@ from whole_model import (
     write_whole_checkpoint,
 )
 
-from generated import MODELS
-from runtime.bind import BindResult, bind_checkpoint
-from runtime.checkpoint import Checkpoint
+from specbind.generated import MODELS
+from specbind.runtime.bind import BindResult, bind_checkpoint
+from specbind.runtime.checkpoint import Checkpoint
 
 # exc_type=ImportError: a present but broken install (not only a missing one) skips too.
 torch = pytest.importorskip("torch", exc_type=ImportError)

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from generator import render
-from generator.render import generate
-from runtime.export import write_safetensors
+from specbind.generator import render
+from specbind.generator.render import generate
+from specbind.runtime.export import write_safetensors
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from helpers import TABLE, TINY, read_file
 
-from core.errors import OutputError
-from runtime.checkpoint import Checkpoint
-from runtime.export import check_out_path, write_safetensors
-from runtime.synth import synth
+from specbind.core.errors import OutputError
+from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.export import check_out_path, write_safetensors
+from specbind.runtime.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"
 
@@ -101,7 +101,7 @@ def test_check_out_path_refuses_a_link_to_an_input_and_returns_a_symlinks_target
 
 def specbind(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "runtime", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, timeout=120
     )
 
 

@@ -24,16 +24,16 @@ from helpers import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import BindError
-from core.planning import Ranks
-from generated import model_glm_5_3_flash as m
-from runtime.bind import bind_checkpoint
-from runtime.checkpoint import Checkpoint
-from runtime.source import DictSource
-from runtime.synth import synth
+from specbind.core.errors import BindError
+from specbind.core.planning import Ranks
+from specbind.generated import model_glm_5_3_flash as m
+from specbind.runtime.bind import bind_checkpoint
+from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.source import DictSource
+from specbind.runtime.synth import synth
 
 MODULES: dict[str, Any] = {
-    b.name: importlib.import_module(f"generated.{b.name}") for b in TABLE.blocks
+    b.name: importlib.import_module(f"specbind.generated.{b.name}") for b in TABLE.blocks
 }
 
 

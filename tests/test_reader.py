@@ -15,10 +15,10 @@ import pytest
 from helpers import TABLE
 from safetensors.numpy import save_file
 
-from core.errors import CheckpointError
-from runtime.checkpoint import Checkpoint
-from runtime.model import values_from_config
-from runtime.safetensors_file import MAX_HEADER_BYTES, SafetensorsFile
+from specbind.core.errors import CheckpointError
+from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.model import values_from_config
+from specbind.runtime.safetensors_file import MAX_HEADER_BYTES, SafetensorsFile
 
 
 def write_raw(

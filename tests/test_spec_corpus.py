@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import SpecError
-from generator.render import generate
+from specbind.core.errors import SpecError
+from specbind.generator.render import generate
 
 REPO = Path(__file__).resolve().parent.parent
 CORPUS = sorted((Path(__file__).parent / "corpus" / "specs").glob("*.yaml"))
@@ -74,7 +74,7 @@ def test_the_cli_refuses_a_malformed_spec_in_one_line(root: Path, stem: str) -> 
     shutil.copy(
         CORPUS[[p.stem for p in CORPUS].index(stem)], root / "specs" / "blocks" / "bad.yaml"
     )
-    proc = subprocess.run([sys.executable, "-m", "runtime", "generate", "--root", str(root)],
+    proc = subprocess.run([sys.executable, "-m", "specbind", "generate", "--root", str(root)],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(

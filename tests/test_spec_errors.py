@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import SpecError
-from generator.render import generate, load_specs
+from specbind.core.errors import SpecError
+from specbind.generator.render import generate, load_specs
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -23,15 +23,15 @@ from helpers import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import BindError, GeometryError
-from core.planning import Ranks
-from generated import dsa, kda
-from generated import model_glm_5_3_flash as m
-from runtime.checkpoint import Checkpoint
-from runtime.launcher import resolve_tp
-from runtime.source import DictSource, RawTensor
-from runtime.synth import synth
-from runtime.tp import ShardedSource, shard_raw
+from specbind.core.errors import BindError, GeometryError
+from specbind.core.planning import Ranks
+from specbind.generated import dsa, kda
+from specbind.generated import model_glm_5_3_flash as m
+from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.launcher import resolve_tp
+from specbind.runtime.source import DictSource, RawTensor
+from specbind.runtime.synth import synth
+from specbind.runtime.tp import ShardedSource, shard_raw
 
 MODULES: dict[str, Any] = {"kda": kda, "dsa": dsa}
 SMALL_KDA = kda.KdaGeometry(X=4, H=4, D=64, K=2, C=8, tp=2)

@@ -17,11 +17,11 @@ from helpers import TINY_DSA, dsa_tp_geometries, layer_arrays, raw, source
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.dtypes import bf16_ulp, within_one_bf16_ulp
-from core.errors import BindError
-from generated import dsa
-from runtime import ops
-from runtime.tp import shard_raw
+from specbind.core.dtypes import bf16_ulp, within_one_bf16_ulp
+from specbind.core.errors import BindError
+from specbind.generated import dsa
+from specbind.runtime import ops
+from specbind.runtime.tp import shard_raw
 
 F64 = np.float64
 
@@ -208,7 +208,7 @@ SCRIPT = """
 import hashlib, json, sys
 sys.path.insert(0, {tests!r})
 from helpers import layer_arrays, source
-from generated import dsa
+from specbind.generated import dsa
 for fields, seed in json.loads(sys.stdin.read()):
     g = dsa.DsaGeometry(**fields)
     w, _ = dsa.bind_dsa(g, 0, source(layer_arrays(dsa, dsa.DsaGeometry(**(fields | {{"tp": 1}})), seed=seed)), g.tp - 1)

@@ -17,7 +17,7 @@ import importlib
 from pathlib import Path
 from typing import Any
 
-from core.errors import SpecbindError
+from specbind.core.errors import SpecbindError
 
 SOURCE = Path(__file__).with_name("specbind.cu")
 BLOCK = 256

@@ -20,7 +20,7 @@ def cp() -> Any:
 
 
 def k() -> Any:
-    return importlib.import_module("generated.kernels")
+    return importlib.import_module("specbind.generated.kernels")
 
 
 def test_widen_matches_ml_dtypes_for_every_bf16_bit_pattern() -> None:
@@ -74,18 +74,18 @@ def test_concat_rows_equals_numpy_concatenate(lengths: list[int], width: int) ->
 
 
 def test_the_cupy_backend_binds_the_numpy_backends_bytes(tmp_path: Path) -> None:
-    from core.dtypes import within_one_bf16_ulp
-    from generated import MODELS
-    from runtime import backends
-    from runtime.bind import bind_checkpoint
-    from runtime.checkpoint import Checkpoint
-    from runtime.synth import synth, tiny_values
+    from specbind.core.dtypes import within_one_bf16_ulp
+    from specbind.generated import MODELS
+    from specbind.runtime import backends
+    from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.checkpoint import Checkpoint
+    from specbind.runtime.synth import synth, tiny_values
 
     table = MODELS["glm-5.3-flash"]
     synth(table, tmp_path / "ck", tiny_values(table), layers=8, seed=3)
     for tp in (1, 2, 4):
         host = bind_checkpoint(Checkpoint(tmp_path / "ck"), table, tp_size=tp, progress=False)
-        backend = backends.get("cupy", importlib.import_module("generated.kernels"))
+        backend = backends.get("cupy", importlib.import_module("specbind.generated.kernels"))
         dev = bind_checkpoint(
             Checkpoint(tmp_path / "ck"), table, tp_size=tp, progress=False, backend=backend
         )

@@ -1,0 +1,5 @@
+"""``python -m specbind`` (and ``torchrun -m specbind``) is the ``specbind`` CLI."""
+
+from specbind.runtime.cli import main
+
+raise SystemExit(main())
