@@ -73,11 +73,7 @@ def test_no_core_source_imports_the_outer_packages_even_inside_a_function() -> N
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module:
                 names = [node.module]
-            found += [
-                f"{path.name}: {n}"
-                for n in names
-                if _top(n) in OUTER
-            ]
+            found += [f"{path.name}: {n}" for n in names if _top(n) in OUTER]
     assert found == []
 
 
