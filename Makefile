@@ -32,11 +32,11 @@ drift: $(STAMP)
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check core generator runtime generated benchmarks specbind/*.py tests
-	$(BIN)/ruff format --check core generator runtime generated benchmarks specbind/*.py tests
+	$(BIN)/ruff check core generator runtime generated benchmarks specbind/*.py examples tests
+	$(BIN)/ruff format --check core generator runtime generated benchmarks specbind/*.py examples tests
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict specbind
+	$(BIN)/mypy --strict specbind examples
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q

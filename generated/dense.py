@@ -16,17 +16,22 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims
+from specbind.runtime.binding import BindReport, bind_tensors, check_dims
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
 BLOCK = "dense"
 PREFIX = "mlp."
 DOC = "Dense SwiGLU MLP with a merged gate_up projection."
+
+# The array type the weights hold: numpy.ndarray (numpy backend), cupy.ndarray (cupy) or
+# torch.Tensor (the API's torch backend); a bind returns ``DenseWeights[Any]``.
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -151,17 +156,17 @@ def check_constraints(g: DenseGeometry) -> None:
 
 
 @dataclass(frozen=True)
-class DenseWeights:
+class DenseWeights(Generic[T]):
     """The bound weights of one ``dense`` block, in the layout the kernels read."""
 
     # concat of 2 on axis 0
-    gate_up: Array  # [2 * F, X] (before the tp split)
+    gate_up: T  # [2 * F, X] (before the tp split)
     # down_proj.weight [X, F] BF16, verbatim
-    down: Array  # [X, F]
+    down: T  # [X, F]
 
-    def arrays(self) -> dict[str, Array]:
+    def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
-        out: dict[str, Array] = {}
+        out: dict[str, T] = {}
         out["gate_up"] = self.gate_up
         out["down"] = self.down
         return out
@@ -175,7 +180,7 @@ def bind_dense(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
-) -> tuple[DenseWeights, BindReport]:
+) -> tuple[DenseWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from specbind.core import algebra_ops
 from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
@@ -30,6 +31,10 @@ from specbind.runtime.tp import ShardedSource
 BLOCK = "dsa"
 PREFIX = "self_attn."
 DOC = "Multi-head latent attention with low-rank Q (q_a, q_b) and a compressed KV latent (kv_a, kv_b), plus the sparse-attention indexer that selects the top-k compressed key pools."
+
+# The array type the weights hold: numpy.ndarray (numpy backend), cupy.ndarray (cupy) or
+# torch.Tensor (the API's torch backend); a bind returns ``DsaWeights[Any]``.
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -403,39 +408,39 @@ def check_constraints(g: DsaGeometry) -> None:
 
 
 @dataclass(frozen=True)
-class DsaWeights:
+class DsaWeights(Generic[T]):
     """The bound weights of one ``dsa`` block, in the layout the kernels read."""
 
     # q_a_proj.weight [QL, X] BF16, verbatim
-    q_a_proj: Array  # [QL, X]
+    q_a_proj: T  # [QL, X]
     # q_a_layernorm.weight [QL] BF16, verbatim
-    q_a_layernorm: Array  # [QL]
+    q_a_layernorm: T  # [QL]
     # q_absorb: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16
-    q_absorb: Array  # [H * KVL, QL]
+    q_absorb: T  # [H * KVL, QL]
     # kv_a_proj_with_mqa.weight [KVL + R, X] BF16, verbatim
-    kv_a_proj: Array  # [KVL + R, X]
+    kv_a_proj: T  # [KVL + R, X]
     # kv_a_layernorm.weight [KVL] BF16, verbatim
-    kv_a_layernorm: Array  # [KVL]
+    kv_a_layernorm: T  # [KVL]
     # o_absorb: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16
-    o_absorb: Array  # [X, H * KVL]
+    o_absorb: T  # [X, H * KVL]
     # indexer.wq_b.weight [IH * ID, QL] BF16, verbatim
-    wq_b: Array | None  # [IH * ID, QL]
+    wq_b: T | None  # [IH * ID, QL]
     # indexer.wk.weight [ID, X] BF16, verbatim
-    wk: Array | None  # [ID, X]
+    wk: T | None  # [ID, X]
     # indexer.k_norm.weight [ID] BF16, verbatim
-    k_norm_weight: Array | None  # [ID]
+    k_norm_weight: T | None  # [ID]
     # indexer.k_norm.bias [ID] BF16, verbatim
-    k_norm_bias: Array | None  # [ID]
+    k_norm_bias: T | None  # [ID]
     # weights_proj: one tensor, scaled by IH ** (-0.5), as BF16
-    weights_proj: Array | None  # see make_weights_proj
+    weights_proj: T | None  # see make_weights_proj
     # indexer.index_kpool_compress_gate [ID, X] BF16, verbatim
-    compress_gate: Array | None  # [ID, X]
+    compress_gate: T | None  # [ID, X]
     # ape: one tensor, as F32
-    ape: Array | None  # see make_ape
+    ape: T | None  # see make_ape
 
-    def arrays(self) -> dict[str, Array]:
+    def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
-        out: dict[str, Array] = {}
+        out: dict[str, T] = {}
         out["q_a_proj"] = self.q_a_proj
         out["q_a_layernorm"] = self.q_a_layernorm
         out["q_absorb"] = self.q_absorb
@@ -467,7 +472,7 @@ def bind_dsa(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
-) -> tuple[DsaWeights, BindReport]:
+) -> tuple[DsaWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as

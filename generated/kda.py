@@ -16,18 +16,23 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from specbind.core import algebra_ops
 from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims, require
+from specbind.runtime.binding import BindReport, bind_tensors, check_dims, require
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
 BLOCK = "kda"
 PREFIX = "self_attn."
 DOC = "Kimi Delta Attention block: q/k/v projections with three depthwise short convolutions, a low-rank forget gate (f_a, f_b, A_log, dt_bias), a beta projection, a low-rank output gate (g_a, g_b), a gated RMS norm and the output projection."
+
+# The array type the weights hold: numpy.ndarray (numpy backend), cupy.ndarray (cupy) or
+# torch.Tensor (the API's torch backend); a bind returns ``KdaWeights[Any]``.
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -332,39 +337,39 @@ def check_constraints(g: KdaGeometry) -> None:
 
 
 @dataclass(frozen=True)
-class KdaWeights:
+class KdaWeights(Generic[T]):
     """The bound weights of one ``kda`` block, in the layout the kernels read."""
 
     # q_proj.weight [Q, X] BF16, verbatim
-    q_proj: Array  # [Q, X]
+    q_proj: T  # [Q, X]
     # k_proj.weight [Q, X] BF16, verbatim
-    k_proj: Array  # [Q, X]
+    k_proj: T  # [Q, X]
     # v_proj.weight [Q, X] BF16, verbatim
-    v_proj: Array  # [Q, X]
+    v_proj: T  # [Q, X]
     # concat of 3 on axis 0, dim 1 squeezed
-    conv: Array  # [3 * Q, K] (before the tp split)
+    conv: T  # [3 * Q, K] (before the tp split)
     # f_a_proj.weight [D, X] BF16, verbatim
-    f_a: Array  # [D, X]
+    f_a: T  # [D, X]
     # f_b_proj.weight [Q, D] BF16, verbatim
-    f_b: Array  # [Q, D]
+    f_b: T  # [Q, D]
     # dt_bias [Q] F32, verbatim
-    dt_bias: Array  # [Q]
+    dt_bias: T  # [Q]
     # A_log [H] F32, verbatim
-    a_log: Array  # [H]
+    a_log: T  # [H]
     # b_proj.weight [H, X] BF16, verbatim
-    b_proj: Array  # [H, X]
+    b_proj: T  # [H, X]
     # g_a_proj.weight [D, X] BF16, verbatim
-    g_a: Array  # [D, X]
+    g_a: T  # [D, X]
     # g_b_proj.weight [Q, D] BF16, verbatim
-    g_b: Array  # [Q, D]
+    g_b: T  # [Q, D]
     # o_norm.weight [D] BF16, verbatim
-    o_norm: Array  # [D]
+    o_norm: T  # [D]
     # o_proj.weight [X, Q] BF16, verbatim
-    o_proj: Array  # [X, Q]
+    o_proj: T  # [X, Q]
 
-    def arrays(self) -> dict[str, Array]:
+    def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
-        out: dict[str, Array] = {}
+        out: dict[str, T] = {}
         out["q_proj"] = self.q_proj
         out["k_proj"] = self.k_proj
         out["v_proj"] = self.v_proj
@@ -389,7 +394,7 @@ def bind_kda(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
-) -> tuple[KdaWeights, BindReport]:
+) -> tuple[KdaWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as

@@ -16,17 +16,22 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims
+from specbind.runtime.binding import BindReport, bind_tensors, check_dims
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
 BLOCK = "layer_norms"
 PREFIX = ""
 DOC = "RMSNorm weights before attention and before the MLP."
+
+# The array type the weights hold: numpy.ndarray (numpy backend), cupy.ndarray (cupy) or
+# torch.Tensor (the API's torch backend); a bind returns ``LayerNormsWeights[Any]``.
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -143,17 +148,17 @@ def check_constraints(g: LayerNormsGeometry) -> None:
 
 
 @dataclass(frozen=True)
-class LayerNormsWeights:
+class LayerNormsWeights(Generic[T]):
     """The bound weights of one ``layer_norms`` block, in the layout the kernels read."""
 
     # input_layernorm.weight [X] BF16, verbatim
-    input_norm: Array  # [X]
+    input_norm: T  # [X]
     # post_attention_layernorm.weight [X] BF16, verbatim
-    post_attention_norm: Array  # [X]
+    post_attention_norm: T  # [X]
 
-    def arrays(self) -> dict[str, Array]:
+    def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
-        out: dict[str, Array] = {}
+        out: dict[str, T] = {}
         out["input_norm"] = self.input_norm
         out["post_attention_norm"] = self.post_attention_norm
         return out
@@ -167,7 +172,7 @@ def bind_layer_norms(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
-) -> tuple[LayerNormsWeights, BindReport]:
+) -> tuple[LayerNormsWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as

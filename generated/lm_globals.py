@@ -16,17 +16,22 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule, TieRule
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims
+from specbind.runtime.binding import BindReport, bind_tensors, check_dims
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
 BLOCK = "lm_globals"
 PREFIX = ""
 DOC = "Token embedding, final RMSNorm and the LM head (optionally tied to the embedding)."
+
+# The array type the weights hold: numpy.ndarray (numpy backend), cupy.ndarray (cupy) or
+# torch.Tensor (the API's torch backend); a bind returns ``LmGlobalsWeights[Any]``.
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -167,19 +172,19 @@ def check_constraints(g: LmGlobalsGeometry) -> None:
 
 
 @dataclass(frozen=True)
-class LmGlobalsWeights:
+class LmGlobalsWeights(Generic[T]):
     """The bound weights of one ``lm_globals`` block, in the layout the kernels read."""
 
     # embed_tokens.weight [V, X] BF16, verbatim
-    embed_tokens: Array  # [V, X]
+    embed_tokens: T  # [V, X]
     # norm.weight [X] BF16, verbatim
-    norm: Array  # [X]
+    norm: T  # [X]
     # lm_head.weight [V, X] BF16, verbatim
-    lm_head: Array | None  # [V, X]
+    lm_head: T | None  # [V, X]
 
-    def arrays(self) -> dict[str, Array]:
+    def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
-        out: dict[str, Array] = {}
+        out: dict[str, T] = {}
         out["embed_tokens"] = self.embed_tokens
         out["norm"] = self.norm
         if self.lm_head is not None:
@@ -195,7 +200,7 @@ def bind_lm_globals(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
-) -> tuple[LmGlobalsWeights, BindReport]:
+) -> tuple[LmGlobalsWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as

@@ -16,18 +16,23 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from specbind.core import algebra_ops
 from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims
+from specbind.runtime.binding import BindReport, bind_tensors, check_dims
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
 BLOCK = "mhc"
 PREFIX = ""
 DOC = "mHC stream-mixing weights around attention (hc_attn_*) and the MLP (hc_ffn_*)."
+
+# The array type the weights hold: numpy.ndarray (numpy backend), cupy.ndarray (cupy) or
+# torch.Tensor (the API's torch backend); a bind returns ``MhcWeights[Any]``.
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -208,25 +213,25 @@ def check_constraints(g: MhcGeometry) -> None:
 
 
 @dataclass(frozen=True)
-class MhcWeights:
+class MhcWeights(Generic[T]):
     """The bound weights of one ``mhc`` block, in the layout the kernels read."""
 
     # hc_attn_fn [M, N * X] F32, verbatim
-    attn_fn: Array  # [M, N * X]
+    attn_fn: T  # [M, N * X]
     # hc_attn_base [M] F32, verbatim
-    attn_base: Array  # [M]
+    attn_base: T  # [M]
     # hc_attn_scale [3] F32, verbatim
-    attn_scale: Array  # [3]
+    attn_scale: T  # [3]
     # hc_ffn_fn [M, N * X] F32, verbatim
-    ffn_fn: Array  # [M, N * X]
+    ffn_fn: T  # [M, N * X]
     # hc_ffn_base [M] F32, verbatim
-    ffn_base: Array  # [M]
+    ffn_base: T  # [M]
     # hc_ffn_scale [3] F32, verbatim
-    ffn_scale: Array  # [3]
+    ffn_scale: T  # [3]
 
-    def arrays(self) -> dict[str, Array]:
+    def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
-        out: dict[str, Array] = {}
+        out: dict[str, T] = {}
         out["attn_fn"] = self.attn_fn
         out["attn_base"] = self.attn_base
         out["attn_scale"] = self.attn_scale
@@ -244,7 +249,7 @@ def bind_mhc(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
-) -> tuple[MhcWeights, BindReport]:
+) -> tuple[MhcWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as

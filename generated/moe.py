@@ -17,17 +17,22 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims, members
+from specbind.runtime.binding import BindReport, bind_tensors, check_dims, members
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
 BLOCK = "moe"
 PREFIX = "mlp."
 DOC = "Sigmoid top-k router with e_score_correction_bias, E routed SwiGLU experts stacked into w13/w2, and S shared experts merged into one column-parallel gate_up and a row-parallel down."
+
+# The array type the weights hold: numpy.ndarray (numpy backend), cupy.ndarray (cupy) or
+# torch.Tensor (the API's torch backend); a bind returns ``MoeWeights[Any]``.
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -221,25 +226,25 @@ def check_constraints(g: MoeGeometry) -> None:
 
 
 @dataclass(frozen=True)
-class MoeWeights:
+class MoeWeights(Generic[T]):
     """The bound weights of one ``moe`` block, in the layout the kernels read."""
 
     # gate.weight [E, X] BF16, verbatim
-    router: Array  # [E, X]
+    router: T  # [E, X]
     # gate.e_score_correction_bias [E] F32, verbatim
-    router_bias: Array  # [E]
+    router_bias: T  # [E]
     # stack over this rank's e of: experts.{e}.gate_proj.weight, experts.{e}.up_proj.weight
-    w13: Array  # [E/ep, 2 * Im, X] (before the tp split)
+    w13: T  # [E/ep, 2 * Im, X] (before the tp split)
     # stack over this rank's e of: experts.{e}.down_proj.weight
-    w2: Array  # [E/ep, X, Im] (before the tp split)
+    w2: T  # [E/ep, X, Im] (before the tp split)
     # concat of 2 on axis 0
-    shared_gate_up: Array  # [2 * S * Im, X] (before the tp split)
+    shared_gate_up: T  # [2 * S * Im, X] (before the tp split)
     # shared_experts.down_proj.weight [X, S * Im] BF16, verbatim
-    shared_down: Array  # [X, S * Im]
+    shared_down: T  # [X, S * Im]
 
-    def arrays(self) -> dict[str, Array]:
+    def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
-        out: dict[str, Array] = {}
+        out: dict[str, T] = {}
         out["router"] = self.router
         out["router_bias"] = self.router_bias
         out["w13"] = self.w13
@@ -257,7 +262,7 @@ def bind_moe(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
-) -> tuple[MoeWeights, BindReport]:
+) -> tuple[MoeWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as

@@ -16,17 +16,22 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims
+from specbind.runtime.binding import BindReport, bind_tensors, check_dims
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
 BLOCK = "mtp_head"
 PREFIX = ""
 DOC = "MTP layer extras (enorm, hnorm, eh_proj, shared_head.norm)."
+
+# The array type the weights hold: numpy.ndarray (numpy backend), cupy.ndarray (cupy) or
+# torch.Tensor (the API's torch backend); a bind returns ``MtpHeadWeights[Any]``.
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -169,21 +174,21 @@ def check_constraints(g: MtpHeadGeometry) -> None:
 
 
 @dataclass(frozen=True)
-class MtpHeadWeights:
+class MtpHeadWeights(Generic[T]):
     """The bound weights of one ``mtp_head`` block, in the layout the kernels read."""
 
     # enorm.weight [X] BF16, verbatim
-    enorm: Array  # [X]
+    enorm: T  # [X]
     # hnorm.weight [X] BF16, verbatim
-    hnorm: Array  # [X]
+    hnorm: T  # [X]
     # eh_proj.weight [X, 2 * X] BF16, verbatim
-    eh_proj: Array  # [X, 2 * X]
+    eh_proj: T  # [X, 2 * X]
     # shared_head.norm.weight [X] BF16, verbatim
-    shared_head_norm: Array  # [X]
+    shared_head_norm: T  # [X]
 
-    def arrays(self) -> dict[str, Array]:
+    def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
-        out: dict[str, Array] = {}
+        out: dict[str, T] = {}
         out["enorm"] = self.enorm
         out["hnorm"] = self.hnorm
         out["eh_proj"] = self.eh_proj
@@ -199,7 +204,7 @@ def bind_mtp_head(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
-) -> tuple[MtpHeadWeights, BindReport]:
+) -> tuple[MtpHeadWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as

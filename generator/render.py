@@ -270,7 +270,9 @@ def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
     ir = ["ConstraintRule", "FieldRule", "GroupRule", "ShardRule", "TensorRule"]
     if any(t.tie is not None for t in b.tensors):
         ir.append("TieRule")
-    binding = ["Array", "BindReport", "bind_tensors", "check_dims"]
+    binding = ["BindReport", "bind_tensors", "check_dims"]
+    if has_transform:
+        binding.append("Array")
     if "stack" in kinds:
         binding.append("members")
     if b.constraints:

@@ -23,17 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _table(name: str | None) -> Any:
-    from specbind.generated import MODELS
+    from specbind.api import model_table
 
-    if name is None:
-        if len(MODELS) != 1:
-            raise SpecbindError(
-                f"several models are generated; pick one with --model ({', '.join(MODELS)})"
-            )
-        return next(iter(MODELS.values()))
-    if name not in MODELS:
-        raise SpecbindError(f"unknown model {name!r} (generated: {', '.join(MODELS)})")
-    return MODELS[name]
+    return model_table(name, "--model")
 
 
 def _sets(items: list[str]) -> dict[str, int]:
@@ -199,21 +191,13 @@ def cmd_plan(a: argparse.Namespace) -> int:
     tp_size, _ = resolve_tp(a.tp_size, 0, os.environ)
     layers: list[LayerUse] = []
     if a.ckpt:
-        from specbind.runtime.bind import refuse_problems
         from specbind.runtime.checkpoint import Checkpoint
-        from specbind.runtime.layout import layout
         from specbind.runtime.model import values_from_config
+        from specbind.runtime.planning import checkpoint_layers
 
         ckpt = Checkpoint(Path(a.ckpt))
         values = values_from_config(table, ckpt.config, _sets(a.set))
-        lay = layout(table, ckpt.names(), ckpt.config)
-        refuse_problems(lay)
-        for index, x in lay.layers.items():
-            for fill in x.slots.values():
-                assert fill.block is not None
-                layers.append((index, fill.block.name, frozenset(fill.names)))
-        if table.globals and lay.globals:
-            layers.append((-1, table.globals, frozenset(lay.globals)))
+        layers = checkpoint_layers(table, ckpt)
         source = str(ckpt.root)
     else:
         from specbind.runtime.model import checked_values

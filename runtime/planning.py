@@ -11,10 +11,28 @@ from __future__ import annotations
 from typing import Any
 
 from specbind.core.planning import BlockPlan, Ranks
+from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.model import ModelTable
 
 # (layer index, block, names present); a layer contributes one entry per filled slot
 LayerUse = tuple[int, str, frozenset[str]]
+
+
+def checkpoint_layers(table: ModelTable[Any], ckpt: Checkpoint) -> list[LayerUse]:
+    """What a checkpoint holds, by layer and block, from names alone (problems refused)."""
+    from specbind.runtime.bind import refuse_problems
+    from specbind.runtime.layout import layout
+
+    lay = layout(table, ckpt.names(), ckpt.config)
+    refuse_problems(lay)
+    layers: list[LayerUse] = []
+    for index, x in lay.layers.items():
+        for fill in x.slots.values():
+            assert fill.block is not None
+            layers.append((index, fill.block.name, frozenset(fill.names)))
+    if table.globals and lay.globals:
+        layers.append((-1, table.globals, frozenset(lay.globals)))
+    return layers
 
 
 def plan_report(

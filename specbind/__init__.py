@@ -1,7 +1,22 @@
 """specbind: spec-driven, strict tensor binders for inference engines.
 
+The API::
+
+    import specbind
+
+    ck = specbind.open("/models/GLM-5.3-Flash")        # index, headers, config.json; no bytes
+    ck.audit()                                          # the census, as `specbind audit --json`
+    ck.plan(tp_size=8, ep_size=8)                       # every rank's shapes and bytes
+    m = ck.bind(tp_rank=0, tp_size=8, backend="torch")  # this rank's share, as torch tensors
+    m.layers[3].slots["mlp"].tensors["w13"]             # [E/ep, 2·Im/tp, H] torch.bfloat16
+    m.globals.tensors["lm_head"] if m.globals else None
+
 Everything installs under this one namespace: ``specbind.core`` (spec IR, shape algebra,
 planning), ``specbind.generator``, ``specbind.generated``, ``specbind.runtime``, plus the specs,
 templates and kernel sources as package data. In the repository those folders sit at the top
 level and ``specbind/`` links to them; the wheel holds real copies.
 """
+
+from specbind.api import BoundLayer, BoundModel, BoundSlot, Checkpoint, open
+
+__all__ = ["BoundLayer", "BoundModel", "BoundSlot", "Checkpoint", "open"]

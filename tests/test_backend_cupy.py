@@ -8,7 +8,6 @@ import importlib
 import subprocess
 import sys
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +21,6 @@ from specbind.runtime import backends
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.synth import synth
-
-
-@pytest.fixture
-def fake_cupy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    import fake_cupy
-
-    monkeypatch.delitem(sys.modules, "cupy", raising=False)
-    cp = fake_cupy.install(str(tmp_path))
-    import specbind.generated.kernels as k
-
-    k.module.cache_clear()
-    yield cp
-    sys.modules.pop("cupy", None)
-    k.module.cache_clear()
 
 
 def test_without_cupy_the_cupy_backend_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -1,0 +1,315 @@
+"""The public Python API: ``specbind.open(path)`` -> ``.audit()``, ``.plan()``, ``.bind()``.
+
+Invariants:
+- everything the CLI checks, the API checks: the same layout, geometry, plan and binders run,
+  and every refusal is a ``SpecbindError`` (one line naming what and where);
+- ``bind`` returns the whole model or raises, never a partial result;
+- the backend decides the tensor type: ``numpy`` gives ``numpy.ndarray`` (BF16 as
+  ``ml_dtypes.bfloat16``), ``cupy`` gives ``cupy.ndarray`` on the device (BF16 as ``uint16``
+  bits), ``torch`` gives ``torch.Tensor`` with the field's dtype (``torch.bfloat16``, ...),
+  sharing memory where it can (``specbind.runtime.to_torch`` says when it copies).
+Trap: importing ``specbind`` imports only this module's standard-library needs; NumPy, the
+generated tables and torch load on first use, so ``python -m specbind`` starts fast.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import torch
+
+    from specbind.runtime.bind import BindResult
+    from specbind.runtime.binding import BindReport
+    from specbind.runtime.checkpoint import Checkpoint as RawCheckpoint
+    from specbind.runtime.model import ModelTable
+
+T = TypeVar("T")
+W = TypeVar("W")
+BackendName = Literal["numpy", "cupy", "torch"]
+
+
+@dataclass(frozen=True)
+class BoundSlot(Generic[T]):
+    """One slot of one layer (or the model-level ``globals``): its block and bound fields."""
+
+    slot: str
+    block: str
+    weights: Any  # the generated ``<Block>Weights`` dataclass, holding T; see ``weights_as``
+    tensors: dict[str, T]  # field name -> tensor, as ``weights.arrays()``
+    dtypes: dict[str, str]  # field name -> safetensors dtype (BF16, F32, F8_E4M3, ...)
+    report: BindReport
+
+    def weights_as(self, kind: type[W]) -> W:
+        """The typed weights, e.g. ``slot.weights_as(DsaWeights)``; refused if the slot holds
+        another block's weights."""
+        if not isinstance(self.weights, kind):
+            from specbind.core.errors import BindError
+
+            raise BindError(
+                f"slot {self.slot!r} holds {self.block!r} weights "
+                f"({type(self.weights).__name__}), not {kind.__name__}"
+            )
+        return self.weights
+
+
+@dataclass(frozen=True)
+class BoundLayer(Generic[T]):
+    index: int
+    role: str  # "decoder" | "mtp"
+    slots: dict[str, BoundSlot[T]]
+
+
+@dataclass(frozen=True)
+class BoundModel(Generic[T]):
+    """This rank's share of the whole model, in the layout the kernels read."""
+
+    model: str
+    tp_size: int
+    tp_rank: int
+    ep_size: int
+    ep_rank: int
+    backend: str
+    layers: list[BoundLayer[T]]
+    globals: BoundSlot[T] | None
+    result: BindResult  # the reports; ``result.as_dict()`` is ``bind --json``
+
+    def tensors(self) -> dict[str, T]:
+        """Every bound field by its ``--out`` name (``layers.3.mlp.w13``, ``globals.norm``)."""
+        out: dict[str, T] = {}
+        for layer in self.layers:
+            for name, slot in layer.slots.items():
+                out.update({f"layers.{layer.index}.{name}.{k}": v for k, v in slot.tensors.items()})
+        if self.globals is not None:
+            out.update({f"globals.{k}": v for k, v in self.globals.tensors.items()})
+        return out
+
+
+class Checkpoint:
+    """A checkpoint directory (or Hub snapshot) opened against one generated model table.
+
+    Opening reads the index, the safetensors headers and ``config.json``; no tensor bytes.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        model: str | None = None,
+        overrides: Mapping[str, int] | None = None,
+    ) -> None:
+        from specbind.runtime.checkpoint import Checkpoint as Raw
+        from specbind.runtime.model import values_from_config
+
+        self._table: ModelTable[Any] = model_table(model)
+        self._raw: RawCheckpoint = Raw(Path(path))
+        self.overrides: dict[str, int] = dict(overrides or {})
+        self.values: dict[str, int] = values_from_config(
+            self._table, self._raw.config, self.overrides
+        )  # a bad config or override is refused at open, before any work
+
+    @property
+    def path(self) -> Path:
+        return self._raw.root
+
+    @property
+    def model(self) -> str:
+        return self._table.name
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self._raw.config
+
+    def audit(self) -> dict[str, Any]:
+        """The census ``specbind audit --json`` prints: coverage, per-layer slots, problems."""
+        from specbind.runtime.audit import audit
+
+        return audit(self._raw, self._table, progress=False)
+
+    def plan(self, *, tp_size: int = 1, ep_size: int = 1) -> dict[str, Any]:
+        """Every tensor's local shape and bytes on every rank: ``specbind plan --json``."""
+        from specbind.runtime.planning import checkpoint_layers, plan_report
+
+        layers = checkpoint_layers(self._table, self._raw)
+        return plan_report(
+            self._table, self.values, tp_size, layers, str(self.path), ep_size=ep_size
+        )
+
+    @overload
+    def bind(
+        self,
+        *,
+        tp_rank: int = ...,
+        tp_size: int = ...,
+        ep_rank: int = ...,
+        ep_size: int = ...,
+        backend: Literal["numpy"] = ...,
+        device: str | None = ...,
+        progress: bool = ...,
+    ) -> BoundModel[npt.NDArray[Any]]: ...
+
+    @overload
+    def bind(
+        self,
+        *,
+        tp_rank: int = ...,
+        tp_size: int = ...,
+        ep_rank: int = ...,
+        ep_size: int = ...,
+        backend: Literal["torch"],
+        device: str | None = ...,
+        progress: bool = ...,
+    ) -> BoundModel[torch.Tensor]: ...
+
+    @overload
+    def bind(
+        self,
+        *,
+        tp_rank: int = ...,
+        tp_size: int = ...,
+        ep_rank: int = ...,
+        ep_size: int = ...,
+        backend: Literal["cupy"],
+        device: str | None = ...,
+        progress: bool = ...,
+    ) -> BoundModel[Any]: ...
+
+    def bind(
+        self,
+        *,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        ep_rank: int = 0,
+        ep_size: int = 1,
+        backend: BackendName = "numpy",
+        device: str | None = None,
+        progress: bool = False,
+    ) -> BoundModel[Any]:
+        """Bind this rank's share of every tensor.
+
+        ``device``: for ``cupy``, the CUDA device index as ``"cuda:N"`` (default: the current
+        one); for ``torch``, where the tensors live: ``None``/``"cpu"`` binds with NumPy and
+        shares host memory; ``"cuda[:N]"`` binds with CuPy when it is installed and hands the
+        device arrays to torch through DLPack, else binds on the host and copies once.
+        """
+        from specbind.core.errors import SpecbindError
+        from specbind.runtime import backends
+        from specbind.runtime.bind import bind_checkpoint
+
+        if backend not in ("numpy", "cupy", "torch"):
+            raise SpecbindError(f"unknown backend {backend!r} (numpy, cupy or torch)")
+        on_gpu = device is not None and device.startswith("cuda")
+        if backend == "numpy" and device not in (None, "cpu"):
+            raise SpecbindError(f"backend 'numpy' lives on the host, not on device {device!r}")
+        if backend == "torch":
+            from specbind.runtime.to_torch import torch_module
+
+            torch_module()  # refuse a missing torch before any work
+        engine = "cupy" if backend == "cupy" or (on_gpu and _has_cupy()) else "numpy"
+        be = backends.get(engine, _kernels() if engine == "cupy" else None)
+        with _cuda_device(device if engine == "cupy" else None):
+            result = bind_checkpoint(
+                self._raw, self._table, self.overrides, tp_size, tp_rank, progress=progress,
+                backend=be, ep_size=ep_size, ep_rank=ep_rank,
+            )  # fmt: skip
+        convert = _converter(backend, device)
+        layers = [
+            BoundLayer(x.index, x.role, {n: _slot(s, convert) for n, s in x.slots.items()})
+            for x in result.layers
+        ]
+        glob = None if result.globals is None else _slot(result.globals, convert)
+        r = result.ranks
+        return BoundModel(
+            self._table.name, r.tp_size, r.tp_rank, r.ep_size, r.ep_rank, backend, layers, glob,
+            result,
+        )  # fmt: skip
+
+
+def open(
+    path: str | os.PathLike[str],
+    *,
+    model: str | None = None,
+    overrides: Mapping[str, int] | None = None,
+) -> Checkpoint:
+    """Open a checkpoint directory; ``model`` picks a generated model when several exist;
+    ``overrides`` replaces geometry values as ``--set`` does."""
+    return Checkpoint(path, model, overrides)
+
+
+def model_table(name: str | None, how: str = "model=") -> ModelTable[Any]:
+    """The generated table of model ``name``; ``None`` when exactly one model is generated."""
+    from specbind.core.errors import SpecbindError
+    from specbind.generated import MODELS
+
+    if name is None:
+        if len(MODELS) != 1:
+            raise SpecbindError(
+                f"several models are generated; pick one with {how} ({', '.join(MODELS)})"
+            )
+        return next(iter(MODELS.values()))
+    if name not in MODELS:
+        raise SpecbindError(f"unknown model {name!r} (generated: {', '.join(MODELS)})")
+    return MODELS[name]
+
+
+def _has_cupy() -> bool:
+    import importlib
+
+    try:
+        importlib.import_module("cupy")
+    except ImportError:
+        return False
+    return True
+
+
+def _kernels() -> Any:
+    from specbind.generated import kernels
+
+    return kernels
+
+
+class _cuda_device:
+    """``with cupy.cuda.Device(n)`` for ``"cuda:n"``; nothing for ``None`` or ``"cuda"``."""
+
+    def __init__(self, device: str | None) -> None:
+        self._ctx: Any = None
+        if device is not None and ":" in device:
+            import importlib
+
+            cp = importlib.import_module("cupy")
+            self._ctx = cp.cuda.Device(int(device.split(":", 1)[1]))
+
+    def __enter__(self) -> None:
+        if self._ctx is not None:
+            self._ctx.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
+
+
+def _converter(backend: str, device: str | None) -> Any:
+    if backend != "torch":
+        return lambda a, dtype: a
+    from specbind.runtime.to_torch import to_torch
+
+    return lambda a, dtype: to_torch(a, dtype, device)
+
+
+def _slot(s: Any, convert: Any) -> BoundSlot[Any]:
+    import dataclasses
+
+    dtypes = {name: s.fields[name].dtype for name in s.weights.arrays()}
+    weights = s.weights
+    if dataclasses.is_dataclass(weights) and not isinstance(weights, type):
+        changes = {
+            f.name: convert(getattr(weights, f.name), dtypes[f.name])
+            for f in dataclasses.fields(weights)
+            if getattr(weights, f.name) is not None
+        }
+        weights = dataclasses.replace(weights, **changes)
+    return BoundSlot(s.slot, s.block, weights, weights.arrays(), dtypes, s.report)
