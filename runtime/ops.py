@@ -1,4 +1,6 @@
-"""The NumPy ops that generated transforms call: view, slice, widen, scale, contract, cast.
+"""The NumPy ops that generated transforms call: view, slice, widen, scale, contract, cast,
+and the quantized-checkpoint numerics (NVFP4 / FP8-block dequant, the block-scale swizzle),
+which live in ``runtime.quant_numerics`` and are re-exported here.
 
 Invariants:
 - ``widen`` turns BF16/F16 into F32 exactly (every BF16 value is an F32 value);
@@ -28,6 +30,9 @@ import numpy as np
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, GeometryError
 from specbind.runtime.binding import Array
+from specbind.runtime.quant_numerics import dequant_fp8_block as dequant_fp8_block
+from specbind.runtime.quant_numerics import dequant_nvfp4 as dequant_nvfp4
+from specbind.runtime.quant_numerics import swizzle_blockscale as swizzle_blockscale
 
 F32 = np.dtype(np.float32)
 
@@ -151,6 +156,21 @@ class Ops(Protocol):
         dtype: str,
         factor: float | None = None,
     ) -> Array: ...
+    # Quantized checkpoints (formulas and traps in runtime/quant_numerics.py): BF16 results.
+    def dequant_nvfp4(
+        self,
+        packed: Any,
+        scale: Any,
+        global_scale: Any,
+        *,
+        divide: bool,
+        group: int = 16,
+        negative_zero: bool | None = None,
+    ) -> Array: ...
+    def dequant_fp8_block(
+        self, weight: Any, scale_inv: Any, *, block: tuple[int, int] = (128, 128)
+    ) -> Array: ...
+    def swizzle_blockscale(self, scale: Any) -> Array: ...
 
 
 def cast(a: Array, dtype: str) -> Array:

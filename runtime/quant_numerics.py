@@ -1,0 +1,213 @@
+"""The numerics of quantized checkpoints, in NumPy: NVFP4 and FP8-block dequant, and the
+CUTLASS block-scale swizzle. One definition each; the generated CUDA kernels are tested
+against these bit for bit, and these against the libraries that wrote the checkpoints.
+
+NVFP4 (``packed`` U8 ``[..., O, I/2]``, ``scale`` F8_E4M3 ``[..., O, I/group]``, one F32
+global scale per stacked matrix):
+- byte ``b`` of a row holds column ``2b`` in its LOW nibble and ``2b + 1`` in its high nibble;
+- a nibble is an E2M1 code: bit 3 the sign, bits 0-2 index 0, .5, 1, 1.5, 2, 3, 4, 6;
+- ModelOpt (``NVFP4QTensor.dequantize``): ``bf16(E2M1[code] * (f32(scale) * global))``;
+  compressed-tensors (``NVFP4PackedCompressor.decompress``):
+  ``bf16(E2M1[code] * (f32(scale) / global))``. Both compute in F32 and round once to BF16
+  (nearest even); the group scale is formed first, so the product has two roundings in that
+  order, never ``(E2M1 * scale) * global``.
+- Trap: code 8 (negative zero) is +0.0 in ModelOpt's table and -0.0 in compressed-tensors'
+  (it multiplies a magnitude by -1), so a zero weight's sign bit differs between the two
+  libraries. ``negative_zero`` picks the table; by default it follows ``divide`` (the
+  compressed-tensors convention divides).
+
+FP8 block (``weight`` F8_E4M3 ``[..., O, I]``, ``scale_inv`` F32 or BF16
+``[..., ceil(O/bo), ceil(I/bi)]``): ``bf16(f32(weight[r, c]) * f32(scale_inv[r//bo, c//bi]))``,
+which is compressed-tensors' block dequant (its F32 result rounded once to BF16).
+
+Swizzle: vLLM's ``swizzle_blockscale``: rows zero-padded to a multiple of 128, columns to a
+multiple of 4, then ``[B, M/128, 4, 32, K/4, 4]`` permuted ``(0, 1, 4, 3, 2, 5)``; the result
+keeps the padded shape ``[..., M_pad, K_pad]``.
+
+Every function checks dtypes and shapes first and raises ``BindError`` naming ``what``; large
+inputs are processed in row chunks, so no F32 copy of a whole stacked tensor exists.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from specbind.core.errors import BindError
+
+Array = np.ndarray[Any, Any]
+F32 = np.dtype(np.float32)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+U8 = np.dtype(np.uint8)
+
+# E2M1 code -> value; codes 8..15 are the negatives of 0..7.
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_MODELOPT = np.array([*E2M1_MAGNITUDES, *(-m if m else 0.0 for m in E2M1_MAGNITUDES)], F32)
+E2M1_SIGNED_ZERO = np.array([*E2M1_MAGNITUDES, *(-m for m in E2M1_MAGNITUDES)], F32)
+
+CHUNK_ELEMENTS = 1 << 22  # ~16 MiB of F32 per chunk
+
+
+def e2m1_table(negative_zero: bool) -> Array:
+    """The 16 E2M1 values; code 8 is -0.0 if ``negative_zero``, else +0.0."""
+    return E2M1_SIGNED_ZERO if negative_zero else E2M1_MODELOPT
+
+
+def unpack_e2m1(packed: Array) -> Array:
+    """U8 ``[..., n]`` -> codes U8 ``[..., 2n]``: column 2b from the low nibble of byte b."""
+    codes = np.empty((*packed.shape[:-1], 2 * packed.shape[-1]), dtype=U8)
+    codes[..., 0::2] = packed & 0x0F
+    codes[..., 1::2] = packed >> 4
+    return codes
+
+
+def as_e4m3(a: Array, what: str, name: str) -> Array:
+    """``a`` itself if it is F8_E4M3; any other dtype (U8 bits included) is refused."""
+    if a.dtype != E4M3:
+        raise BindError(f"{what}: {name} is {a.dtype}, expected F8_E4M3")
+    return a
+
+
+def _row_spans(rows: int, row_elements: int) -> list[tuple[int, int]]:
+    step = max(1, CHUNK_ELEMENTS // max(1, row_elements))
+    return [(i, min(i + step, rows)) for i in range(0, rows, step)]
+
+
+def check_global_scale(shape: tuple[int, ...], lead: tuple[int, ...], what: str) -> None:
+    """A global scale is a scalar (shared by every matrix), ``lead`` or ``lead + (1,)``."""
+    if shape != () and shape not in (lead, (*lead, 1)):
+        raise BindError(
+            f"{what}: the global scale has shape {list(shape)}, expected {list(lead)}, "
+            f"{[*lead, 1]} or a scalar"
+        )
+
+
+def per_matrix(global_scale: Any, lead: tuple[int, ...], what: str) -> Array:
+    """The global scales as F32 ``[prod(lead)]``, one per stacked matrix."""
+    g = np.asarray(global_scale)
+    if g.dtype != F32:
+        raise BindError(f"{what}: the global scale is {g.dtype}, expected F32")
+    check_global_scale(g.shape, lead, what)
+    return np.broadcast_to(g, lead).reshape(-1) if g.shape == () else g.reshape(-1)  # [B]
+
+
+def nvfp4_geometry(
+    packed: tuple[int, ...], scale: tuple[int, ...], group: int, what: str
+) -> tuple[tuple[int, ...], int, int]:
+    """(lead dims, O, I) of a packed ``[..., O, I/2]`` weight whose group scale is
+    ``[..., O, I/group]``; refuses anything else, naming ``what``."""
+    if len(packed) < 2 or group < 1:
+        raise BindError(f"{what}: packed weight {list(packed)}, group {group}")
+    *lead_l, rows, half = packed
+    lead, cols = tuple(lead_l), 2 * half
+    if cols % group:
+        raise BindError(f"{what}: {cols} columns are not a multiple of the group size {group}")
+    if scale != (*lead, rows, cols // group):
+        raise BindError(
+            f"{what}: the group scale is {list(scale)}, expected "
+            f"{[*lead, rows, cols // group]} for packed {list(packed)} (group {group})"
+        )
+    return lead, rows, cols
+
+
+def fp8_block_geometry(
+    weight: tuple[int, ...], scale: tuple[int, ...], block: tuple[int, int], what: str
+) -> tuple[tuple[int, ...], int, int]:
+    """(lead dims, O, I) of an FP8 ``[..., O, I]`` weight whose block scale is
+    ``[..., ceil(O/bo), ceil(I/bi)]``; refuses anything else, naming ``what``."""
+    bo, bi = block
+    if len(weight) < 2 or bo < 1 or bi < 1:
+        raise BindError(f"{what}: weight {list(weight)}, block {list(block)}")
+    *lead_l, rows, cols = weight
+    want = (*lead_l, -(-rows // bo), -(-cols // bi))
+    if scale != want:
+        raise BindError(
+            f"{what}: the block scale is {list(scale)}, expected {list(want)} "
+            f"for weight {list(weight)} in {bo}x{bi} blocks"
+        )
+    return tuple(lead_l), rows, cols
+
+
+def padded_shape(rows: int, cols: int) -> tuple[int, int]:
+    """The swizzled scale's shape: rows up to a multiple of 128, columns of 4."""
+    return -(-rows // 128) * 128, -(-cols // 4) * 4
+
+
+def dequant_nvfp4(
+    packed: Array,
+    scale: Array,
+    global_scale: Any,
+    *,
+    divide: bool,
+    group: int = 16,
+    negative_zero: bool | None = None,
+    what: str = "NVFP4 dequant",
+) -> Array:
+    """BF16 ``[..., O, I]`` from NVFP4 parts (see the module docstring for the formula)."""
+    if packed.dtype != U8:
+        raise BindError(f"{what}: the packed weight is {packed.dtype}, expected U8")
+    scale = as_e4m3(scale, what, "the group scale")
+    lead, rows, cols = nvfp4_geometry(packed.shape, scale.shape, group, what)
+    half = cols // 2
+    gs = np.repeat(per_matrix(global_scale, lead, what), rows)  # [prod(lead)·O], one per row
+    table = e2m1_table(divide if negative_zero is None else negative_zero)
+    nrows = math.prod(lead) * rows
+    p2 = packed.reshape(nrows, half)  # [..., O, I/2] -> [R, I/2]
+    s2 = scale.reshape(nrows, cols // group)  # [..., O, I/g] -> [R, I/g]
+    out = np.empty((nrows, cols), dtype=BF16)  # [R, I]
+    with np.errstate(all="ignore"):  # NaN/Inf scales propagate as the libraries' do
+        for lo, hi in _row_spans(nrows, cols):
+            s = s2[lo:hi].astype(F32)  # exact: every E4M3 value is an F32 value
+            g = gs[lo:hi, None]
+            eff = s / g if divide else s * g  # [r, I/g], one F32 rounding
+            vals = table[unpack_e2m1(p2[lo:hi])]  # [r, I] F32
+            prod = vals.reshape(hi - lo, cols // group, group) * eff[..., None]  # [r, I/g, g]
+            out[lo:hi] = prod.reshape(hi - lo, cols)  # [r, I/g, g] -> [r, I]; BF16, RNE
+    return out.reshape(*lead, rows, cols)  # [R, I] -> [..., O, I]
+
+
+def dequant_fp8_block(
+    weight: Array,
+    scale_inv: Array,
+    *,
+    block: tuple[int, int] = (128, 128),
+    what: str = "FP8 block dequant",
+) -> Array:
+    """BF16 ``[..., O, I]``: ``bf16(f32(weight) * f32(scale_inv[r // bo, c // bi]))``."""
+    weight = as_e4m3(weight, what, "the weight")
+    if scale_inv.dtype not in (F32, BF16):
+        raise BindError(f"{what}: the block scale is {scale_inv.dtype}, expected F32 or BF16")
+    lead, rows, cols = fp8_block_geometry(weight.shape, scale_inv.shape, block, what)
+    bo, bi = block
+    n = math.prod(lead)
+    w3 = weight.reshape(n, rows, cols)  # [..., O, I] -> [B, O, I]
+    s3 = scale_inv.reshape(n, *scale_inv.shape[-2:])  # [..., O/bo, I/bi] -> [B, O/bo, I/bi]
+    out = np.empty((n, rows, cols), dtype=BF16)
+    with np.errstate(all="ignore"):
+        for b in range(n):
+            for r0 in range(0, rows, bo):
+                r1 = min(r0 + bo, rows)
+                s_row = np.repeat(s3[b, r0 // bo].astype(F32), bi)[:cols]  # [I]
+                out[b, r0:r1] = w3[b, r0:r1].astype(F32) * s_row  # one F32 rounding, then RNE
+    return out.reshape(*lead, rows, cols)  # [B, O, I] -> [..., O, I]
+
+
+def swizzle_blockscale(scale: Array, *, what: str = "block-scale swizzle") -> Array:
+    """``[..., M, K]`` -> ``[..., M_pad, K_pad]`` in the CUTLASS FP4 scale layout (vLLM's
+    ``swizzle_blockscale``): within each 128x4 tile, byte ``lane*16 + sub*4 + k`` holds
+    ``scale[tile_m*128 + sub*32 + lane, tile_k*4 + k]``; tiles m-major, padding zero."""
+    if scale.ndim < 2:
+        raise BindError(f"{what}: the scale is {scale.ndim}-D, expected [..., M, K]")
+    *lead_l, m, k = scale.shape
+    lead = tuple(lead_l)
+    mp, kp = padded_shape(m, k)
+    b = math.prod(lead)
+    padded = np.zeros((b, mp, kp), dtype=scale.dtype)  # [B, M_pad, K_pad]
+    padded[:, :m, :k] = scale.reshape(b, m, k)  # [..., M, K] -> [B, M, K]
+    tiles = padded.reshape(b, mp // 128, 4, 32, kp // 4, 4)  # [B, M/128, sub, lane, K/4, k]
+    out = np.ascontiguousarray(tiles.transpose(0, 1, 4, 3, 2, 5))  # [B, M/128, K/4, lane, sub, k]
+    return out.reshape(*lead, mp, kp)  # -> [..., M_pad, K_pad]
