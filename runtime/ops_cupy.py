@@ -165,7 +165,8 @@ def dequant_nvfp4(
     if str(g.dtype) != "float32":
         raise BindError(f"{what}: the global scale is {g.dtype}, expected F32")
     qn.check_global_scale(g.shape, lead, what)
-    per = cp.ascontiguousarray(cp.broadcast_to(g.reshape(g.shape[: len(lead)]), lead))  # [..]
+    per = cp.broadcast_to(g.reshape(g.shape[: len(lead)]), lead)  # [..], [.., 1] or [] -> [..]
+    per = cp.ascontiguousarray(per).reshape(-1)  # [..] -> [prod(lead)]: one per matrix
     neg = divide if negative_zero is None else negative_zero
     return kernels.dequant_nvfp4_bf16(packed, scale, per, group, divide, neg)
 

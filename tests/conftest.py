@@ -1,9 +1,15 @@
-"""pytest configuration: Hypothesis profiles (``HYPOTHESIS_PROFILE=ci`` is the default)."""
+"""pytest configuration: Hypothesis profiles (``HYPOTHESIS_PROFILE=ci`` is the default), and
+the CuPy stand-in fixture shared by the device-path tests."""
 
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -17,3 +23,17 @@ settings.register_profile(
 settings.register_profile("dev", max_examples=25, deadline=None)
 settings.register_profile("thorough", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def fake_cupy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    import fake_cupy
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    cp = fake_cupy.install(str(tmp_path))
+    import specbind.generated.kernels as k
+
+    k.module.cache_clear()
+    yield cp
+    sys.modules.pop("cupy", None)
+    k.module.cache_clear()

@@ -90,7 +90,9 @@ def test_nvfp4_kernel_equals_numpy_for_every_byte_under_every_scale_byte(
 
 
 SPECIAL = st.sampled_from([0.0, -0.0, 1e-30, 3e38, float("inf"), float("nan"), 448.0, 2.0**-9])
-GLOBAL = st.one_of(st.floats(2.0**-20, 1e3, width=32), st.floats(-1.0, -(2.0**-20), width=32), SPECIAL)
+GLOBAL = st.one_of(
+    st.floats(2.0**-20, 1e3, width=32), st.floats(-1.0, -(2.0**-20), width=32), SPECIAL
+)
 
 
 @settings(max_examples=150, deadline=None)
