@@ -98,7 +98,7 @@ def quant_kernels() -> list[Kernel]:
     return [
         Kernel("dequant_nvfp4_bf16", "nvfp4",
                _p(("packed", u8_in), ("scale", u8_in), ("global_scale", "const float*"),
-                  ("out", "bf16_bits*"), ("rows", ll), ("rows_per_matrix", ll), ("cols", ll),
+                  ("out", "bf16_bits*"), ("rows", ll), ("rows_per_scale", ll), ("cols", ll),
                   ("group", ll), ("divide", "int"), ("negative_zero", "int")),
                doc="NVFP4 -> BF16: E2M1[code] * (f32(E4M3 scale) * or / global), rounded once"),
         Kernel("dequant_fp8_block_bf16", "fp8_block",

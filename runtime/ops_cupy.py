@@ -160,13 +160,13 @@ def dequant_nvfp4(
         _bytes(packed, what, "the packed weight"),
         _bytes(scale, what, "the group scale"),
     )
-    lead, _, _ = qn.nvfp4_geometry(packed.shape, scale.shape, group, what)
+    lead, rows, _ = qn.nvfp4_geometry(packed.shape, scale.shape, group, what)
     g = cp.asarray(global_scale)
     if str(g.dtype) != "float32":
         raise BindError(f"{what}: the global scale is {g.dtype}, expected F32")
-    qn.check_global_scale(g.shape, lead, what)
-    per = cp.broadcast_to(g.reshape(g.shape[: len(lead)]), lead)  # [..], [.., 1] or [] -> [..]
-    per = cp.ascontiguousarray(per).reshape(-1)  # [..] -> [prod(lead)]: one per matrix
+    shape = qn.global_segments(g.shape, lead, rows, what)
+    per = cp.broadcast_to(g, shape) if g.shape == () else g.reshape(shape)  # -> [.., S]
+    per = cp.ascontiguousarray(per).reshape(-1)  # [.., S] -> [prod(lead) * S]
     neg = divide if negative_zero is None else negative_zero
     return kernels.dequant_nvfp4_bf16(packed, scale, per, group, divide, neg)
 

@@ -2,8 +2,8 @@
 CUTLASS block-scale swizzle. One definition each; the generated CUDA kernels are tested
 against these bit for bit, and these against the libraries that wrote the checkpoints.
 
-NVFP4 (``packed`` U8 ``[..., O, I/2]``, ``scale`` F8_E4M3 ``[..., O, I/group]``, one F32
-global scale per stacked matrix):
+NVFP4 (``packed`` U8 ``[..., O, I/2]``, ``scale`` F8_E4M3 ``[..., O, I/group]``, an F32
+global scale shared, or one per stacked matrix, or one per row segment of each matrix):
 - byte ``b`` of a row holds column ``2b`` in its LOW nibble and ``2b + 1`` in its high nibble;
 - a nibble is an E2M1 code: bit 3 the sign, bits 0-2 index 0, .5, 1, 1.5, 2, 3, 4, 6;
 - ModelOpt (``NVFP4QTensor.dequantize``): ``bf16(E2M1[code] * (f32(scale) * global))``;
@@ -77,22 +77,31 @@ def _row_spans(rows: int, row_elements: int) -> list[tuple[int, int]]:
     return [(i, min(i + step, rows)) for i in range(0, rows, step)]
 
 
-def check_global_scale(shape: tuple[int, ...], lead: tuple[int, ...], what: str) -> None:
-    """A global scale is a scalar (shared by every matrix), ``lead`` or ``lead + (1,)``."""
-    if shape != () and shape not in (lead, (*lead, 1)):
-        raise BindError(
-            f"{what}: the global scale has shape {list(shape)}, expected {list(lead)}, "
-            f"{[*lead, 1]} or a scalar"
-        )
+def global_segments(
+    shape: tuple[int, ...], lead: tuple[int, ...], rows: int, what: str
+) -> tuple[int, ...]:
+    """The global scale's shape as ``lead + (S,)``: a scalar is shared by every matrix
+    (``S = 1``), ``lead`` gives one per matrix, ``lead + (S,)`` one per row segment of
+    ``rows / S`` rows (a stacked ``[gate; up]`` carries ``[E, 2]``); anything else is refused."""
+    if shape in ((), lead):
+        return (*lead, 1)
+    segmented = len(shape) == len(lead) + 1 and shape[:-1] == lead
+    if segmented and shape[-1] >= 1 and rows % shape[-1] == 0:
+        return shape
+    raise BindError(
+        f"{what}: the global scale has shape {list(shape)}, expected a scalar, {list(lead)} or "
+        f"{[*lead, 'S']} with S dividing the {rows} rows"
+    )
 
 
-def per_matrix(global_scale: Any, lead: tuple[int, ...], what: str) -> Array:
-    """The global scales as F32 ``[prod(lead)]``, one per stacked matrix."""
+def row_scales(global_scale: Any, lead: tuple[int, ...], rows: int, what: str) -> Array:
+    """The global scale of every row, F32 ``[prod(lead) * rows]``."""
     g = np.asarray(global_scale)
     if g.dtype != F32:
         raise BindError(f"{what}: the global scale is {g.dtype}, expected F32")
-    check_global_scale(g.shape, lead, what)
-    return np.broadcast_to(g, lead).reshape(-1) if g.shape == () else g.reshape(-1)  # [B]
+    shape = global_segments(g.shape, lead, rows, what)
+    per = np.broadcast_to(g, shape) if g.shape == () else g.reshape(shape)  # [.., S]
+    return np.repeat(per.reshape(-1), rows // shape[-1])  # [.., S] -> [prod(lead) * rows]
 
 
 def nvfp4_geometry(
@@ -153,7 +162,7 @@ def dequant_nvfp4(
     scale = as_e4m3(scale, what, "the group scale")
     lead, rows, cols = nvfp4_geometry(packed.shape, scale.shape, group, what)
     half = cols // 2
-    gs = np.repeat(per_matrix(global_scale, lead, what), rows)  # [prod(lead)·O], one per row
+    gs = row_scales(global_scale, lead, rows, what)  # [prod(lead)·O], one per row
     table = e2m1_table(divide if negative_zero is None else negative_zero)
     nrows = math.prod(lead) * rows
     p2 = packed.reshape(nrows, half)  # [..., O, I/2] -> [R, I/2]

@@ -34,7 +34,7 @@ def nvfp4(seed: int, lead: tuple[int, ...]) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("gshape", ["lead", "lead1", "scalar"])
+@pytest.mark.parametrize("gshape", ["lead", "lead1", "scalar", "segments"])
 @pytest.mark.parametrize("divide", [False, True])
 def test_nvfp4_on_the_device_path_gives_the_numpy_backends_bytes(
     fake_cupy: Any, divide: bool, gshape: str
@@ -44,6 +44,8 @@ def test_nvfp4_on_the_device_path_gives_the_numpy_backends_bytes(
         host["g"] = host["g"][:, None]
     if gshape == "scalar":
         host["g"] = host["g"][0].reshape(())
+    if gshape == "segments":  # [gate; up]: one global scale per half of the rows
+        host["g"] = np.stack([host["g"], host["g"][::-1] * 3], axis=-1)
     dev = device(fake_cupy)
     up = dev.upload(host)
     assert str(up["scale"].dtype) == "uint8"  # F8 travels as its bits

@@ -67,12 +67,13 @@ def nvfp4_kernel(
     block: int = 256,
     grid: int = 0,
 ) -> Any:
+    """``gs`` is ``lead + (S,)``: one global scale per row segment of ``rows / S`` rows."""
     *lead, rows, half = packed.shape
     mats = int(np.prod(lead))
-    per = np.ascontiguousarray(np.broadcast_to(gs, tuple(lead)), dtype=F32)
+    per = np.ascontiguousarray(gs, dtype=F32).reshape(-1)  # [.., S] -> [prod(lead) * S]
     out = np.full((*lead, rows, 2 * half), 0xDEAD, dtype=U16)
     run(lib, "dequant_nvfp4_bf16", packed.size, ptr(packed), ptr(scale.view(U8)), ptr(per),
-        ptr(out), i64(mats * rows), i64(rows), i64(2 * half), i64(group), i32(divide),
+        ptr(out), i64(mats * rows), i64(rows // gs.shape[-1]), i64(2 * half), i64(group), i32(divide),
         i32(negative_zero), block=block, grid=grid)  # fmt: skip
     return out
 
@@ -83,7 +84,7 @@ def test_nvfp4_kernel_equals_numpy_for_every_byte_under_every_scale_byte(
 ) -> None:
     packed = np.tile(np.arange(256, dtype=U8), (256, 1))  # row r: every byte, i.e. code pair
     scale = np.repeat(np.arange(256, dtype=U8)[:, None], 32, axis=1).view(E4M3)  # row r: byte r
-    gs = np.array(0.37, F32)
+    gs = np.array([0.37], F32)
     got = nvfp4_kernel(lib, packed, scale, gs, group=16, divide=divide, negative_zero=negative_zero)
     want = qn.dequant_nvfp4(packed, scale, gs, divide=divide, negative_zero=negative_zero)
     assert_same_bf16(got, want)
@@ -101,29 +102,33 @@ GLOBAL = st.one_of(
     st.integers(1, 6),
     st.integers(1, 4),
     st.sampled_from([1, 2, 3, 8, 16, 32]),
+    st.integers(1, 3),
     st.booleans(),
     st.booleans(),
     st.data(),
     BLOCKS,
     st.integers(1, 3),
 )
-def test_nvfp4_kernel_equals_numpy_for_stacked_matrices_and_any_group(
+def test_nvfp4_kernel_equals_numpy_for_stacked_segmented_matrices_and_any_group(
     lib: Any,
     lead: list[int],
     rows: int,
     groups: int,
     group: int,
+    segments: int,
     divide: bool,
     negative_zero: bool,
     data: st.DataObject,
     block: int,
     grid: int,
 ) -> None:
+    rows *= segments  # whole row segments, each with its own global scale
     cols = groups * (group if group % 2 == 0 else 2 * group)  # whole groups, even columns
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
     packed = rng.integers(0, 256, (*lead, rows, cols // 2), dtype=U8)
     scale = rng.integers(0, 256, (*lead, rows, cols // group), dtype=U8).view(E4M3)
-    gs = np.array([data.draw(GLOBAL) for _ in range(int(np.prod(lead)))], F32).reshape(lead)
+    n = int(np.prod(lead)) * segments
+    gs = np.array([data.draw(GLOBAL) for _ in range(n)], F32).reshape(*lead, segments)
     got = nvfp4_kernel(lib, packed, scale, gs, group=group, divide=divide,
                        negative_zero=negative_zero, block=block, grid=grid)  # fmt: skip
     want = qn.dequant_nvfp4(packed, scale, gs, divide=divide, group=group,

@@ -98,6 +98,18 @@ def test_a_stacked_nvfp4_tensor_is_its_matrices_dequantized_one_by_one(gshape: s
             assert bits(got[i, j]).tobytes() == bits(one).tobytes(), (i, j)
 
 
+def test_a_stacked_gate_and_up_use_each_halfs_own_global_scale() -> None:
+    """w13 [E, 2·Im, H/2] with w13_weight_scale_2 [E, 2]: rows [0, Im) take column 0."""
+    rng = np.random.default_rng(6)
+    packed, scale = rand_nvfp4(rng, (2,), 8, 32, 16)
+    g = rng.uniform(1e-3, 1, (2, 2)).astype(F32)
+    got = ops.dequant_nvfp4(packed, scale, g, divide=False)
+    for e in range(2):
+        for half, rows in enumerate((slice(0, 4), slice(4, 8))):
+            one = qn.dequant_nvfp4(packed[e, rows], scale[e, rows], g[e, half], divide=False)
+            assert bits(got[e, rows]).tobytes() == bits(one).tobytes(), (e, half)
+
+
 def test_nvfp4_rows_in_chunks_give_the_same_bytes_as_one_pass(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -199,6 +211,7 @@ G = np.array(1.0, F32)
         (lambda: qn.dequant_nvfp4(PACKED.view(np.int8), SCALE, G, divide=False), "int8"),
         (lambda: qn.dequant_nvfp4(PACKED, SCALE, np.float64(1), divide=False), "float64"),
         (lambda: qn.dequant_nvfp4(PACKED, SCALE, np.ones(3, F32), divide=False), "[3]"),
+        (lambda: qn.dequant_nvfp4(PACKED, SCALE, np.ones((1, 1), F32), divide=False), "[1, 1]"),
         (lambda: qn.dequant_nvfp4(PACKED[:, :5], SCALE, G, divide=False), "10 columns"),
         (lambda: qn.dequant_fp8_block(PACKED.view(E4M3), np.ones((1, 2), F32)), "[1, 2]"),
         (lambda: qn.dequant_fp8_block(PACKED.view(E4M3), np.ones((1, 1), np.float16)), "float16"),

@@ -153,7 +153,8 @@ def dequant_nvfp4_bf16(
     packed: Any, scale: Any, global_scale: Any, group: int, divide: bool, negative_zero: bool
 ) -> Any:
     """NVFP4 -> BF16: E2M1[code] * (f32(E4M3 scale) * or / global), rounded once: packed uint8 [..., O, I/2], scale uint8 (E4M3 bits) [..., O, I/group],
-    global_scale float32 with one value per stacked matrix; returns uint16 (BF16) [..., O, I]."""
+    global_scale float32 [prod(...) * S], one per row segment of O / S rows (S = 1: one per
+    matrix); returns uint16 (BF16) [..., O, I]."""
     cp = cupy()
     check("dequant_nvfp4_bf16", "packed", packed, "uint8")
     if packed.ndim < 2 or group < 1 or (2 * packed.shape[-1]) % group:
@@ -168,9 +169,14 @@ def dequant_nvfp4_bf16(
             f"dequant_nvfp4_bf16: scale is {scale.shape}, expected {(*lead, rows, cols // group)}"
         )
     matrices = math.prod(lead)
-    check("dequant_nvfp4_bf16", "global_scale", global_scale, "float32", matrices)
+    check("dequant_nvfp4_bf16", "global_scale", global_scale, "float32")
+    segments = global_scale.size // matrices if matrices else 1
+    if global_scale.size != matrices * segments or segments < 1 or rows % segments:
+        raise KernelError(
+            f"dequant_nvfp4_bf16: {global_scale.size} global scales for {matrices} matrices of {rows} rows"
+        )
     out = cp.empty((*lead, rows, cols), dtype="uint16")
-    args = (packed, scale, global_scale, out, cp.int64(matrices * rows), cp.int64(rows), cp.int64(cols),
+    args = (packed, scale, global_scale, out, cp.int64(matrices * rows), cp.int64(rows // segments), cp.int64(cols),
             cp.int64(group), cp.int32(int(divide)), cp.int32(int(negative_zero)))  # fmt: skip
     launch("dequant_nvfp4_bf16", packed.size, args)
     return out

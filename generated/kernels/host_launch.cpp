@@ -80,14 +80,14 @@ extern "C" void launch_concat_rows_3_b2(unsigned grid, unsigned block, const uns
     }
 }
 
-extern "C" void launch_dequant_nvfp4_bf16(unsigned grid, unsigned block, const unsigned char* packed, const unsigned char* scale, const float* global_scale, bf16_bits* out, long long rows, long long rows_per_matrix, long long cols, long long group, int divide, int negative_zero) {
+extern "C" void launch_dequant_nvfp4_bf16(unsigned grid, unsigned block, const unsigned char* packed, const unsigned char* scale, const float* global_scale, bf16_bits* out, long long rows, long long rows_per_scale, long long cols, long long group, int divide, int negative_zero) {
     gridDim.x = grid;
     blockDim.x = block;
     for (unsigned b = 0; b < grid; ++b) {
         for (unsigned t = 0; t < block; ++t) {
             blockIdx.x = b;
             threadIdx.x = t;
-            dequant_nvfp4_bf16(packed, scale, global_scale, out, rows, rows_per_matrix, cols, group, divide, negative_zero);
+            dequant_nvfp4_bf16(packed, scale, global_scale, out, rows, rows_per_scale, cols, group, divide, negative_zero);
         }
     }
 }

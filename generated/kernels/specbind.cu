@@ -98,13 +98,13 @@ extern "C" __global__ void concat_rows_3_b2(const unsigned short* __restrict__ i
 }
 
 // NVFP4 -> BF16: E2M1[code] * (f32(E4M3 scale) * or / global), rounded once
-extern "C" __global__ void dequant_nvfp4_bf16(const unsigned char* __restrict__ packed, const unsigned char* __restrict__ scale, const float* __restrict__ global_scale, bf16_bits* __restrict__ out, long long rows, long long rows_per_matrix, long long cols, long long group, int divide, int negative_zero) {
+extern "C" __global__ void dequant_nvfp4_bf16(const unsigned char* __restrict__ packed, const unsigned char* __restrict__ scale, const float* __restrict__ global_scale, bf16_bits* __restrict__ out, long long rows, long long rows_per_scale, long long cols, long long group, int divide, int negative_zero) {
     // One thread per packed byte: column 2j from the low nibble, 2j + 1 from the high one.
     long long half = cols / 2, groups = cols / group;
     GRID_STRIDE(j, rows * half) {
         long long r = j / half, c = 2 * (j - r * half);
         unsigned int byte = packed[j];
-        float g = global_scale[r / rows_per_matrix];
+        float g = global_scale[r / rows_per_scale];  // a scale per matrix or row segment
         for (int h = 0; h < 2; ++h) {
             float s = e4m3_to_f32(scale[r * groups + (c + h) / group]);
             float eff = divide ? s / g : s * g;  // the group scale first, as both libraries do

@@ -40,7 +40,7 @@ def test_nvfp4_kernel_equals_numpy_for_every_byte_under_every_scale_byte() -> No
     for divide, neg in [(False, False), (True, True), (True, False)]:
         got = k().dequant_nvfp4_bf16(cp().asarray(packed), cp().asarray(scale), cp().asarray(gs),
                                      16, divide, neg).get()  # fmt: skip
-        want = qn.dequant_nvfp4(packed, scale.view(E4M3), gs[0].reshape(()), divide=divide,
+        want = qn.dequant_nvfp4(packed, scale.view(E4M3), gs, divide=divide,
                                 negative_zero=neg)  # fmt: skip
         assert_same_bf16(got, want)
 
@@ -51,18 +51,27 @@ def test_nvfp4_kernel_equals_numpy_for_every_byte_under_every_scale_byte() -> No
     st.integers(1, 300),
     st.integers(1, 8),
     st.sampled_from([1, 2, 3, 8, 16, 32]),
+    st.integers(1, 3),
     st.booleans(),
     st.booleans(),
     st.integers(0, 2**32 - 1),
 )
-def test_nvfp4_kernel_equals_numpy_for_stacked_matrices_and_any_group(
-    lead: list[int], rows: int, groups: int, group: int, divide: bool, neg: bool, seed: int
+def test_nvfp4_kernel_equals_numpy_for_stacked_segmented_matrices_and_any_group(
+    lead: list[int],
+    rows: int,
+    groups: int,
+    group: int,
+    segments: int,
+    divide: bool,
+    neg: bool,
+    seed: int,
 ) -> None:
+    rows *= segments  # whole row segments, each with its own global scale
     cols = groups * (group if group % 2 == 0 else 2 * group)
     rng = np.random.default_rng(seed)
     packed = rng.integers(0, 256, (*lead, rows, cols // 2), dtype=U8)
     scale = rng.integers(0, 256, (*lead, rows, cols // group), dtype=U8)
-    gs = rng.uniform(-2, 2, lead).astype(F32)
+    gs = rng.uniform(-2, 2, (*lead, segments)).astype(F32)
     got = k().dequant_nvfp4_bf16(cp().asarray(packed), cp().asarray(scale),
                                  cp().asarray(gs.reshape(-1)), group, divide, neg).get()  # fmt: skip
     want = qn.dequant_nvfp4(packed, scale.view(E4M3), gs, divide=divide, group=group,
@@ -110,7 +119,7 @@ def test_the_cupy_ops_give_the_numpy_ops_bytes_for_stacked_experts() -> None:
     host = {
         "packed": rng.integers(0, 256, (8, 256, 512), dtype=U8),  # [E, 2·Im, H/2]
         "scale": rng.integers(0, 0x7F, (8, 256, 64), dtype=U8).view(E4M3),  # [E, 2·Im, H/16]
-        "g": rng.uniform(1e-4, 1e-2, (8,)).astype(F32),
+        "g": rng.uniform(1e-4, 1e-2, (8, 2)).astype(F32),  # [E, 2]: gate's and up's
     }
     dev = backends.get("cupy", k())
     up = dev.upload(host)
