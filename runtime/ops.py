@@ -156,7 +156,11 @@ class Ops(Protocol):
         dtype: str,
         factor: float | None = None,
     ) -> Array: ...
-    # Quantized checkpoints (formulas and traps in runtime/quant_numerics.py): BF16 results.
+    # Quantized checkpoints (formulas and traps in runtime/quant_numerics.py), BF16 results.
+    # NVFP4: ``divide`` picks compressed-tensors' scale / global (else ModelOpt's scale *
+    # global); ``negative_zero`` (code 8 is -0.0) follows ``divide`` unless given, as each
+    # library's own table does; ``global_scale`` is a scalar, one per stacked matrix, or
+    # ``[..., S]``: one per row segment (``[E, 2]`` for a stacked ``[gate; up]``).
     def dequant_nvfp4(
         self,
         packed: Any,
