@@ -18,14 +18,16 @@ global scale shared, or one per stacked matrix, or one per row segment of each m
 
 FP8 block (``weight`` F8_E4M3 ``[..., O, I]``, ``scale_inv`` F32 or BF16
 ``[..., ceil(O/bo), ceil(I/bi)]``): ``bf16(f32(weight[r, c]) * f32(scale_inv[r//bo, c//bi]))``,
-which is compressed-tensors' block dequant (its F32 result rounded once to BF16).
+which is compressed-tensors' block dequant: with an F32 scale (DeepSeek's ``weight_scale_inv``)
+it returns F32, here rounded once to BF16; with a BF16 scale (what llmcompressor writes, named
+``weight_scale``) it returns BF16, and the F32 product is exact, so one rounding either way.
 
 Swizzle: vLLM's ``swizzle_blockscale``: rows zero-padded to a multiple of 128, columns to a
 multiple of 4, then ``[B, M/128, 4, 32, K/4, 4]`` permuted ``(0, 1, 4, 3, 2, 5)``; the result
 keeps the padded shape ``[..., M_pad, K_pad]``.
 
-Every function checks dtypes and shapes first and raises ``BindError`` naming ``what``; large
-inputs are processed in row chunks, so no F32 copy of a whole stacked tensor exists.
+Every function checks dtypes and shapes first and raises ``BindError`` naming ``what``; the
+dequants work in row chunks (blocks), so no F32 copy of a whole stacked tensor exists.
 """
 
 from __future__ import annotations
