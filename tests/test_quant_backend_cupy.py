@@ -92,3 +92,23 @@ def test_bad_quantized_input_on_the_device_is_refused_naming_it(fake_cupy: Any) 
         dev.ops.dequant_nvfp4(up["packed"], up["scale"], g3, divide=True)
     with pytest.raises(BindError, match=r"FP8 block dequant: the block scale is \[2, 1\]"):
         dev.ops.dequant_fp8_block(up["packed"][0], fake_cupy.asarray(np.ones((2, 1), F32)))
+
+
+def test_a_quantized_kernel_launch_with_a_wrong_argument_is_refused_before_it_runs(
+    fake_cupy: Any,
+) -> None:
+    import specbind.generated.kernels as k
+
+    packed = fake_cupy.asarray(np.zeros((2, 6, 8), U8))
+    scale = fake_cupy.asarray(np.zeros((2, 6, 1), U8))
+    with pytest.raises(k.KernelError, match=r"3 global scales for 2 matrices of 6 rows"):
+        k.dequant_nvfp4_bf16(packed, scale, fake_cupy.asarray(np.ones(3, F32)), 16, True, True)
+    with pytest.raises(k.KernelError, match=r"global_scale is float64, the kernel reads float32"):
+        k.dequant_nvfp4_bf16(packed, scale, fake_cupy.asarray(np.ones(2)), 16, True, True)
+    with pytest.raises(k.KernelError, match=r"scale is \(2, 6, 2\), expected \(2, 6, 1\)"):
+        k.dequant_nvfp4_bf16(packed, fake_cupy.asarray(np.zeros((2, 6, 2), U8)),
+                             fake_cupy.asarray(np.ones(2, F32)), 16, True, True)  # fmt: skip
+    with pytest.raises(k.KernelError, match=r"scale is \(1, 1\), expected \(2, 2\)"):
+        k.dequant_fp8_block_bf16(packed[0], fake_cupy.asarray(np.ones((1, 1), F32)), 4, 4)
+    with pytest.raises(k.KernelError, match=r"1-byte elements"):
+        k.swizzle_blockscale_b1(fake_cupy.asarray(np.zeros((4, 4), U16)))
