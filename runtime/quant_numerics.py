@@ -33,7 +33,9 @@ dequants work in row chunks (blocks), so no F32 copy of a whole stacked tensor e
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import ml_dtypes
 import numpy as np
@@ -45,6 +47,7 @@ F32 = np.dtype(np.float32)
 BF16 = np.dtype(ml_dtypes.bfloat16)
 E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
 U8 = np.dtype(np.uint8)
+T = TypeVar("T")
 
 # E2M1 code -> value; codes 8..15 are the negatives of 0..7.
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -89,6 +92,19 @@ def as_e4m3(a: Array, what: str, name: str) -> Array:
 def _row_spans(rows: int, row_elements: int) -> list[tuple[int, int]]:
     step = max(1, CHUNK_ELEMENTS // max(1, row_elements))
     return [(i, min(i + step, rows)) for i in range(0, rows, step)]
+
+
+def _each(spans: Sequence[T], work: Callable[[T], None], workers: int) -> None:
+    """``work`` on every span, on up to ``workers`` threads (NumPy's lookups, products and
+    casts release the GIL). Each span writes its own rows of the result, so the bytes do not
+    depend on ``workers``."""
+    n = min(max(1, workers), len(spans))
+    if n <= 1:
+        for span in spans:
+            work(span)
+        return
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(work, spans))
 
 
 def global_segments(
@@ -169,6 +185,7 @@ def dequant_nvfp4(
     group: int = 16,
     negative_zero: bool | None = None,
     what: str = "NVFP4 dequant",
+    workers: int = 1,
 ) -> Array:
     """BF16 ``[..., O, I]`` from NVFP4 parts (see the module docstring for the formula)."""
     if packed.dtype != U8:
@@ -182,14 +199,18 @@ def dequant_nvfp4(
     p2 = packed.reshape(nrows, half)  # [..., O, I/2] -> [R, I/2]
     s2 = scale.reshape(nrows, cols // group)  # [..., O, I/g] -> [R, I/g]
     out = np.empty((nrows, cols), dtype=BF16)  # [R, I]
-    with np.errstate(all="ignore"):  # NaN/Inf scales propagate as the libraries' do
-        for lo, hi in _row_spans(nrows, cols):
+
+    def work(span: tuple[int, int]) -> None:
+        lo, hi = span
+        with np.errstate(all="ignore"):  # NaN/Inf scales propagate as the libraries' do
             s = e4m3_to_f32(s2[lo:hi])  # exact: every E4M3 value is an F32 value
             g = gs[lo:hi, None]
             eff = s / g if divide else s * g  # [r, I/g], one F32 rounding
             vals = np.take(pairs, p2[lo:hi], axis=0)  # [r, I/2] bytes -> [r, I/2, 2] F32
             prod = vals.reshape(hi - lo, cols // group, group) * eff[..., None]  # [r, I/g, g]
             out[lo:hi] = prod.reshape(hi - lo, cols)  # [r, I/g, g] -> [r, I]; BF16, RNE
+
+    _each(_row_spans(nrows, cols), work, workers)
     return out.reshape(*lead, rows, cols)  # [R, I] -> [..., O, I]
 
 
@@ -199,6 +220,7 @@ def dequant_fp8_block(
     *,
     block: tuple[int, int] = (128, 128),
     what: str = "FP8 block dequant",
+    workers: int = 1,
 ) -> Array:
     """BF16 ``[..., O, I]``: ``bf16(f32(weight) * f32(scale_inv[r // bo, c // bi]))``."""
     weight = as_e4m3(weight, what, "the weight")
@@ -210,12 +232,15 @@ def dequant_fp8_block(
     w3 = weight.reshape(n, rows, cols)  # [..., O, I] -> [B, O, I]
     s3 = scale_inv.reshape(n, *scale_inv.shape[-2:])  # [..., O/bo, I/bi] -> [B, O/bo, I/bi]
     out = np.empty((n, rows, cols), dtype=BF16)
-    with np.errstate(all="ignore"):
-        for b in range(n):
-            for r0 in range(0, rows, bo):
-                r1 = min(r0 + bo, rows)
-                s_row = np.repeat(s3[b, r0 // bo].astype(F32), bi)[:cols]  # [I]
-                out[b, r0:r1] = e4m3_to_f32(w3[b, r0:r1]) * s_row  # one F32 rounding, then RNE
+
+    def work(span: tuple[int, int]) -> None:  # (matrix, first row of a row block)
+        b, r0 = span
+        r1 = min(r0 + bo, rows)
+        with np.errstate(all="ignore"):
+            s_row = np.repeat(s3[b, r0 // bo].astype(F32), bi)[:cols]  # [I/bi] -> [I]
+            out[b, r0:r1] = e4m3_to_f32(w3[b, r0:r1]) * s_row  # one F32 rounding, then RNE
+
+    _each([(b, r0) for b in range(n) for r0 in range(0, rows, bo)], work, workers)
     return out.reshape(*lead, rows, cols)  # [B, O, I] -> [..., O, I]
 
 

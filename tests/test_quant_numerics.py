@@ -110,7 +110,7 @@ def test_a_stacked_gate_and_up_use_each_halfs_own_global_scale() -> None:
             assert bits(got[e, rows]).tobytes() == bits(one).tobytes(), (e, half)
 
 
-def test_nvfp4_rows_in_chunks_give_the_same_bytes_as_one_pass(
+def test_nvfp4_rows_in_chunks_and_threads_give_the_same_bytes_as_one_pass(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     rng = np.random.default_rng(3)
@@ -118,8 +118,19 @@ def test_nvfp4_rows_in_chunks_give_the_same_bytes_as_one_pass(
     g = rng.uniform(1e-3, 1, (3,)).astype(F32)
     whole = qn.dequant_nvfp4(packed, scale, g, divide=True)
     monkeypatch.setattr(qn, "CHUNK_ELEMENTS", 100)  # about one row per chunk
-    chunked = qn.dequant_nvfp4(packed, scale, g, divide=True)
-    assert np.array_equal(bits(whole), bits(chunked))
+    for workers in (1, 3):
+        chunked = qn.dequant_nvfp4(packed, scale, g, divide=True, workers=workers)
+        assert np.array_equal(bits(whole), bits(chunked)), workers
+
+
+def test_fp8_block_dequant_on_several_threads_gives_the_same_bytes() -> None:
+    rng = np.random.default_rng(7)
+    w = rng.integers(0, 256, (3, 40, 24), dtype=U8).view(E4M3)
+    s = rng.uniform(-1, 1, (3, 5, 3)).astype(F32)
+    one = qn.dequant_fp8_block(w, s, block=(8, 8))
+    assert (
+        bits(qn.dequant_fp8_block(w, s, block=(8, 8), workers=4)).tobytes() == bits(one).tobytes()
+    )
 
 
 @pytest.mark.parametrize("sdtype", [np.float32, BF16])
