@@ -4,7 +4,10 @@ One table drives three emitted files: the CUDA source, the CuPy launch wrappers 
 launch shims the CPU test harness links against, so their argument lists cannot drift apart.
 Kernels are the load-time work CuPy lacks or that gains from fusion: BF16 widen and
 round-to-nearest-even narrow, a fused BF16 scale, strided column gathers (column shards and
-slices) and row concatenation. Contractions are not here: they go to cuBLAS via cupy.matmul.
+slices) and row concatenation, and the quantized-checkpoint numerics (NVFP4 and FP8-block
+dequant to BF16, the CUTLASS block-scale swizzle), which must equal
+``runtime.quant_numerics`` bit for bit. Contractions are not here: they go to cuBLAS via
+cupy.matmul.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ class Param:
 @dataclass(frozen=True)
 class Kernel:
     name: str
-    kind: str  # widen | narrow | scale | gather | concat
+    kind: str  # widen | narrow | scale | gather | concat | nvfp4 | fp8_block | swizzle
     params: tuple[Param, ...]
     width: int = 0  # element bytes, for gather and concat
     parts: int = 0  # inputs, for concat
@@ -84,4 +87,27 @@ def needed(blocks: list[Block]) -> list[Kernel]:
         pairs.append(("out", f"{e}*"))
         doc = f"out = [in0; in1; ...] for {k} row-major inputs of {w}-byte elements"
         out.append(Kernel(f"concat_rows_{k}_b{w}", "concat", _p(*pairs), width=w, parts=k, doc=doc))
+    out += quant_kernels()
     return out
+
+
+def quant_kernels() -> list[Kernel]:
+    """The quantized-checkpoint kernels; emitted always for now (a scheme in use may later
+    decide). Geometry, group size and the multiply/divide choice are arguments."""
+    ll, u8_in = "long long", "const unsigned char*"
+    return [
+        Kernel("dequant_nvfp4_bf16", "nvfp4",
+               _p(("packed", u8_in), ("scale", u8_in), ("global_scale", "const float*"),
+                  ("out", "bf16_bits*"), ("rows", ll), ("rows_per_scale", ll), ("cols", ll),
+                  ("group", ll), ("divide", "int"), ("negative_zero", "int")),
+               doc="NVFP4 -> BF16: E2M1[code] * (f32(E4M3 scale) * or / global), rounded once"),
+        Kernel("dequant_fp8_block_bf16", "fp8_block",
+               _p(("weight", u8_in), ("scale", "const float*"), ("out", "bf16_bits*"),
+                  ("mats", ll), ("rows", ll), ("cols", ll), ("block_rows", ll),
+                  ("block_cols", ll)),
+               doc="FP8 E4M3 -> BF16: f32(weight[r, c]) * scale[r / block_rows, c / block_cols]"),
+        Kernel("swizzle_blockscale_b1", "swizzle",
+               _p(("in", u8_in), ("out", "unsigned char*"), ("mats", ll), ("rows", ll),
+                  ("cols", ll), ("rows_pad", ll), ("cols_pad", ll)),
+               doc="block scales -> the CUTLASS FP4 layout: 128x4 tiles, zero padding"),
+    ]  # fmt: skip

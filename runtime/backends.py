@@ -3,7 +3,8 @@
 A backend uploads the checked, sharded host arrays once and supplies the ops that build the
 derived fields. Invariants: only this rank's bytes are uploaded, each tensor once; the host
 checks (names, dtypes, shapes, bytes) all run before any upload; on the device BF16 travels
-as ``uint16`` bits and is tagged back to BF16 (ml_dtypes) when copied to the host.
+as ``uint16`` bits and F8 as ``uint8`` bits, each tagged back (ml_dtypes) when copied to the
+host.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from specbind.core.dtypes import DTYPES
 from specbind.core.errors import SpecbindError
 from specbind.runtime import ops as numpy_ops
 from specbind.runtime.binding import Array
 from specbind.runtime.ops import Ops
+
+F8 = tuple(
+    np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e8m0fnu)
+)
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,8 @@ class Backend:
         out: dict[str, Any] = {}
         for name, a in host.items():
             bits = a.view(np.uint16) if a.dtype == ml_dtypes.bfloat16 else a
+            if a.dtype in F8:  # CuPy has no F8 dtypes: the device holds their bits
+                bits = a.view(np.uint8)
             out[name] = cp.asarray(bits)  # one host-to-device copy of this rank's bytes
         return out
 
@@ -43,7 +51,11 @@ class Backend:
             out: Array = a
             return out
         host: Array = a.get()
-        return host.view(ml_dtypes.bfloat16) if dtype == "BF16" else host
+        tagged = DTYPES[dtype].numpy
+        if dtype == "BF16" or tagged in F8:
+            assert tagged is not None
+            return host.view(tagged)
+        return host
 
 
 NUMPY = Backend("numpy", numpy_ops, device=False)

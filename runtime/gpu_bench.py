@@ -45,6 +45,7 @@ def run(n: int = 64 << 20) -> list[dict[str, Any]]:
             4 * rows * 512,
         ),
         ("concat_rows_3_b2", lambda: k.concat_rows_3_b2(parts), 4 * 3 * third),
+        *_quant_cases(cp, k, n),
     ]
     out = []
     for name, fn, moved in cases:
@@ -62,6 +63,25 @@ def run(n: int = 64 << 20) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _quant_cases(cp: Any, k: Any, n: int) -> list[tuple[str, Callable[[], object], int]]:
+    """NVFP4 and FP8-block dequant to BF16 and the block-scale swizzle, each reading ``n``
+    bytes of packed weight or scales (moved = bytes read + bytes written)."""
+    rows = n // 2048
+    packed = cp.random.randint(0, 256, size=(rows, 2048), dtype=cp.uint8)  # [O, I/2], I = 4096
+    scale = cp.full((rows, 256), 0x38, dtype=cp.uint8)  # [O, I/16] E4M3 1.0
+    one = cp.ones(1, dtype=cp.float32)
+    w8 = packed.reshape(rows // 2, 4096)  # [n] bytes -> [O, I] F8 bits
+    s8 = cp.ones((-(-(rows // 2) // 128), 32), dtype=cp.float32)  # [O/128, I/128]
+    sw = packed.reshape(n // 256, 256)  # [n] bytes -> [M, K] scales
+    nvfp4 = partial(k.dequant_nvfp4_bf16, packed, scale, one, 16, False, False)
+    return [
+        ("dequant_nvfp4_bf16, group 16", nvfp4, n + n // 8 + 4 * n),
+        ("dequant_fp8_block_bf16, 128x128", lambda: k.dequant_fp8_block_bf16(w8, s8, 128, 128),
+         3 * n),
+        ("swizzle_blockscale_b1", lambda: k.swizzle_blockscale_b1(sw), 2 * n),
+    ]  # fmt: skip
 
 
 if __name__ == "__main__":

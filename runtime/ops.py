@@ -1,4 +1,6 @@
-"""The NumPy ops that generated transforms call: view, slice, widen, scale, contract, cast.
+"""The NumPy ops that generated transforms call: view, slice, widen, scale, contract, cast,
+and the quantized-checkpoint numerics (NVFP4 / FP8-block dequant, the block-scale swizzle),
+which live in ``runtime.quant_numerics`` (here they only get ``threads()`` workers).
 
 Invariants:
 - ``widen`` turns BF16/F16 into F32 exactly (every BF16 value is an F32 value);
@@ -27,7 +29,9 @@ import numpy as np
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, GeometryError
+from specbind.runtime import quant_numerics
 from specbind.runtime.binding import Array
+from specbind.runtime.quant_numerics import swizzle_blockscale as swizzle_blockscale
 
 F32 = np.dtype(np.float32)
 
@@ -151,6 +155,25 @@ class Ops(Protocol):
         dtype: str,
         factor: float | None = None,
     ) -> Array: ...
+    # Quantized checkpoints (formulas and traps in runtime/quant_numerics.py), BF16 results.
+    # NVFP4: ``divide`` picks compressed-tensors' scale / global (else ModelOpt's scale *
+    # global); ``negative_zero`` (code 8 is -0.0) follows ``divide`` unless given, as each
+    # library's own table does; ``global_scale`` is a scalar, one per stacked matrix, or
+    # ``[..., S]``: one per row segment (``[E, 2]`` for a stacked ``[gate; up]``).
+    def dequant_nvfp4(
+        self,
+        packed: Any,
+        scale: Any,
+        global_scale: Any,
+        *,
+        divide: bool,
+        group: int = 16,
+        negative_zero: bool | None = None,
+    ) -> Array: ...
+    def dequant_fp8_block(
+        self, weight: Any, scale_inv: Any, *, block: tuple[int, int] = (128, 128)
+    ) -> Array: ...
+    def swizzle_blockscale(self, scale: Any) -> Array: ...
 
 
 def cast(a: Array, dtype: str) -> Array:
@@ -233,3 +256,26 @@ def contract(
             _stats.flops += 2 * nbatch * nleft * ncon * nright
             _stats.operand_elements += a3.size + b3.size
     return result
+
+
+def dequant_nvfp4(
+    packed: Array,
+    scale: Array,
+    global_scale: Any,
+    *,
+    divide: bool,
+    group: int = 16,
+    negative_zero: bool | None = None,
+) -> Array:
+    """:func:`runtime.quant_numerics.dequant_nvfp4` on ``threads()`` workers (same bytes)."""
+    return quant_numerics.dequant_nvfp4(
+        packed, scale, global_scale, divide=divide, group=group,
+        negative_zero=negative_zero, workers=threads(),
+    )  # fmt: skip
+
+
+def dequant_fp8_block(
+    weight: Array, scale_inv: Array, *, block: tuple[int, int] = (128, 128)
+) -> Array:
+    """:func:`runtime.quant_numerics.dequant_fp8_block` on ``threads()`` workers (same bytes)."""
+    return quant_numerics.dequant_fp8_block(weight, scale_inv, block=block, workers=threads())

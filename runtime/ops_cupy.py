@@ -5,7 +5,8 @@ Mirrors :mod:`runtime.ops` call for call, with BF16 carried as ``uint16`` bits. 
 widening is exact, narrowing rounds to nearest even (the kernels are bit-exact with ml_dtypes,
 tested on the CPU harness); contractions compute in F32, so an absorbed field may differ from
 the NumPy backend's by at most 1 BF16 ulp (cuBLAS may sum in another order), while every
-verbatim and elementwise field is byte-identical.
+verbatim and elementwise field is byte-identical, the quantized dequants and the block-scale
+swizzle included (F8 data travels as its uint8 bits).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from specbind.core.errors import BindError
+from specbind.runtime import quant_numerics as qn
 from specbind.runtime.ops import matmul_groups
 
 # The generated kernel wrappers, handed over by ``runtime.backends.cupy_backend`` (the runtime
@@ -133,3 +135,60 @@ def contract(
         y *= cp.float32(factor)
     y = cp.ascontiguousarray(y.reshape(*bs, *ls, *rs).transpose(perm_out))  # output letter order
     return cast(y, dtype)
+
+
+def _bytes(a: Any, what: str, name: str) -> Any:
+    """1-byte data (U8, or F8 carried as its uint8 bits on the device), C-contiguous."""
+    if str(a.dtype) != "uint8":
+        raise BindError(f"{what}: {name} is {a.dtype} on the device, expected uint8 bits")
+    return _cp().ascontiguousarray(a)
+
+
+def dequant_nvfp4(
+    packed: Any,
+    scale: Any,
+    global_scale: Any,
+    *,
+    divide: bool,
+    group: int = 16,
+    negative_zero: bool | None = None,
+    what: str = "NVFP4 dequant",
+) -> Any:
+    """As :func:`runtime.quant_numerics.dequant_nvfp4`, by the generated kernel; BF16 bits."""
+    cp = _cp()
+    packed, scale = (
+        _bytes(packed, what, "the packed weight"),
+        _bytes(scale, what, "the group scale"),
+    )
+    lead, rows, _ = qn.nvfp4_geometry(packed.shape, scale.shape, group, what)
+    g = cp.asarray(global_scale)
+    if str(g.dtype) != "float32":
+        raise BindError(f"{what}: the global scale is {g.dtype}, expected F32")
+    shape = qn.global_segments(g.shape, lead, rows, what)
+    per = cp.broadcast_to(g, shape) if g.shape == () else g.reshape(shape)  # -> [.., S]
+    per = cp.ascontiguousarray(per).reshape(-1)  # [.., S] -> [prod(lead) * S]
+    neg = divide if negative_zero is None else negative_zero
+    return kernels.dequant_nvfp4_bf16(packed, scale, per, group, divide, neg)
+
+
+def dequant_fp8_block(
+    weight: Any,
+    scale_inv: Any,
+    *,
+    block: tuple[int, int] = (128, 128),
+    what: str = "FP8 block dequant",
+) -> Any:
+    """As :func:`runtime.quant_numerics.dequant_fp8_block`, by the generated kernel; a BF16
+    scale is widened exactly first."""
+    weight = _bytes(weight, what, "the weight")
+    qn.fp8_block_geometry(weight.shape, scale_inv.shape, block, what)
+    if str(scale_inv.dtype) not in ("float32", "uint16"):
+        raise BindError(f"{what}: the block scale is {scale_inv.dtype}, expected F32 or BF16")
+    return kernels.dequant_fp8_block_bf16(weight, cast(scale_inv, "F32"), block[0], block[1])
+
+
+def swizzle_blockscale(scale: Any, *, what: str = "block-scale swizzle") -> Any:
+    """As :func:`runtime.quant_numerics.swizzle_blockscale`, by the generated kernel."""
+    if scale.ndim < 2:
+        raise BindError(f"{what}: the scale is {scale.ndim}-D, expected [..., M, K]")
+    return kernels.swizzle_blockscale_b1(_bytes(scale, what, "the scale"))

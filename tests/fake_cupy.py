@@ -44,6 +44,8 @@ class _Function:
                 c_args.append(ctypes.c_float(float(a)))
             elif isinstance(a, np.int64):
                 c_args.append(ctypes.c_longlong(int(a)))
+            elif isinstance(a, np.int32):
+                c_args.append(ctypes.c_int(int(a)))
             else:
                 raise TypeError(f"fake cupy: unsupported kernel argument {type(a).__name__}")
         self.fn(*c_args)
@@ -55,6 +57,8 @@ def install(build_dir: str) -> types.ModuleType:
     cp = types.ModuleType("cupy")
     cp.ndarray = ndarray  # type: ignore[attr-defined]
     cp.float32, cp.int64, cp.uint16 = np.float32, np.int64, np.uint16  # type: ignore[attr-defined]
+    cp.int32 = np.int32  # type: ignore[attr-defined]
+    cp.broadcast_to = lambda a, shape: np.broadcast_to(a, shape).view(ndarray)  # type: ignore[attr-defined]
     cp.empty = lambda shape, dtype: np.empty(shape, dtype=dtype).view(ndarray)  # type: ignore[attr-defined]
     cp.asarray = _dev  # type: ignore[attr-defined]
     cp.ascontiguousarray = lambda a: np.ascontiguousarray(a).view(ndarray)  # type: ignore[attr-defined]

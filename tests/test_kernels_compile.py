@@ -1,6 +1,7 @@
-"""Every generated kernel compiles for sm_90: with NVRTC (the compiler CuPy uses; the
-nvidia-cuda-nvrtc wheel runs without a GPU) and with the machine's nvcc when it has one.
-A compile error fails the test run."""
+"""Every generated kernel compiles for sm_90 and sm_100 (Hopper and Blackwell): with NVRTC
+(the compiler CuPy uses; the nvidia-cuda-nvrtc wheel runs without a GPU) and with the
+machine's nvcc when it has one, for each arch that compiler knows. A compile error fails the
+test run."""
 
 from __future__ import annotations
 
@@ -63,12 +64,27 @@ def test_the_generated_source_declares_the_kernels_the_wrappers_launch() -> None
         assert f"def {k}(" in wrappers, k
 
 
-def test_every_kernel_compiles_for_sm90_with_nvrtc() -> None:
+ARCHS = ["sm_90", "sm_100"]
+
+
+def nvrtc_archs() -> set[str]:
+    lib = nvrtc()
+    n = ctypes.c_int()
+    assert lib.nvrtcGetNumSupportedArchs(ctypes.byref(n)) == 0
+    archs = (ctypes.c_int * n.value)()
+    assert lib.nvrtcGetSupportedArchs(archs) == 0
+    return {f"sm_{a}" for a in archs}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_kernel_compiles_with_nvrtc(arch: str) -> None:
     try:
-        nvrtc()
+        known = nvrtc_archs()
     except (ImportError, FileNotFoundError, OSError) as e:
         pytest.fail(f"NVRTC is part of the test extra and must load here: {e}")
-    rc, log, cubin = compile_nvrtc(SOURCE.read_text(), "sm_90", KERNELS)
+    if arch not in known:
+        pytest.skip(f"this NVRTC does not know {arch}")
+    rc, log, cubin = compile_nvrtc(SOURCE.read_text(), arch, KERNELS)
     assert rc == 0, log
     assert cubin > 0
 
@@ -80,13 +96,23 @@ def test_a_broken_kernel_fails_the_nvrtc_compile() -> None:
     assert rc != 0 and "undeclared" in log
 
 
+def nvcc_archs() -> set[str]:
+    listed = subprocess.run(
+        ["nvcc", "--list-gpu-arch"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    return {a.replace("compute_", "sm_") for a in listed}
+
+
 @pytest.mark.skipif(
     shutil.which("nvcc") is None, reason="no nvcc on this machine (NVRTC still checked)"
 )
-def test_every_kernel_compiles_for_sm90_with_nvcc(tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_kernel_compiles_with_nvcc(tmp_path: Path, arch: str) -> None:
+    if arch not in nvcc_archs():
+        pytest.skip(f"this nvcc does not know {arch}")
     out = tmp_path / "specbind.cubin"
     proc = subprocess.run(
-        ["nvcc", "-arch=sm_90", "-cubin", "-o", str(out), str(SOURCE)],
+        ["nvcc", f"-arch={arch}", "-cubin", "-o", str(out), str(SOURCE)],
         capture_output=True,
         text=True,
         timeout=300,

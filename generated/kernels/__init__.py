@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 from pathlib import Path
 from typing import Any
 
@@ -145,4 +146,84 @@ def concat_rows_3_b2(parts: list[Any]) -> Any:
     for p in parts:
         args += [p, cp.int64(p.size)]
     launch("concat_rows_3_b2", out.size, (*args, out))
+    return out
+
+
+def dequant_nvfp4_bf16(
+    packed: Any, scale: Any, global_scale: Any, group: int, divide: bool, negative_zero: bool
+) -> Any:
+    """NVFP4 -> BF16: E2M1[code] * (f32(E4M3 scale) * or / global), rounded once: packed uint8 [..., O, I/2], scale uint8 (E4M3 bits) [..., O, I/group],
+    global_scale float32 [prod(...) * S], one per row segment of O / S rows (S = 1: one per
+    matrix); returns uint16 (BF16) [..., O, I]."""
+    cp = cupy()
+    check("dequant_nvfp4_bf16", "packed", packed, "uint8")
+    if packed.ndim < 2 or group < 1 or (2 * packed.shape[-1]) % group:
+        raise KernelError(
+            f"dequant_nvfp4_bf16: packed {packed.shape} does not hold whole groups of {group}"
+        )
+    *lead, rows, half = packed.shape
+    cols = 2 * half
+    check("dequant_nvfp4_bf16", "scale", scale, "uint8")
+    if scale.shape != (*lead, rows, cols // group):
+        raise KernelError(
+            f"dequant_nvfp4_bf16: scale is {scale.shape}, expected {(*lead, rows, cols // group)}"
+        )
+    matrices = math.prod(lead)
+    check("dequant_nvfp4_bf16", "global_scale", global_scale, "float32")
+    segments = global_scale.size // matrices if matrices else 1
+    if global_scale.size != matrices * segments or segments < 1 or rows % segments:
+        raise KernelError(
+            f"dequant_nvfp4_bf16: {global_scale.size} global scales for {matrices} matrices of {rows} rows"
+        )
+    out = cp.empty((*lead, rows, cols), dtype="uint16")
+    args = (packed, scale, global_scale, out, cp.int64(matrices * rows), cp.int64(rows // segments), cp.int64(cols),
+            cp.int64(group), cp.int32(int(divide)), cp.int32(int(negative_zero)))  # fmt: skip
+    launch("dequant_nvfp4_bf16", packed.size, args)
+    return out
+
+
+def dequant_fp8_block_bf16(weight: Any, scale: Any, block_rows: int, block_cols: int) -> Any:
+    """FP8 E4M3 -> BF16: f32(weight[r, c]) * scale[r / block_rows, c / block_cols]: weight uint8 (E4M3 bits) [..., O, I], scale float32
+    [..., ceil(O/block_rows), ceil(I/block_cols)]; returns uint16 (BF16) [..., O, I]."""
+    cp = cupy()
+    check("dequant_fp8_block_bf16", "weight", weight, "uint8")
+    if weight.ndim < 2 or block_rows < 1 or block_cols < 1:
+        raise KernelError(
+            f"dequant_fp8_block_bf16: weight {weight.shape}, blocks {block_rows}x{block_cols}"
+        )
+    *lead, rows, cols = weight.shape
+    want = (*lead, -(-rows // block_rows), -(-cols // block_cols))
+    check("dequant_fp8_block_bf16", "scale", scale, "float32")
+    if scale.shape != want:
+        raise KernelError(f"dequant_fp8_block_bf16: scale is {scale.shape}, expected {want}")
+    mats = math.prod(lead)
+    out = cp.empty(weight.shape, dtype="uint16")
+    args = (weight, scale, out, cp.int64(mats), cp.int64(rows), cp.int64(cols), cp.int64(block_rows),
+            cp.int64(block_cols))  # fmt: skip
+    launch("dequant_fp8_block_bf16", weight.size, args)
+    return out
+
+
+def swizzle_blockscale_b1(scale: Any) -> Any:
+    """block scales -> the CUTLASS FP4 layout: 128x4 tiles, zero padding: [..., M, K] 1-byte elements -> [..., M_pad, K_pad] (M padded to 128, K to 4)."""
+    cp = cupy()
+    if scale.ndim < 2 or scale.dtype.itemsize != 1:
+        raise KernelError(
+            f"swizzle_blockscale_b1: scale must be [..., M, K] of 1-byte elements, not {scale.shape} {scale.dtype}"
+        )
+    check("swizzle_blockscale_b1", "in", scale, str(scale.dtype))
+    *lead, rows, cols = scale.shape
+    rows_pad, cols_pad = -(-rows // 128) * 128, -(-cols // 4) * 4
+    mats = math.prod(lead)
+    out = cp.empty((*lead, rows_pad, cols_pad), dtype=scale.dtype)
+    args = (
+        scale,
+        out,
+        cp.int64(mats),
+        cp.int64(rows),
+        cp.int64(cols),
+        cp.int64(rows_pad),
+        cp.int64(cols_pad),
+    )
+    launch("swizzle_blockscale_b1", out.size, args)
     return out

@@ -79,3 +79,39 @@ extern "C" void launch_concat_rows_3_b2(unsigned grid, unsigned block, const uns
         }
     }
 }
+
+extern "C" void launch_dequant_nvfp4_bf16(unsigned grid, unsigned block, const unsigned char* packed, const unsigned char* scale, const float* global_scale, bf16_bits* out, long long rows, long long rows_per_scale, long long cols, long long group, int divide, int negative_zero) {
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < grid; ++b) {
+        for (unsigned t = 0; t < block; ++t) {
+            blockIdx.x = b;
+            threadIdx.x = t;
+            dequant_nvfp4_bf16(packed, scale, global_scale, out, rows, rows_per_scale, cols, group, divide, negative_zero);
+        }
+    }
+}
+
+extern "C" void launch_dequant_fp8_block_bf16(unsigned grid, unsigned block, const unsigned char* weight, const float* scale, bf16_bits* out, long long mats, long long rows, long long cols, long long block_rows, long long block_cols) {
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < grid; ++b) {
+        for (unsigned t = 0; t < block; ++t) {
+            blockIdx.x = b;
+            threadIdx.x = t;
+            dequant_fp8_block_bf16(weight, scale, out, mats, rows, cols, block_rows, block_cols);
+        }
+    }
+}
+
+extern "C" void launch_swizzle_blockscale_b1(unsigned grid, unsigned block, const unsigned char* in, unsigned char* out, long long mats, long long rows, long long cols, long long rows_pad, long long cols_pad) {
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < grid; ++b) {
+        for (unsigned t = 0; t < block; ++t) {
+            blockIdx.x = b;
+            threadIdx.x = t;
+            swizzle_blockscale_b1(in, out, mats, rows, cols, rows_pad, cols_pad);
+        }
+    }
+}

@@ -28,6 +28,25 @@ __device__ __forceinline__ bf16_bits f32_to_bf16_rne(float f) {
     return (bf16_bits)(u >> 16);
 }
 
+// F8 E4M3 (fn: no Inf; S.1111.111 is NaN) -> F32, exact: NaN becomes the quiet NaN of the
+// same sign (as ml_dtypes does); subnormals are m * 2^-9.
+__device__ __forceinline__ float e4m3_to_f32(unsigned char b) {
+    unsigned int sign = ((unsigned int)b & 0x80u) << 24;
+    unsigned int e = ((unsigned int)b >> 3) & 0xfu, m = (unsigned int)b & 7u;
+    if (e == 15u && m == 7u) return __uint_as_float(sign | 0x7fc00000u);
+    if (e == 0u) return __uint_as_float(sign | __float_as_uint((float)m * 0.001953125f));
+    return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
+}
+
+// E2M1 code (S.EE.M) -> F32, exact: 0, .5, 1, 1.5, 2, 3, 4, 6 and their negatives. Code 8 is
+// -0.0 when negative_zero, else +0.0 (compressed-tensors' and ModelOpt's tables differ here).
+__device__ __forceinline__ float e2m1_to_f32(unsigned int code, int negative_zero) {
+    unsigned int e = (code >> 1) & 3u, m = code & 1u;
+    unsigned int mag = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
+    bool neg = (code & 8u) && (mag || negative_zero);
+    return __uint_as_float((neg ? 0x80000000u : 0u) | mag);
+}
+
 #define GRID_STRIDE(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (long long)blockDim.x * gridDim.x)
@@ -75,5 +94,48 @@ extern "C" __global__ void concat_rows_3_b2(const unsigned short* __restrict__ i
         if (j < n1) { out[i] = in1[j]; continue; }
         j -= n1;
         if (j < n2) { out[i] = in2[j]; continue; }
+    }
+}
+
+// NVFP4 -> BF16: E2M1[code] * (f32(E4M3 scale) * or / global), rounded once
+extern "C" __global__ void dequant_nvfp4_bf16(const unsigned char* __restrict__ packed, const unsigned char* __restrict__ scale, const float* __restrict__ global_scale, bf16_bits* __restrict__ out, long long rows, long long rows_per_scale, long long cols, long long group, int divide, int negative_zero) {
+    // One thread per packed byte: column 2j from the low nibble, 2j + 1 from the high one.
+    long long half = cols / 2, groups = cols / group;
+    GRID_STRIDE(j, rows * half) {
+        long long r = j / half, c = 2 * (j - r * half);
+        unsigned int byte = packed[j];
+        float g = global_scale[r / rows_per_scale];  // a scale per matrix or row segment
+        for (int h = 0; h < 2; ++h) {
+            float s = e4m3_to_f32(scale[r * groups + (c + h) / group]);
+            float eff = divide ? s / g : s * g;  // the group scale first, as both libraries do
+            float v = e2m1_to_f32(h ? byte >> 4 : byte & 15u, negative_zero);
+            out[r * cols + c + h] = f32_to_bf16_rne(v * eff);
+        }
+    }
+}
+
+// FP8 E4M3 -> BF16: f32(weight[r, c]) * scale[r / block_rows, c / block_cols]
+extern "C" __global__ void dequant_fp8_block_bf16(const unsigned char* __restrict__ weight, const float* __restrict__ scale, bf16_bits* __restrict__ out, long long mats, long long rows, long long cols, long long block_rows, long long block_cols) {
+    long long srows = (rows + block_rows - 1) / block_rows, scols = (cols + block_cols - 1) / block_cols;
+    GRID_STRIDE(i, mats * rows * cols) {
+        long long rc = i / cols, c = i - rc * cols, b = rc / rows, r = rc - b * rows;
+        float s = scale[(b * srows + r / block_rows) * scols + c / block_cols];
+        out[i] = f32_to_bf16_rne(e4m3_to_f32(weight[i]) * s);
+    }
+}
+
+// block scales -> the CUTLASS FP4 layout: 128x4 tiles, zero padding
+extern "C" __global__ void swizzle_blockscale_b1(const unsigned char* __restrict__ in, unsigned char* __restrict__ out, long long mats, long long rows, long long cols, long long rows_pad, long long cols_pad) {
+    // out viewed as [mats, rows_pad/128, cols_pad/4, lane 32, sub 4, k 4] reads
+    // in[mats, tile_m*128 + sub*32 + lane, tile_k*4 + k], or 0 in the padding.
+    long long mtiles = rows_pad / 128, ktiles = cols_pad / 4;
+    GRID_STRIDE(i, mats * rows_pad * cols_pad) {
+        long long t = i, k = t % 4; t /= 4;
+        long long sub = t % 4; t /= 4;
+        long long lane = t % 32; t /= 32;
+        long long kt = t % ktiles; t /= ktiles;
+        long long mt = t % mtiles, b = t / mtiles;
+        long long r = mt * 128 + sub * 32 + lane, c = kt * 4 + k;
+        out[i] = (r < rows && c < cols) ? in[(b * rows + r) * cols + c] : (unsigned char)0;
     }
 }

@@ -1,0 +1,261 @@
+"""The numerics of quantized checkpoints, in NumPy: NVFP4 and FP8-block dequant, and the
+CUTLASS block-scale swizzle. One definition each; the generated CUDA kernels are tested
+against these bit for bit, and these against the libraries that wrote the checkpoints.
+
+NVFP4 (``packed`` U8 ``[..., O, I/2]``, ``scale`` F8_E4M3 ``[..., O, I/group]``, an F32
+global scale shared, or one per stacked matrix, or one per row segment of each matrix):
+- byte ``b`` of a row holds column ``2b`` in its LOW nibble and ``2b + 1`` in its high nibble;
+- a nibble is an E2M1 code: bit 3 the sign, bits 0-2 index 0, .5, 1, 1.5, 2, 3, 4, 6;
+- ModelOpt (``NVFP4QTensor.dequantize``): ``bf16(E2M1[code] * (f32(scale) * global))``;
+  compressed-tensors (``NVFP4PackedCompressor.decompress``):
+  ``bf16(E2M1[code] * (f32(scale) / global))``. Both compute in F32 and round once to BF16
+  (nearest even); the group scale is formed first, so the product has two roundings in that
+  order, never ``(E2M1 * scale) * global``.
+- Trap: code 8 (negative zero) is +0.0 in ModelOpt's table and -0.0 in compressed-tensors'
+  (it multiplies a magnitude by -1), so a zero weight's sign bit differs between the two
+  libraries. ``negative_zero`` picks the table; by default it follows ``divide`` (the
+  compressed-tensors convention divides).
+
+FP8 block (``weight`` F8_E4M3 ``[..., O, I]``, ``scale_inv`` F32 or BF16
+``[..., ceil(O/bo), ceil(I/bi)]``): ``bf16(f32(weight[r, c]) * f32(scale_inv[r//bo, c//bi]))``,
+which is compressed-tensors' block dequant: with an F32 scale (DeepSeek's ``weight_scale_inv``)
+it returns F32, here rounded once to BF16; with a BF16 scale (what llmcompressor writes, named
+``weight_scale``) it returns BF16, and the F32 product is exact, so one rounding either way.
+
+Swizzle: vLLM's ``swizzle_blockscale``: rows zero-padded to a multiple of 128, columns to a
+multiple of 4, then ``[B, M/128, 4, 32, K/4, 4]`` permuted ``(0, 1, 4, 3, 2, 5)``; the result
+keeps the padded shape ``[..., M_pad, K_pad]``.
+
+Every function checks dtypes and shapes first and raises ``BindError`` naming ``what``; the
+dequants work in row chunks (blocks), so no F32 copy of a whole stacked tensor exists.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import ml_dtypes
+import numpy as np
+
+from specbind.core.errors import BindError
+
+Array = np.ndarray[Any, Any]
+F32 = np.dtype(np.float32)
+BF16 = np.dtype(ml_dtypes.bfloat16)
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+U8 = np.dtype(np.uint8)
+T = TypeVar("T")
+
+# E2M1 code -> value; codes 8..15 are the negatives of 0..7.
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_MODELOPT = np.array([*E2M1_MAGNITUDES, *(-m if m else 0.0 for m in E2M1_MAGNITUDES)], F32)
+E2M1_SIGNED_ZERO = np.array([*E2M1_MAGNITUDES, *(-m for m in E2M1_MAGNITUDES)], F32)
+
+CHUNK_ELEMENTS = 1 << 22  # ~16 MiB of F32 per chunk
+
+
+def e2m1_table(negative_zero: bool) -> Array:
+    """The 16 E2M1 values; code 8 is -0.0 if ``negative_zero``, else +0.0."""
+    return E2M1_SIGNED_ZERO if negative_zero else E2M1_MODELOPT
+
+
+def byte_pairs(negative_zero: bool) -> Array:
+    """F32 ``[256, 2]``: packed byte b -> (value of its LOW nibble, value of its high nibble),
+    i.e. the columns 2j and 2j + 1 that byte j holds. One lookup of a row's bytes lays out the
+    row's values in order: half the lookups of unpacking nibbles first, and no code array."""
+    b = np.arange(256)
+    t = e2m1_table(negative_zero)
+    return np.stack([t[b & 0x0F], t[b >> 4]], axis=-1)  # [256, 2]
+
+
+PAIRS = {False: byte_pairs(False), True: byte_pairs(True)}
+# E4M3 byte -> F32: ml_dtypes' own conversion of all 256 bytes (exact; NaN keeps its sign),
+# looked up per element rather than re-run per element through ``astype`` (same bits, less work).
+E4M3_TO_F32 = np.arange(256, dtype=U8).view(E4M3).astype(F32)
+
+
+def e4m3_to_f32(a: Array) -> Array:
+    """F8_E4M3 -> F32, exactly (a 256-entry lookup of ml_dtypes' conversion)."""
+    return np.take(E4M3_TO_F32, a.view(U8))
+
+
+def as_e4m3(a: Array, what: str, name: str) -> Array:
+    """``a`` itself if it is F8_E4M3; any other dtype (U8 bits included) is refused."""
+    if a.dtype != E4M3:
+        raise BindError(f"{what}: {name} is {a.dtype}, expected F8_E4M3")
+    return a
+
+
+def _row_spans(rows: int, row_elements: int) -> list[tuple[int, int]]:
+    step = max(1, CHUNK_ELEMENTS // max(1, row_elements))
+    return [(i, min(i + step, rows)) for i in range(0, rows, step)]
+
+
+def _each(spans: Sequence[T], work: Callable[[T], None], workers: int) -> None:
+    """``work`` on every span, on up to ``workers`` threads (NumPy's lookups, products and
+    casts release the GIL). Each span writes its own rows of the result, so the bytes do not
+    depend on ``workers``."""
+    n = min(max(1, workers), len(spans))
+    if n <= 1:
+        for span in spans:
+            work(span)
+        return
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(work, spans))
+
+
+def global_segments(
+    shape: tuple[int, ...], lead: tuple[int, ...], rows: int, what: str
+) -> tuple[int, ...]:
+    """The global scale's shape as ``lead + (S,)``: a scalar is shared by every matrix
+    (``S = 1``), ``lead`` gives one per matrix, ``lead + (S,)`` one per row segment of
+    ``rows / S`` rows (a stacked ``[gate; up]`` carries ``[E, 2]``); anything else is refused."""
+    if shape in ((), lead):
+        return (*lead, 1)
+    segmented = len(shape) == len(lead) + 1 and shape[:-1] == lead
+    if segmented and shape[-1] >= 1 and rows % shape[-1] == 0:
+        return shape
+    raise BindError(
+        f"{what}: the global scale has shape {list(shape)}, expected a scalar, {list(lead)} or "
+        f"{[*lead, 'S']} with S dividing the {rows} rows"
+    )
+
+
+def row_scales(global_scale: Any, lead: tuple[int, ...], rows: int, what: str) -> Array:
+    """The global scale of every row, F32 ``[prod(lead) * rows]``."""
+    g = np.asarray(global_scale)
+    if g.dtype != F32:
+        raise BindError(f"{what}: the global scale is {g.dtype}, expected F32")
+    shape = global_segments(g.shape, lead, rows, what)
+    per = np.broadcast_to(g, shape) if g.shape == () else g.reshape(shape)  # [.., S]
+    return np.repeat(per.reshape(-1), rows // shape[-1])  # [.., S] -> [prod(lead) * rows]
+
+
+def nvfp4_geometry(
+    packed: tuple[int, ...], scale: tuple[int, ...], group: int, what: str
+) -> tuple[tuple[int, ...], int, int]:
+    """(lead dims, O, I) of a packed ``[..., O, I/2]`` weight whose group scale is
+    ``[..., O, I/group]``; refuses anything else, naming ``what``."""
+    if len(packed) < 2 or group < 1:
+        raise BindError(f"{what}: packed weight {list(packed)}, group {group}")
+    *lead_l, rows, half = packed
+    lead, cols = tuple(lead_l), 2 * half
+    if cols % group:
+        raise BindError(f"{what}: {cols} columns are not a multiple of the group size {group}")
+    if scale != (*lead, rows, cols // group):
+        raise BindError(
+            f"{what}: the group scale is {list(scale)}, expected "
+            f"{[*lead, rows, cols // group]} for packed {list(packed)} (group {group})"
+        )
+    return lead, rows, cols
+
+
+def fp8_block_geometry(
+    weight: tuple[int, ...], scale: tuple[int, ...], block: tuple[int, int], what: str
+) -> tuple[tuple[int, ...], int, int]:
+    """(lead dims, O, I) of an FP8 ``[..., O, I]`` weight whose block scale is
+    ``[..., ceil(O/bo), ceil(I/bi)]``; refuses anything else, naming ``what``."""
+    bo, bi = block
+    if len(weight) < 2 or bo < 1 or bi < 1:
+        raise BindError(f"{what}: weight {list(weight)}, block {list(block)}")
+    *lead_l, rows, cols = weight
+    want = (*lead_l, -(-rows // bo), -(-cols // bi))
+    if scale != want:
+        raise BindError(
+            f"{what}: the block scale is {list(scale)}, expected {list(want)} "
+            f"for weight {list(weight)} in {bo}x{bi} blocks"
+        )
+    return tuple(lead_l), rows, cols
+
+
+def padded_shape(rows: int, cols: int) -> tuple[int, int]:
+    """The swizzled scale's shape: rows up to a multiple of 128, columns of 4."""
+    return -(-rows // 128) * 128, -(-cols // 4) * 4
+
+
+def dequant_nvfp4(
+    packed: Array,
+    scale: Array,
+    global_scale: Any,
+    *,
+    divide: bool,
+    group: int = 16,
+    negative_zero: bool | None = None,
+    what: str = "NVFP4 dequant",
+    workers: int = 1,
+) -> Array:
+    """BF16 ``[..., O, I]`` from NVFP4 parts (see the module docstring for the formula)."""
+    if packed.dtype != U8:
+        raise BindError(f"{what}: the packed weight is {packed.dtype}, expected U8")
+    scale = as_e4m3(scale, what, "the group scale")
+    lead, rows, cols = nvfp4_geometry(packed.shape, scale.shape, group, what)
+    half = cols // 2
+    gs = row_scales(global_scale, lead, rows, what)  # [prod(lead)·O], one per row
+    pairs = PAIRS[divide if negative_zero is None else negative_zero]
+    nrows = math.prod(lead) * rows
+    p2 = packed.reshape(nrows, half)  # [..., O, I/2] -> [R, I/2]
+    s2 = scale.reshape(nrows, cols // group)  # [..., O, I/g] -> [R, I/g]
+    out = np.empty((nrows, cols), dtype=BF16)  # [R, I]
+
+    def work(span: tuple[int, int]) -> None:
+        lo, hi = span
+        with np.errstate(all="ignore"):  # NaN/Inf scales propagate as the libraries' do
+            s = e4m3_to_f32(s2[lo:hi])  # exact: every E4M3 value is an F32 value
+            g = gs[lo:hi, None]
+            eff = s / g if divide else s * g  # [r, I/g], one F32 rounding
+            vals = np.take(pairs, p2[lo:hi], axis=0)  # [r, I/2] bytes -> [r, I/2, 2] F32
+            prod = vals.reshape(hi - lo, cols // group, group) * eff[..., None]  # [r, I/g, g]
+            out[lo:hi] = prod.reshape(hi - lo, cols)  # [r, I/g, g] -> [r, I]; BF16, RNE
+
+    _each(_row_spans(nrows, cols), work, workers)
+    return out.reshape(*lead, rows, cols)  # [R, I] -> [..., O, I]
+
+
+def dequant_fp8_block(
+    weight: Array,
+    scale_inv: Array,
+    *,
+    block: tuple[int, int] = (128, 128),
+    what: str = "FP8 block dequant",
+    workers: int = 1,
+) -> Array:
+    """BF16 ``[..., O, I]``: ``bf16(f32(weight) * f32(scale_inv[r // bo, c // bi]))``."""
+    weight = as_e4m3(weight, what, "the weight")
+    if scale_inv.dtype not in (F32, BF16):
+        raise BindError(f"{what}: the block scale is {scale_inv.dtype}, expected F32 or BF16")
+    lead, rows, cols = fp8_block_geometry(weight.shape, scale_inv.shape, block, what)
+    bo, bi = block
+    n = math.prod(lead)
+    w3 = weight.reshape(n, rows, cols)  # [..., O, I] -> [B, O, I]
+    s3 = scale_inv.reshape(n, *scale_inv.shape[-2:])  # [..., O/bo, I/bi] -> [B, O/bo, I/bi]
+    out = np.empty((n, rows, cols), dtype=BF16)
+
+    def work(span: tuple[int, int]) -> None:  # (matrix, first row of a row block)
+        b, r0 = span
+        r1 = min(r0 + bo, rows)
+        with np.errstate(all="ignore"):
+            s_row = np.repeat(s3[b, r0 // bo].astype(F32), bi)[:cols]  # [I/bi] -> [I]
+            out[b, r0:r1] = e4m3_to_f32(w3[b, r0:r1]) * s_row  # one F32 rounding, then RNE
+
+    _each([(b, r0) for b in range(n) for r0 in range(0, rows, bo)], work, workers)
+    return out.reshape(*lead, rows, cols)  # [B, O, I] -> [..., O, I]
+
+
+def swizzle_blockscale(scale: Array, *, what: str = "block-scale swizzle") -> Array:
+    """``[..., M, K]`` -> ``[..., M_pad, K_pad]`` in the CUTLASS FP4 scale layout (vLLM's
+    ``swizzle_blockscale``): within each 128x4 tile, byte ``lane*16 + sub*4 + k`` holds
+    ``scale[tile_m*128 + sub*32 + lane, tile_k*4 + k]``; tiles m-major, padding zero."""
+    if scale.ndim < 2:
+        raise BindError(f"{what}: the scale is {scale.ndim}-D, expected [..., M, K]")
+    *lead_l, m, k = scale.shape
+    lead = tuple(lead_l)
+    mp, kp = padded_shape(m, k)
+    b = math.prod(lead)
+    padded = np.zeros((b, mp, kp), dtype=scale.dtype)  # [B, M_pad, K_pad]
+    padded[:, :m, :k] = scale.reshape(b, m, k)  # [..., M, K] -> [B, M, K]
+    tiles = padded.reshape(b, mp // 128, 4, 32, kp // 4, 4)  # [B, M/128, sub, lane, K/4, k]
+    out = np.ascontiguousarray(tiles.transpose(0, 1, 4, 3, 2, 5))  # [B, M/128, K/4, lane, sub, k]
+    return out.reshape(*lead, mp, kp)  # -> [..., M_pad, K_pad]
