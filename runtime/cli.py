@@ -266,9 +266,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
     table = _table(a.model)
     if a.repeat < 1:
         raise SpecbindError("--repeat must be >= 1")
+    if any(n < 1 for n in a.ranks or []):
+        raise SpecbindError("--ranks must be >= 1")
     result = bench.run(
         table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), a.tiny,
-        rss=not a.no_rss, overrides=_sets(a.set),
+        rss=not a.no_rss, overrides=_sets(a.set), ranks=a.ranks or [], loaders=a.loaders,
     )  # fmt: skip
     print(json.dumps(result, indent=2) if a.json else bench.render(result))
     return 0
@@ -397,6 +399,17 @@ def parser() -> argparse.ArgumentParser:
     )
     be.add_argument("--tiny", action="store_true", help="tiny geometry (a smoke run)")
     be.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    be.add_argument(
+        "--ranks",
+        type=int,
+        action="append",
+        help="also N ranks (tp N) binding concurrently on this host beside one after another",
+    )
+    be.add_argument(
+        "--loaders",
+        action="store_true",
+        help="also fastsafetensors and runai-model-streamer reading the same files (if installed)",
+    )
     be.add_argument("--json", action="store_true")
     common(be)
     be.set_defaults(func=cmd_bench)
