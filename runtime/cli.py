@@ -9,6 +9,7 @@ Trap: ``generated`` is imported lazily, so ``specbind generate`` works when it i
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -206,6 +207,8 @@ def cmd_bind_ranks(a: argparse.Namespace) -> int:
         backend=backends.get(a.backend, generated_kernels),
         out_dir=None if a.out_dir is None else Path(a.out_dir), progress=a.progress,
     )  # fmt: skip
+    if a.backend == "cupy" and launched(os.environ):  # each rank binds on its own device
+        importlib.import_module("cupy").cuda.Device(int(os.environ.get("LOCAL_RANK", "0"))).use()
     comm: Comm = TorchComm(os.environ, a.timeout) if launched(os.environ) else LocalComm()
     try:
         rep = distributed.run(job, comm)
