@@ -223,3 +223,40 @@ def test_mpirun_variables_still_bind_one_rank_alone(ck: Path, tmp_path: Path) ->
     proc = cli("bind", str(ck), "--json", "--out", str(tmp_path / "r1.safetensors"), env=env)
     assert proc.returncode == 0, proc.stderr
     assert (json.loads(proc.stdout)["tp_size"], json.loads(proc.stdout)["tp_rank"]) == (2, 1)
+
+
+class FailingStep:
+    """A world of one whose ``n``-th all-gather reports this rank failed (as if it had)."""
+
+    rank = 0
+    world = 1
+    backend = "scripted"
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        self.n -= 1
+        return [("No space left on device", None)] if self.n == 0 else [obj]
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        return [obj]
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failure_while_binding_leaves_no_index_so_the_directory_is_not_a_finished_bind(
+    ck: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    distributed.run(job(ck, out), FailingStep(0))  # a whole run: files and the index
+    assert (out / "specbind-index.json").exists()
+    with pytest.raises(
+        DistributedError, match=r"^rank 0 of 1 failed while binding its shard: No space"
+    ):
+        distributed.run(job(ck, out), FailingStep(3))  # prepare, plan, then bind fails
+    assert not (out / "specbind-index.json").exists(), "the previous index would name a mixed set"
