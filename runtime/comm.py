@@ -74,9 +74,14 @@ class TorchComm:
     """This process's place in the torch.distributed process group torchrun set up."""
 
     def __init__(self, env: Mapping[str, str], timeout_s: float) -> None:
-        import torch
-        import torch.distributed as dist
-
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError as e:
+            raise DistributedError(
+                f"launched by torchrun, but torch does not import ({e}); install torch "
+                "(the interop extra) or run without torchrun"
+            ) from None
         self._dist = dist
         self.timeout_s = timeout_s
         where = f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"

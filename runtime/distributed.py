@@ -53,7 +53,7 @@ from specbind.runtime.export import (
     check_out_path,
     write_safetensors,
 )
-from specbind.runtime.layout import layout
+from specbind.runtime.layout import Layout, layout
 from specbind.runtime.model import ModelTable, values_from_config
 
 INDEX = "specbind-index.json"
@@ -135,7 +135,7 @@ class _Prepared:
     ckpt: Checkpoint
     values: dict[str, int]
     geometry: Any
-    lay: Any
+    lay: Layout
     out: Path | None
     describe: dict[str, str]
 
