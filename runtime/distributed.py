@@ -17,7 +17,9 @@ Phases, each closed by a collective on which every rank reports success or its e
 3. bind: bind this rank's shard and write ``D/rank-RRRRR-of-WWWWW.safetensors`` atomically;
 4. index: rank 0 writes ``D/specbind-index.json`` (atomically) naming the layout and every
    rank's file, only once every rank's file is written.
-Rank 0 prints one report (text, or ``--json``); the other ranks print nothing on success.
+Rank 0 prints one report (text, or ``--json``) and shows the one progress bar; the other ranks
+print nothing on success. Digests cost a hash of every replicated byte on every rank (and, at
+ep > 1, of each non-expert tp shard), read before the bind, which then finds them cached.
 
 Invariants: the collectives carry metadata only (descriptions, windows, digests, statuses);
 if any rank fails — a bad shard, a missing file, an exception — every rank raises the same
@@ -189,8 +191,8 @@ def run(job: Job, comm: Comm) -> dict[str, Any] | None:
     def bind() -> dict[str, Any]:
         result = bind_checkpoint(
             p.ckpt, job.table, job.overrides, p.ranks.tp_size, p.ranks.tp_rank,
-            progress=job.progress, backend=job.backend, ep_size=p.ranks.ep_size,
-            ep_rank=p.ranks.ep_rank,
+            progress=job.progress if comm.rank == 0 else False,  # one bar, not one per rank
+            backend=job.backend, ep_size=p.ranks.ep_size, ep_rank=p.ranks.ep_rank,
         )  # fmt: skip
         row: dict[str, Any] = {
             "rank": comm.rank,
