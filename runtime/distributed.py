@@ -12,8 +12,9 @@ Phases, each closed by a collective on which every rank reports success or its e
 1. prepare: open the checkpoint, plan its layout, check the output path; all-gather each
    rank's description (``runtime.agreement``) and refuse, on every rank, any disagreement;
 2. plan: each rank's byte windows of every tensor (``runtime.coverage``), with digests where
-   other ranks read the same bytes; gathered on rank 0, which proves the coverage and
-   broadcasts the verdict (and, before it, removes the index of any earlier run in D);
+   other ranks read the same bytes; gathered on rank 0 (one rank holds every rank's windows,
+   not all of them), which proves the coverage and broadcasts the verdict (and, before it,
+   removes the index of any earlier run in D);
 3. bind: bind this rank's shard and write ``D/rank-RRRRR-of-WWWWW.safetensors`` atomically;
 4. index: rank 0 writes ``D/specbind-index.json`` (atomically) naming the layout and every
    rank's file, only once every rank's file is written.
