@@ -51,3 +51,7 @@ class OutputError(SpecbindError):
 def at(layer: int) -> str:
     """Where a tensor sits, for messages: ``layer 7``, or ``model`` for the global tensors."""
     return f"layer {layer}" if layer >= 0 else "model"
+
+
+class DistributedError(SpecbindError):
+    """The ranks of one bind disagree, lost each other, or one of them failed: names the rank."""

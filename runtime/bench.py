@@ -484,6 +484,8 @@ def run(
     tiny: bool,
     rss: bool = True,
     overrides: Mapping[str, int] | None = None,
+    ranks: Collection[int] = (),
+    loaders: bool = False,
 ) -> dict[str, Any]:
     """Every row at every size in ``tps``: attention at each tp; MoE at each tp (ep 1) and at
     each ep > 1 of the same sizes (tp 1). ``overrides`` (``--set``) go over ``DEFAULT_SETS``
@@ -492,7 +494,7 @@ def run(
     from specbind.core.planning import Ranks
     from specbind.generated import dsa
     from specbind.generated import model_glm_5_3_flash as m
-    from specbind.runtime import bench_absorb
+    from specbind.runtime import bench_absorb, bench_ranks
     from specbind.runtime.model import values_from_config
 
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
@@ -528,6 +530,8 @@ def run(
         "moe_skipped": skipped,
         "absorb": absorb,
         "generate_s": generate_seconds(),
+        "ranks": [bench_ranks.ranks_row(ckpt, n, repeat) for n in ranks],
+        "loaders": bench_ranks.loader_rows(ckpt, table, repeat) if loaders else None,
     }
     by_tp = {r["tp"]: r for r in rows if "rss_specbind_mb" in r}
     if 1 in by_tp and 8 in by_tp:
@@ -626,4 +630,7 @@ def render(r: dict[str, Any]) -> str:
     if r.get("synth_s") is not None:
         lines.append(f"writing the slice (synth, once): {r['synth_s']:.1f} s")
     lines.append(f"specbind generate from nothing: {r['generate_s']:.2f} s")
+    from specbind.runtime import bench_ranks
+
+    lines += bench_ranks.render(r.get("ranks", []), r.get("loaders"))
     return "\n".join(lines)

@@ -9,6 +9,7 @@ Trap: ``generated`` is imported lazily, so ``specbind generate`` works when it i
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -112,12 +113,21 @@ def _note_overrides(overrides: dict[str, int]) -> None:
 
 
 def cmd_bind(a: argparse.Namespace) -> int:
+    from specbind.runtime.comm import launched
+
+    if a.out_dir is not None or launched(os.environ):
+        return cmd_bind_ranks(a)
     from specbind.generated import SPECS_SHA256
     from specbind.generated import kernels as generated_kernels
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.checkpoint import Checkpoint
-    from specbind.runtime.export import bound_tensors, check_out_path, write_safetensors
+    from specbind.runtime.export import (
+        bind_metadata,
+        bound_tensors,
+        check_out_path,
+        write_safetensors,
+    )
     from specbind.runtime.launcher import resolve_tp
     from specbind.runtime.model import values_from_config
 
@@ -131,29 +141,10 @@ def cmd_bind(a: argparse.Namespace) -> int:
     _note_overrides(overrides)
     result = bind_checkpoint(
         ckpt, table, overrides, tp_size, tp_rank, progress=a.progress, backend=backend,
-        ep_size=a.ep_size, ep_rank=a.ep_rank,
+        ep_size=a.ep_size, ep_rank=a.ep_rank or 0,
     )  # fmt: skip
     if out is not None:
-        meta = {
-            "model": table.name,
-            "specs_sha256": SPECS_SHA256,
-            "tp_size": str(result.ranks.tp_size),
-            "tp_rank": str(result.ranks.tp_rank),
-            "ep_size": str(result.ranks.ep_size),
-            "ep_rank": str(result.ranks.ep_rank),
-            "geometry": json.dumps(values, sort_keys=True),
-            "overrides": json.dumps(overrides, sort_keys=True),
-            "layers": json.dumps(
-                {
-                    str(x.index): {
-                        "role": x.role,
-                        "slots": {k: v.block for k, v in x.slots.items()},
-                    }
-                    for x in result.layers
-                },
-                sort_keys=True,
-            ),
-        }
+        meta = bind_metadata(table.name, SPECS_SHA256, result, values, overrides)
         write_safetensors(out, bound_tensors(result, backend), meta, ckpt.files(), ckpt.dirs())
     if a.json:
         print(json.dumps(result.as_dict(), indent=2))
@@ -180,6 +171,43 @@ def cmd_bind(a: argparse.Namespace) -> int:
             + skipped
             + (f"; wrote {a.out}" if a.out else "")
         )
+    return 0
+
+
+def cmd_bind_ranks(a: argparse.Namespace) -> int:
+    """``bind`` under torchrun (every rank at once), or ``bind --out-dir`` (a world of one)."""
+    from specbind.generated import SPECS_SHA256
+    from specbind.generated import kernels as generated_kernels
+    from specbind.runtime import backends, distributed
+    from specbind.runtime.comm import Comm, LocalComm, TorchComm, launched
+
+    if a.out is not None:
+        raise SpecbindError(
+            "--out under torchrun: every rank would write the same file; use --out-dir"
+        )
+    for flag, value in (("--tp-rank", a.tp_rank), ("--ep-rank", a.ep_rank)):
+        if value is not None:
+            raise SpecbindError(
+                f"{flag} with --out-dir or under torchrun: the rank comes from the process "
+                "group (rank = ep_rank * tp_size + tp_rank)"
+            )
+    if a.timeout <= 0:
+        raise SpecbindError(f"--timeout {a.timeout:g}: must be > 0 seconds")
+    job = distributed.Job(
+        ckpt=Path(a.ckpt), table=_table(a.model), specs_sha256=SPECS_SHA256,
+        overrides=_sets(a.set), tp_size=a.tp_size, ep_size=a.ep_size,
+        backend=backends.get(a.backend, generated_kernels),
+        out_dir=None if a.out_dir is None else Path(a.out_dir), progress=a.progress,
+    )  # fmt: skip
+    if a.backend == "cupy" and launched(os.environ):  # each rank binds on its own device
+        importlib.import_module("cupy").cuda.Device(int(os.environ.get("LOCAL_RANK", "0"))).use()
+    comm: Comm = TorchComm(os.environ, a.timeout) if launched(os.environ) else LocalComm()
+    try:
+        rep = distributed.run(job, comm)
+    finally:
+        comm.close()
+    if rep is not None:
+        print(json.dumps(rep, indent=2) if a.json else distributed.render(rep))
     return 0
 
 
@@ -225,9 +253,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
     table = _table(a.model)
     if a.repeat < 1:
         raise SpecbindError("--repeat must be >= 1")
+    if any(n < 1 for n in a.ranks or []):
+        raise SpecbindError("--ranks must be >= 1")
     result = bench.run(
         table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), a.tiny,
-        rss=not a.no_rss, overrides=_sets(a.set),
+        rss=not a.no_rss, overrides=_sets(a.set), ranks=a.ranks or [], loaders=a.loaders,
     )  # fmt: skip
     print(json.dumps(result, indent=2) if a.json else bench.render(result))
     return 0
@@ -310,12 +340,24 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument(
                 "--tp-rank", type=int, help="this rank (default: RANK, OMPI_COMM_WORLD_RANK, 0)"
             )
-            sp.add_argument("--ep-rank", type=int, default=0, help="this expert-parallel rank")
+            sp.add_argument("--ep-rank", type=int, help="this expert-parallel rank (default 0)")
 
     b = sub.add_parser("bind", help="bind this rank's share of every tensor strictly")
     b.add_argument("ckpt")
     b.add_argument("--json", action="store_true")
-    b.add_argument("--out", help="write this rank's bound weights to this .safetensors file")
+    where = b.add_mutually_exclusive_group()
+    where.add_argument("--out", help="write this rank's bound weights to this .safetensors file")
+    where.add_argument(
+        "--out-dir",
+        help="write one file per rank and an index naming the layout (under torchrun: every "
+        "rank at once, checked together)",
+    )
+    b.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="under torchrun: seconds a rank waits for the others at each step (default 600)",
+    )
     b.add_argument(
         "--backend",
         choices=["numpy", "cupy"],
@@ -344,6 +386,17 @@ def parser() -> argparse.ArgumentParser:
     )
     be.add_argument("--tiny", action="store_true", help="tiny geometry (a smoke run)")
     be.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    be.add_argument(
+        "--ranks",
+        type=int,
+        action="append",
+        help="also N ranks (tp N) binding concurrently on this host beside one after another",
+    )
+    be.add_argument(
+        "--loaders",
+        action="store_true",
+        help="also fastsafetensors and runai-model-streamer reading the same files (if installed)",
+    )
     be.add_argument("--json", action="store_true")
     common(be)
     be.set_defaults(func=cmd_bench)

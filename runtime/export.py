@@ -44,6 +44,30 @@ if TYPE_CHECKING:
     from specbind.runtime.bind import BindResult
 
 
+def bind_metadata(
+    model: str, specs_sha256: str, result: BindResult, values: dict[str, int],
+    overrides: dict[str, int],
+) -> dict[str, str]:  # fmt: skip
+    """The ``__metadata__`` of an ``--out`` file: what was bound, from what, at which ranks."""
+    return {
+        "model": model,
+        "specs_sha256": specs_sha256,
+        "tp_size": str(result.ranks.tp_size),
+        "tp_rank": str(result.ranks.tp_rank),
+        "ep_size": str(result.ranks.ep_size),
+        "ep_rank": str(result.ranks.ep_rank),
+        "geometry": json.dumps(values, sort_keys=True),
+        "overrides": json.dumps(overrides, sort_keys=True),
+        "layers": json.dumps(
+            {
+                str(x.index): {"role": x.role, "slots": {k: v.block for k, v in x.slots.items()}}
+                for x in result.layers
+            },
+            sort_keys=True,
+        ),
+    }
+
+
 def bound_tensors(result: BindResult, backend: Backend) -> dict[str, Array]:
     """Every bound field of a result on the host, by its name in an ``--out`` file."""
     return {name: backend.to_host(a, rule.dtype) for name, (rule, a) in result.fields().items()}
