@@ -23,6 +23,7 @@ from specbind.core.ir import (
 )
 from specbind.core.planning import Ranks
 from specbind.generated import dense, dsa, kda, layer_norms, lm_globals, mhc, moe, mtp_head
+from specbind.generated.schemes import SCHEMES
 from specbind.runtime.model import BlockEntry, ModelTable, block_entry
 
 MODEL = "glm-5.3-flash"
@@ -335,6 +336,7 @@ BLOCKS: tuple[BlockEntry[Geometry], ...] = (
 
 TABLE: ModelTable[Geometry] = ModelTable(
     name=MODEL,
+    schemes=SCHEMES,
     layer_pattern=LAYER_PATTERN,
     layer_prefixes=LAYER_PREFIXES,
     geometry_fields=GEOMETRY,

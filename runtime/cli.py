@@ -88,9 +88,15 @@ def cmd_synth(a: argparse.Namespace) -> int:
     base = table.default_values() if a.full else tiny_values(table)
     values = checked_values(table, base, _sets(a.set))
     layers = a.layers if a.layers is not None else (table.synth.layers if table.synth else 1)
+    scheme = None
+    if a.quant is not None:
+        known = {s.name: s for s in table.schemes}
+        if a.quant not in known:
+            raise SpecbindError(f"--quant {a.quant!r}: no such scheme (known: {', '.join(known)})")
+        scheme = known[a.quant]
     summary = synth(
         table, Path(a.out), values, layers=layers, seed=a.seed, mtp=not a.no_mtp,
-        shards=a.shards, gates_bf16=a.gates_bf16, nested_config=a.nested_config,
+        shards=a.shards, gates_bf16=a.gates_bf16, nested_config=a.nested_config, quant=scheme,
     )  # fmt: skip
     kinds = [
         f"{x['index']}:{'+'.join(x['blocks'].values())}" + ("(mtp)" if x["role"] == "mtp" else "")
@@ -139,7 +145,8 @@ def cmd_bind(a: argparse.Namespace) -> int:
     _note_overrides(overrides)
     result = bind_checkpoint(
         ckpt, table, overrides, tp_size, tp_rank, progress=a.progress, backend=backend,
-        ep_size=a.ep_size, ep_rank=a.ep_rank,
+        ep_size=a.ep_size, ep_rank=a.ep_rank, allow_unshared_scales=a.allow_unshared_scales,
+        quant_outputs=a.quant_output or (),
     )  # fmt: skip
     if out is not None:
         meta = {
@@ -299,6 +306,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-mtp", action="store_true", help="omit the MTP layer")
     s.add_argument("--nested-config", action="store_true", help="put the fields under text_config")
     s.add_argument(
+        "--quant",
+        metavar="SCHEME",
+        help="store every linear the scheme can hold quantized (a scheme of specs/schemes/)",
+    )
+    s.add_argument(
         "--gates-bf16",
         action="store_true",
         help="write every F32 tensor as BF16 (a model cast wholesale: a broken checkpoint)",
@@ -337,6 +349,17 @@ def parser() -> argparse.ArgumentParser:
         choices=["numpy", "cupy"],
         default="numpy",
         help="numpy: host memory; cupy: a CUDA device (the gpu extra)",
+    )
+    b.add_argument(
+        "--allow-unshared-scales",
+        action="store_true",
+        help="accept quantization scales the blocks declare shared that differ",
+    )
+    b.add_argument(
+        "--quant-output",
+        action="append",
+        choices=["swizzled", "dequantized"],
+        help="also bind quantized fields as CUTLASS-swizzled block scales / dequantized BF16",
     )
     tp(b, rank=True)
     common(b)
