@@ -154,6 +154,16 @@ class SlotRule:
 
 
 @dataclass(frozen=True)
+class NameRule:
+    """Another writer's layer-relative name: ``source`` (a prefix) read as ``to[0]``, or, with
+    several ``to``, one stored tensor read as that many equal row segments, in order."""
+
+    source: str
+    to: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
 class UnboundRule:
     """Checkpoint names under ``prefix`` that this model declares it does not bind, and why."""
 

@@ -14,7 +14,7 @@ from typing import Any
 from specbind.generated import model_glm_5_3_flash
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "106fa109049ed28a8d92f79af49746b035b3ee19311eecaee7daa3fafa6e3ba0"
+SPECS_SHA256 = "a7d41ae05db022909fe8af83abe57f5e7fd25be8d3ae4d1104530c25b116cac0"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,

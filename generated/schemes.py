@@ -33,7 +33,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
             ),
             CompanionRule(
                 suffix="weight_scale",
-                dtype="F32",
+                dtype="BF16",
                 dims=(DimRule(of="O", div=128, ceil=True), DimRule(of="I", div=128, ceil=True)),
                 role="block_scale",
                 activation=False,

@@ -31,6 +31,7 @@ from specbind.core.ir import (
     GeometryField,
     GroupRule,
     LayerGroupRule,
+    NameRule,
     ShardRule,
     SharedScaleRule,
     SlotRule,
@@ -117,6 +118,7 @@ class Model:
     synth: SynthRule | None = None
     real_layers: int = 0  # the real model's decoder layers (config layer_count)
     real_mtp: int = 0
+    names: tuple[NameRule, ...] = ()
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -599,6 +601,7 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
                     ("blocks", i, "block"), f"block {u.block!r} is in no slot and is not globals"
                 )
     unbound = tuple(UnboundRule(u["prefix"], u["why"]) for u in (d.get("unbound") or []))
+    names = _names(doc, d.get("names") or [])
     flags = sorted(
         {t.tie.config for u in uses for t in blocks[u.block].tensors if t.tie is not None}
     )
@@ -610,7 +613,25 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         _synth(doc, d.get("synth"), gnames, slots),
         int((layers.get("count") or {}).get("value", 0)),
         int((layers.get("mtp") or {}).get("value", 0)),
+        names,
     )  # fmt: skip
+
+
+def _names(doc: Located, raw: list[dict[str, Any]]) -> tuple[NameRule, ...]:
+    """The name map: a segmented rule has one ``to`` per segment and says how many."""
+    out = []
+    for i, r in enumerate(raw):
+        to = (r["to"],) if isinstance(r["to"], str) else tuple(r["to"])
+        seg = r.get("segments")
+        if len(to) > 1 and seg != len(to):
+            raise doc.error(
+                ("names", i, "segments"),
+                f"{len(to)} names need segments: {len(to)} (one row segment each)",
+            )
+        if len(to) == 1 and seg is not None:
+            raise doc.error(("names", i, "segments"), "segments needs one name per segment")
+        out.append(NameRule(r["from"], to, r["why"]))
+    return tuple(out)
 
 
 def _synth(doc: Located, raw: Any, gnames: set[str], slots: list[SlotRule]) -> SynthRule | None:

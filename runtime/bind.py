@@ -32,9 +32,10 @@ from specbind.runtime.model import (
     config_lookup,
     values_from_config,
 )
+from specbind.runtime.names import NamedView
 from specbind.runtime.quant import OUTPUTS as QUANT_OUTPUTS
 from specbind.runtime.quant import LayerQuant, layer_quant
-from specbind.runtime.quant_config import detect
+from specbind.runtime.quant_config import detect, packed_names
 from specbind.runtime.source import RawTensor, TensorSource
 
 GLOBALS = -1  # the "layer" index the model-level tensors are reported under
@@ -152,7 +153,7 @@ def refuse_problems(lay: Layout) -> None:
 class GlobalSource:
     """The model-level tensors by the globals block's names (some sit at the checkpoint root)."""
 
-    def __init__(self, ckpt: Checkpoint, names: Mapping[str, str]) -> None:
+    def __init__(self, ckpt: TensorSource, names: Mapping[str, str]) -> None:
         self._ckpt = ckpt
         self._full = dict(names)
 
@@ -190,11 +191,12 @@ def bind_checkpoint(
     geometry = table.make_geometry(values_from_config(table, ckpt.config, overrides))
     flags = config_flags(table, ckpt.config)
     qconf = detect(ckpt, table.schemes)
+    view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
     unknown_out = sorted(set(quant_outputs) - set(QUANT_OUTPUTS))
     if unknown_out:
         raise BindError(f"unknown quantized output(s) {unknown_out} (known: {list(QUANT_OUTPUTS)})")
     qout = frozenset(quant_outputs)
-    lay = layout(table, ckpt.names(), ckpt.config)
+    lay = layout(table, view.names(), ckpt.config)
     if not lay.layers:
         raise BindError(
             f"{ckpt.root}: no tensors named like {table.layer_pattern!r} under any of the "
@@ -223,10 +225,10 @@ def bind_checkpoint(
             assert fill.block is not None
             if kinds is not None and fill.block.name not in kinds:
                 continue
-            src: TensorSource = LayerSource(ckpt, full, fill.names)
+            src: TensorSource = LayerSource(view, full, fill.names)
             lq = layer_quant(
                 qconf, fill.block.tensors, fill.names, full, fill.block.counts(geometry),
-                lay_layer.index, None, qout, allow_unshared_scales,
+                lay_layer.index, view.on_disk, qout, allow_unshared_scales, view.aliases,
             )  # fmt: skip
             bound.slots[slot] = _bind_one(
                 fill.block, slot, geometry, ranks, lay_layer.index, src, backend, flags, lq
@@ -234,7 +236,7 @@ def bind_checkpoint(
         out.append(bound)
     glob = None
     if glob_block is not None and (kinds is None or glob_block.name in kinds):
-        gsrc = GlobalSource(ckpt, lay.globals)
+        gsrc = GlobalSource(view, lay.globals)
         glob = _bind_one(
             glob_block, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags, None
         )

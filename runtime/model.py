@@ -18,6 +18,7 @@ from specbind.core.ir import (
     FieldRule,
     GeometryField,
     LayerGroupRule,
+    NameRule,
     SlotRule,
     SynthRule,
     TensorRule,
@@ -104,6 +105,7 @@ class ModelTable(Generic[G]):
     real_layers: int = 0  # the real model's decoder layers and MTP layers
     real_mtp: int = 0
     schemes: tuple[SchemeRule, ...] = ()  # the quantization schemes a checkpoint may use
+    names: tuple[NameRule, ...] = ()  # other writers' layer-relative names (a name map)
 
     def default_values(self) -> dict[str, int]:
         return {f.name: f.value for f in self.geometry_fields}

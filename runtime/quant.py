@@ -23,7 +23,7 @@ Trap: a concat of a quantized and an unquantized source has no one layout; it is
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
@@ -88,12 +88,13 @@ def layer_quant(
     full: str,
     counts: Mapping[str, int],
     layer: int,
-    disk_name: Mapping[str, str] | None = None,
+    on_disk: Callable[[str], str] | None = None,
     outputs: frozenset[str] = frozenset(),
     allow_unshared: bool = False,
+    aliases: Callable[[str], list[str]] = lambda _: [],
 ) -> LayerQuant | None:
     """Which linear rules of a block the config quantizes in one layer (``full``: the layer's
-    full-name prefix; ``disk_name``: a mapped name's name on disk, for the config lookup)."""
+    full-name prefix; ``on_disk``: a full name's stored name, which the config lists)."""
     if q is None:
         return None
     present = set(names)
@@ -107,14 +108,14 @@ def layer_quant(
         for i in idx:
             name = r.name if i is None else r.concrete(i).name
             module = module_of(name)
-            on_disk = module_of((disk_name or {}).get(name, full + name))
-            yes = q.quantized(on_disk)
+            disk = module_of(on_disk(full + name) if on_disk else full + name)
+            yes = q.quantized(disk, aliases(disk))
             says[yes].append(-1 if i is None else i)
             carried = [f"{module}.{s}" for s in extra if f"{module}.{s}" in present]
             if not yes and carried:
                 raise BindError(
                     f"{at(layer)}: {module} is excluded from quantization "
-                    f"({q.why_excluded(on_disk)}), but carries {carried} — refused: "
+                    f"({q.why_excluded(disk)}), but carries {carried} — refused: "
                     "its config and its tensors disagree"
                 )
         if says[True] and says[False]:
@@ -282,6 +283,8 @@ def _dequant(
     s = t[_concrete(scale, name, pat)]
     if d.op == "dequant_fp8_block":
         q = quant_ops(ops, what, d.op)
+        if str(s.dtype) != "float32":
+            s = ops.widen(s)  # a BF16 block scale (compressed-tensors) widens exactly to F32
         return q.dequant_fp8_block(t[name], s, block=(d.group[0], d.group[1]))
     g = lq.by_role(pat, "global_scale")
     assert g is not None

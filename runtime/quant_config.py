@@ -59,13 +59,15 @@ class QuantConfig:
     targets: tuple[str, ...]  # compressed-tensors targets; () for a glob scheme
     source: str  # "hf_quant_config.json quantization.exclude_modules", for messages
 
-    def quantized(self, module: str) -> bool:
-        """True when the config says the module (full checkpoint name) is quantized."""
-        if self.scheme.exclude_match == "glob":
-            return not any(fnmatch.fnmatchcase(module, p) for p in self.excluded)
-        if any(_ct_match(p, module) for p in self.excluded):
+    def quantized(self, module: str, aliases: Sequence[str] = ()) -> bool:
+        """True when the config says the module (full checkpoint name, or one of its
+        ``aliases``: the tool's own module names, which its config lists) is quantized."""
+        names = [module, *aliases]
+        if any(_matches(self, p, n) for p in self.excluded for n in names):
             return False
-        return any(p == "Linear" or _ct_match(p, module) for p in self.targets)
+        if self.scheme.exclude_match == "glob":
+            return True
+        return any(p == "Linear" or _ct_match(p, n) for p in self.targets for n in names)
 
     def why_excluded(self, module: str) -> str:
         hit = [p for p in self.excluded if _matches(self, p, module)]
@@ -157,3 +159,11 @@ def detect(ckpt: Checkpoint, schemes: Sequence[SchemeRule]) -> QuantConfig | Non
 
 def by_name(schemes: Sequence[SchemeRule]) -> Mapping[str, SchemeRule]:
     return {s.name: s for s in schemes}
+
+
+def packed_names(q: QuantConfig | None) -> dict[str, str]:
+    """The stored suffix of the packed weight -> ``weight``, when a scheme stores it under
+    another name (compressed-tensors' ``weight_packed``)."""
+    if q is None or q.scheme.weight.suffix == "weight":
+        return {}
+    return {q.scheme.weight.suffix: "weight"}

@@ -40,9 +40,8 @@ def quantized_entries(
             excluded.append(pre + module)
             out.append((name, dtype, shape))
             continue
-        for c in scheme.companions:
-            n = name if c.role == "weight" else f"{module}.{c.suffix}"
-            out.append((n, c.dtype, c.shape(o, i)))
+        for c in scheme.companions:  # the packed weight under its stored suffix too
+            out.append((f"{module}.{c.suffix}", c.dtype, c.shape(o, i)))
     return out
 
 
