@@ -137,6 +137,23 @@ def quantize_rules(
     scheme's companions."""
     if lq is None:
         return rules, plan
+    out = quantized_rules(rules, lq)
+    tensors: dict[str, TensorPlan] = {}
+    for name, tp in plan.tensors.items():
+        if tp.pattern not in lq.quantized:
+            tensors[name] = tp
+            continue
+        for c in lq.companions:
+            p = _companion_plan(block, tp, c, lq)
+            tensors[p.name] = p
+    return out, replace(plan, tensors=tensors)
+
+
+def quantized_rules(rules: tuple[TensorRule, ...], lq: LayerQuant | None) -> tuple[TensorRule, ...]:
+    """The rules with each quantized linear replaced by the scheme's companions (the packed
+    weight keeps the linear's name; a scalar companion is replicated)."""
+    if lq is None:
+        return rules
     out: list[TensorRule] = []
     for r in rules:
         if r.name not in lq.quantized:
@@ -151,15 +168,7 @@ def quantize_rules(
                     lq.name(r.name, c), c.dtype, c.shape_text, shard, r.group, why, (), r.family
                 )
             )
-    tensors: dict[str, TensorPlan] = {}
-    for name, tp in plan.tensors.items():
-        if tp.pattern not in lq.quantized:
-            tensors[name] = tp
-            continue
-        for c in lq.companions:
-            p = _companion_plan(block, tp, c, lq)
-            tensors[p.name] = p
-    return tuple(out), replace(plan, tensors=tensors)
+    return tuple(out)
 
 
 def _companion_plan(block: str, tp: TensorPlan, c: CompanionRule, lq: LayerQuant) -> TensorPlan:
