@@ -57,12 +57,6 @@ class NamedView:
                         "to guess"
                     )
                 self._map[new] = (n, seg, of)
-        clash = [n for n, (s, _, _) in self._map.items() if n != s and n in set(stored)]
-        if clash:
-            raise CheckpointError(
-                f"{self._map[clash[0]][0]} is read as {clash[0]}, which is also stored; "
-                "refusing to guess"
-            )
 
     @property
     def config(self) -> dict[str, Any]:

@@ -250,3 +250,51 @@ def test_compressed_tensors_writes_the_packed_weight_as_weight_packed_and_it_bin
     f = bind(ckpts["nvfp4-compressed-tensors"]).fields()
     assert f["layers.0.mlp.gate_up"][1].shape == (2 * GEO["intermediate"], GEO["hidden"] // 2)
     assert f["layers.0.mlp.gate_up_weight_global_scale"][1].shape == (2,)
+
+
+def _internal(name: str) -> str:
+    """The name transformers' own modules give a hub-named tensor (as ModelOpt exports)."""
+    for hub, internal in (
+        (".self_attn.A_log", ".self_attn.forget_gate.A_log"),
+        (".self_attn.dt_bias", ".self_attn.forget_gate.dt_bias"),
+        (".self_attn.f_a_proj.", ".self_attn.forget_gate.f_a_proj."),
+        (".self_attn.f_b_proj.", ".self_attn.forget_gate.f_b_proj."),
+        (".hc_attn_", ".attn_hc."),
+        (".hc_ffn_", ".ffn_hc."),
+    ):
+        if hub in name:
+            return name.replace(hub, internal)
+    return name
+
+
+def test_transformers_internal_names_bind_to_the_same_fields_as_the_hub_names(
+    ckpts: dict[str, Path], tmp_path: Path
+) -> None:
+    src = ckpts["nvfp4-modelopt"]
+    hub = tensors(src)
+    edit: dict[str, Any] = {n: None for n in hub}
+    for n, a in hub.items():
+        if n.endswith("self_attn.q_conv1d.weight"):
+            fused = [hub[n.replace("q_conv1d", c)] for c in ("q_conv1d", "k_conv1d", "v_conv1d")]
+            edit[n.replace("q_conv1d", "conv1d")] = np.concatenate(fused)  # [3Q, 1, K]
+        elif not n.endswith(("k_conv1d.weight", "v_conv1d.weight", "q_conv1d.weight")):
+            edit[_internal(n)] = a
+    d = edited(src, tmp_path / "internal", edit)
+    names = Checkpoint(d).names()
+    assert L + "0.self_attn.conv1d.weight" in names and L + "0.attn_hc.fn" in names
+    for rank in range(2):
+        want = bind(src, tp_size=2, tp_rank=rank).fields()
+        got = bind(d, tp_size=2, tp_rank=rank).fields()
+        assert want.keys() == got.keys()
+        for k, (_, a) in want.items():
+            assert got[k][1].tobytes() == a.tobytes(), k
+
+
+def test_a_name_map_that_would_give_two_tensors_one_name_is_refused(
+    ckpts: dict[str, Path], tmp_path: Path
+) -> None:
+    src = ckpts["nvfp4-modelopt"]
+    a = tensors(src)[L + "0.self_attn.A_log"]
+    d = edited(src, tmp_path / "c", {L + "0.self_attn.forget_gate.A_log": a})
+    msg = refused(d, CheckpointError)
+    assert "self_attn.forget_gate.A_log and layers.0.self_attn.A_log would both be read as" in msg
