@@ -3,7 +3,8 @@
 A backend uploads the checked, sharded host arrays once and supplies the ops that build the
 derived fields. Invariants: only this rank's bytes are uploaded, each tensor once; the host
 checks (names, dtypes, shapes, bytes) all run before any upload; on the device BF16 travels
-as ``uint16`` bits and is tagged back to BF16 (ml_dtypes) when copied to the host.
+as ``uint16`` bits and FP8 (quantized weights and scales) as ``uint8`` bits, each tagged back
+(ml_dtypes) when copied to the host.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from specbind.runtime.binding import Array
 from specbind.runtime.ops import Ops
 
 
+_FP8_NAMES = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
+_FP8 = tuple(np.dtype(t) for t in _FP8_NAMES.values())
+
+
 @dataclass(frozen=True)
 class Backend:
     name: str
@@ -35,6 +40,8 @@ class Backend:
         out: dict[str, Any] = {}
         for name, a in host.items():
             bits = a.view(np.uint16) if a.dtype == ml_dtypes.bfloat16 else a
+            if a.dtype in _FP8:
+                bits = a.view(np.uint8)  # CuPy has no FP8 dtype: the bytes travel as they are
             out[name] = cp.asarray(bits)  # one host-to-device copy of this rank's bytes
         return out
 
@@ -43,6 +50,8 @@ class Backend:
             out: Array = a
             return out
         host: Array = a.get()
+        if dtype in _FP8_NAMES:
+            return host.view(_FP8_NAMES[dtype])
         return host.view(ml_dtypes.bfloat16) if dtype == "BF16" else host
 
 

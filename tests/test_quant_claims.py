@@ -7,8 +7,11 @@ The numerics of dequant and swizzle belong to the kernels; here a NumPy stand-in
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from helpers import TABLE, TINY, copy_with, read_file, rejoin
 from quant_standin import BACKEND
 
 from specbind.core.errors import BindError, CheckpointError, GeometryError
+from specbind.runtime import backends
 from specbind.runtime.bind import BindResult, bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.synth import synth
@@ -298,3 +302,43 @@ def test_a_name_map_that_would_give_two_tensors_one_name_is_refused(
     d = edited(src, tmp_path / "c", {L + "0.self_attn.forget_gate.A_log": a})
     msg = refused(d, CheckpointError)
     assert "self_attn.forget_gate.A_log and layers.0.self_attn.A_log would both be read as" in msg
+
+
+@pytest.fixture
+def fake_cupy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    import fake_cupy
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    cp = fake_cupy.install(str(tmp_path))
+    to_device = cp.asarray
+
+    def strict(a: Any) -> Any:  # as CuPy: no ml_dtypes extension type (BF16, FP8) on a device
+        if np.asarray(a).dtype.kind == "V":
+            raise TypeError(f"Unsupported dtype {np.asarray(a).dtype}")
+        return to_device(a)
+
+    monkeypatch.setattr(cp, "asarray", strict)
+    import specbind.generated.kernels as k
+
+    k.module.cache_clear()
+    yield cp
+    sys.modules.pop("cupy", None)
+    k.module.cache_clear()
+
+
+def test_packed_weights_and_fp8_scales_reach_the_device_and_come_back_byte_for_byte(
+    fake_cupy: Any, ckpts: dict[str, Path]
+) -> None:
+    path = ckpts["nvfp4-modelopt"]
+    kinds = {"moe", "dense"}  # the MLPs: no transform reads a quantized linear there
+    host = bind_checkpoint(Checkpoint(path), TABLE, tp_size=2, progress=False, kinds=kinds)
+    backend = backends.get("cupy", importlib.import_module("specbind.generated.kernels"))
+    dev = bind_checkpoint(
+        Checkpoint(path), TABLE, tp_size=2, progress=False, kinds=kinds, backend=backend
+    )
+    on_device = dev.fields()
+    assert on_device.keys() == host.fields().keys()
+    assert "layers.3.mlp.w13_weight_scale" in on_device
+    for name, (rule, want) in host.fields().items():
+        got = backend.to_host(on_device[name][1], rule.dtype)
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), name
