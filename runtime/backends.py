@@ -22,7 +22,6 @@ from specbind.runtime import ops as numpy_ops
 from specbind.runtime.binding import Array
 from specbind.runtime.ops import Ops
 
-
 _FP8_NAMES = {"F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2}
 _FP8 = tuple(np.dtype(t) for t in _FP8_NAMES.values())
 
