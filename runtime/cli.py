@@ -88,12 +88,7 @@ def cmd_synth(a: argparse.Namespace) -> int:
     base = table.default_values() if a.full else tiny_values(table)
     values = checked_values(table, base, _sets(a.set))
     layers = a.layers if a.layers is not None else (table.synth.layers if table.synth else 1)
-    scheme = None
-    if a.quant is not None:
-        known = {s.name: s for s in table.schemes}
-        if a.quant not in known:
-            raise SpecbindError(f"--quant {a.quant!r}: no such scheme (known: {', '.join(known)})")
-        scheme = known[a.quant]
+    scheme = _scheme(table, a.quant) if a.quant is not None else None
     summary = synth(
         table, Path(a.out), values, layers=layers, seed=a.seed, mtp=not a.no_mtp,
         shards=a.shards, gates_bf16=a.gates_bf16, nested_config=a.nested_config, quant=scheme,
@@ -201,45 +196,81 @@ def cmd_bind(a: argparse.Namespace) -> int:
 def cmd_plan(a: argparse.Namespace) -> int:
     from specbind.runtime.launcher import resolve_tp
     from specbind.runtime.planning import LayerUse, plan_report, render_text
+    from specbind.runtime.quant import LayerQuant
 
     table = _table(a.model)
     tp_size, _ = resolve_tp(a.tp_size, 0, os.environ)
     layers: list[LayerUse] = []
+    quant: dict[tuple[int, str], LayerQuant | None] = {}
     if a.ckpt:
         from specbind.runtime.bind import refuse_problems
         from specbind.runtime.checkpoint import Checkpoint
         from specbind.runtime.layout import layout
         from specbind.runtime.model import values_from_config
+        from specbind.runtime.names import NamedView
+        from specbind.runtime.quant import layer_quant
+        from specbind.runtime.quant_config import detect, packed_names
 
+        if a.quant is not None:
+            raise SpecbindError("--quant plans the spec's model; a checkpoint says its own")
         ckpt = Checkpoint(Path(a.ckpt))
         values = values_from_config(table, ckpt.config, _sets(a.set))
-        lay = layout(table, ckpt.names(), ckpt.config)
+        qconf = detect(ckpt, table.schemes)
+        view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
+        lay = layout(table, view.names(), ckpt.config)
         refuse_problems(lay)
+        geometry = table.make_geometry(values)
         for index, x in lay.layers.items():
+            full = lay.split.full_name(table, index, "")
             for fill in x.slots.values():
                 assert fill.block is not None
                 layers.append((index, fill.block.name, frozenset(fill.names)))
+                quant[(index, fill.block.name)] = layer_quant(
+                    qconf, fill.block.tensors, fill.names, full, fill.block.counts(geometry),
+                    index, view.on_disk, aliases=view.aliases,
+                )  # fmt: skip
         if table.globals and lay.globals:
             layers.append((-1, table.globals, frozenset(lay.globals)))
         source = str(ckpt.root)
     else:
+        from specbind.core.planning import expand
         from specbind.runtime.model import checked_values
+        from specbind.runtime.quant import quantized_rules, storable
         from specbind.runtime.synth import schedule
 
         values = checked_values(table, table.default_values(), _sets(a.set))
         geometry = table.make_geometry(values)
+        scheme = _scheme(table, a.quant) if a.quant is not None else None
         for p in schedule(table, table.real_layers, mtp=table.real_mtp > 0):
             for bname in p.blocks.values():
-                names = table.block(bname).names(geometry, p.groups)
+                block = table.block(bname)
+                lq = None if scheme is None else storable(scheme, block, geometry)
+                rules = quantized_rules(block.tensors, lq)
+                rules = tuple(r for r in rules if r.group is None or r.group in p.groups)
+                whole = {f: range(n) for f, n in block.counts(geometry).items()}
+                names = [r.name for r in expand(rules, whole)[0]]
                 layers.append((p.index, bname, frozenset(names)))
+                quant[(p.index, bname)] = lq
         if table.globals:
             layers.append(
                 (-1, table.globals, frozenset(table.block(table.globals).names(geometry)))
             )
         source = f"model spec: the real geometry, {table.real_layers} layers + {table.real_mtp} MTP"
-    rep = plan_report(table, values, tp_size, layers, source, ep_size=a.ep_size)
+        if scheme is not None:
+            source += f", every linear it can hold as {scheme.name}"
+    rep = plan_report(
+        table, values, tp_size, layers, source, ep_size=a.ep_size,
+        quant=lambda i, b: quant.get((i, b)),
+    )  # fmt: skip
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
+
+
+def _scheme(table: Any, name: str) -> Any:
+    known = {s.name: s for s in table.schemes}
+    if name not in known:
+        raise SpecbindError(f"--quant {name!r}: no such scheme (known: {', '.join(known)})")
+    return known[name]
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -369,6 +400,11 @@ def parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="every tensor's local shape and bytes on every rank")
     pl.add_argument("ckpt", nargs="?", help="a checkpoint (geometry from its config.json)")
     pl.add_argument("--json", action="store_true")
+    pl.add_argument(
+        "--quant",
+        metavar="SCHEME",
+        help="without a checkpoint: plan every linear the scheme can hold stored quantized",
+    )
     tp(pl, rank=False)
     common(pl)
     pl.set_defaults(func=cmd_plan)

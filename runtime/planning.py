@@ -8,13 +8,17 @@ sum so a reader (and the tests) can check it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from specbind.core.planning import BlockPlan, Ranks
 from specbind.runtime.model import ModelTable
+from specbind.runtime.quant import LayerQuant, quantize_rules
 
 # (layer index, block, names present); a layer contributes one entry per filled slot
 LayerUse = tuple[int, str, frozenset[str]]
+# (layer index, block) -> which of its linears are stored quantized (None: none)
+QuantOf = Callable[[int, str], LayerQuant | None]
 
 
 def plan_report(
@@ -24,7 +28,10 @@ def plan_report(
     layers: list[LayerUse],
     source: str,
     ep_size: int = 1,
+    quant: QuantOf | None = None,
 ) -> dict[str, Any]:
+    """With ``quant``, a quantized linear is planned as its scheme's companions, each split
+    in whole groups: the bytes are the packed bytes a rank reads."""
     geometry = table.make_geometry(values)
     used = sorted({b for _, b, _ in layers})
     grid = [Ranks(tp_size, t, ep_size, e) for e in range(ep_size) for t in range(tp_size)]
@@ -35,6 +42,20 @@ def plan_report(
         for r in grid:
             plans[(name, r)] = block.plan(geometry, r)
     whole = {name: table.block(name).plan(geometry, Ranks()) for name in used}
+    cache: dict[tuple[Any, ...], BlockPlan] = {}
+
+    def plan_of(index: int, name: str, r: Ranks | None) -> BlockPlan:
+        """The block's plan in layer ``index`` on rank ``r`` (None: the whole model)."""
+        base = whole[name] if r is None else plans[(name, r)]
+        lq = quant(index, name) if quant is not None else None
+        if lq is None:
+            return base
+        key = (name, r, lq.quantized)
+        if key not in cache:
+            cache[key] = quantize_rules(name, table.block(name).tensors, base, lq)[1]
+        return cache[key]
+
+    first = {name: min(i for i, b, _ in layers if b == name) for name in used}
     blocks: dict[str, Any] = {}
     for name in used:
         block = table.block(name)
@@ -56,8 +77,8 @@ def plan_report(
             ],
         }
     tp1 = expected = 0
-    for _, b, present in layers:
-        for t in whole[b].tensors.values():
+    for i, b, present in layers:
+        for t in plan_of(i, b, None).tensors.values():
             if t.name in present:
                 tp1 += t.full_bytes
                 copies = tp_size if t.kind == "replicated" else 1
@@ -67,8 +88,8 @@ def plan_report(
     for r in grid:
         total = sum(
             t.local_bytes
-            for _, b, present in layers
-            for t in plans[(b, r)].tensors.values()
+            for i, b, present in layers
+            for t in plan_of(i, b, r).tensors.values()
             if t.name in present
         )
         per_block = {
@@ -77,7 +98,7 @@ def plan_report(
                     k: t.as_dict()[k]
                     for k in ("name", "local_shape", "local_bytes", "axis", "offset")
                 }
-                for t in plans[(name, r)].tensors.values()
+                for t in plan_of(first[name], name, r).tensors.values()
             ]
             for name in used
         }

@@ -182,12 +182,9 @@ def _companion_plan(block: str, tp: TensorPlan, c: CompanionRule, lq: LayerQuant
             f"{bad[0].text} is not whole ({c.suffix} {c.shape_text})"
         )
     full = c.shape(o, i)
-    if tp.kind == "replicated" or tp.local_shape == tp.full_shape or c.scalar:
-        return TensorPlan(name, c.dtype, "replicated", None, 1, full, full, 0, 0,
-                          c.shape_text, (), pattern)  # fmt: skip
     axis = tp.axis
-    d = c.dims[axis]
-    if d.of != ("O" if axis == 0 else "I"):
+    d = c.dims[axis] if axis < len(c.dims) else None
+    if tp.kind == "replicated" or c.scalar or d is None or d.of != ("O" if axis == 0 else "I"):
         return TensorPlan(name, c.dtype, "replicated", None, 1, full, full, 0, 0,
                           c.shape_text, (), pattern)  # fmt: skip
     w = window(d, tp.full_shape[axis], tp.local_shape[axis], tp.offset)
@@ -400,3 +397,15 @@ def for_transforms(
         return t
     read = [s for n, f in fields.items() if f.kind == "transform" for s in sources[n]]
     return dequantized(t, lq, ops, at(layer), only=_names_of(read, t))
+
+
+def storable(scheme: SchemeRule, block: Any, geometry: Any) -> LayerQuant | None:
+    """Every linear of ``block`` (a model table's entry) the scheme can store at ``geometry``
+    (whole groups at tp 1), as a ``synth --quant`` checkpoint would hold them."""
+    shapes = block.shapes(geometry)
+    names = frozenset(
+        r.name
+        for r in block.tensors
+        if r.linear and all(d.exact(*shapes[r.name]) for c in scheme.companions for d in c.dims)
+    )
+    return LayerQuant(scheme, False, names) if names else None

@@ -342,3 +342,18 @@ def test_packed_weights_and_fp8_scales_reach_the_device_and_come_back_byte_for_b
     for name, (rule, want) in host.fields().items():
         got = backend.to_host(on_device[name][1], rule.dtype)
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), name
+
+
+@pytest.mark.parametrize(("tp", "ep"), [(1, 1), (2, 3), (4, 2)])
+def test_plan_of_a_quantized_checkpoint_counts_the_packed_bytes_each_rank_reads(
+    ckpts: dict[str, Path], capsys: pytest.CaptureFixture[str], tp: int, ep: int
+) -> None:
+    from specbind.runtime.cli import main
+
+    path = ckpts["nvfp4-modelopt"]
+    assert main(["plan", str(path), "--tp-size", str(tp), "--ep-size", str(ep), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["totals"]["sum_rank_bytes"] == rep["totals"]["expected_sum"]
+    for row in rep["ranks"]:
+        r = bind(path, tp_size=tp, tp_rank=row["tp_rank"], ep_size=ep, ep_rank=row["ep_rank"])
+        assert row["bytes"] == r.as_dict()["bytes"], row["tp_rank"]
