@@ -279,6 +279,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
     table = _table(a.model)
     if a.repeat < 1:
         raise SpecbindError("--repeat must be >= 1")
+    if a.quant is not None:
+        from specbind.runtime import bench_quant
+
+        qr = bench_quant.run(
+            table, _scheme(table, a.quant), a.tp_size or [1, 2, 8], a.ep_size or [8],
+            a.repeat, bench.cache_dir(a.cache), _sets(a.set),
+        )  # fmt: skip
+        print(json.dumps(qr, indent=2) if a.json else bench_quant.render(qr))
+        return 0
     result = bench.run(
         table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), a.tiny,
         rss=not a.no_rss, overrides=_sets(a.set),
@@ -420,6 +429,14 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--tiny", action="store_true", help="tiny geometry (a smoke run)")
     be.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
     be.add_argument("--json", action="store_true")
+    be.add_argument(
+        "--quant",
+        metavar="SCHEME",
+        help="instead: one MoE layer stored as SCHEME (nvfp4-modelopt) at the real expert shapes",
+    )
+    be.add_argument(
+        "--ep-size", type=int, action="append", help="with --quant: ep sizes (default 8)"
+    )
     common(be)
     be.set_defaults(func=cmd_bench)
     return p
