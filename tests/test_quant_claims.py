@@ -21,7 +21,7 @@ import pytest
 from helpers import TABLE, TINY, copy_with, read_file, rejoin
 from quant_standin import BACKEND
 
-from specbind.core.errors import BindError, CheckpointError, GeometryError
+from specbind.core.errors import BindError, CheckpointError, GeometryError, SpecbindError
 from specbind.runtime import backends
 from specbind.runtime.bind import BindResult, bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
@@ -357,3 +357,27 @@ def test_plan_of_a_quantized_checkpoint_counts_the_packed_bytes_each_rank_reads(
     for row in rep["ranks"]:
         r = bind(path, tp_size=tp, tp_rank=row["tp_rank"], ep_size=ep, ep_rank=row["ep_rank"])
         assert row["bytes"] == r.as_dict()["bytes"], row["tp_rank"]
+
+
+def test_the_nvfp4_moe_bench_times_only_a_baseline_equal_to_specbind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specbind.benchmarks import nvfp4_moe
+    from specbind.runtime import bench_quant
+
+    small = {"experts": 6, "hidden": 256, "moe_intermediate": 128}
+    scheme = SCHEMES["nvfp4-modelopt"]
+    r = bench_quant.run(TABLE, scheme, [1, 2], [3], 1, tmp_path, small)
+    by = {(x["tp"], x["ep"]): x for x in r["rows"]}
+    assert set(by) == {(1, 1), (2, 1), (1, 3)}
+    assert by[(2, 1)]["rank_bytes"] < by[(1, 1)]["rank_bytes"]
+    honest = nvfp4_moe.baseline
+
+    def wrong(*a: Any) -> Any:  # down's packed columns in the wrong order
+        out = honest(*a)
+        out["w2"] = np.ascontiguousarray(out["w2"][:, ::-1])
+        return out
+
+    monkeypatch.setattr(nvfp4_moe, "baseline", wrong)
+    with pytest.raises(SpecbindError, match="the baseline's w2 differs from specbind's"):
+        bench_quant.run(TABLE, scheme, [2], [], 1, tmp_path, small)
