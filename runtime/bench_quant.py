@@ -73,7 +73,10 @@ def ensure_layer(
     lq = storable(scheme, block, g)
     if lq is None:
         raise SpecbindError(f"{scheme.name} can store no linear of {block.name} at this geometry")
-    key = hashlib.sha256(json.dumps([scheme.name, sorted(values.items())]).encode()).hexdigest()
+    from specbind.generated import SPECS_SHA256
+
+    what = [SPECS_SHA256, scheme.name, sorted(values.items())]  # new specs: a new layer
+    key = hashlib.sha256(json.dumps(what).encode()).hexdigest()
     path = cache / f"{table.name}-{block.name}-{scheme.name}" / f"{key[:12]}.safetensors"
     if path.exists():
         return path, lq
