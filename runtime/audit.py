@@ -172,6 +172,7 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
         qconf = None
         problems.append(f"model: {e}")
     view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
+    scalars = tuple("." + c.suffix for c in (qconf.scheme.companions if qconf else ()) if c.scalar)
     lay = layout(table, view.names(), ckpt.config)
     split = lay.split
     problems += lay.problems
@@ -204,7 +205,10 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
         for fill in lay_layer.slots.values():
             rx = family_regex(fill.block.tensors) if fill.block is not None else {}
             hashable += [
-                full + n for n in fill.names if not any(x.fullmatch(n) for x, _ in rx.values())
+                full + n
+                for n in fill.names
+                if not any(x.fullmatch(n) for x, _ in rx.values())
+                and not n.endswith(scalars)  # shared scales are equal by design
             ]
         layers.append(
             {
@@ -324,6 +328,10 @@ def render_text(rep: dict[str, Any]) -> str:
     lines += [f"  {' = '.join(g)}" for g in dup[:20]]
     if len(dup) > 20:
         lines.append(f"  … {len(dup) - 20} more (see --json)")
+    q = rep.get("quantization")
+    if q is not None:
+        only = " (weights only)" if q["weight_only"] else ""
+        lines.append(f"quantization: {q['scheme']}{only}, read from the checkpoint's config")
     lines.append(f"quantisation artefacts: {rep['quantisation_artefacts']}")
     if rep["unindexed_files"]:
         lines.append(f"not read (no index entry names them): {rep['unindexed_files']}")
