@@ -118,6 +118,12 @@ def layer_quant(
                     f"({q.why_excluded(disk)}), but carries {carried} — refused: "
                     "its config and its tensors disagree"
                 )
+            if yes and not carried and extra and name in present:  # (absent: not this check's)
+                raise BindError(
+                    f"{at(layer)}: {module}: {q.source} leaves it quantized "
+                    f"({q.scheme.name}), but none of its {extra} is stored — refused: its "
+                    "config and its tensors disagree"
+                )
         if says[True] and says[False]:
             raise BindError(
                 f"{at(layer)}: {r.name}: the config quantizes members {says[True]} and "
