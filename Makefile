@@ -11,7 +11,9 @@ DEMO   := demo-out
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,interop]'
+	$(BIN)/python -m pip install --quiet -e '.[test,interop,quant]'
+	# llmcompressor pins transformers<=5.17 and compressed-tensors 0.19, yet runs with ours
+	$(BIN)/python -m pip install --quiet --no-deps llmcompressor==0.14.0.1
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -57,6 +57,7 @@ class TensorRule:
     family: str | None = None  # the family placeholder in ``name``
     root: bool = False  # named from the checkpoint root, not under the text model's prefix
     tie: TieRule | None = None
+    linear: bool = False  # a linear weight [O, I] that a quantization scheme may replace
     # The parsed shape, held by the generator only (generated tables leave it empty).
     dims: tuple[Expr, ...] = field(default=(), compare=False, repr=False)
 
@@ -66,7 +67,7 @@ class TensorRule:
         name = self.name.replace("{" + self.family + "}", str(index))
         return TensorRule(
             name, self.dtype, self.shape, self.shard, self.group, self.why_dtype, self.stored,
-            None, self.root, self.tie,
+            None, self.root, self.tie, self.linear,
         )  # fmt: skip
 
 
@@ -87,6 +88,19 @@ class FieldRule:
     parts: int  # a concat of row shards holds one block per source
     axis: int = 0  # the axis ``layout`` splits, in the field's own shape
     family: str | None = None  # stacked over this rank's members of the family, on axis 0
+    join: int = 0  # a concat or stack: the axis its sources are joined along
+
+
+@dataclass(frozen=True)
+class SharedScaleRule:
+    """Linear weights whose quantization scale must be one value: their ``global`` weight
+    scales within each member (q/k/v read by one fused GEMM), or their ``input`` scales across
+    every member of the family ``across`` (the experts of a layer share one activation scale)."""
+
+    tensors: tuple[str, ...]
+    scale: Literal["global", "input"]
+    across: str | None
+    why: str
 
 
 @dataclass(frozen=True)
@@ -137,6 +151,16 @@ class SlotRule:
             if value in vals:
                 return block
         return None
+
+
+@dataclass(frozen=True)
+class NameRule:
+    """Another writer's layer-relative name: ``source`` (a prefix) read as ``to[0]``, or, with
+    several ``to``, one stored tensor read as that many equal row segments, in order."""
+
+    source: str
+    to: tuple[str, ...]
+    why: str
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 from specbind.generated import model_glm_5_3_flash
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "6b3495adcf842bb2821468a3d3edfd3add35ce7577f732a5963747bc28ece1be"
+SPECS_SHA256 = "a7d41ae05db022909fe8af83abe57f5e7fd25be8d3ae4d1104530c25b116cac0"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,

@@ -18,10 +18,24 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
+from specbind.core.ir import (
+    ConstraintRule,
+    FieldRule,
+    GroupRule,
+    ShardRule,
+    SharedScaleRule,
+    TensorRule,
+)
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.binding import BindReport, bind_tensors, check_dims
+from specbind.runtime.quant import (
+    LayerQuant,
+    QuantFields,
+    check_shared,
+    companion_fields,
+    quantize_rules,
+)
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
@@ -59,6 +73,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[F, X]",
         shard=ShardRule(kind="rows", unit="F", axis=0),
+        linear=True,
     ),
     # mlp.up_proj.weight [F, X] BF16: rank r: rows [r*(F)/tp, (r+1)*(F)/tp) in whole F
     TensorRule(
@@ -66,6 +81,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[F, X]",
         shard=ShardRule(kind="rows", unit="F", axis=0),
+        linear=True,
     ),
     # mlp.down_proj.weight [X, F] BF16: rank r: cols [r*(F)/tp, (r+1)*(F)/tp) in whole F
     TensorRule(
@@ -73,6 +89,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[X, F]",
         shard=ShardRule(kind="cols", unit="F", axis=-1),
+        linear=True,
     ),
 )
 
@@ -83,6 +100,16 @@ FAMILIES: dict[str, str] = {}
 
 CONSTRAINTS: tuple[ConstraintRule, ...] = ()
 
+# Linear weights whose quantization scales must be one value (checked when bound quantized).
+SHARED_SCALES: tuple[SharedScaleRule, ...] = (
+    SharedScaleRule(
+        tensors=("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+        scale="global",
+        across=None,
+        why="gate_up is one GEMM in the engine, which reads one global scale",
+    ),
+)
+
 # Each bound field and the checkpoint tensors it is made from, in order.
 SOURCES: dict[str, tuple[str, ...]] = {
     "gate_up": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
@@ -92,7 +119,9 @@ SOURCES: dict[str, tuple[str, ...]] = {
 # How each bound field is made, and how it splits across tensor-parallel ranks: a rank holds
 # `parts` consecutive blocks along `axis`, each one the rank's share of one source.
 FIELDS: dict[str, FieldRule] = {
-    "gate_up": FieldRule(kind="concat", dtype="BF16", layout="rows", parts=2, axis=0, family=None),
+    "gate_up": FieldRule(
+        kind="concat", dtype="BF16", layout="rows", parts=2, axis=0, family=None, join=0
+    ),
     "down": FieldRule(kind="verbatim", dtype="BF16", layout="cols", parts=1, axis=-1, family=None),
 }
 
@@ -163,12 +192,16 @@ class DenseWeights(Generic[T]):
     gate_up: T  # [2 * F, X] (before the tp split)
     # down_proj.weight [X, F] BF16, verbatim
     down: T  # [X, F]
+    # the companions of quantized fields (scales, and any requested optional layouts)
+    quant: QuantFields | None = None
 
     def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
         out: dict[str, T] = {}
         out["gate_up"] = self.gate_up
         out["down"] = self.down
+        if self.quant is not None:
+            out.update(self.quant.arrays)
         return out
 
 
@@ -180,27 +213,32 @@ def bind_dense(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
+    quant: LayerQuant | None = None,
 ) -> tuple[DenseWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as
     this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
+    ``quant`` (from the checkpoint's config) says which linears are stored quantized: their
+    rules and plans become the scheme's companions, split in whole groups.
     """
     p = plan(g, rank, ep_rank)
     check_constraints(g)
+    rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
     sharded = ShardedSource(inner=src, plan=p, layer=layer)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
         prefix=PREFIX,
         src=sharded,
-        rules=TENSORS,
+        rules=rules,
         groups=GROUPS,
         plan=p,
         counts=counts(g),
         flags=flags,
     )
+    check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
     ops = backend.ops
     weights = DenseWeights(
@@ -214,5 +252,6 @@ def bind_dense(
             squeeze=None,
         ),
         down=t["mlp.down_proj.weight"],
+        quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
     return weights, report

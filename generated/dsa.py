@@ -19,12 +19,27 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from specbind.core import algebra_ops
-from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
+from specbind.core.ir import (
+    ConstraintRule,
+    FieldRule,
+    GroupRule,
+    ShardRule,
+    SharedScaleRule,
+    TensorRule,
+)
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime import ops as numpy_ops
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims, require
 from specbind.runtime.ops import Ops
+from specbind.runtime.quant import (
+    LayerQuant,
+    QuantFields,
+    check_shared,
+    companion_fields,
+    for_transforms,
+    quantize_rules,
+)
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
@@ -78,6 +93,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[QL, X]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
+        linear=True,
     ),
     # self_attn.q_a_layernorm.weight [QL] BF16: every rank holds all of it
     TensorRule(
@@ -92,6 +108,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[H * (N + R), QL]",
         shard=ShardRule(kind="rows", unit="H", axis=0),
+        linear=True,
     ),
     # self_attn.kv_a_proj_with_mqa.weight [KVL + R, X] BF16: every rank holds all of it
     TensorRule(
@@ -99,6 +116,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[KVL + R, X]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
+        linear=True,
     ),
     # self_attn.kv_a_layernorm.weight [KVL] BF16: every rank holds all of it
     TensorRule(
@@ -113,6 +131,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[H * (N + V), KVL]",
         shard=ShardRule(kind="rows", unit="H", axis=0),
+        linear=True,
     ),
     # self_attn.o_proj.weight [X, H * V] BF16: rank r: cols [r*(H * V)/tp, (r+1)*(H * V)/tp) in whole H
     TensorRule(
@@ -120,6 +139,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[X, H * V]",
         shard=ShardRule(kind="cols", unit="H", axis=-1),
+        linear=True,
     ),
     # self_attn.indexer.wq_b.weight [IH * ID, QL] BF16: every rank holds all of it
     TensorRule(
@@ -128,6 +148,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shape="[IH * ID, QL]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
+        linear=True,
     ),
     # self_attn.indexer.wk.weight [ID, X] BF16: every rank holds all of it
     TensorRule(
@@ -136,6 +157,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shape="[ID, X]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
+        linear=True,
     ),
     # self_attn.indexer.k_norm.weight [ID] BF16: every rank holds all of it
     TensorRule(
@@ -160,6 +182,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shape="[IH, X]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
+        linear=True,
     ),
     # self_attn.indexer.index_kpool_compress_gate [ID, X] BF16: every rank holds all of it
     TensorRule(
@@ -195,6 +218,16 @@ CONSTRAINTS: tuple[ConstraintRule, ...] = (
         name="nope_only",
         check="R == 0",
         why="NoPE only: q_absorb folds the K half of kv_b_proj into q_b_proj, which lines up only when q_b_proj has no rope section (qk_rope_head_dim = 0); a rope section would need its rows carried separately",
+    ),
+)
+
+# Linear weights whose quantization scales must be one value (checked when bound quantized).
+SHARED_SCALES: tuple[SharedScaleRule, ...] = (
+    SharedScaleRule(
+        tensors=("self_attn.q_a_proj.weight", "self_attn.kv_a_proj_with_mqa.weight"),
+        scale="global",
+        across=None,
+        why="q_a_proj and kv_a_proj_with_mqa are one fused GEMM in the engine, with one global scale",
     ),
 )
 
@@ -331,7 +364,7 @@ def plan(g: DsaGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
     )
 
 
-def make_q_absorb(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_q_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
     H_rank = g.H // g.tp  # this rank's H units
     a = t["self_attn.kv_b_proj.weight"]
@@ -358,7 +391,7 @@ def make_q_absorb(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> 
     return y
 
 
-def make_o_absorb(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_o_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
     H_rank = g.H // g.tp  # this rank's H units
     a = t["self_attn.o_proj.weight"]
@@ -385,7 +418,7 @@ def make_o_absorb(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> 
     return y
 
 
-def make_weights_proj(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_weights_proj(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``weights_proj``: one tensor, scaled by IH ** (-0.5), as BF16."""
     x = t["self_attn.indexer.weights_proj.weight"]
     # x (IH ** (-0.5)) in F32, then BF16, in one pass
@@ -393,7 +426,7 @@ def make_weights_proj(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops)
     return x
 
 
-def make_ape(g: DsaGeometry, t: dict[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_ape(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``ape``: one tensor, as F32."""
     x = t["self_attn.indexer.index_kpool_compress_ape"]
     x = ops.cast(x, dtype="F32")
@@ -437,6 +470,8 @@ class DsaWeights(Generic[T]):
     compress_gate: T | None  # [ID, X]
     # ape: one tensor, as F32
     ape: T | None  # see make_ape
+    # the companions of quantized fields (scales, and any requested optional layouts)
+    quant: QuantFields | None = None
 
     def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
@@ -461,6 +496,8 @@ class DsaWeights(Generic[T]):
             out["compress_gate"] = self.compress_gate
         if self.ape is not None:
             out["ape"] = self.ape
+        if self.quant is not None:
+            out.update(self.quant.arrays)
         return out
 
 
@@ -472,44 +509,51 @@ def bind_dsa(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
+    quant: LayerQuant | None = None,
 ) -> tuple[DsaWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as
     this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
+    ``quant`` (from the checkpoint's config) says which linears are stored quantized: their
+    rules and plans become the scheme's companions, split in whole groups.
     """
     p = plan(g, rank, ep_rank)
     check_constraints(g)
+    rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
     sharded = ShardedSource(inner=src, plan=p, layer=layer)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
         prefix=PREFIX,
         src=sharded,
-        rules=TENSORS,
+        rules=rules,
         groups=GROUPS,
         plan=p,
         counts=counts(g),
         flags=flags,
     )
+    check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
     ops = backend.ops
+    td = for_transforms(layer, FIELDS, SOURCES, t, ops, quant)  # transforms read BF16
     weights = DsaWeights(
         q_a_proj=t["self_attn.q_a_proj.weight"],
         q_a_layernorm=t["self_attn.q_a_layernorm.weight"],
-        q_absorb=make_q_absorb(g, t, ops),
+        q_absorb=make_q_absorb(g, td, ops),
         kv_a_proj=t["self_attn.kv_a_proj_with_mqa.weight"],
         kv_a_layernorm=t["self_attn.kv_a_layernorm.weight"],
-        o_absorb=make_o_absorb(g, t, ops),
+        o_absorb=make_o_absorb(g, td, ops),
         wq_b=t.get("self_attn.indexer.wq_b.weight"),
         wk=t.get("self_attn.indexer.wk.weight"),
         k_norm_weight=t.get("self_attn.indexer.k_norm.weight"),
         k_norm_bias=t.get("self_attn.indexer.k_norm.bias"),
-        weights_proj=make_weights_proj(g, t, ops)
-        if "self_attn.indexer.weights_proj.weight" in t
+        weights_proj=make_weights_proj(g, td, ops)
+        if "self_attn.indexer.weights_proj.weight" in td
         else None,
         compress_gate=t.get("self_attn.indexer.index_kpool_compress_gate"),
-        ape=make_ape(g, t, ops) if "self_attn.indexer.index_kpool_compress_ape" in t else None,
+        ape=make_ape(g, td, ops) if "self_attn.indexer.index_kpool_compress_ape" in td else None,
+        quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
     return weights, report

@@ -19,10 +19,24 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from specbind.core import algebra_ops
-from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
+from specbind.core.ir import (
+    ConstraintRule,
+    FieldRule,
+    GroupRule,
+    ShardRule,
+    SharedScaleRule,
+    TensorRule,
+)
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.binding import BindReport, bind_tensors, check_dims, require
+from specbind.runtime.quant import (
+    LayerQuant,
+    QuantFields,
+    check_shared,
+    companion_fields,
+    quantize_rules,
+)
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
@@ -66,6 +80,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[Q, X]",
         shard=ShardRule(kind="rows", unit="H", axis=0),
+        linear=True,
     ),
     # self_attn.k_proj.weight [Q, X] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
@@ -73,6 +88,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[Q, X]",
         shard=ShardRule(kind="rows", unit="H", axis=0),
+        linear=True,
     ),
     # self_attn.v_proj.weight [Q, X] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
@@ -80,6 +96,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[Q, X]",
         shard=ShardRule(kind="rows", unit="H", axis=0),
+        linear=True,
     ),
     # self_attn.q_conv1d.weight [Q, 1, K] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
@@ -111,6 +128,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[D, X]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
+        linear=True,
     ),
     # self_attn.f_b_proj.weight [Q, D] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
@@ -118,6 +136,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[Q, D]",
         shard=ShardRule(kind="rows", unit="H", axis=0),
+        linear=True,
     ),
     # self_attn.g_a_proj.weight [D, X] BF16: every rank holds all of it
     TensorRule(
@@ -125,6 +144,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[D, X]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
+        linear=True,
     ),
     # self_attn.g_b_proj.weight [Q, D] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(
@@ -132,6 +152,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[Q, D]",
         shard=ShardRule(kind="rows", unit="H", axis=0),
+        linear=True,
     ),
     # self_attn.b_proj.weight [H, X] BF16: rank r: rows [r*(H)/tp, (r+1)*(H)/tp) in whole H
     TensorRule(
@@ -139,6 +160,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[H, X]",
         shard=ShardRule(kind="rows", unit="H", axis=0),
+        linear=True,
     ),
     # self_attn.A_log [H] F32: rank r: rows [r*(H)/tp, (r+1)*(H)/tp) in whole H
     TensorRule(
@@ -169,6 +191,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[X, Q]",
         shard=ShardRule(kind="cols", unit="H", axis=-1),
+        linear=True,
     ),
 )
 
@@ -187,6 +210,16 @@ CONSTRAINTS: tuple[ConstraintRule, ...] = (
         name="scan_shared_memory",
         check="8 * C * D + 4 * C * C <= 49152",
         why="the chunked scan keeps four BF16 C x D tiles and one F32 C x C tile in static shared memory, capped at 48 KiB per block; a wider chunk must be refused, not truncated",
+    ),
+)
+
+# Linear weights whose quantization scales must be one value (checked when bound quantized).
+SHARED_SCALES: tuple[SharedScaleRule, ...] = (
+    SharedScaleRule(
+        tensors=("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+        scale="global",
+        across=None,
+        why="q, k and v are one fused GEMM in the engine, which reads one global scale",
     ),
 )
 
@@ -213,7 +246,9 @@ FIELDS: dict[str, FieldRule] = {
     "q_proj": FieldRule(kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None),
     "k_proj": FieldRule(kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None),
     "v_proj": FieldRule(kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None),
-    "conv": FieldRule(kind="concat", dtype="BF16", layout="rows", parts=3, axis=0, family=None),
+    "conv": FieldRule(
+        kind="concat", dtype="BF16", layout="rows", parts=3, axis=0, family=None, join=0
+    ),
     "f_a": FieldRule(
         kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
     ),
@@ -366,6 +401,8 @@ class KdaWeights(Generic[T]):
     o_norm: T  # [D]
     # o_proj.weight [X, Q] BF16, verbatim
     o_proj: T  # [X, Q]
+    # the companions of quantized fields (scales, and any requested optional layouts)
+    quant: QuantFields | None = None
 
     def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
@@ -383,6 +420,8 @@ class KdaWeights(Generic[T]):
         out["g_b"] = self.g_b
         out["o_norm"] = self.o_norm
         out["o_proj"] = self.o_proj
+        if self.quant is not None:
+            out.update(self.quant.arrays)
         return out
 
 
@@ -394,27 +433,32 @@ def bind_kda(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
+    quant: LayerQuant | None = None,
 ) -> tuple[KdaWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as
     this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
+    ``quant`` (from the checkpoint's config) says which linears are stored quantized: their
+    rules and plans become the scheme's companions, split in whole groups.
     """
     p = plan(g, rank, ep_rank)
     check_constraints(g)
+    rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
     sharded = ShardedSource(inner=src, plan=p, layer=layer)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
         prefix=PREFIX,
         src=sharded,
-        rules=TENSORS,
+        rules=rules,
         groups=GROUPS,
         plan=p,
         counts=counts(g),
         flags=flags,
     )
+    check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
     ops = backend.ops
     weights = KdaWeights(
@@ -440,5 +484,6 @@ def bind_kda(
         g_b=t["self_attn.g_b_proj.weight"],
         o_norm=t["self_attn.o_norm.weight"],
         o_proj=t["self_attn.o_proj.weight"],
+        quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
     return weights, report

@@ -18,10 +18,24 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
+from specbind.core.ir import (
+    ConstraintRule,
+    FieldRule,
+    GroupRule,
+    ShardRule,
+    SharedScaleRule,
+    TensorRule,
+)
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.binding import BindReport, bind_tensors, check_dims
+from specbind.runtime.quant import (
+    LayerQuant,
+    QuantFields,
+    check_shared,
+    companion_fields,
+    quantize_rules,
+)
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
@@ -73,6 +87,9 @@ GROUPS: dict[str, GroupRule] = {}
 FAMILIES: dict[str, str] = {}
 
 CONSTRAINTS: tuple[ConstraintRule, ...] = ()
+
+# Linear weights whose quantization scales must be one value (checked when bound quantized).
+SHARED_SCALES: tuple[SharedScaleRule, ...] = ()
 
 # Each bound field and the checkpoint tensors it is made from, in order.
 SOURCES: dict[str, tuple[str, ...]] = {
@@ -155,12 +172,16 @@ class LayerNormsWeights(Generic[T]):
     input_norm: T  # [X]
     # post_attention_layernorm.weight [X] BF16, verbatim
     post_attention_norm: T  # [X]
+    # the companions of quantized fields (scales, and any requested optional layouts)
+    quant: QuantFields | None = None
 
     def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
         out: dict[str, T] = {}
         out["input_norm"] = self.input_norm
         out["post_attention_norm"] = self.post_attention_norm
+        if self.quant is not None:
+            out.update(self.quant.arrays)
         return out
 
 
@@ -172,30 +193,37 @@ def bind_layer_norms(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
+    quant: LayerQuant | None = None,
 ) -> tuple[LayerNormsWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as
     this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
+    ``quant`` (from the checkpoint's config) says which linears are stored quantized: their
+    rules and plans become the scheme's companions, split in whole groups.
     """
     p = plan(g, rank, ep_rank)
     check_constraints(g)
+    rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
     sharded = ShardedSource(inner=src, plan=p, layer=layer)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
         prefix=PREFIX,
         src=sharded,
-        rules=TENSORS,
+        rules=rules,
         groups=GROUPS,
         plan=p,
         counts=counts(g),
         flags=flags,
     )
+    check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
+    ops = backend.ops
     weights = LayerNormsWeights(
         input_norm=t["input_layernorm.weight"],
         post_attention_norm=t["post_attention_layernorm.weight"],
+        quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
     return weights, report

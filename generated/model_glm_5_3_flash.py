@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from specbind.core.ir import (
     GeometryField,
     LayerGroupRule,
+    NameRule,
     SlotRule,
     SynthList,
     SynthRule,
@@ -23,6 +24,7 @@ from specbind.core.ir import (
 )
 from specbind.core.planning import Ranks
 from specbind.generated import dense, dsa, kda, layer_norms, lm_globals, mhc, moe, mtp_head
+from specbind.generated.schemes import SCHEMES
 from specbind.runtime.model import BlockEntry, ModelTable, block_entry
 
 MODEL = "glm-5.3-flash"
@@ -61,6 +63,30 @@ SLOTS: tuple[SlotRule, ...] = (
     SlotRule(name="norms", blocks=("layer_norms",), scope="all", config=None, values=()),
     SlotRule(name="mhc", blocks=("mhc",), scope="decoder", config=None, values=()),
     SlotRule(name="mtp", blocks=("mtp_head",), scope="mtp", config=None, values=()),
+)
+
+# Other writers' layer-relative names: a prefix renamed, or one tensor read as row segments.
+NAMES: tuple[NameRule, ...] = (
+    NameRule(
+        source="self_attn.forget_gate.",
+        to=("self_attn.",),
+        why="transformers keeps f_a_proj, f_b_proj, A_log and dt_bias in a forget_gate submodule",
+    ),
+    NameRule(
+        source="attn_hc.",
+        to=("hc_attn_",),
+        why="transformers' mHC module before attention (fn, base, scale)",
+    ),
+    NameRule(
+        source="ffn_hc.",
+        to=("hc_ffn_",),
+        why="transformers' mHC module before the MLP (fn, base, scale)",
+    ),
+    NameRule(
+        source="self_attn.conv1d.weight",
+        to=("self_attn.q_conv1d.weight", "self_attn.k_conv1d.weight", "self_attn.v_conv1d.weight"),
+        why="transformers fuses the three short convolutions into one conv1d over cat([q, k, v])",
+    ),
 )
 
 # Checkpoint names this model declares it does not bind, each with the reason.
@@ -335,6 +361,7 @@ BLOCKS: tuple[BlockEntry[Geometry], ...] = (
 
 TABLE: ModelTable[Geometry] = ModelTable(
     name=MODEL,
+    schemes=SCHEMES,
     layer_pattern=LAYER_PATTERN,
     layer_prefixes=LAYER_PREFIXES,
     geometry_fields=GEOMETRY,
@@ -344,6 +371,7 @@ TABLE: ModelTable[Geometry] = ModelTable(
     slots=SLOTS,
     globals="lm_globals",
     unbound=UNBOUND,
+    names=NAMES,
     layer_count="num_hidden_layers",
     mtp_count="num_nextn_predict_layers",
     flags=("tie_word_embeddings",),

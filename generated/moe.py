@@ -19,10 +19,24 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
+from specbind.core.ir import (
+    ConstraintRule,
+    FieldRule,
+    GroupRule,
+    ShardRule,
+    SharedScaleRule,
+    TensorRule,
+)
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.binding import BindReport, bind_tensors, check_dims, members
+from specbind.runtime.quant import (
+    LayerQuant,
+    QuantFields,
+    check_shared,
+    companion_fields,
+    quantize_rules,
+)
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
@@ -79,6 +93,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[Im, X]",
         shard=ShardRule(kind="rows", unit="Im", axis=0),
+        linear=True,
         family="e",
     ),
     # mlp.experts.{e}.up_proj.weight [Im, X] BF16: rank r: rows [r*(Im)/tp, (r+1)*(Im)/tp) in whole Im; only the family members of this ep rank
@@ -87,6 +102,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[Im, X]",
         shard=ShardRule(kind="rows", unit="Im", axis=0),
+        linear=True,
         family="e",
     ),
     # mlp.experts.{e}.down_proj.weight [X, Im] BF16: rank r: cols [r*(Im)/tp, (r+1)*(Im)/tp) in whole Im; only the family members of this ep rank
@@ -95,6 +111,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[X, Im]",
         shard=ShardRule(kind="cols", unit="Im", axis=-1),
+        linear=True,
         family="e",
     ),
     # mlp.shared_experts.gate_proj.weight [S * Im, X] BF16: rank r: rows [r*(S * Im)/tp, (r+1)*(S * Im)/tp) in whole Im
@@ -103,6 +120,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[S * Im, X]",
         shard=ShardRule(kind="rows", unit="Im", axis=0),
+        linear=True,
     ),
     # mlp.shared_experts.up_proj.weight [S * Im, X] BF16: rank r: rows [r*(S * Im)/tp, (r+1)*(S * Im)/tp) in whole Im
     TensorRule(
@@ -110,6 +128,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[S * Im, X]",
         shard=ShardRule(kind="rows", unit="Im", axis=0),
+        linear=True,
     ),
     # mlp.shared_experts.down_proj.weight [X, S * Im] BF16: rank r: cols [r*(S * Im)/tp, (r+1)*(S * Im)/tp) in whole Im
     TensorRule(
@@ -117,6 +136,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[X, S * Im]",
         shard=ShardRule(kind="cols", unit="Im", axis=-1),
+        linear=True,
     ),
 )
 
@@ -128,6 +148,34 @@ FAMILIES: dict[str, str] = {
 }
 
 CONSTRAINTS: tuple[ConstraintRule, ...] = ()
+
+# Linear weights whose quantization scales must be one value (checked when bound quantized).
+SHARED_SCALES: tuple[SharedScaleRule, ...] = (
+    SharedScaleRule(
+        tensors=("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight"),
+        scale="global",
+        across=None,
+        why="w13 is one GEMM per expert, which reads one global scale for gate and up",
+    ),
+    SharedScaleRule(
+        tensors=("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight"),
+        scale="input",
+        across="e",
+        why="the fused-MoE kernel quantizes the layer's input once, with one scale for every expert",
+    ),
+    SharedScaleRule(
+        tensors=("mlp.experts.{e}.down_proj.weight",),
+        scale="input",
+        across="e",
+        why="the fused-MoE kernel quantizes the activations once, with one scale for every expert",
+    ),
+    SharedScaleRule(
+        tensors=("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight"),
+        scale="global",
+        across=None,
+        why="the shared experts' gate_up is one GEMM, which reads one global scale",
+    ),
+)
 
 # Each bound field and the checkpoint tensors it is made from, in order.
 SOURCES: dict[str, tuple[str, ...]] = {
@@ -148,10 +196,14 @@ FIELDS: dict[str, FieldRule] = {
     "router_bias": FieldRule(
         kind="verbatim", dtype="F32", layout="replicated", parts=1, axis=0, family=None
     ),
-    "w13": FieldRule(kind="stack", dtype="BF16", layout="rows", parts=2, axis=1, family="e"),
-    "w2": FieldRule(kind="stack", dtype="BF16", layout="cols", parts=1, axis=-1, family="e"),
+    "w13": FieldRule(
+        kind="stack", dtype="BF16", layout="rows", parts=2, axis=1, family="e", join=0
+    ),
+    "w2": FieldRule(
+        kind="stack", dtype="BF16", layout="cols", parts=1, axis=-1, family="e", join=0
+    ),
     "shared_gate_up": FieldRule(
-        kind="concat", dtype="BF16", layout="rows", parts=2, axis=0, family=None
+        kind="concat", dtype="BF16", layout="rows", parts=2, axis=0, family=None, join=0
     ),
     "shared_down": FieldRule(
         kind="verbatim", dtype="BF16", layout="cols", parts=1, axis=-1, family=None
@@ -241,6 +293,8 @@ class MoeWeights(Generic[T]):
     shared_gate_up: T  # [2 * S * Im, X] (before the tp split)
     # shared_experts.down_proj.weight [X, S * Im] BF16, verbatim
     shared_down: T  # [X, S * Im]
+    # the companions of quantized fields (scales, and any requested optional layouts)
+    quant: QuantFields | None = None
 
     def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
@@ -251,6 +305,8 @@ class MoeWeights(Generic[T]):
         out["w2"] = self.w2
         out["shared_gate_up"] = self.shared_gate_up
         out["shared_down"] = self.shared_down
+        if self.quant is not None:
+            out.update(self.quant.arrays)
         return out
 
 
@@ -262,27 +318,32 @@ def bind_moe(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
+    quant: LayerQuant | None = None,
 ) -> tuple[MoeWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as
     this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
+    ``quant`` (from the checkpoint's config) says which linears are stored quantized: their
+    rules and plans become the scheme's companions, split in whole groups.
     """
     p = plan(g, rank, ep_rank)
     check_constraints(g)
+    rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
     sharded = ShardedSource(inner=src, plan=p, layer=layer)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
         prefix=PREFIX,
         src=sharded,
-        rules=TENSORS,
+        rules=rules,
         groups=GROUPS,
         plan=p,
         counts=counts(g),
         flags=flags,
     )
+    check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
     ops = backend.ops
     weights = MoeWeights(
@@ -313,5 +374,6 @@ def bind_moe(
             squeeze=None,
         ),
         shared_down=t["mlp.shared_experts.down_proj.weight"],
+        quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
     return weights, report

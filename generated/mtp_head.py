@@ -18,10 +18,24 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, ShardRule, TensorRule
+from specbind.core.ir import (
+    ConstraintRule,
+    FieldRule,
+    GroupRule,
+    ShardRule,
+    SharedScaleRule,
+    TensorRule,
+)
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.binding import BindReport, bind_tensors, check_dims
+from specbind.runtime.quant import (
+    LayerQuant,
+    QuantFields,
+    check_shared,
+    companion_fields,
+    quantize_rules,
+)
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
@@ -71,6 +85,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[X, 2 * X]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
+        linear=True,
     ),
     # shared_head.norm.weight [X] BF16: every rank holds all of it
     TensorRule(
@@ -87,6 +102,9 @@ GROUPS: dict[str, GroupRule] = {}
 FAMILIES: dict[str, str] = {}
 
 CONSTRAINTS: tuple[ConstraintRule, ...] = ()
+
+# Linear weights whose quantization scales must be one value (checked when bound quantized).
+SHARED_SCALES: tuple[SharedScaleRule, ...] = ()
 
 # Each bound field and the checkpoint tensors it is made from, in order.
 SOURCES: dict[str, tuple[str, ...]] = {
@@ -185,6 +203,8 @@ class MtpHeadWeights(Generic[T]):
     eh_proj: T  # [X, 2 * X]
     # shared_head.norm.weight [X] BF16, verbatim
     shared_head_norm: T  # [X]
+    # the companions of quantized fields (scales, and any requested optional layouts)
+    quant: QuantFields | None = None
 
     def arrays(self) -> dict[str, T]:
         """Every bound field by name; an absent optional field is left out."""
@@ -193,6 +213,8 @@ class MtpHeadWeights(Generic[T]):
         out["hnorm"] = self.hnorm
         out["eh_proj"] = self.eh_proj
         out["shared_head_norm"] = self.shared_head_norm
+        if self.quant is not None:
+            out.update(self.quant.arrays)
         return out
 
 
@@ -204,32 +226,39 @@ def bind_mtp_head(
     backend: Backend = NUMPY,
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
+    quant: LayerQuant | None = None,
 ) -> tuple[MtpHeadWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
     The same code runs at every tp and ep: the sharded source presents each planned tensor as
     this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
+    ``quant`` (from the checkpoint's config) says which linears are stored quantized: their
+    rules and plans become the scheme's companions, split in whole groups.
     """
     p = plan(g, rank, ep_rank)
     check_constraints(g)
+    rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
     sharded = ShardedSource(inner=src, plan=p, layer=layer)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
         prefix=PREFIX,
         src=sharded,
-        rules=TENSORS,
+        rules=rules,
         groups=GROUPS,
         plan=p,
         counts=counts(g),
         flags=flags,
     )
+    check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
+    ops = backend.ops
     weights = MtpHeadWeights(
         enorm=t["enorm.weight"],
         hnorm=t["hnorm.weight"],
         eh_proj=t["eh_proj.weight"],
         shared_head_norm=t["shared_head.norm.weight"],
+        quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
     return weights, report

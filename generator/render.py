@@ -26,10 +26,12 @@ import jinja2
 from specbind.core import algebra
 from specbind.core.errors import GenerateError, SpecError
 from specbind.core.ir import TensorRule
+from specbind.core.quant import SchemeRule
 from specbind.generator import codegen_transforms, yamlio
 from specbind.generator import kernels as generator_kernels
 from specbind.generator.evaluate import check_model_geometry
 from specbind.generator.literals import comment, py_literal
+from specbind.generator.schemes import parse_scheme
 from specbind.generator.spec import Block, Model, Output, parse_block, parse_model
 from specbind.runtime.atomic import atomic_writer
 
@@ -46,6 +48,7 @@ class Specs:
     blocks: dict[str, Block]
     models: dict[str, Model]
     digest: str
+    schemes: tuple[SchemeRule, ...] = ()
 
 
 def _env() -> jinja2.Environment:
@@ -107,9 +110,14 @@ def load_specs(root: Path) -> Specs:
         models[m.name] = m
     if not models:
         raise SpecError((specs_dir / "models").as_posix(), "", None, "no model specs found")
+    schemes = []
+    for p in _spec_files(specs_dir / "schemes"):
+        rel = p.relative_to(root).as_posix()
+        h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
+        schemes.append(parse_scheme(yamlio.load(p, rel), p.stem))
     for p in sorted((specs_dir / "schema").glob("*.json")):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
-    return Specs(blocks, models, h.hexdigest())
+    return Specs(blocks, models, h.hexdigest(), tuple(schemes))
 
 
 def _camel(name: str) -> str:
@@ -267,7 +275,7 @@ def _field_context(b: Block, o: Output) -> FieldContext:
 def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
     """The import lines a block module needs, sorted as isort sorts them."""
     kinds = {o.kind for o in b.outputs}
-    ir = ["ConstraintRule", "FieldRule", "GroupRule", "ShardRule", "TensorRule"]
+    ir = ["ConstraintRule", "FieldRule", "GroupRule", "ShardRule", "SharedScaleRule", "TensorRule"]
     if any(t.tie is not None for t in b.tensors):
         ir.append("TieRule")
     binding = ["BindReport", "bind_tensors", "check_dims"]
@@ -290,6 +298,10 @@ def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
     )
     if has_transform:
         lines.append("from specbind.runtime.ops import Ops")
+    quant = ["LayerQuant", "QuantFields", "check_shared", "companion_fields"]
+    quant += ["for_transforms"] if has_transform else []
+    quant.append("quantize_rules")
+    lines.append(f"from specbind.runtime.quant import {', '.join(quant)}")
     lines.append("from specbind.runtime.source import TensorSource")
     lines.append("from specbind.runtime.tp import ShardedSource")
     return lines
@@ -345,7 +357,7 @@ def _block_context(b: Block) -> dict[str, Any]:
         "check_prelude": check_prelude,
         "env_prelude": env_prelude,
         "transforms": transforms,
-        "uses_ops": any(o.kind != "verbatim" for o in b.outputs),
+        "uses_ops": True,
     }
 
 
@@ -386,6 +398,9 @@ def render_all(root: Path) -> dict[str, str]:
         "kernels/specbind.cu": env.get_template("kernels.cu.j2").render(kernels=kernels),
         "kernels/host_launch.cpp": env.get_template("host_launch.cpp.j2").render(kernels=kernels),
     }
+    files["schemes.py"] = env.get_template("schemes.py.j2").render(
+        header=HEADER.format(src="specs/schemes/"), schemes=[repr(s) for s in specs.schemes]
+    )
     files["__init__.py"] = env.get_template("init.py.j2").render(
         header=HEADER.format(src="specs/"),
         models=[{"name": n, "module": model_module(n)} for n in sorted(specs.models)],

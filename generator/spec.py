@@ -31,7 +31,9 @@ from specbind.core.ir import (
     GeometryField,
     GroupRule,
     LayerGroupRule,
+    NameRule,
     ShardRule,
+    SharedScaleRule,
     SlotRule,
     SynthList,
     SynthRule,
@@ -81,6 +83,7 @@ class Block:
     outputs: tuple[Output, ...]
     located: Located
     families: dict[str, FamilyRule] = dataclass_field(default_factory=dict)
+    shared_scales: tuple[SharedScaleRule, ...] = ()
 
     def tensor(self, full_name: str) -> TensorRule:
         return next(t for t in self.tensors if t.name == full_name)
@@ -115,6 +118,7 @@ class Model:
     synth: SynthRule | None = None
     real_layers: int = 0  # the real model's decoder layers (config layer_count)
     real_mtp: int = 0
+    names: tuple[NameRule, ...] = ()
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -126,7 +130,7 @@ def _schema(kind: str) -> dict[str, Any]:
     return loaded
 
 
-def validate_schema(doc: Located, kind: Literal["block", "model"]) -> None:
+def validate_schema(doc: Located, kind: Literal["block", "model", "scheme"]) -> None:
     validator = jsonschema.Draft202012Validator(_schema(kind))
     errors = sorted(
         validator.iter_errors(doc.data), key=lambda e: (list(map(str, e.path)), e.message)
@@ -270,7 +274,8 @@ def parse_block(doc: Located) -> Block:
                 _family_of(doc, base, tname, families),
                 bool(t.get("root", False)),
                 tie,
-                dims,
+                linear=bool(t.get("linear", False)),
+                dims=dims,
             )
         )
     by_full = {t.name: t for t in tensors}
@@ -337,10 +342,42 @@ def parse_block(doc: Located) -> Block:
             raise doc.error(
                 ("tensors", rel), f"tensor {rel!r} is read by no output (it would be dropped)"
             )
+    for t in tensors:
+        if t.linear and (len(t.dims) != 2 or not t.name.endswith(".weight")):
+            raise doc.error(
+                ("tensors", t.name.removeprefix(prefix), "linear"),
+                "a linear weight is a 2-D [O, I] tensor named MODULE.weight",
+            )
     return Block(
         name, doc.file, prefix, d.get("doc", ""), symbols, derived, tuple(constraints),
         markers, groups, tuple(tensors), outputs, doc, families,
+        _shared_scales(doc, prefix, by_full, families),
     )  # fmt: skip
+
+
+def _shared_scales(
+    doc: Located, prefix: str, by_full: dict[str, TensorRule], families: dict[str, FamilyRule]
+) -> tuple[SharedScaleRule, ...]:
+    out = []
+    for i, r in enumerate(doc.data.get("shared_scales") or []):
+        names = tuple(prefix + n for n in r["tensors"])
+        for j, n in enumerate(names):
+            t = by_full.get(n)
+            if t is None or not t.linear:
+                raise doc.error(
+                    ("shared_scales", i, "tensors", j),
+                    f"{n.removeprefix(prefix)!r} is not a linear tensor of this block",
+                )
+        across = r.get("across")
+        if across is not None and (
+            across not in families or any(by_full[n].family != across for n in names)
+        ):
+            raise doc.error(
+                ("shared_scales", i, "across"),
+                f"across {across!r}: every tensor must be a member of that family",
+            )
+        out.append(SharedScaleRule(names, r["scale"], across, r["why"]))
+    return tuple(out)
 
 
 def ast_text(e: algebra.Expr) -> str:
@@ -564,6 +601,7 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
                     ("blocks", i, "block"), f"block {u.block!r} is in no slot and is not globals"
                 )
     unbound = tuple(UnboundRule(u["prefix"], u["why"]) for u in (d.get("unbound") or []))
+    names = _names(doc, d.get("names") or [])
     flags = sorted(
         {t.tie.config for u in uses for t in blocks[u.block].tensors if t.tie is not None}
     )
@@ -575,7 +613,25 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         _synth(doc, d.get("synth"), gnames, slots),
         int((layers.get("count") or {}).get("value", 0)),
         int((layers.get("mtp") or {}).get("value", 0)),
+        names,
     )  # fmt: skip
+
+
+def _names(doc: Located, raw: list[dict[str, Any]]) -> tuple[NameRule, ...]:
+    """The name map: a segmented rule has one ``to`` per segment and says how many."""
+    out = []
+    for i, r in enumerate(raw):
+        to = (r["to"],) if isinstance(r["to"], str) else tuple(r["to"])
+        seg = r.get("segments")
+        if len(to) > 1 and seg != len(to):
+            raise doc.error(
+                ("names", i, "segments"),
+                f"{len(to)} names need segments: {len(to)} (one row segment each)",
+            )
+        if len(to) == 1 and seg is not None:
+            raise doc.error(("names", i, "segments"), "segments needs one name per segment")
+        out.append(NameRule(r["from"], to, r["why"]))
+    return tuple(out)
 
 
 def _synth(doc: Located, raw: Any, gnames: set[str], slots: list[SlotRule]) -> SynthRule | None:

@@ -24,10 +24,15 @@ from tqdm import tqdm
 
 from specbind.core.dtypes import QUANT_DTYPES
 from specbind.core.errors import SpecbindError
+from specbind.core.ir import TensorRule
 from specbind.runtime.binding import census, family_regex
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.layout import SlotFill, layout
 from specbind.runtime.model import BlockEntry, ModelTable, values_from_config
+from specbind.runtime.names import NamedView
+from specbind.runtime.quant import layer_quant, quantized_rules
+from specbind.runtime.quant_config import detect, packed_names
+from specbind.runtime.source import TensorSource
 
 # Companions a quantisation tool writes beside a linear weight (ModelOpt, compressed-tensors,
 # FP8 block scales); flagged only when the block does not declare them.
@@ -46,19 +51,20 @@ def _signature(rows: list[tuple[str, str, tuple[int, ...]]]) -> str:
 
 
 def _declared(
-    block: BlockEntry[Any], names: set[str], counts: dict[str, int] | None
-) -> tuple[set[str], list[str]]:
+    block: BlockEntry[Any], names: set[str], counts: dict[str, int] | None,
+    rules: tuple[TensorRule, ...],
+) -> tuple[set[str], list[str]]:  # fmt: skip
     """(names the block declares among ``names``, its declared tensors absent from them), by
     the binder's own census. With ``counts`` (each family's size from config.json), a member
     past the end is not declared and every absent member is missing by name, as ``bind``
     would refuse them; without, a family is missing only when none of it is there."""
-    sizes = counts or {r.family: 1 << 30 for r in block.tensors if r.family is not None}
-    c = census(block.tensors, sorted(names), "", sizes)
+    sizes = counts or {r.family: 1 << 30 for r in rules if r.family is not None}
+    c = census(rules, sorted(names), "", sizes)
     known = names - set(c.unknown) - {n for n, _, _, _ in c.beyond}
-    groups = {t.group for t in block.tensors if t.group is not None}
-    present = {g for g in groups if any(c.has(t) for t in block.tensors if t.group == g)}
+    groups = {t.group for t in rules if t.group is not None}
+    present = {g for g in groups if any(c.has(t) for t in rules if t.group == g)}
     missing = []
-    for t in block.tensors:
+    for t in rules:
         if t.group is not None and t.group not in present:
             continue
         if counts is None and t.family is not None:
@@ -68,23 +74,24 @@ def _declared(
     return known, sorted(missing)
 
 
-def _dtype_ok(block: BlockEntry[Any], name: str, dtype: str) -> bool:
-    rx = family_regex(block.tensors)
-    for r in block.tensors:
+def _dtype_ok(rules: tuple[TensorRule, ...], name: str, dtype: str) -> bool:
+    rx = family_regex(rules)
+    for r in rules:
         if r.name == name or (r.family is not None and rx[r.name][0].fullmatch(name)):
             return dtype == r.dtype or dtype in r.stored
     return True  # not declared: reported as unknown instead
 
 
 def _slot_row(
-    ckpt: Checkpoint, full: str, fill: SlotFill, names: list[str], table: ModelTable[Any],
-    geometry: Any,
+    ckpt: TensorSource, full: str, fill: SlotFill, names: list[str], table: ModelTable[Any],
+    geometry: Any, rules: tuple[TensorRule, ...] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     block = fill.block or table.block(fill.nearest)
+    rules = block.tensors if rules is None else rules  # quantized linears: their companions
     mine = fill.names if fill.block is not None else [n for n in names if n in
             {t.name for t in block.tensors}]  # fmt: skip
     counts = block.counts(geometry) if geometry is not None else None
-    known, missing = _declared(block, set(mine), counts)
+    known, missing = _declared(block, set(mine), counts, rules)
     rows: list[tuple[str, str, tuple[int, ...]]] = []
     quant: list[str] = []
     wrong: list[str] = []
@@ -94,7 +101,7 @@ def _slot_row(
         rows.append((n, t.dtype, t.shape))
         if (QUANT_NAME.search(n) and n not in known) or t.dtype in QUANT_DTYPES:
             quant.append(f"{n} ({t.dtype})")
-        if n in known and not _dtype_ok(block, n, t.dtype):
+        if n in known and not _dtype_ok(rules, n, t.dtype):
             wrong.append(f"{n} ({t.dtype})")
     groups = {t.group for t in block.tensors if t.group is not None}
     absent = sorted(
@@ -128,7 +135,7 @@ def _row_problems(index: int, slot: str, row: dict[str, Any]) -> list[str]:
 
 
 def _globals_problems(
-    ckpt: Checkpoint, table: ModelTable[Any], present: dict[str, str]
+    ckpt: Checkpoint, table: ModelTable[Any], present: dict[str, str], view: TensorSource
 ) -> list[str]:
     """What ``bind`` would refuse among the model-level tensors: a missing one, a refused
     dtype, a stored copy of a tied tensor, a tie flag that is not a boolean."""
@@ -151,37 +158,57 @@ def _globals_problems(
             continue
         if tied and r.tie is not None:
             out.append(f"model: {r.name} is stored, but config.json {r.tie.config} is true")
-        t = ckpt.get(present[r.name])
+        t = view.get(present[r.name])
         if t is not None and t.dtype != r.dtype and t.dtype not in r.stored:
             out.append(f"model: {r.name} is {t.dtype} but a {block.name} block requires {r.dtype}")
     return out
 
 
 def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None) -> dict[str, Any]:
-    lay = layout(table, ckpt.names(), ckpt.config)
+    problems: list[str] = []
+    try:
+        qconf = detect(ckpt, table.schemes)
+    except SpecbindError as e:  # audited as unquantized, and said so
+        qconf = None
+        problems.append(f"model: {e}")
+    view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
+    scalars = tuple("." + c.suffix for c in (qconf.scheme.companions if qconf else ()) if c.scalar)
+    lay = layout(table, view.names(), ckpt.config)
     split = lay.split
-    problems = list(lay.problems)
+    problems += lay.problems
     try:
         geometry = table.make_geometry(values_from_config(table, ckpt.config))
     except SpecbindError as e:  # the census still runs; family sizes are then unknown
         geometry = None
         problems.append(f"model: {e}")
-    problems += _globals_problems(ckpt, table, lay.globals)
+    problems += _globals_problems(ckpt, table, lay.globals, view)
     layers: list[dict[str, Any]] = []
     hashable: list[str] = []
     for index, lay_layer in lay.layers.items():
         full = split.full_name(table, index, "")
         names = split.layers[index]
-        slots = {
-            slot: _slot_row(ckpt, full, fill, names, table, geometry)
-            for slot, fill in lay_layer.slots.items()
-        }
+        slots = {}
+        for slot, fill in lay_layer.slots.items():
+            rules = None
+            if fill.block is not None and geometry is not None:
+                try:
+                    lq = layer_quant(
+                        qconf, fill.block.tensors, fill.names, full,
+                        fill.block.counts(geometry), index, view.on_disk, aliases=view.aliases,
+                    )  # fmt: skip
+                    rules = quantized_rules(fill.block.tensors, lq)
+                except SpecbindError as e:
+                    problems.append(str(e))
+            slots[slot] = _slot_row(view, full, fill, names, table, geometry, rules)
         for slot, row in slots.items():
             problems += _row_problems(index, slot, row)
         for fill in lay_layer.slots.values():
             rx = family_regex(fill.block.tensors) if fill.block is not None else {}
             hashable += [
-                full + n for n in fill.names if not any(x.fullmatch(n) for x, _ in rx.values())
+                full + n
+                for n in fill.names
+                if not any(x.fullmatch(n) for x, _ in rx.values())
+                and not n.endswith(scalars)  # shared scales are equal by design
             ]
         layers.append(
             {
@@ -213,7 +240,8 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
         "checkpoint": str(ckpt.root),
         "model": table.name,
         "layer_prefix": split.prefix + table.layer_pattern,
-        "tensors": len(ckpt.names()),
+        "tensors": len(view.names()),  # as the specs name them: a fused conv read as three
+        "stored_tensors": len(ckpt.names()),
         "coverage": {
             "bound": claimed - undeclared + len(lay.globals),
             "declared_unbound": unbound,
@@ -228,14 +256,17 @@ def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None
         "layers": layers,
         "kinds": kinds,
         "problems": problems,
-        "identical_bytes": _identical(ckpt, hashable + list(lay.globals.values()), progress),
+        "quantization": None
+        if qconf is None
+        else {"scheme": qconf.scheme.name, "weight_only": qconf.weight_only},
+        "identical_bytes": _identical(view, hashable + list(lay.globals.values()), progress),
         "quantisation_artefacts": sum(
             len(s["quantisation_artefacts"]) for r in layers for s in r["slots"].values()
         ),
     }
 
 
-def _identical(ckpt: Checkpoint, names: list[str], progress: bool | None) -> list[list[str]]:
+def _identical(ckpt: TensorSource, names: list[str], progress: bool | None) -> list[list[str]]:
     by_size: dict[int, list[str]] = defaultdict(list)
     for n in names:
         t = ckpt.get(n)
@@ -297,6 +328,10 @@ def render_text(rep: dict[str, Any]) -> str:
     lines += [f"  {' = '.join(g)}" for g in dup[:20]]
     if len(dup) > 20:
         lines.append(f"  … {len(dup) - 20} more (see --json)")
+    q = rep.get("quantization")
+    if q is not None:
+        only = " (weights only)" if q["weight_only"] else ""
+        lines.append(f"quantization: {q['scheme']}{only}, read from the checkpoint's config")
     lines.append(f"quantisation artefacts: {rep['quantisation_artefacts']}")
     if rep["unindexed_files"]:
         lines.append(f"not read (no index entry names them): {rep['unindexed_files']}")

@@ -32,6 +32,10 @@ from specbind.runtime.model import (
     config_lookup,
     values_from_config,
 )
+from specbind.runtime.names import NamedView
+from specbind.runtime.quant import OUTPUTS as QUANT_OUTPUTS
+from specbind.runtime.quant import LayerQuant, layer_quant
+from specbind.runtime.quant_config import detect, packed_names
 from specbind.runtime.source import RawTensor, TensorSource
 
 GLOBALS = -1  # the "layer" index the model-level tensors are reported under
@@ -149,7 +153,7 @@ def refuse_problems(lay: Layout) -> None:
 class GlobalSource:
     """The model-level tensors by the globals block's names (some sit at the checkpoint root)."""
 
-    def __init__(self, ckpt: Checkpoint, names: Mapping[str, str]) -> None:
+    def __init__(self, ckpt: TensorSource, names: Mapping[str, str]) -> None:
         self._ckpt = ckpt
         self._full = dict(names)
 
@@ -172,14 +176,27 @@ def bind_checkpoint(
     backend: Backend = NUMPY,
     ep_size: int = 1,
     ep_rank: int = 0,
+    allow_unshared_scales: bool = False,
+    quant_outputs: Collection[str] = (),
 ) -> BindResult:
     """Bind every tensor (or, when ``kinds`` names blocks, those blocks' slots only; the whole
-    layout is still checked, so an unknown or unclaimed tensor is refused either way)."""
+    layout is still checked, so an unknown or unclaimed tensor is refused either way).
+
+    A quantized checkpoint (its config names one of ``table.schemes``) binds its quantized
+    linears packed, with their companions; ``quant_outputs`` asks for the optional layouts
+    (``swizzled`` block scales, ``dequantized`` BF16); scales the blocks declare shared must be
+    equal unless ``allow_unshared_scales``."""
     t0 = time.perf_counter()
     ranks = Ranks(tp_size, tp_rank, ep_size, ep_rank)
     geometry = table.make_geometry(values_from_config(table, ckpt.config, overrides))
     flags = config_flags(table, ckpt.config)
-    lay = layout(table, ckpt.names(), ckpt.config)
+    qconf = detect(ckpt, table.schemes)
+    view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
+    unknown_out = sorted(set(quant_outputs) - set(QUANT_OUTPUTS))
+    if unknown_out:
+        raise BindError(f"unknown quantized output(s) {unknown_out} (known: {list(QUANT_OUTPUTS)})")
+    qout = frozenset(quant_outputs)
+    lay = layout(table, view.names(), ckpt.config)
     if not lay.layers:
         raise BindError(
             f"{ckpt.root}: no tensors named like {table.layer_pattern!r} under any of the "
@@ -208,15 +225,21 @@ def bind_checkpoint(
             assert fill.block is not None
             if kinds is not None and fill.block.name not in kinds:
                 continue
-            src: TensorSource = LayerSource(ckpt, full, fill.names)
+            src: TensorSource = LayerSource(view, full, fill.names)
+            lq = layer_quant(
+                qconf, fill.block.tensors, fill.names, full, fill.block.counts(geometry),
+                lay_layer.index, view.on_disk, qout, allow_unshared_scales, view.aliases,
+            )  # fmt: skip
             bound.slots[slot] = _bind_one(
-                fill.block, slot, geometry, ranks, lay_layer.index, src, backend, flags
+                fill.block, slot, geometry, ranks, lay_layer.index, src, backend, flags, lq
             )
         out.append(bound)
     glob = None
     if glob_block is not None and (kinds is None or glob_block.name in kinds):
-        gsrc = GlobalSource(ckpt, lay.globals)
-        glob = _bind_one(glob_block, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags)
+        gsrc = GlobalSource(view, lay.globals)
+        glob = _bind_one(
+            glob_block, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags, None
+        )
     unbound = {p: len(ns) for p, ns in lay.unbound.items() if ns}
     return BindResult(ranks, out, glob, unbound, time.perf_counter() - t0, flags)
 
@@ -230,16 +253,19 @@ def _bind_one(
     src: TensorSource,
     backend: Backend,
     flags: Mapping[str, bool],
+    quant: LayerQuant | None,
 ) -> BoundSlot:
     where = f"layer {index}" if index >= 0 else "model"
     try:
-        weights, report = block.bind(geometry, ranks, index, src, backend, flags)
+        weights, report = block.bind(geometry, ranks, index, src, backend, flags, quant)
     except SpecbindError as e:
         if str(e).startswith(f"{where}: "):
             raise
         raise type(e)(f"{where}: {e}") from None  # an op error names the field only
     report.slot = slot
-    return BoundSlot(slot, block.name, weights, report, block.fields)
+    extra = getattr(weights, "quant", None)  # QuantFields of a quantized block, else None
+    fields = dict(block.fields) | (extra.rules if extra is not None else {})
+    return BoundSlot(slot, block.name, weights, report, fields)
 
 
 def _first_components(names: list[str], most: int = 5) -> str:

@@ -215,6 +215,13 @@ class Checkpoint:
         used = set(self._where.values())
         return sorted(p.name for p in self.root.glob("*.safetensors") if p.name not in used)
 
+    def side_file(self, fn: str) -> Any | None:
+        """A JSON file beside the weights (``hf_quant_config.json``), read under the same rules
+        as ``config.json``; None when the directory has no such entry."""
+        if not os.path.lexists(self.root / fn):
+            return None
+        return read_json(self._resolve(fn, fn), fn)
+
     @cached_property
     def config(self) -> dict[str, Any]:
         if not os.path.lexists(self.root / "config.json"):

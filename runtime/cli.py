@@ -81,9 +81,10 @@ def cmd_synth(a: argparse.Namespace) -> int:
     base = table.default_values() if a.full else tiny_values(table)
     values = checked_values(table, base, _sets(a.set))
     layers = a.layers if a.layers is not None else (table.synth.layers if table.synth else 1)
+    scheme = _scheme(table, a.quant) if a.quant is not None else None
     summary = synth(
         table, Path(a.out), values, layers=layers, seed=a.seed, mtp=not a.no_mtp,
-        shards=a.shards, gates_bf16=a.gates_bf16, nested_config=a.nested_config,
+        shards=a.shards, gates_bf16=a.gates_bf16, nested_config=a.nested_config, quant=scheme,
     )  # fmt: skip
     kinds = [
         f"{x['index']}:{'+'.join(x['blocks'].values())}" + ("(mtp)" if x["role"] == "mtp" else "")
@@ -141,7 +142,8 @@ def cmd_bind(a: argparse.Namespace) -> int:
     _note_overrides(overrides)
     result = bind_checkpoint(
         ckpt, table, overrides, tp_size, tp_rank, progress=a.progress, backend=backend,
-        ep_size=a.ep_size, ep_rank=a.ep_rank or 0,
+        ep_size=a.ep_size, ep_rank=a.ep_rank or 0, allow_unshared_scales=a.allow_unshared_scales,
+        quant_outputs=a.quant_output or (),
     )  # fmt: skip
     if out is not None:
         meta = bind_metadata(table.name, SPECS_SHA256, result, values, overrides)
@@ -214,37 +216,62 @@ def cmd_bind_ranks(a: argparse.Namespace) -> int:
 def cmd_plan(a: argparse.Namespace) -> int:
     from specbind.runtime.launcher import resolve_tp
     from specbind.runtime.planning import LayerUse, plan_report, render_text
+    from specbind.runtime.quant import LayerQuant
 
     table = _table(a.model)
     tp_size, _ = resolve_tp(a.tp_size, 0, os.environ)
     layers: list[LayerUse] = []
+    quant: dict[tuple[int, str], LayerQuant | None] = {}
     if a.ckpt:
         from specbind.runtime.checkpoint import Checkpoint
         from specbind.runtime.model import values_from_config
         from specbind.runtime.planning import checkpoint_layers
 
+        if a.quant is not None:
+            raise SpecbindError("--quant plans the spec's model; a checkpoint says its own")
         ckpt = Checkpoint(Path(a.ckpt))
         values = values_from_config(table, ckpt.config, _sets(a.set))
-        layers = checkpoint_layers(table, ckpt)
+        layers, quant = checkpoint_layers(table, ckpt, values)
         source = str(ckpt.root)
     else:
+        from specbind.core.planning import expand
         from specbind.runtime.model import checked_values
+        from specbind.runtime.quant import quantized_rules, storable
         from specbind.runtime.synth import schedule
 
         values = checked_values(table, table.default_values(), _sets(a.set))
         geometry = table.make_geometry(values)
+        scheme = _scheme(table, a.quant) if a.quant is not None else None
         for p in schedule(table, table.real_layers, mtp=table.real_mtp > 0):
             for bname in p.blocks.values():
-                names = table.block(bname).names(geometry, p.groups)
+                block = table.block(bname)
+                lq = None if scheme is None else storable(scheme, block, geometry)
+                rules = quantized_rules(block.tensors, lq)
+                rules = tuple(r for r in rules if r.group is None or r.group in p.groups)
+                whole = {f: range(n) for f, n in block.counts(geometry).items()}
+                names = [r.name for r in expand(rules, whole)[0]]
                 layers.append((p.index, bname, frozenset(names)))
+                quant[(p.index, bname)] = lq
         if table.globals:
             layers.append(
                 (-1, table.globals, frozenset(table.block(table.globals).names(geometry)))
             )
         source = f"model spec: the real geometry, {table.real_layers} layers + {table.real_mtp} MTP"
-    rep = plan_report(table, values, tp_size, layers, source, ep_size=a.ep_size)
+        if scheme is not None:
+            source += f", every linear it can hold as {scheme.name}"
+    rep = plan_report(
+        table, values, tp_size, layers, source, ep_size=a.ep_size,
+        quant=lambda i, b: quant.get((i, b)),
+    )  # fmt: skip
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
+
+
+def _scheme(table: Any, name: str) -> Any:
+    known = {s.name: s for s in table.schemes}
+    if name not in known:
+        raise SpecbindError(f"--quant {name!r}: no such scheme (known: {', '.join(known)})")
+    return known[name]
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -255,6 +282,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
         raise SpecbindError("--repeat must be >= 1")
     if any(n < 1 for n in a.ranks or []):
         raise SpecbindError("--ranks must be >= 1")
+    if a.quant is not None:
+        from specbind.runtime import bench_quant
+
+        qr = bench_quant.run(
+            table, _scheme(table, a.quant), a.tp_size or [1, 2, 8], a.ep_size or [8],
+            a.repeat, bench.cache_dir(a.cache), _sets(a.set),
+        )  # fmt: skip
+        print(json.dumps(qr, indent=2) if a.json else bench_quant.render(qr))
+        return 0
     result = bench.run(
         table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), a.tiny,
         rss=not a.no_rss, overrides=_sets(a.set), ranks=a.ranks or [], loaders=a.loaders,
@@ -313,6 +349,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--no-mtp", action="store_true", help="omit the MTP layer")
     s.add_argument("--nested-config", action="store_true", help="put the fields under text_config")
     s.add_argument(
+        "--quant",
+        metavar="SCHEME",
+        help="store every linear the scheme can hold quantized (a scheme of specs/schemes/)",
+    )
+    s.add_argument(
         "--gates-bf16",
         action="store_true",
         help="write every F32 tensor as BF16 (a model cast wholesale: a broken checkpoint)",
@@ -364,6 +405,17 @@ def parser() -> argparse.ArgumentParser:
         default="numpy",
         help="numpy: host memory; cupy: a CUDA device (the gpu extra)",
     )
+    b.add_argument(
+        "--allow-unshared-scales",
+        action="store_true",
+        help="accept quantization scales the blocks declare shared that differ",
+    )
+    b.add_argument(
+        "--quant-output",
+        action="append",
+        choices=["swizzled", "dequantized"],
+        help="also bind quantized fields as CUTLASS-swizzled block scales / dequantized BF16",
+    )
     tp(b, rank=True)
     common(b)
     progress(b)
@@ -372,6 +424,11 @@ def parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="every tensor's local shape and bytes on every rank")
     pl.add_argument("ckpt", nargs="?", help="a checkpoint (geometry from its config.json)")
     pl.add_argument("--json", action="store_true")
+    pl.add_argument(
+        "--quant",
+        metavar="SCHEME",
+        help="without a checkpoint: plan every linear the scheme can hold stored quantized",
+    )
     tp(pl, rank=False)
     common(pl)
     pl.set_defaults(func=cmd_plan)
@@ -398,6 +455,14 @@ def parser() -> argparse.ArgumentParser:
         help="also fastsafetensors and runai-model-streamer reading the same files (if installed)",
     )
     be.add_argument("--json", action="store_true")
+    be.add_argument(
+        "--quant",
+        metavar="SCHEME",
+        help="instead: one MoE layer stored as SCHEME (nvfp4-modelopt) at the real expert shapes",
+    )
+    be.add_argument(
+        "--ep-size", type=int, action="append", help="with --quant: ep sizes (default 8)"
+    )
     common(be)
     be.set_defaults(func=cmd_bench)
     return p

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specbind.core.errors import CheckpointError
-from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.model import ModelTable
-from specbind.runtime.source import RawTensor
+from specbind.runtime.source import RawTensor, TensorSource
 
 
 def _regex(prefix: str, pattern: str) -> re.Pattern[str]:
@@ -61,7 +60,7 @@ def split_layers(table: ModelTable[Any], names: list[str]) -> LayerSplit:
 class LayerSource:
     """One decoder layer of a checkpoint, by layer-relative name."""
 
-    def __init__(self, ckpt: Checkpoint, full_prefix: str, names: list[str]) -> None:
+    def __init__(self, ckpt: TensorSource, full_prefix: str, names: list[str]) -> None:
         self._ckpt = ckpt
         self._prefix = full_prefix
         self._names = list(names)

@@ -56,11 +56,16 @@ class Layout:
     problems: list[str]  # one line each, "layer N: ..." or "model: ..."
 
 
-def claims(block: BlockEntry[Any], name: str) -> bool:
-    """Whether ``block`` owns a layer-relative name (see the module invariants)."""
+def claims(block: BlockEntry[Any], name: str, suffixes: Collection[str] = ()) -> bool:
+    """Whether ``block`` owns a layer-relative name (see the module invariants); a block
+    without a prefix also owns its linear weights' quantization companions (``suffixes``: every
+    scheme's companion suffixes), which its binder then checks against the config."""
     if block.prefix:
         return name.startswith(block.prefix)
     if any(r.name == name for r in block.tensors):
+        return True
+    module, _, tail = name.rpartition(".")
+    if tail in suffixes and any(r.linear and r.name == module + ".weight" for r in block.tensors):
         return True
     return any(rx.fullmatch(name) for rx, _ in family_regex(block.tensors).values())
 
@@ -82,9 +87,10 @@ def config_count(config: Mapping[str, Any], name: str | None) -> int | None:
 def fill_slot(table: ModelTable[Any], slot: str, names: Collection[str]) -> SlotFill:
     rule = next(s for s in table.slots if s.name == slot)
     blocks = [table.block(b) for b in rule.blocks]
+    suffixes = {c.suffix for s in table.schemes for c in s.companions}
     for b in blocks:
         if b.matches(names):
-            return SlotFill(slot, b, sorted(n for n in names if claims(b, n)))
+            return SlotFill(slot, b, sorted(n for n in names if claims(b, n, suffixes)))
     best = max(blocks, key=lambda b: sum(1 for r in b.tensors if r.name in names))
     missing = sorted(m for m in best.markers if m not in names)
     return SlotFill(slot, None, [], missing, best.name)

@@ -18,14 +18,17 @@ from specbind.core.ir import (
     FieldRule,
     GeometryField,
     LayerGroupRule,
+    NameRule,
     SlotRule,
     SynthRule,
     TensorRule,
     UnboundRule,
 )
 from specbind.core.planning import BlockPlan, Ranks, expand
+from specbind.core.quant import SchemeRule
 from specbind.runtime.backends import Backend
 from specbind.runtime.binding import Array, BindReport
+from specbind.runtime.quant import LayerQuant
 from specbind.runtime.source import TensorSource
 
 G = TypeVar("G")
@@ -42,9 +45,11 @@ class BlockEntry(Generic[G]):
     tensors: tuple[TensorRule, ...]  # family members as one pattern rule each
     markers: frozenset[str]
     matches: Callable[[Collection[str]], bool]
-    # (g, ranks, layer, source, backend, config flags) -> this rank's weights and the report
+    # (g, ranks, layer, source, backend, config flags, quantized linears) -> this rank's
+    # weights and the report
     bind: Callable[
-        [G, Ranks, int, TensorSource, Backend, Mapping[str, bool]], tuple[Weights, BindReport]
+        [G, Ranks, int, TensorSource, Backend, Mapping[str, bool], LayerQuant | None],
+        tuple[Weights, BindReport],
     ]
     fields: dict[str, FieldRule]
     shapes: Callable[[G], dict[str, tuple[int, ...]]]  # full shapes, keyed by rule name
@@ -70,8 +75,8 @@ def block_entry(module: ModuleType, geometry: Callable[[G, Ranks], Any]) -> Bloc
         tensors=module.TENSORS,
         markers=module.MARKERS,
         matches=module.matches,
-        bind=lambda m, r, layer, src, backend, flags: bind(
-            geometry(m, r), layer, src, r.tp_rank, backend, r.ep_rank, flags
+        bind=lambda m, r, layer, src, backend, flags, quant: bind(
+            geometry(m, r), layer, src, r.tp_rank, backend, r.ep_rank, flags, quant
         ),
         fields=module.FIELDS,
         shapes=lambda m: module.expected_shapes(geometry(m, Ranks())),
@@ -99,6 +104,8 @@ class ModelTable(Generic[G]):
     synth: SynthRule | None = None  # what `specbind synth` writes for this model
     real_layers: int = 0  # the real model's decoder layers and MTP layers
     real_mtp: int = 0
+    schemes: tuple[SchemeRule, ...] = ()  # the quantization schemes a checkpoint may use
+    names: tuple[NameRule, ...] = ()  # other writers' layer-relative names (a name map)
 
     def default_values(self) -> dict[str, int]:
         return {f.name: f.value for f in self.geometry_fields}

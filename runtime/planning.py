@@ -8,31 +8,50 @@ sum so a reader (and the tests) can check it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from specbind.core.planning import BlockPlan, Ranks
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.model import ModelTable
+from specbind.runtime.quant import LayerQuant, quantize_rules
 
 # (layer index, block, names present); a layer contributes one entry per filled slot
 LayerUse = tuple[int, str, frozenset[str]]
+# (layer index, block) -> which of its linears are stored quantized (None: none)
+QuantOf = Callable[[int, str], LayerQuant | None]
 
 
-def checkpoint_layers(table: ModelTable[Any], ckpt: Checkpoint) -> list[LayerUse]:
-    """What a checkpoint holds, by layer and block, from names alone (problems refused)."""
+def checkpoint_layers(
+    table: ModelTable[Any], ckpt: Checkpoint, values: dict[str, int]
+) -> tuple[list[LayerUse], dict[tuple[int, str], LayerQuant | None]]:
+    """What a checkpoint holds, by layer and block, from names alone (problems refused), and
+    each (layer, block)'s quantization as the checkpoint's own config declares it."""
     from specbind.runtime.bind import refuse_problems
     from specbind.runtime.layout import layout
+    from specbind.runtime.names import NamedView
+    from specbind.runtime.quant import layer_quant
+    from specbind.runtime.quant_config import detect, packed_names
 
-    lay = layout(table, ckpt.names(), ckpt.config)
+    qconf = detect(ckpt, table.schemes)
+    view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
+    lay = layout(table, view.names(), ckpt.config)
     refuse_problems(lay)
+    geometry = table.make_geometry(values)
     layers: list[LayerUse] = []
+    quant: dict[tuple[int, str], LayerQuant | None] = {}
     for index, x in lay.layers.items():
+        full = lay.split.full_name(table, index, "")
         for fill in x.slots.values():
             assert fill.block is not None
             layers.append((index, fill.block.name, frozenset(fill.names)))
+            quant[(index, fill.block.name)] = layer_quant(
+                qconf, fill.block.tensors, fill.names, full, fill.block.counts(geometry),
+                index, view.on_disk, aliases=view.aliases,
+            )  # fmt: skip
     if table.globals and lay.globals:
         layers.append((-1, table.globals, frozenset(lay.globals)))
-    return layers
+    return layers, quant
 
 
 def plan_report(
@@ -42,7 +61,10 @@ def plan_report(
     layers: list[LayerUse],
     source: str,
     ep_size: int = 1,
+    quant: QuantOf | None = None,
 ) -> dict[str, Any]:
+    """With ``quant``, a quantized linear is planned as its scheme's companions, each split
+    in whole groups: the bytes are the packed bytes a rank reads."""
     geometry = table.make_geometry(values)
     used = sorted({b for _, b, _ in layers})
     grid = [Ranks(tp_size, t, ep_size, e) for e in range(ep_size) for t in range(tp_size)]
@@ -53,6 +75,20 @@ def plan_report(
         for r in grid:
             plans[(name, r)] = block.plan(geometry, r)
     whole = {name: table.block(name).plan(geometry, Ranks()) for name in used}
+    cache: dict[tuple[Any, ...], BlockPlan] = {}
+
+    def plan_of(index: int, name: str, r: Ranks | None) -> BlockPlan:
+        """The block's plan in layer ``index`` on rank ``r`` (None: the whole model)."""
+        base = whole[name] if r is None else plans[(name, r)]
+        lq = quant(index, name) if quant is not None else None
+        if lq is None:
+            return base
+        key = (name, r, lq.quantized)
+        if key not in cache:
+            cache[key] = quantize_rules(name, table.block(name).tensors, base, lq)[1]
+        return cache[key]
+
+    first = {name: min(i for i, b, _ in layers if b == name) for name in used}
     blocks: dict[str, Any] = {}
     for name in used:
         block = table.block(name)
@@ -74,8 +110,8 @@ def plan_report(
             ],
         }
     tp1 = expected = 0
-    for _, b, present in layers:
-        for t in whole[b].tensors.values():
+    for i, b, present in layers:
+        for t in plan_of(i, b, None).tensors.values():
             if t.name in present:
                 tp1 += t.full_bytes
                 copies = tp_size if t.kind == "replicated" else 1
@@ -85,8 +121,8 @@ def plan_report(
     for r in grid:
         total = sum(
             t.local_bytes
-            for _, b, present in layers
-            for t in plans[(b, r)].tensors.values()
+            for i, b, present in layers
+            for t in plan_of(i, b, r).tensors.values()
             if t.name in present
         )
         per_block = {
@@ -95,7 +131,7 @@ def plan_report(
                     k: t.as_dict()[k]
                     for k in ("name", "local_shape", "local_bytes", "axis", "offset")
                 }
-                for t in plans[(name, r)].tensors.values()
+                for t in plan_of(first[name], name, r).tensors.values()
             ]
             for name in used
         }

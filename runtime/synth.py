@@ -30,8 +30,10 @@ from safetensors.numpy import save_file
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import SpecbindError
 from specbind.core.planning import Ranks, expand
+from specbind.core.quant import SchemeRule
 from specbind.runtime.binding import Array
 from specbind.runtime.model import BlockEntry, ModelTable
+from specbind.runtime.synth_quant import quant_config_files, quantized_entries
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,17 @@ def config_for(
     return dict(sorted(cfg.items()))
 
 
-def _values(rng: np.random.Generator, dtype: str, shape: tuple[int, ...]) -> Array:
+def _values(rng: np.random.Generator, dtype: str, shape: tuple[int, ...], name: str = "") -> Array:
+    if dtype == "U8":  # packed codes: any byte is two valid E2M1 codes
+        return rng.integers(0, 256, size=shape, dtype=np.uint8)
+    if name and (shape == () or shape == (1,)) and dtype == "F32":
+        # a global or input scale: one value per checkpoint, so declared shared scales agree
+        return np.full(shape, 0.0009765625, dtype=np.float32)
+    if dtype.startswith("F8") or (name and dtype == "F32" and "scale" in name.rsplit(".", 1)[-1]):
+        arr = np.abs(rng.standard_normal(size=shape, dtype=np.float32)) + 0.25  # scales > 0
+        np_dtype = DTYPES[dtype].numpy
+        assert np_dtype is not None
+        return arr.astype(np_dtype)
     arr = (rng.standard_normal(size=shape, dtype=np.float32) * 0.02).astype(np.float32)
     np_dtype = DTYPES[dtype].numpy
     assert np_dtype is not None
@@ -132,8 +144,10 @@ def synth(
     shards: int | None = None,
     gates_bf16: bool = False,
     nested_config: bool = False,
+    quant: SchemeRule | None = None,
 ) -> dict[str, Any]:
-    """Write the checkpoint; return a summary (files, tensors, bytes)."""
+    """Write the checkpoint; return a summary (files, tensors, bytes). With ``quant``, every
+    linear weight the scheme can store is written as its companions (``synth_quant``)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SpecbindError(f"{out}: exists and is not an empty directory; refusing to overwrite")
     if layers < 0 or layers > 4096:
@@ -142,14 +156,16 @@ def synth(
     geometry = table.make_geometry(full)
     plans = schedule(table, layers, mtp)
     entries: list[tuple[str, str, tuple[int, ...]]] = []
+    excluded: list[str] = []  # full module names the scheme cannot store (I % 16 != 0)
     for p in plans:
         pre = table.layer_pattern.format(index=p.index)
         for bname in p.blocks.values():
             block = table.block(bname)
             block.check(geometry, Ranks())
-            entries += [
-                (pre + n, d, s) for n, d, s in block_tensors(block, geometry, p.groups, gates_bf16)
-            ]
+            written = list(block_tensors(block, geometry, p.groups, gates_bf16))
+            if quant is not None:
+                written = quantized_entries(block, written, quant, pre, excluded)
+            entries += [(pre + n, d, s) for n, d, s in written]
     if table.globals is not None:
         block = table.block(table.globals)
         groups = frozenset(t.group for t in block.tensors if t.group is not None)
@@ -172,7 +188,7 @@ def synth(
             lo, hi = _span(i, n_shards, len(entries))
             chunk = entries[lo:hi]
             fn = f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
-            tensors = {n: _values(rng, d, s) for n, d, s in chunk}
+            tensors = {n: _values(rng, d, s, n if quant else "") for n, d, s in chunk}
             save_file(tensors, str(tmp / fn), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(tensors, fn))
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
@@ -182,6 +198,11 @@ def synth(
             assert table.synth is not None
             # as multimodal wrappers nest the text model's fields
             cfg = json.loads(table.synth.nested_json) | {"text_config": cfg}
+        if quant is not None:
+            side = quant_config_files(quant, excluded)
+            cfg |= side.pop("config.json", {})
+            for fn, doc in side.items():
+                (tmp / fn).write_text(json.dumps(doc, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         umask = os.umask(0)
         os.umask(umask)

@@ -134,10 +134,11 @@ class Checkpoint:
         """Every tensor's local shape and bytes on every rank: ``specbind plan --json``."""
         from specbind.runtime.planning import checkpoint_layers, plan_report
 
-        layers = checkpoint_layers(self._table, self._raw)
+        layers, quant = checkpoint_layers(self._table, self._raw, self.values)
         return plan_report(
-            self._table, self.values, tp_size, layers, str(self.path), ep_size=ep_size
-        )
+            self._table, self.values, tp_size, layers, str(self.path), ep_size=ep_size,
+            quant=lambda i, b: quant.get((i, b)),
+        )  # fmt: skip
 
     @overload
     def bind(
@@ -303,13 +304,20 @@ def _converter(backend: str, device: str | None) -> Any:
 def _slot(s: Any, convert: Any) -> BoundSlot[Any]:
     import dataclasses
 
+    from specbind.runtime.quant import QuantFields
+
     dtypes = {name: s.fields[name].dtype for name in s.weights.arrays()}
     weights = s.weights
     if dataclasses.is_dataclass(weights) and not isinstance(weights, type):
-        changes = {
-            f.name: convert(getattr(weights, f.name), dtypes[f.name])
-            for f in dataclasses.fields(weights)
-            if getattr(weights, f.name) is not None
-        }
+        changes: dict[str, Any] = {}
+        for f in dataclasses.fields(weights):
+            v = getattr(weights, f.name)
+            if v is None:
+                continue
+            if f.name in dtypes:
+                changes[f.name] = convert(v, dtypes[f.name])
+            elif isinstance(v, QuantFields):  # quantized fields' companions, by field name
+                converted = {k: convert(a, dtypes[k]) for k, a in v.arrays.items()}
+                changes[f.name] = dataclasses.replace(v, arrays=converted)
         weights = dataclasses.replace(weights, **changes)
     return BoundSlot(s.slot, s.block, weights, weights.arrays(), dtypes, s.report)

@@ -1,0 +1,136 @@
+"""Quantization schemes in the IR: what replaces a linear weight ``[O, I]`` on disk.
+
+A scheme (``specs/schemes/*.yaml``) names no model tensor. It says how a checkpoint announces
+it (a config file field), which modules it leaves out (a config list), the packed weight that
+takes the linear weight's place, the companion tensors beside it with shapes in terms of the
+linear's ``O`` and ``I``, and the declared dequant formula.
+
+Invariants:
+- every companion dim is ``O`` or ``I`` divided by a whole ``div`` (``ceil`` allowed only for
+  block scales), or the literal ``1``; a scalar is ``[]``;
+- a companion splits across tp with its linear: the rank's ``[O_r, I_r]`` window divided by
+  ``div`` on each axis, which must be whole (``(I / tp) % 16 == 0`` for NVFP4 columns), so a
+  rank holds whole groups and reads only its own bytes; a dim that does not follow ``O`` or
+  ``I`` (a scalar, a literal 1) is replicated;
+- the packed weight is one of the companions (``role: weight``); its ``suffix`` may differ
+  from ``weight`` (compressed-tensors writes ``weight_packed``).
+Trap: ``div`` on the packed weight's ``I`` is elements per byte, not a group size; both are
+"whole units" of the same column window, so one rule serves both.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+CompanionRole = Literal["weight", "block_scale", "global_scale", "input_scale"]
+GlobalOp = Literal["multiply", "divide", "none"]
+ExcludeMatch = Literal["glob", "compressed_tensors"]
+
+
+@dataclass(frozen=True)
+class DimRule:
+    """One companion dim: ``of`` (O, I or a literal 1) divided by ``div``, rounded up if
+    ``ceil``."""
+
+    of: Literal["O", "I", "1"]
+    div: int = 1
+    ceil: bool = False
+
+    def size(self, o: int, i: int) -> int:
+        if self.of == "1":
+            return 1
+        n = o if self.of == "O" else i
+        return -(-n // self.div) if self.ceil else n // self.div
+
+    def exact(self, o: int, i: int) -> bool:
+        """True when ``O`` or ``I`` splits into whole ``div`` units (always, with ``ceil``)."""
+        if self.of == "1" or self.ceil:
+            return True
+        return (o if self.of == "O" else i) % self.div == 0
+
+    @property
+    def text(self) -> str:
+        if self.of == "1" or self.div == 1:
+            return self.of
+        return f"ceil({self.of} / {self.div})" if self.ceil else f"{self.of} / {self.div}"
+
+
+@dataclass(frozen=True)
+class CompanionRule:
+    suffix: str  # the tensor's name is the linear's module name + "." + suffix
+    dtype: str
+    dims: tuple[DimRule, ...]  # () is a scalar
+    role: CompanionRole
+    activation: bool = False  # absent from weight-only checkpoints
+
+    @property
+    def shape_text(self) -> str:
+        return "[" + ", ".join(d.text for d in self.dims) + "]"
+
+    @property
+    def scalar(self) -> bool:
+        """One value per linear (``[]`` or ``[1]``): replicated, and joined one per source."""
+        return all(d.of == "1" for d in self.dims)
+
+    def shape(self, o: int, i: int) -> tuple[int, ...]:
+        return tuple(d.size(o, i) for d in self.dims)
+
+
+@dataclass(frozen=True)
+class DetectRule:
+    """``file``'s ``field`` (dotted; ``*`` is any key) holds one of ``values``."""
+
+    file: str
+    field: str
+    values: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DequantRule:
+    """The declared dequant formula, carried out by the ``Ops`` method ``op``."""
+
+    op: Literal["dequant_nvfp4", "dequant_fp8_block"]
+    codes: str  # e2m1 | e4m3
+    group: tuple[int, ...]  # (16,) along I, or a (rows, cols) block
+    global_op: GlobalOp  # how the global scale enters: W = code * scale (* or /) global
+
+
+@dataclass(frozen=True)
+class SchemeRule:
+    name: str
+    doc: str
+    detect: DetectRule
+    weight_only: DetectRule | None  # the field and values that mean no activation scales
+    exclude: DetectRule  # where the excluded modules are listed (values unused)
+    exclude_match: ExcludeMatch
+    targets: str | None  # compressed-tensors: the config field listing quantized targets
+    companions: tuple[CompanionRule, ...]
+    per_byte: int  # packed elements per byte of the weight (1: not packed)
+    order: Literal["low_first", "none"]
+    dequant: DequantRule
+    swizzle: str | None = None  # the block scale a CUTLASS swizzled output is made from
+
+    @property
+    def weight(self) -> CompanionRule:
+        return next(c for c in self.companions if c.role == "weight")
+
+    def role(self, role: CompanionRole) -> CompanionRule | None:
+        return next((c for c in self.companions if c.role == role), None)
+
+    def companions_for(self, weight_only: bool) -> tuple[CompanionRule, ...]:
+        return tuple(c for c in self.companions if not (weight_only and c.activation))
+
+
+def window(dim: DimRule, full: int, local: int, offset: int) -> tuple[int, int, int] | None:
+    """(full, local, offset) of a companion dim for a rank holding ``local`` elements of the
+    linear's axis at ``offset``; None when the rank's window is not whole ``div`` units."""
+    if dim.of == "1":
+        return (1, 1, 0)
+    if local == full:
+        return (dim.size(full, full), dim.size(full, full), 0)
+    if local % dim.div or offset % dim.div:
+        return None
+    return (math.ceil(full / dim.div) if dim.ceil else full // dim.div, local // dim.div,
+            offset // dim.div)  # fmt: skip

@@ -1,0 +1,128 @@
+"""Quantization scheme specs (``specs/schemes/*.yaml``): schema, then the semantic checks.
+
+Invariants (each refusal a ``SpecError`` naming file, path and line):
+- exactly one companion is the packed ``weight``, shaped ``[O, I / per_byte]`` (``[O, I]`` when
+  unpacked); at most one companion per other role;
+- the dequant formula agrees with the companions: the NVFP4 group is the block scale's ``I``
+  divisor, an FP8 block is its ``(O, I)`` divisors, a ``multiply``/``divide`` global scale
+  needs a ``global_scale`` companion;
+- ``ceil`` is allowed only on a block scale (a rank's share is then whole blocks or refused);
+- ``swizzle`` names the block scale; a scheme lives in ``schemes/<name>.yaml``.
+A scheme never names a model tensor: the schema admits no tensor names at all.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from specbind.core.quant import (
+    CompanionRole,
+    CompanionRule,
+    DequantRule,
+    DetectRule,
+    DimRule,
+    SchemeRule,
+)
+from specbind.generator.spec import validate_schema
+from specbind.generator.yamlio import Located
+
+_DIM = re.compile(r"^(?:(?P<ceil>ceil\()?(?P<of>[OI])(?: / (?P<div>[0-9]+))?\)?|(?P<one>1))$")
+
+
+def _dim(text: str) -> DimRule:
+    m = _DIM.fullmatch(text)
+    assert m is not None  # the schema's pattern admits only these forms
+    if m["one"]:
+        return DimRule("1")
+    of: Literal["O", "I"] = "O" if m["of"] == "O" else "I"
+    return DimRule(of, int(m["div"] or 1), bool(m["ceil"]))
+
+
+def _detect(raw: dict[str, Any]) -> DetectRule:
+    values = tuple("null" if v is None else str(v) for v in raw["values"])
+    return DetectRule(raw["file"], raw["field"], values)
+
+
+def parse_scheme(doc: Located, stem: str) -> SchemeRule:
+    validate_schema(doc, "scheme")
+    d = doc.data
+    if d["scheme"] != stem:
+        raise doc.error(
+            ("scheme",), f"scheme {d['scheme']!r} must live in schemes/{d['scheme']}.yaml"
+        )
+    per_byte = int(d["packing"]["per_byte"])
+    comps: list[CompanionRule] = []
+    roles: dict[str, str] = {}
+    for suffix, c in d["companions"].items():
+        path = ("companions", suffix)
+        role: CompanionRole = c["role"]
+        if role in roles:
+            raise doc.error((*path, "role"), f"role {role} is already {roles[role]!r}")
+        roles[role] = suffix
+        dims = tuple(_dim(t) for t in c["shape"])
+        if any(x.ceil for x in dims) and role != "block_scale":
+            raise doc.error((*path, "shape"), "ceil is allowed only on a block scale")
+        if role == "weight":
+            want = (
+                (DimRule("O"), DimRule("I", per_byte))
+                if per_byte > 1
+                else (DimRule("O"), DimRule("I"))
+            )
+            if dims != want:
+                raise doc.error(
+                    (*path, "shape"),
+                    f"the packed weight of {per_byte} element(s) per byte is "
+                    f"[{', '.join(x.text for x in want)}]",
+                )
+        comps.append(
+            CompanionRule(suffix, c["dtype"], dims, role, bool(c.get("activation", False)))
+        )
+    if "weight" not in roles:
+        raise doc.error(("companions",), "no companion has role: weight (the packed weight)")
+    dq = d["dequant"]
+    dequant = DequantRule(dq["op"], dq["codes"], tuple(int(g) for g in dq["group"]), dq["global"])
+    _check_dequant(doc, dequant, {c.role: c for c in comps})
+    swizzle = d.get("swizzle")
+    if swizzle is not None and roles.get("block_scale") != swizzle:
+        raise doc.error(("swizzle",), f"{swizzle!r} is not the scheme's block scale")
+    ex = d["exclude"]
+    return SchemeRule(
+        name=d["scheme"],
+        doc=d["doc"],
+        detect=_detect(d["detect"]),
+        weight_only=_detect(d["weight_only"]) if "weight_only" in d else None,
+        exclude=DetectRule(ex["file"], ex["field"], ()),
+        exclude_match=ex["match"],
+        targets=d.get("targets"),
+        companions=tuple(comps),
+        per_byte=per_byte,
+        order=d["packing"]["order"],
+        dequant=dequant,
+        swizzle=swizzle,
+    )
+
+
+def _check_dequant(doc: Located, dq: DequantRule, by_role: dict[str, CompanionRule]) -> None:
+    scale = by_role.get("block_scale")
+    if scale is None:
+        raise doc.error(("companions",), "the dequant formula needs a block_scale companion")
+    divs = tuple(x.div for x in scale.dims)
+    if dq.op == "dequant_nvfp4":
+        if len(dq.group) != 1 or divs != (1, dq.group[0]):
+            raise doc.error(
+                ("dequant", "group"),
+                f"an NVFP4 group of {list(dq.group)} needs the block scale [O, I / group], "
+                f"not {scale.shape_text}",
+            )
+    elif len(dq.group) != 2 or divs != dq.group:
+        raise doc.error(
+            ("dequant", "group"),
+            f"an FP8 block of {list(dq.group)} needs the block scale [ceil(O / b0), ceil(I / b1)], "
+            f"not {scale.shape_text}",
+        )
+    if (dq.global_op != "none") != ("global_scale" in by_role):
+        raise doc.error(
+            ("dequant", "global"),
+            f"global: {dq.global_op} and the companions disagree on a global_scale",
+        )

@@ -1,0 +1,125 @@
+"""A checkpoint seen through the model's declared name map (and a scheme's packed-weight name).
+
+The model spec's ``names`` rules (like transformers' conversion mapping) say how other writers
+name the same tensors: a layer-relative prefix renamed (``self_attn.forget_gate.`` ->
+``self_attn.``, ``attn_hc.`` -> ``hc_attn_``), or one stored tensor read as N equal row
+segments (``self_attn.conv1d.weight`` [3Q, 1, K] -> q, k, v ``_conv1d.weight`` [Q, 1, K]).
+A quantization scheme whose packed weight is not stored as ``weight`` (compressed-tensors'
+``weight_packed``) is seen under the linear's own name.
+
+Invariants:
+- a segment is a contiguous row range of the stored bytes (zero-copy); a tp row shard of a
+  segment is then a slice of that segment, so rank r of a fused ``[q; k; v]`` gets
+  ``[q_r; k_r; v_r]`` and never a contiguous third of the fused tensor — by construction;
+- a rename that would give two tensors one name is refused, naming both;
+- everything not renamed passes through untouched; ``on_disk`` gives a name's stored name
+  (what a tool's config lists, e.g. ModelOpt's ``exclude_modules``).
+Trap: a stored row count that does not split into whole segments is refused, never rounded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from specbind.core.errors import CheckpointError
+from specbind.core.ir import NameRule
+from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.source import MapSpan, RawTensor
+
+
+class NamedView:
+    """The checkpoint's tensors under the names the specs use."""
+
+    def __init__(
+        self,
+        ckpt: Checkpoint,
+        pattern: str,
+        rules: tuple[NameRule, ...],
+        suffixes: Mapping[str, str] | None = None,
+    ) -> None:
+        self._ckpt = ckpt
+        self.root: Path = ckpt.root
+        head, tail = pattern.split("{index}")
+        rx = re.compile(
+            "^(.*?" + re.escape(head) + r"(?:0|[1-9][0-9]{0,5})" + re.escape(tail) + ")(.+)$"
+        )
+        self._rx, self._rules = rx, rules
+        self._map: dict[str, tuple[str, int, int]] = {}  # name -> (stored, segment, of n)
+        stored = ckpt.names()
+        for n in stored:
+            for new, seg, of in _mapped(n, rx, rules, suffixes or {}):
+                if new in self._map:
+                    raise CheckpointError(
+                        f"{n} and {self._map[new][0]} would both be read as {new}; refusing "
+                        "to guess"
+                    )
+                self._map[new] = (n, seg, of)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self._ckpt.config
+
+    def side_file(self, fn: str) -> Any | None:
+        return self._ckpt.side_file(fn)
+
+    def unindexed_files(self) -> list[str]:
+        return self._ckpt.unindexed_files()
+
+    def names(self) -> list[str]:
+        return list(self._map)
+
+    def on_disk(self, name: str) -> str:
+        return self._map[name][0] if name in self._map else name
+
+    def aliases(self, module: str) -> list[str]:
+        """Other names of a module (full name) by the renames, read backwards: a tool's config
+        may list transformers' own module names while its tensors carry the hub names."""
+        m = self._rx.match(module)
+        if m is None:
+            return []
+        head, rel = m.group(1), m.group(2)
+        return [
+            head + r.source + rel[len(r.to[0]) :]
+            for r in self._rules
+            if len(r.to) == 1 and rel.startswith(r.to[0])
+        ]
+
+    def get(self, name: str) -> RawTensor | None:
+        hit = self._map.get(name)
+        if hit is None:
+            return None
+        stored, seg, of = hit
+        t = self._ckpt.get(stored)
+        if t is None or of == 1:
+            return t
+        rows = t.shape[0] if t.shape else 0
+        if rows % of or len(t.data) % of:
+            raise CheckpointError(
+                f"{stored} has {rows} rows, which do not split into {of} whole segments"
+            )
+        step = len(t.data) // of  # bytes of one segment: rows/of whole rows
+        shape = (rows // of, *t.shape[1:])  # [N*R, ...] -> segment [R, ...]
+        span = None if t.span is None else MapSpan(t.span.map, t.span.offset + seg * step)
+        return RawTensor(t.dtype, shape, t.data[seg * step : (seg + 1) * step], span)
+
+
+def _mapped(
+    name: str, rx: re.Pattern[str], rules: tuple[NameRule, ...], suffixes: Mapping[str, str]
+) -> list[tuple[str, int, int]]:
+    for old, new in suffixes.items():
+        if name.endswith("." + old):
+            name = name[: -len(old)] + new
+            break
+    m = rx.match(name)
+    if m is None:
+        return [(name, 0, 1)]
+    head, rel = m.group(1), m.group(2)
+    for r in rules:
+        if len(r.to) > 1 and rel == r.source:
+            return [(head + t, i, len(r.to)) for i, t in enumerate(r.to)]
+        if len(r.to) == 1 and rel.startswith(r.source):
+            return [(head + r.to[0] + rel[len(r.source) :], 0, 1)]
+    return [(name, 0, 1)]

@@ -1,0 +1,417 @@
+"""Bind a block's quantized linear weights: the scheme's companions replace the BF16 rule, each
+split with its linear so a rank reads only its own bytes and holds whole scale groups.
+
+How a block binds quantized (every step generic; no model, block or tensor is named here):
+1. ``layer_quant`` decides, per linear rule (``linear: true``) of the block in one layer,
+   whether the checkpoint's config quantizes it, and cross-checks the names: an excluded
+   module that carries a companion is refused naming the module; experts of one family must
+   agree (a stacked ``w13`` has one layout);
+2. ``quantize_rules`` replaces each quantized rule by the scheme's companions (the packed
+   weight keeps the linear's name) and derives each companion's plan from the linear's
+   ``[O, I]`` plan: the rank's window on each axis divided by the companion's ``div`` — whole,
+   or a ``GeometryError`` naming the constraint (``(I / tp) % 16 == 0``);
+3. after the census and reads, ``check_shared`` refuses scales the block declares shared that
+   differ (unless allowed);
+4. ``companion_fields`` binds, for each field made of quantized sources, one field per
+   companion made the same way as the field (verbatim, concat, stack): ``w13_weight_scale``
+   [E_r, 2·Im/tp, X/16], ``w13_weight_scale_2`` [E_r, 2] (a scalar per joined source), and on
+   request the CUTLASS-swizzled block scale and a dequantized BF16 copy, through the backend's
+   ``Ops``;
+5. a transform (an einsum, a scale) never reads packed codes: ``dequantized`` hands it BF16.
+Trap: a concat of a quantized and an unquantized source has no one layout; it is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, cast
+
+from specbind.core.errors import BindError, GeometryError, at
+from specbind.core.ir import FieldRule, ShardRule, SharedScaleRule, TensorRule
+from specbind.core.planning import BlockPlan, TensorPlan
+from specbind.core.quant import CompanionRule, SchemeRule, window
+from specbind.runtime.binding import Array, members
+from specbind.runtime.quant_config import QuantConfig
+
+OUTPUTS = ("swizzled", "dequantized")  # optional bound layouts a caller may ask for
+
+
+class QuantOps(Protocol):
+    """The ``Ops`` methods quantized fields call (the numerics live with the kernels)."""
+
+    def dequant_nvfp4(
+        self, packed: Any, scale: Any, global_scale: Any, *, divide: bool, group: int
+    ) -> Array: ...
+    def dequant_fp8_block(
+        self, weight: Any, scale_inv: Any, *, block: tuple[int, int]
+    ) -> Array: ...
+    def swizzle_blockscale(self, scale: Any) -> Array: ...
+
+
+def quant_ops(ops: Any, what: str, method: str) -> QuantOps:
+    if not callable(getattr(ops, method, None)):
+        raise BindError(f"{what}: this backend's ops have no {method}, which the scheme needs")
+    return cast(QuantOps, ops)
+
+
+def module_of(rule_name: str) -> str:
+    return rule_name.removesuffix(".weight")
+
+
+@dataclass(frozen=True)
+class LayerQuant:
+    """One slot of one layer: the scheme and which linear rules (by pattern) it quantizes."""
+
+    scheme: SchemeRule
+    weight_only: bool
+    quantized: frozenset[str]  # linear rule names (family patterns) stored quantized
+    outputs: frozenset[str] = frozenset()  # of OUTPUTS
+    allow_unshared: bool = False
+    companions: tuple[CompanionRule, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "companions", self.scheme.companions_for(self.weight_only))
+
+    def name(self, rule: str, c: CompanionRule) -> str:
+        return rule if c.role == "weight" else f"{module_of(rule)}.{c.suffix}"
+
+    def by_role(self, rule: str, role: str) -> str | None:
+        c = next((c for c in self.companions if c.role == role), None)
+        return None if c is None else self.name(rule, c)
+
+
+def layer_quant(
+    q: QuantConfig | None,
+    rules: Sequence[TensorRule],
+    names: Sequence[str],
+    full: str,
+    counts: Mapping[str, int],
+    layer: int,
+    on_disk: Callable[[str], str] | None = None,
+    outputs: frozenset[str] = frozenset(),
+    allow_unshared: bool = False,
+    aliases: Callable[[str], list[str]] = lambda _: [],
+) -> LayerQuant | None:
+    """Which linear rules of a block the config quantizes in one layer (``full``: the layer's
+    full-name prefix; ``on_disk``: a full name's stored name, which the config lists)."""
+    if q is None:
+        return None
+    present = set(names)
+    extra = [c.suffix for c in q.scheme.companions if c.role != "weight"]
+    quantized: set[str] = set()
+    for r in rules:
+        if not r.linear:
+            continue
+        idx = range(counts[r.family]) if r.family is not None else [None]
+        says: dict[bool, list[int]] = {True: [], False: []}
+        for i in idx:
+            name = r.name if i is None else r.concrete(i).name
+            module = module_of(name)
+            disk = module_of(on_disk(full + name) if on_disk else full + name)
+            yes = q.quantized(disk, aliases(disk))
+            says[yes].append(-1 if i is None else i)
+            carried = [f"{module}.{s}" for s in extra if f"{module}.{s}" in present]
+            if not yes and carried:
+                raise BindError(
+                    f"{at(layer)}: {module} is excluded from quantization "
+                    f"({q.why_excluded(disk)}), but carries {carried} — refused: "
+                    "its config and its tensors disagree"
+                )
+            if yes and not carried and extra and name in present:  # (absent: not this check's)
+                raise BindError(
+                    f"{at(layer)}: {module}: {q.source} leaves it quantized "
+                    f"({q.scheme.name}), but none of its {extra} is stored — refused: its "
+                    "config and its tensors disagree"
+                )
+        if says[True] and says[False]:
+            raise BindError(
+                f"{at(layer)}: {r.name}: the config quantizes members {says[True]} and "
+                f"excludes {says[False]}; a stacked family has one layout"
+            )
+        if says[True]:
+            quantized.add(r.name)
+    if not quantized:
+        return None
+    return LayerQuant(q.scheme, q.weight_only, frozenset(quantized), outputs, allow_unshared)
+
+
+def quantize_rules(
+    block: str, rules: tuple[TensorRule, ...], plan: BlockPlan, lq: LayerQuant | None
+) -> tuple[tuple[TensorRule, ...], BlockPlan]:
+    """The block's rules and this rank's plan with every quantized linear replaced by the
+    scheme's companions."""
+    if lq is None:
+        return rules, plan
+    out = quantized_rules(rules, lq)
+    tensors: dict[str, TensorPlan] = {}
+    for name, tp in plan.tensors.items():
+        if tp.pattern not in lq.quantized:
+            tensors[name] = tp
+            continue
+        for c in lq.companions:
+            p = _companion_plan(block, tp, c, lq)
+            tensors[p.name] = p
+    return out, replace(plan, tensors=tensors)
+
+
+def quantized_rules(rules: tuple[TensorRule, ...], lq: LayerQuant | None) -> tuple[TensorRule, ...]:
+    """The rules with each quantized linear replaced by the scheme's companions (the packed
+    weight keeps the linear's name; a scalar companion is replicated)."""
+    if lq is None:
+        return rules
+    out: list[TensorRule] = []
+    for r in rules:
+        if r.name not in lq.quantized:
+            out.append(r)
+            continue
+        for c in lq.companions:
+            why = f"{lq.scheme.name} stores {c.suffix} as {c.dtype}"
+            keep = not c.scalar and r.shard.kind != "replicated"
+            shard = r.shard if keep else ShardRule("replicated")
+            out.append(
+                TensorRule(
+                    lq.name(r.name, c), c.dtype, c.shape_text, shard, r.group, why, (), r.family
+                )
+            )
+    return tuple(out)
+
+
+def _companion_plan(block: str, tp: TensorPlan, c: CompanionRule, lq: LayerQuant) -> TensorPlan:
+    o, i = tp.full_shape
+    name = lq.name(tp.name, c)
+    pattern = lq.name(tp.pattern, c)
+    bad = [d for d in c.dims if not d.exact(o, i)]
+    if bad:
+        raise GeometryError(
+            f"{block}: {module_of(tp.name)} [{o}, {i}] cannot be stored as {lq.scheme.name}: "
+            f"{bad[0].text} is not whole ({c.suffix} {c.shape_text})"
+        )
+    full = c.shape(o, i)
+    axis = tp.axis
+    d = c.dims[axis] if axis < len(c.dims) else None
+    if tp.kind == "replicated" or c.scalar or d is None or d.of != ("O" if axis == 0 else "I"):
+        return TensorPlan(name, c.dtype, "replicated", None, 1, full, full, 0, 0,
+                          c.shape_text, (), pattern)  # fmt: skip
+    w = window(d, tp.full_shape[axis], tp.local_shape[axis], tp.offset)
+    if w is None:
+        sym = "O" if axis == 0 else "I"
+        raise GeometryError(
+            f"{block}: {module_of(tp.name)}: a rank holds {tp.local_shape[axis]} of {sym} = "
+            f"{tp.full_shape[axis]}, not whole {d.div}-element units of {c.suffix} "
+            f"({c.shape_text}): ({sym} / tp) % {d.div} == 0 fails — under {lq.scheme.name} "
+            "a rank holds whole groups"
+        )
+    local = list(full)
+    local[axis] = w[1]
+    return TensorPlan(name, c.dtype, tp.kind, tp.unit, tp.units, full, tuple(local), axis,
+                      w[2], c.shape_text, (), pattern)  # fmt: skip
+
+
+def check_shared(
+    block: str,
+    layer: int,
+    host: Mapping[str, Array],
+    shared: Sequence[SharedScaleRule],
+    plan: BlockPlan,
+    lq: LayerQuant | None,
+) -> None:
+    """Refuse scales the block declares shared that differ (bit for bit), unless allowed."""
+    if lq is None or lq.allow_unshared:
+        return
+    role = {"global": "global_scale", "input": "input_scale"}
+    for rule in shared:
+        pats = [lq.by_role(t, role[rule.scale]) for t in rule.tensors if t in lq.quantized]
+        names = [p for p in pats if p is not None]
+        if not names:
+            continue
+        groups: list[list[str]]
+        if rule.across is not None:
+            ms = plan.members[rule.across] if plan.members else range(0)
+            groups = [[n.replace("{" + rule.across + "}", str(i)) for i in ms for n in names]]
+        else:
+            fams = {f for n in names for f in (plan.members or {}) if "{" + f + "}" in n}
+            if fams:
+                f = fams.pop()
+                ms = (plan.members or {})[f]
+                groups = [[n.replace("{" + f + "}", str(i)) for n in names] for i in ms]
+            else:
+                groups = [names]
+        for g in groups:
+            vals = [host[n].reshape(-1).view("u4").tolist() for n in g if n in host]
+            if len({tuple(v) for v in vals}) > 1:
+                shown = {n: float(host[n].reshape(-1)[0]) for n in g if n in host}
+                raise BindError(
+                    f"{at(layer)}: {rule.scale} scales that must be one value differ: "
+                    f"{shown} — {rule.why} (bind --allow-unshared-scales accepts them)"
+                )
+
+
+def dequantized(
+    t: Mapping[str, Array], lq: LayerQuant | None, ops: Any, what: str,
+    only: Sequence[str] | None = None,
+) -> Mapping[str, Array]:  # fmt: skip
+    """``t`` with every quantized linear (of ``only``, when given) as BF16 ``[O_r, I_r]``, for
+    transforms and the optional dequantized output."""
+    if lq is None:
+        return t
+    out = dict(t)
+    for name in list(t) if only is None else only:
+        for pat in lq.quantized:
+            if _member_of(name, pat):
+                out[name] = _dequant(t, name, pat, lq, ops, what)
+    return out
+
+
+def _names_of(patterns: Sequence[str], t: Mapping[str, Array]) -> list[str]:
+    return [n for n in t if any(_member_of(n, p) for p in patterns)]
+
+
+def _member_of(name: str, pattern: str) -> bool:
+    if "{" not in pattern:
+        return name == pattern
+    head, rest = pattern.split("{", 1)
+    tail = rest.split("}", 1)[1]
+    mid = name[len(head) : len(name) - len(tail)]
+    return name.startswith(head) and name.endswith(tail) and mid.isdigit()
+
+
+def _concrete(pattern: str, name: str, rule_pat: str) -> str:
+    """The companion ``pattern`` of rule ``rule_pat`` for the member ``name`` is."""
+    if "{" not in rule_pat:
+        return pattern
+    head, rest = rule_pat.split("{", 1)
+    fam, tail = rest.split("}", 1)
+    index = name[len(head) : len(name) - len(tail)]
+    return pattern.replace("{" + fam + "}", index)
+
+
+def _dequant(
+    t: Mapping[str, Array], name: str, pat: str, lq: LayerQuant, ops: Any, what: str
+) -> Array:
+    d = lq.scheme.dequant
+    scale = lq.by_role(pat, "block_scale")
+    assert scale is not None
+    s = t[_concrete(scale, name, pat)]
+    if d.op == "dequant_fp8_block":
+        q = quant_ops(ops, what, d.op)
+        if str(s.dtype) != "float32":
+            s = ops.widen(s)  # a BF16 block scale (compressed-tensors) widens exactly to F32
+        return q.dequant_fp8_block(t[name], s, block=(d.group[0], d.group[1]))
+    g = lq.by_role(pat, "global_scale")
+    assert g is not None
+    gs = t[_concrete(g, name, pat)].reshape(())  # [] or [1] -> []: one F32 value
+    q = quant_ops(ops, what, d.op)
+    return q.dequant_nvfp4(t[name], s, gs, divide=d.global_op == "divide", group=d.group[0])
+
+
+@dataclass
+class QuantFields:
+    """Fields bound beside a block's own: the companions of its quantized fields."""
+
+    arrays: dict[str, Any] = field(default_factory=dict)  # the backend's arrays
+    rules: dict[str, FieldRule] = field(default_factory=dict)  # the packed fields' rules too
+
+
+def companion_fields(
+    layer: int,
+    fields: Mapping[str, FieldRule],
+    sources: Mapping[str, tuple[str, ...]],
+    t: Mapping[str, Array],
+    plan: BlockPlan,
+    ops: Any,
+    lq: LayerQuant | None,
+) -> QuantFields | None:
+    """For every field made of quantized sources: the packed field's rule, one field per
+    companion joined as the field is, and the requested optional layouts."""
+    if lq is None:
+        return None
+    out = QuantFields()
+    for fname, f in fields.items():
+        srcs = sources[fname]
+        quant = [s in lq.quantized for s in srcs]
+        if f.kind in ("transform", "tie") or not any(quant):
+            continue
+        if not all(quant):
+            plain = [s for s, q in zip(srcs, quant, strict=True) if not q]
+            raise BindError(
+                f"{at(layer)}: {fname} joins quantized and unquantized linears ({plain} are "
+                "not quantized); one field has one layout"
+            )
+        if not all(s in t or f.family is not None for s in srcs):
+            continue  # an absent optional field
+        out.rules[fname] = replace(f, dtype=lq.scheme.weight.dtype)
+        for c in lq.companions:
+            if c.role == "weight":
+                continue
+            arr = _join(f, [lq.name(s, c) for s in srcs], not c.scalar, t, plan, ops)
+            key = f"{fname}_{c.suffix}"
+            out.arrays[key] = arr
+            out.rules[key] = _companion_rule(f, c)
+        if "swizzled" in lq.outputs and lq.scheme.swizzle is not None:
+            q = quant_ops(ops, f"{at(layer)}: {fname}", "swizzle_blockscale")
+            key = f"{fname}_{lq.scheme.swizzle}_swizzled"
+            out.arrays[key] = q.swizzle_blockscale(out.arrays[f"{fname}_{lq.scheme.swizzle}"])
+            out.rules[key] = FieldRule("transform", "U8", "replicated", 1)
+        if "dequantized" in lq.outputs:
+            deq = dequantized(t, lq, ops, f"{at(layer)}: {fname}", only=_names_of(srcs, t))
+            key = f"{fname}_bf16"
+            out.arrays[key] = _join(f, list(srcs), True, deq, plan, ops)
+            out.rules[key] = replace(f, kind="transform", dtype="BF16")
+    return out
+
+
+def _companion_rule(f: FieldRule, c: CompanionRule) -> FieldRule:
+    if c.scalar:  # one value per joined source: [parts], or [E_r, parts] when stacked
+        return FieldRule(f.kind, c.dtype, "replicated", 1, 0, f.family, 0)
+    return replace(f, dtype=c.dtype)
+
+
+def _join(
+    f: FieldRule, names: list[str], shaped: bool, t: Mapping[str, Array], plan: BlockPlan,
+    ops: Any,
+) -> Array:  # fmt: skip
+    """``names`` joined as field ``f`` joins its sources; scalars become one value each."""
+
+    def prep(a: Array) -> Array:
+        return a if shaped else a.reshape(1)  # [] or [1] -> [1]: one value per source
+
+    axis = f.join if shaped else 0
+    if f.family is not None:
+        groups = [[prep(a) for a in members(t, n, f.family, plan)] for n in names]
+        stacked: Array = ops.stack(groups, axis=axis, squeeze=None)
+        if not shaped and len(names) == 1:
+            return stacked.reshape(stacked.shape[0])  # [E_r, 1] -> [E_r]: one per member
+        return stacked
+    if f.kind == "verbatim":
+        return t[names[0]]  # as stored: ModelOpt's scalar [] stays [], compressed-tensors' [1]
+    joined: Array = ops.concat_squeeze([prep(t[n]) for n in names], axis=axis, squeeze=None)
+    return joined
+
+
+def for_transforms(
+    layer: int,
+    fields: Mapping[str, FieldRule],
+    sources: Mapping[str, tuple[str, ...]],
+    t: Mapping[str, Array],
+    ops: Any,
+    lq: LayerQuant | None,
+) -> Mapping[str, Array]:
+    """``t`` with the quantized linears that transforms read dequantized to BF16: an einsum or
+    a scale never sees packed codes."""
+    if lq is None:
+        return t
+    read = [s for n, f in fields.items() if f.kind == "transform" for s in sources[n]]
+    return dequantized(t, lq, ops, at(layer), only=_names_of(read, t))
+
+
+def storable(scheme: SchemeRule, block: Any, geometry: Any) -> LayerQuant | None:
+    """Every linear of ``block`` (a model table's entry) the scheme can store at ``geometry``
+    (whole groups at tp 1), as a ``synth --quant`` checkpoint would hold them."""
+    shapes = block.shapes(geometry)
+    names = frozenset(
+        r.name
+        for r in block.tensors
+        if r.linear and all(d.exact(*shapes[r.name]) for c in scheme.companions for d in c.dims)
+    )
+    return LayerQuant(scheme, False, names) if names else None

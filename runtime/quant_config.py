@@ -1,0 +1,169 @@
+"""Which quantization scheme a checkpoint uses, and which of its linear modules it quantized,
+read from the checkpoint's own config files and cross-checked against the tensors present.
+
+A scheme (``specs/schemes/*.yaml``) says which config field announces it; at most one scheme
+may claim a checkpoint. Which modules are quantized comes from the config, never from guessing
+by dtype:
+- ``glob`` (ModelOpt ``hf_quant_config.json`` ``quantization.exclude_modules``): a module is
+  quantized unless its full name matches one of the patterns (``*`` wildcards, fnmatch, case
+  sensitive);
+- ``compressed_tensors`` (``quantization_config.ignore`` and ``config_groups.*.targets``): a
+  module is quantized when a target matches it (``Linear``: every linear; ``re:`` a regex
+  matched from the start of the name, as compressed-tensors matches; else the exact name) and
+  no ``ignore`` entry does.
+
+Invariants: a config that announces quantization no scheme describes is refused (a
+``quantization_config`` with an unknown method is never bound as if it were BF16); an excluded
+module that carries a scheme companion is refused naming the module; a malformed field is
+refused naming the file and field.
+Trap: the names matched are the checkpoint's own full module names (before any declared name
+map), because that is what the tools wrote into their configs.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from specbind.core.errors import CheckpointError
+from specbind.core.quant import DetectRule, SchemeRule
+from specbind.runtime.checkpoint import Checkpoint
+
+
+def lookup(doc: Any, dotted: str) -> list[Any]:
+    """Every value at ``dotted`` in ``doc`` (``*`` is every key of an object); [] if none."""
+    found = [doc]
+    for part in dotted.split("."):
+        nxt: list[Any] = []
+        for d in found:
+            if not isinstance(d, dict):
+                continue
+            if part == "*":
+                nxt += list(d.values())
+            elif part in d:
+                nxt.append(d[part])
+        found = nxt
+    return found
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """One checkpoint's quantization: the scheme, and what the config says is quantized."""
+
+    scheme: SchemeRule
+    weight_only: bool
+    excluded: tuple[str, ...]  # patterns or names, as the config writes them
+    targets: tuple[str, ...]  # compressed-tensors targets; () for a glob scheme
+    source: str  # "hf_quant_config.json quantization.exclude_modules", for messages
+
+    def quantized(self, module: str, aliases: Sequence[str] = ()) -> bool:
+        """True when the config says the module (full checkpoint name, or one of its
+        ``aliases``: the tool's own module names, which its config lists) is quantized."""
+        names = [module, *aliases]
+        if any(_matches(self, p, n) for p in self.excluded for n in names):
+            return False
+        if self.scheme.exclude_match == "glob":
+            return True
+        return any(p == "Linear" or _ct_match(p, n) for p in self.targets for n in names)
+
+    def why_excluded(self, module: str) -> str:
+        hit = [p for p in self.excluded if _matches(self, p, module)]
+        if hit:
+            return f"{self.source} lists {hit[0]!r}"
+        return f"no target of {self.scheme.exclude.file} config_groups matches it"
+
+
+def _matches(q: QuantConfig, pattern: str, module: str) -> bool:
+    if q.scheme.exclude_match == "glob":
+        return fnmatch.fnmatchcase(module, pattern)
+    return _ct_match(pattern, module)
+
+
+def _ct_match(pattern: str, module: str) -> bool:
+    if pattern.startswith("re:"):
+        try:
+            return re.match(pattern[3:], module) is not None
+        except re.error as e:
+            raise CheckpointError(f"quantization_config: ignore/targets {pattern!r}: {e}") from None
+    return pattern == module
+
+
+def _read(ckpt: Checkpoint, file: str, cache: dict[str, Any]) -> Any:
+    if file not in cache:
+        cache[file] = ckpt.config if file == "config.json" else ckpt.side_file(file)
+    return cache[file]
+
+
+def _holds(doc: Any, rule: DetectRule) -> bool:
+    return any(_as_text(v) in rule.values for v in lookup(doc, rule.field))
+
+
+def _as_text(v: Any) -> str | None:
+    """A config value as the scheme files write it (``null`` for JSON null)."""
+    if v is None:
+        return "null"
+    return v if isinstance(v, str) else None
+
+
+def _strings(doc: Any, file: str, field: str) -> tuple[str, ...]:
+    out: list[str] = []
+    for v in lookup(doc, field):
+        if v is None:
+            continue
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise CheckpointError(f"{file}: {field} is {v!r}, expected a list of strings")
+        out += v
+    return tuple(out)
+
+
+def detect(ckpt: Checkpoint, schemes: Sequence[SchemeRule]) -> QuantConfig | None:
+    """The checkpoint's quantization, or None for an unquantized checkpoint."""
+    cache: dict[str, Any] = {}
+    hits = [s for s in schemes if _holds(_read(ckpt, s.detect.file, cache), s.detect)]
+    if len(hits) > 1:
+        raise CheckpointError(
+            f"{ckpt.root}: the config matches more than one quantization scheme "
+            f"({', '.join(s.name for s in hits)}); refusing to guess"
+        )
+    if not hits:
+        qc = ckpt.config.get("quantization_config")
+        if qc is None and isinstance(ckpt.config.get("text_config"), dict):
+            qc = ckpt.config["text_config"].get("quantization_config")
+        if qc is not None:
+            method = qc.get("quant_method") if isinstance(qc, dict) else qc
+            raise CheckpointError(
+                f"config.json: quantization_config (quant_method {method!r}) matches no "
+                f"scheme in specs/schemes ({', '.join(s.name for s in schemes)}); a quantized "
+                "checkpoint is not bound as if it were unquantized"
+            )
+        return None
+    s = hits[0]
+    doc = _read(ckpt, s.exclude.file, cache)
+    weight_only = s.weight_only is not None and _holds(
+        _read(ckpt, s.weight_only.file, cache), s.weight_only
+    )
+    targets = (
+        _strings(_read(ckpt, "config.json", cache), "config.json", s.targets) if s.targets else ()
+    )
+    return QuantConfig(
+        scheme=s,
+        weight_only=weight_only,
+        excluded=_strings(doc, s.exclude.file, s.exclude.field),
+        targets=targets,
+        source=f"{s.exclude.file} {s.exclude.field}",
+    )
+
+
+def by_name(schemes: Sequence[SchemeRule]) -> Mapping[str, SchemeRule]:
+    return {s.name: s for s in schemes}
+
+
+def packed_names(q: QuantConfig | None) -> dict[str, str]:
+    """The stored suffix of the packed weight -> ``weight``, when a scheme stores it under
+    another name (compressed-tensors' ``weight_packed``)."""
+    if q is None or q.scheme.weight.suffix == "weight":
+        return {}
+    return {q.scheme.weight.suffix: "weight"}

@@ -1,0 +1,77 @@
+"""What ``specbind synth --quant SCHEME`` writes: each linear weight stored as the scheme's
+companions, and the config file the scheme is detected by.
+
+Generic: the linears are the block rules marked ``linear: true``, the companions and their
+shapes come from the scheme, and the config fields are the ones the scheme reads (its
+``detect`` field set to its first value, its exclude list, its targets). A linear whose
+``[O, I]`` the scheme cannot store in whole groups (``I % 16 != 0`` for NVFP4) is written in
+BF16 and listed as excluded by its full module name, so the checkpoint is one a real tool
+could have written.
+Invariant: a global or input scale is one value per checkpoint (see ``synth._values``), so
+the scales a block declares shared agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specbind.core.quant import DetectRule, SchemeRule
+from specbind.runtime.model import BlockEntry
+
+
+def quantized_entries(
+    block: BlockEntry[Any],
+    written: list[tuple[str, str, tuple[int, ...]]],
+    scheme: SchemeRule,
+    pre: str,
+    excluded: list[str],
+) -> list[tuple[str, str, tuple[int, ...]]]:
+    """``written`` (layer-relative names) with every storable linear replaced by companions;
+    the others are appended to ``excluded`` as full module names (``pre``: the layer prefix)."""
+    linear = [r for r in block.tensors if r.linear]
+    out: list[tuple[str, str, tuple[int, ...]]] = []
+    for name, dtype, shape in written:
+        if not any(_is_member(name, r.name) for r in linear):
+            out.append((name, dtype, shape))
+            continue
+        o, i = shape
+        module = name.removesuffix(".weight")
+        if not all(d.exact(o, i) for c in scheme.companions for d in c.dims):
+            excluded.append(pre + module)
+            out.append((name, dtype, shape))
+            continue
+        for c in scheme.companions:  # the packed weight under its stored suffix too
+            out.append((f"{module}.{c.suffix}", c.dtype, c.shape(o, i)))
+    return out
+
+
+def _is_member(name: str, pattern: str) -> bool:
+    if "{" not in pattern:
+        return name == pattern
+    head, rest = pattern.split("{", 1)
+    tail = rest.split("}", 1)[1]
+    mid = name[len(head) : len(name) - len(tail)]
+    return name.startswith(head) and name.endswith(tail) and mid.isdigit()
+
+
+def _put(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set ``dotted`` in ``doc`` (``*`` becomes ``group_0``, as compressed-tensors names it)."""
+    parts = [("group_0" if p == "*" else p) for p in dotted.split(".")]
+    for p in parts[:-1]:
+        doc = doc.setdefault(p, {})
+    doc[parts[-1]] = value
+
+
+def _value(rule: DetectRule) -> Any:
+    v = rule.values[0]
+    return None if v == "null" else v
+
+
+def quant_config_files(scheme: SchemeRule, excluded: list[str]) -> dict[str, dict[str, Any]]:
+    """The config documents by file name (``config.json`` fields to merge in)."""
+    files: dict[str, dict[str, Any]] = {}
+    _put(files.setdefault(scheme.detect.file, {}), scheme.detect.field, _value(scheme.detect))
+    _put(files.setdefault(scheme.exclude.file, {}), scheme.exclude.field, list(excluded))
+    if scheme.targets is not None:
+        _put(files.setdefault("config.json", {}), scheme.targets, ["Linear"])
+    return files
