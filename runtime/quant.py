@@ -107,6 +107,8 @@ def layer_quant(
         says: dict[bool, list[int]] = {True: [], False: []}
         for i in idx:
             name = r.name if i is None else r.concrete(i).name
+            if name not in present:
+                continue  # an absent optional group (a shared DSA layer's indexer): not stored
             module = module_of(name)
             disk = module_of(on_disk(full + name) if on_disk else full + name)
             yes = q.quantized(disk, aliases(disk))
@@ -118,7 +120,7 @@ def layer_quant(
                     f"({q.why_excluded(disk)}), but carries {carried} — refused: "
                     "its config and its tensors disagree"
                 )
-            if yes and not carried and extra and name in present:  # (absent: not this check's)
+            if yes and not carried and extra:
                 raise BindError(
                     f"{at(layer)}: {module}: {q.source} leaves it quantized "
                     f"({q.scheme.name}), but none of its {extra} is stored — refused: its "

@@ -171,3 +171,31 @@ def test_the_example_runs_and_type_checks_under_mypy_strict(ckpt: Path) -> None:
     )  # fmt: skip
     assert typed.returncode == 0, typed.stdout
     importlib.invalidate_caches()
+
+
+def test_a_quantized_checkpoint_binds_to_torch_as_uint8_codes_and_float8_scales(
+    tmp_path: Path,
+) -> None:
+    """synth --quant stores every linear the scheme can hold; a shared DSA layer (no indexer)
+    binds too: its absent indexer is neither quantized nor excluded."""
+    out = tmp_path / "q"
+    synth(
+        TABLE,
+        out,
+        dict(TINY),
+        layers=8,
+        seed=4,
+        quant=next(s for s in TABLE.schemes if s.name == "nvfp4-modelopt"),
+    )
+    ck = specbind.open(out)
+    host = ck.bind(ep_size=2, ep_rank=1)
+    m = ck.bind(ep_size=2, ep_rank=1, backend="torch")
+    mlp = m.layers[7].slots["mlp"]
+    assert mlp.dtypes["w2"] == "U8" and mlp.tensors["w2"].dtype == torch.uint8
+    assert mlp.tensors["w2_weight_scale"].dtype == torch.float8_e4m3fn
+    assert mlp.tensors["w2_weight_scale_2"].dtype == torch.float32
+    for name, t in m.tensors().items():
+        want = host.tensors()[name]
+        assert t.reshape(-1).view(torch.uint8).numpy().tobytes() == want.tobytes(), (
+            name
+        )  # [-1]: 0-d
