@@ -2,8 +2,9 @@
 packed layouts and their scales split in whole groups and rejoining byte for byte, the config
 cross-check, and each corruption refused by name.
 
-The numerics of dequant and swizzle belong to the kernels; here a NumPy stand-in
-(``quant_standin``) runs them where a field needs them (the DSA absorb reads BF16)."""
+The numerics of dequant and swizzle are proven in ``test_quant_numerics``/``test_quant_reference``
+(bit for bit against the libraries); here the NumPy backend runs them where a field needs them
+(the DSA absorb reads BF16)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 from helpers import TABLE, TINY, copy_with, read_file, rejoin
-from quant_standin import BACKEND
 
 from specbind.core.errors import BindError, CheckpointError, GeometryError, SpecbindError
 from specbind.runtime import backends
@@ -48,7 +48,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def bind(path: Path, **kw: Any) -> BindResult:
-    return bind_checkpoint(Checkpoint(path), TABLE, progress=False, backend=BACKEND, **kw)
+    return bind_checkpoint(Checkpoint(path), TABLE, progress=False, **kw)
 
 
 def refused(path: Path, kind: type[Exception] = BindError, **kw: Any) -> str:

@@ -25,7 +25,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 from helpers import TABLE, read_file, rejoin
-from quant_standin import BACKEND
 from quant_writers import TEXT_CONFIG
 
 from specbind.core.errors import BindError, GeometryError
@@ -86,7 +85,7 @@ def ckpt(written: dict[str, Path], recipe: str) -> Path:
 def bind(path: Path, **kw: Any) -> BindResult:
     # llmcompressor calibrates each expert's down_proj input scale on its own (see below)
     kw.setdefault("allow_unshared_scales", path.name == "llmc_nvfp4")
-    return bind_checkpoint(Checkpoint(path), TABLE, progress=False, backend=BACKEND, **kw)
+    return bind_checkpoint(Checkpoint(path), TABLE, progress=False, **kw)
 
 
 @pytest.mark.parametrize("recipe", sorted(TOOL))
