@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbind.generated import model_glm_5_3_flash
+from specbind.generated import model_glm_5_3_flash, model_kimi_linear
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "a7d41ae05db022909fe8af83abe57f5e7fd25be8d3ae4d1104530c25b116cac0"
+SPECS_SHA256 = "30655ef4353a0f455c2c34512af3ffe4d01299e702bcd64c575aa9854d4803f6"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
+    model_kimi_linear.MODEL: model_kimi_linear.TABLE,
 }

@@ -378,4 +378,6 @@ TABLE: ModelTable[Geometry] = ModelTable(
     synth=SYNTH,
     real_layers=45,
     real_mtp=1,
+    model_types=("glm5_next_text", "glm5_next"),
+    default=True,
 )

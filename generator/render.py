@@ -107,6 +107,14 @@ def load_specs(root: Path) -> Specs:
                 f"model {m.name!r} and {clash[0].name!r} would both generate "
                 f"{model_module(m.name)}.py; rename one",
             )
+        for o in models.values():
+            if m.default and o.default:
+                raise m.located.error(("default",), f"model {o.name!r} is the default already")
+            both = sorted(set(m.model_types) & set(o.model_types))
+            if both:
+                raise m.located.error(
+                    ("model_types",), f"model_type {both[0]!r} is also claimed by {o.name!r}"
+                )
         models[m.name] = m
     if not models:
         raise SpecError((specs_dir / "models").as_posix(), "", None, "no model specs found")

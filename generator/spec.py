@@ -119,6 +119,8 @@ class Model:
     real_layers: int = 0  # the real model's decoder layers (config layer_count)
     real_mtp: int = 0
     names: tuple[NameRule, ...] = ()
+    model_types: tuple[str, ...] = ()  # config.json model_type values of its checkpoints
+    default: bool = False  # used by a command given neither --model nor a checkpoint
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -275,6 +277,7 @@ def parse_block(doc: Located) -> Block:
                 bool(t.get("root", False)),
                 tie,
                 linear=bool(t.get("linear", False)),
+                stored_singletons=bool(t.get("stored_singletons", False)),
                 dims=dims,
             )
         )
@@ -614,6 +617,8 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         int((layers.get("count") or {}).get("value", 0)),
         int((layers.get("mtp") or {}).get("value", 0)),
         names,
+        tuple(d.get("model_types") or ()),
+        bool(d.get("default", False)),
     )  # fmt: skip
 
 
@@ -630,6 +635,18 @@ def _names(doc: Located, raw: list[dict[str, Any]]) -> tuple[NameRule, ...]:
             )
         if len(to) == 1 and seg is not None:
             raise doc.error(("names", i, "segments"), "segments needs one name per segment")
+        held = (_PLACEHOLDER.findall(r["from"]), [p for t in to for p in _PLACEHOLDER.findall(t)])
+        if held != ([], []):
+            # one whole name with a member index, renamed member by member (Mixtral's w1 ->
+            # gate_proj): the index must be carried over, once, and never by a prefix rule
+            if len(held[0]) != 1 or held[0] != held[1] or len(to) != 1:
+                raise doc.error(
+                    ("names", i), "a placeholder ({e}) appears once in `from` and once in `to`"
+                )
+            if r["from"].endswith(".") or to[0].endswith("."):
+                raise doc.error(
+                    ("names", i), "a name with a placeholder is a whole name, not a prefix"
+                )
         out.append(NameRule(r["from"], to, r["why"]))
     return tuple(out)
 

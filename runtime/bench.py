@@ -476,6 +476,39 @@ def _members(
     return count, len(member_range(count, ep, 0))
 
 
+def absorb_rows(
+    table: ModelTable[Any], values: Mapping[str, int], tps: list[int], repeat: int
+) -> list[dict[str, Any]]:
+    """The absorb rows of every attention block that contracts, at each tp its geometry
+    allows: the block's generated module and its geometry come from the model's own table."""
+    import importlib
+
+    from specbind.core.errors import GeometryError
+    from specbind.core.planning import Ranks
+    from specbind.runtime import bench_absorb
+
+    try:
+        from specbind.benchmarks.seed_order import SEED_ORDER
+    except ImportError:  # an installed wheel has no baseline folder: no seed-order column
+        SEED_ORDER = {}
+    model = importlib.import_module(table.make_geometry.__module__)
+    rows = []
+    for name in sorted(parts(table)["attention"]):
+        block = importlib.import_module(f"specbind.generated.{name}")
+        geo = getattr(model, f"{name}_geometry")(table.make_geometry(dict(values)), Ranks())
+        for tp in tps:
+            g = type(geo)(**{**geo.__dict__, "tp": tp})
+            try:
+                block.check_constraints(g)
+                block.plan(g, 0)
+            except GeometryError:
+                continue  # this tp does not split the block's units
+            row = bench_absorb.run(block, g, repeat=repeat, seed=SEED_ORDER.get(name))
+            if row is not None:
+                rows.append(row)
+    return rows
+
+
 def run(
     table: ModelTable[Any],
     tps: list[int],
@@ -489,10 +522,6 @@ def run(
     each ep > 1 of the same sizes (tp 1). ``overrides`` (``--set``) go over ``DEFAULT_SETS``
     for the full-geometry slice (over nothing for ``tiny``); the checkpoint's config.json
     carries them to the bind."""
-    from specbind.core.planning import Ranks
-    from specbind.generated import dsa
-    from specbind.generated import model_glm_5_3_flash as m
-    from specbind.runtime import bench_absorb
     from specbind.runtime.model import values_from_config
 
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
@@ -508,12 +537,7 @@ def run(
     if rss:
         add_rss(ckpt, rows + moe_rows)
     values = values_from_config(table, Checkpoint(ckpt).config)
-    geo = m.dsa_geometry(table.make_geometry(values), Ranks())
-    absorb = [
-        bench_absorb.run(dsa, dsa.DsaGeometry(**{**geo.__dict__, "tp": tp}), repeat=repeat)
-        for tp in tps
-        if geo.H % tp == 0
-    ]
+    absorb = absorb_rows(table, values, tps, repeat)
     result: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "memory_gb": _memory_gb()},
         "date": time.strftime("%Y-%m-%d"),
@@ -558,7 +582,7 @@ MOE_HEAD = (
     "| baseline MB | memcpy MB |"
 )
 ABSORB_HEAD = (
-    "| tp | heads | GFLOP | absorb GFLOP/s | matmul GFLOP/s | absorb / matmul "
+    "| block | tp | heads | GFLOP | absorb GFLOP/s | matmul GFLOP/s | absorb / matmul "
     "| seed-order q_absorb GFLOP/s | specbind / seed order |"
 )
 
@@ -611,7 +635,8 @@ def render(r: dict[str, Any]) -> str:
     for a in r["absorb"]:
         g = a["geometry"]
         cells = [
-            f"{g['tp']}", f"{g['heads_on_rank']}", f"{a['gflop']:.1f}", f"{a['absorb_gflops']:.1f}",
+            f"{g['block']}", f"{g['tp']}", f"{g['heads_on_rank']}", f"{a['gflop']:.1f}",
+            f"{a['absorb_gflops']:.1f}",
             f"{a['matmul_gflops']:.1f}", f"{a['absorb_over_matmul']:.2f}",
             f"{a.get('seed_order_q_absorb_gflops', float('nan')):.1f}",
             f"{a.get('specbind_over_seed_order', float('nan')):.1f}",

@@ -22,18 +22,41 @@ from specbind.core.errors import SpecbindError
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _table(name: str | None) -> Any:
+def _table(name: str | None, ckpt: str | None = None) -> Any:
+    """The model named by --model; else the only one; else the one whose ``model_types`` holds
+    the checkpoint's config.json ``model_type``; else (no checkpoint) the spec's default."""
     from specbind.generated import MODELS
 
     if name is None:
-        if len(MODELS) != 1:
+        if len(MODELS) == 1:
+            return next(iter(MODELS.values()))
+        pick = _by_model_type(MODELS, ckpt) if ckpt else None
+        if pick is None and not ckpt:
+            pick = next((t for t in MODELS.values() if t.default), None)
+        if pick is None:
             raise SpecbindError(
                 f"several models are generated; pick one with --model ({', '.join(MODELS)})"
             )
-        return next(iter(MODELS.values()))
+        return pick
     if name not in MODELS:
         raise SpecbindError(f"unknown model {name!r} (generated: {', '.join(MODELS)})")
     return MODELS[name]
+
+
+def _by_model_type(models: dict[str, Any], ckpt: str) -> Any:
+    """The model whose declared model_types hold the checkpoint's (flat or text_config's)."""
+    from specbind.runtime.checkpoint import Checkpoint
+
+    try:
+        config = Checkpoint(Path(ckpt)).config
+    except SpecbindError:
+        return None  # the command itself reports the unreadable checkpoint
+    nested = config.get("text_config")
+    kinds = {config.get("model_type")}
+    if isinstance(nested, dict):
+        kinds.add(nested.get("model_type"))
+    hits = [t for t in models.values() if kinds & set(t.model_types)]
+    return hits[0] if len(hits) == 1 else None
 
 
 def _sets(items: list[str]) -> dict[str, int]:
@@ -113,7 +136,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
     from specbind.runtime.audit import audit, render_text
     from specbind.runtime.checkpoint import Checkpoint
 
-    rep = audit(Checkpoint(Path(a.ckpt)), _table(a.model), progress=a.progress)
+    rep = audit(Checkpoint(Path(a.ckpt)), _table(a.model, a.ckpt), progress=a.progress)
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
 
@@ -135,7 +158,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from specbind.runtime.launcher import resolve_tp
     from specbind.runtime.model import values_from_config
 
-    table = _table(a.model)
+    table = _table(a.model, a.ckpt)
     overrides = _sets(a.set)
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
     backend = backends.get(a.backend, generated_kernels)
@@ -202,7 +225,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from specbind.runtime.launcher import resolve_tp
     from specbind.runtime.planning import LayerUse, plan_report, render_text
 
-    table = _table(a.model)
+    table = _table(a.model, a.ckpt)
     tp_size, _ = resolve_tp(a.tp_size, 0, os.environ)
     layers: list[LayerUse] = []
     if a.ckpt:

@@ -106,6 +106,8 @@ class ModelTable(Generic[G]):
     real_mtp: int = 0
     schemes: tuple[SchemeRule, ...] = ()  # the quantization schemes a checkpoint may use
     names: tuple[NameRule, ...] = ()  # other writers' layer-relative names (a name map)
+    model_types: tuple[str, ...] = ()  # config.json model_type values of its checkpoints
+    default: bool = False  # the model a command given neither --model nor a checkpoint uses
 
     def default_values(self) -> dict[str, int]:
         return {f.name: f.value for f in self.geometry_fields}
