@@ -24,14 +24,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _table(name: str | None, ckpt: str | None = None) -> Any:
     """The model named by --model; else the only one; else the one whose ``model_types`` holds
-    the checkpoint's config.json ``model_type``; else (no checkpoint) the spec's default."""
+    the checkpoint's config.json ``model_type``; else the spec's default (which then reports
+    an unreadable checkpoint, or one it does not bind, as it always has)."""
     from specbind.generated import MODELS
 
     if name is None:
         if len(MODELS) == 1:
             return next(iter(MODELS.values()))
         pick = _by_model_type(MODELS, ckpt) if ckpt else None
-        if pick is None and not ckpt:
+        if pick is None:
             pick = next((t for t in MODELS.values() if t.default), None)
         if pick is None:
             raise SpecbindError(

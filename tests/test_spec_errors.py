@@ -359,8 +359,9 @@ def test_the_real_specs_load(root: Path) -> None:
         "mhc",
         "mtp_head",
         "lm_globals",
+        "mla",
     }
-    assert set(specs.models) == {"glm-5.3-flash"}
+    assert set(specs.models) == {"glm-5.3-flash", "kimi-linear"}
 
 
 def _no_markers(root: Path) -> None:

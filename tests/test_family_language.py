@@ -1,0 +1,154 @@
+"""The language extensions a second and third model family needed, each refused or accepted
+on its own (the families' own tests are test_family_*.py):
+
+* ``stored_singletons``: a tensor stored with extra size-1 axes binds as its declared shape
+  (the same row-major bytes) and shards on it; any other shape is still refused;
+* a name-map rule with a member placeholder renames one name member by member; a placeholder
+  on one side only, or on a prefix, is refused at generate time;
+* a unary output's ``reshape`` after its slice: it merges consecutive axes only;
+* ``model_types`` / ``default`` pick the model when ``--model`` is not given: by the
+  checkpoint's config.json, else (no checkpoint) the one default; two defaults are refused;
+* ``synth`` and ``bench`` run for a model other than the default from its spec alone.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specbind.core.errors import BindError, SpecError
+from specbind.core.ir import ShardRule, TensorRule
+from specbind.core.planning import plan_tensor
+from specbind.generator.render import load_specs
+from specbind.runtime.source import RawTensor
+from specbind.runtime.tp import shard_raw
+
+REPO = Path(__file__).resolve().parent.parent
+KIMI = "models/kimi-linear.yaml"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    shutil.copytree(REPO / "specs", tmp_path / "specs")
+    return tmp_path
+
+
+def edit(root: Path, rel: str, old: str, new: str) -> None:
+    p = root / "specs" / rel
+    text = p.read_text()
+    assert old in text, old
+    p.write_text(text.replace(old, new, 1))
+
+
+def _rule(singletons: bool) -> TensorRule:
+    return TensorRule("a", "F32", "[H]", ShardRule("rows", "H", 0), stored_singletons=singletons)
+
+
+def _raw(shape: tuple[int, ...]) -> RawTensor:
+    data = np.arange(8, dtype=np.float32)
+    return RawTensor("F32", shape, memoryview(data.tobytes()))
+
+
+def test_extra_size_one_axes_bind_as_the_declared_shape_and_shard_on_it() -> None:
+    plan = plan_tensor("b", _rule(True), (8,), {"H": 8, "tp": 2}, 2, 1)
+    got = shard_raw(plan, _raw((1, 1, 8, 1)), 0)
+    assert got.shape == (4,)
+    assert np.frombuffer(got.data, dtype=np.float32).tolist() == [4.0, 5.0, 6.0, 7.0]
+
+
+def test_a_stored_shape_that_is_not_the_declared_one_plus_size_one_axes_is_refused() -> None:
+    plan = plan_tensor("b", _rule(True), (8,), {"H": 8, "tp": 2}, 2, 0)
+    with pytest.raises(BindError, match=r"has shape \[2, 4\], expected \[8\]"):
+        shard_raw(plan, _raw((2, 4)), 0)
+    strict = plan_tensor("b", _rule(False), (8,), {"H": 8, "tp": 2}, 2, 0)
+    with pytest.raises(BindError, match=r"has shape \[1, 8\], expected \[8\]"):
+        shard_raw(strict, _raw((1, 8)), 0)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "fragment"),
+    [
+        (
+            'to: "mlp.experts.{e}.gate_proj.weight"',
+            'to: "mlp.experts.0.gate_proj.weight"',
+            "placeholder ({e}) appears once in `from` and once in `to`",
+        ),
+        (
+            'from: "block_sparse_moe.experts.{e}.w1.weight"',
+            'from: "block_sparse_moe.experts.{e}."',
+            "a whole name, not a prefix",
+        ),
+    ],
+    ids=["one-side", "prefix"],
+)
+def test_a_bad_member_rename_is_refused_naming_the_rule(
+    root: Path, old: str, new: str, fragment: str
+) -> None:
+    edit(root, KIMI, old, new)
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert e.value.file == f"specs/{KIMI}" and e.value.path == "names[0]"
+    assert fragment in e.value.message and "\n" not in str(e.value)
+
+
+def test_a_reshape_that_does_not_merge_consecutive_axes_is_refused(root: Path) -> None:
+    """[H, R, X] read as [H, R * X]... is fine; as [H * X, R] it would interleave heads."""
+    edit(root, "blocks/mla.yaml", "reshape: [H * R, X]", "reshape: [H * X, R]")
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert e.value.path == "outputs.q_rope.reshape"
+    assert "does not merge consecutive axes" in e.value.message
+
+
+def test_two_default_models_are_refused(root: Path) -> None:
+    edit(root, KIMI, "model_types: [kimi_linear]\n", "model_types: [kimi_linear]\ndefault: true\n")
+    with pytest.raises(SpecError, match="is the default already"):
+        load_specs(root)
+
+
+def test_a_model_type_claimed_twice_is_refused(root: Path) -> None:
+    edit(root, KIMI, "model_types: [kimi_linear]", "model_types: [glm5_next]")
+    with pytest.raises(SpecError, match="'glm5_next' is also claimed by"):
+        load_specs(root)
+
+
+def test_synth_audit_and_bind_pick_the_model_without_being_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """synth --model writes a Kimi checkpoint; audit and bind find Kimi from its config.json;
+    synth without --model writes the default model."""
+    from specbind.runtime.cli import main
+
+    assert main(["synth", "--model", "kimi-linear", str(tmp_path / "k")]) == 0
+    assert json.loads((tmp_path / "k" / "config.json").read_text())["model_type"] == "kimi_linear"
+    capsys.readouterr()
+    assert main(["audit", "--json", str(tmp_path / "k")]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["model"] == "kimi-linear" and rep["coverage"]["unaccounted"] == 0
+    assert rep["problems"] == []
+    assert (
+        main(["bind", "--tp-size", "2", "--tp-rank", "1", "--ep-size", "3", str(tmp_path / "k")])
+        == 0
+    )
+    assert main(["synth", str(tmp_path / "g")]) == 0
+    config = json.loads((tmp_path / "g" / "config.json").read_text())
+    assert config["model_type"] != "kimi_linear"
+
+
+def test_bench_runs_for_a_model_other_than_the_default(tmp_path: Path) -> None:
+    """The hand-written baseline's outputs agree with the bound fields (else bench refuses),
+    and the absorb rows come from the model's own contracting block (mla), at tp 1 and 2."""
+    from specbind.generated import MODELS
+    from specbind.runtime import bench
+
+    r = bench.run(MODELS["kimi-linear"], [1, 2], 1, tmp_path, tiny=True, rss=False)
+    assert [row["tp"] for row in r["rows"]] == [1, 2]
+    assert [(a["geometry"]["block"], a["geometry"]["tp"]) for a in r["absorb"]] == [
+        ("mla", 1),
+        ("mla", 2),
+    ]
+    assert all(a["gflop"] > 0 and a["matmul_gflops"] > 0 for a in r["absorb"])
