@@ -75,19 +75,21 @@ def cache_dir(given: str | None) -> Path:
 
 def parts(table: ModelTable[Any]) -> dict[str, frozenset[str]]:
     """The blocks each comparison binds: ``attention``, every block of the slot of that name;
-    ``moe``, the blocks of the ``mlp`` slot with a tensor family (the routed experts)."""
+    ``experts``, the blocks of any slot with a tensor family (the routed experts)."""
     slots = {s.name: s for s in table.slots}
-    for need in ("attention", "mlp"):
-        if need not in slots:
-            raise SpecbindError(
-                f"bench: model {table.name} has no {need!r} slot (slots: {', '.join(slots)})"
-            )
+    if "attention" not in slots:
+        raise SpecbindError(
+            f"bench: model {table.name} has no 'attention' slot (slots: {', '.join(slots)})"
+        )
     experts = frozenset(
-        b for b in slots["mlp"].blocks if any(r.family is not None for r in table.block(b).tensors)
+        b
+        for s in table.slots
+        for b in s.blocks
+        if any(r.family is not None for r in table.block(b).tensors)
     )
     if not experts:
-        raise SpecbindError(f"bench: no block of model {table.name}'s mlp slot has experts")
-    return {"attention": frozenset(slots["attention"].blocks), "moe": experts}
+        raise SpecbindError(f"bench: no block of model {table.name} has experts")
+    return {"attention": frozenset(slots["attention"].blocks), "experts": experts}
 
 
 def copy_only(table: ModelTable[Any], kinds: Collection[str]) -> frozenset[str]:
@@ -104,7 +106,7 @@ def slice_layers(table: ModelTable[Any]) -> int:
     from specbind.runtime.synth import schedule
 
     p = parts(table)
-    need = [{b} for b in sorted(p["attention"])] + [set(p["moe"])]
+    need = [{b} for b in sorted(p["attention"])] + [set(p["experts"])]
     seen: set[str] = set()
     for plan in schedule(table, MOST_LAYERS, mtp=False):
         seen |= set(plan.blocks.values())
@@ -450,7 +452,7 @@ def measure(
             "copy_only_memcpy_s": med["copy_only_memcpy"],
             "copy_only_fraction_of_memcpy": med["copy_only_memcpy"] / med["copy_only_specbind"],
         }
-    if part == "moe":
+    if part == "experts":
         members = _members(ckpt, table, kinds, ep)
         row |= {"experts": members[0], "experts_on_rank": members[1]}
     return row
@@ -528,12 +530,14 @@ def run(
     ckpt, synth_s = ensure_checkpoint(table, cache, tiny, sets)
     warm(ckpt)
     rows = [measure(ckpt, table, "attention", tp, 1, repeat) for tp in tps]
-    experts = _members(ckpt, table, parts(table)["moe"], 1)[0]
+    experts = _members(ckpt, table, parts(table)["experts"], 1)[0]
     sizes = [(tp, 1) for tp in tps] + [(1, ep) for ep in tps if ep > 1]
     skipped = [f"ep {ep}: more ranks than the {experts} experts" for _, ep in sizes if ep > experts]
     for note in skipped:
         print(f"bench: MoE {note}; skipped", file=sys.stderr)
-    moe_rows = [measure(ckpt, table, "moe", tp, ep, repeat) for tp, ep in sizes if ep <= experts]
+    moe_rows = [
+        measure(ckpt, table, "experts", tp, ep, repeat) for tp, ep in sizes if ep <= experts
+    ]
     if rss:
         add_rss(ckpt, rows + moe_rows)
     values = values_from_config(table, Checkpoint(ckpt).config)
@@ -618,7 +622,7 @@ def render(r: dict[str, Any]) -> str:
             f"{x.get('copy_only_fraction_of_memcpy', float('nan')):.2f}", *_rss_cells(x),
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "MoE (the mlp slot of the expert layers only):", ""]
+    lines += ["", "MoE (the slot of the expert blocks, expert layers only):", ""]
     lines += _table_head(MOE_HEAD)
     for x in r["moe_rows"]:
         cells = [
