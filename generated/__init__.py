@@ -14,7 +14,7 @@ from typing import Any
 from specbind.generated import model_glm_5_3_flash, model_kimi_linear
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "30655ef4353a0f455c2c34512af3ffe4d01299e702bcd64c575aa9854d4803f6"
+SPECS_SHA256 = "641b2abe156bedc568c889c6dc7e6ddeb131de966a6873fc6e44f304ea69396a"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specbind.core.ir import (
+    ConstraintRule,
     GeometryField,
     LayerGroupRule,
     NameRule,
@@ -182,6 +183,14 @@ class Geometry:
         }
 
 
+# This model's own checks over its geometry (its blocks stay general for other models).
+CONSTRAINTS: tuple[ConstraintRule, ...] = ()
+
+
+def check_constraints(m: Geometry) -> None:
+    """Refuse a geometry that breaks one of this model's constraints, naming it and its reason."""
+
+
 def geometry(values: dict[str, int]) -> Geometry:
     """Build the geometry from a symbol -> value mapping (see runtime.model.values_from_config)."""
     return Geometry(
@@ -301,4 +310,6 @@ TABLE: ModelTable[Geometry] = ModelTable(
     real_mtp=0,
     model_types=("kimi_linear",),
     default=False,
+    constraints=CONSTRAINTS,
+    check=check_constraints,
 )

@@ -138,7 +138,20 @@ def distinct_values(values: dict[str, int]) -> dict[str, int]:
 
 def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
     """Refuse a spec pair whose real geometry breaks a shape, shard or constraint, or whose
-    transforms do not fit at a geometry where no two symbols are equal."""
+    transforms do not fit at a geometry where no two symbols are equal; or whose own
+    constraints fail at its real or its synthetic (tiny) geometry."""
+    real_values = model.values()
+    geometries = [("real", real_values)]
+    if model.synth is not None:
+        geometries.append(("synth tiny", real_values | dict(model.synth.tiny)))
+    for i, c in enumerate(model.constraints):
+        assert c.expr is not None
+        for what, values in geometries:
+            if not algebra.evaluate(c.expr, values):
+                raise model.located.error(
+                    ("constraints", i, "check"),
+                    f"at the {what} geometry of {model.name}: constraint {c.name} fails: {c.why}",
+                )
     for use in model.blocks:
         block = blocks[use.block]
         real = block_values(model, block)

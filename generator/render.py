@@ -390,10 +390,18 @@ def render_all(root: Path) -> dict[str, str]:
             }
             for u in m.blocks
         ]
+        checks = [
+            (c, algebra.to_python(c.expr, lambda sym: f"m.{sym}"), sorted(c.expr.names))
+            for c in m.constraints
+            if c.expr is not None
+        ]
+        constraints = [{"c": c, "py": py, "names": names} for c, py, names in checks]
         files[f"{model_module(mname)}.py"] = env.get_template("model.py.j2").render(
             header=HEADER.format(src=m.file),
             m=m,
             uses=uses,
+            constraints=constraints,
+            uses_algebra=any("algebra_ops." in py for _, py, _ in checks),
             block_modules=", ".join(sorted(u.block for u in m.blocks)),
         )
     kernels = generator_kernels.needed([specs.blocks[n] for n in sorted(used)])

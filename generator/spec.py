@@ -121,6 +121,7 @@ class Model:
     names: tuple[NameRule, ...] = ()
     model_types: tuple[str, ...] = ()  # config.json model_type values of its checkpoints
     default: bool = False  # used by a command given neither --model nor a checkpoint
+    constraints: tuple[ConstraintRule, ...] = ()  # over geometry symbols, this model alone
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -619,7 +620,21 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         names,
         tuple(d.get("model_types") or ()),
         bool(d.get("default", False)),
+        _model_constraints(doc, d.get("constraints") or [], gnames),
     )  # fmt: skip
+
+
+def _model_constraints(
+    doc: Located, raw: list[dict[str, Any]], gnames: set[str]
+) -> tuple[ConstraintRule, ...]:
+    """A model's own checks, over its geometry symbols (a parallel size has no place here)."""
+    out = []
+    for i, c in enumerate(raw):
+        where: PathKey = ("constraints", i)
+        cname = check_ident(doc, (*where, "name"), c["name"], "constraint name")
+        check = _expr(doc, (*where, "check"), c["check"], gnames, True)
+        out.append(ConstraintRule(cname, " ".join(str(c["check"]).split()), c["why"], check))
+    return tuple(out)
 
 
 def _names(doc: Located, raw: list[dict[str, Any]]) -> tuple[NameRule, ...]:

@@ -2,7 +2,8 @@
 
 Invariants: a geometry symbol with a ``config`` field is read from config.json — under
 ``text_config`` when the file nests it, else flat — and must be an integer (not a bool, not a
-float) no smaller than its ``min``; a symbol without one is an engine setting with a default.
+float) no smaller than its ``min``; a symbol without one is an engine setting with a default;
+the model's own constraints hold for every geometry ``checked_values`` returns.
 Missing or ill-typed fields are refused by name; nothing falls back silently to a default.
 """
 
@@ -15,6 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from specbind.core.errors import CheckpointError, GeometryError
 from specbind.core.ir import (
+    ConstraintRule,
     FieldRule,
     GeometryField,
     LayerGroupRule,
@@ -108,6 +110,8 @@ class ModelTable(Generic[G]):
     names: tuple[NameRule, ...] = ()  # other writers' layer-relative names (a name map)
     model_types: tuple[str, ...] = ()  # config.json model_type values of its checkpoints
     default: bool = False  # the model a command given neither --model nor a checkpoint uses
+    constraints: tuple[ConstraintRule, ...] = ()  # over the geometry, this model's own
+    check: Callable[[G], None] | None = None  # refuses a geometry that breaks one of them
 
     def default_values(self) -> dict[str, int]:
         return {f.name: f.value for f in self.geometry_fields}
@@ -202,4 +206,6 @@ def checked_values(
             )
         if values[f.name] > 1 << 30:
             raise GeometryError(f"geometry {f.name} = {values[f.name]} is implausibly large")
+    if table.check is not None:
+        table.check(table.make_geometry(values))  # the model's own constraints
     return values

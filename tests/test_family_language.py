@@ -152,3 +152,21 @@ def test_bench_runs_for_a_model_other_than_the_default(tmp_path: Path) -> None:
         ("mla", 2),
     ]
     assert all(a["gflop"] > 0 and a["matmul_gflops"] > 0 for a in r["absorb"])
+
+
+def test_a_model_constraint_that_fails_at_its_own_geometry_is_refused_at_generate(
+    root: Path,
+) -> None:
+    glm = "models/glm-5.3-flash.yaml"
+    edit(root, glm, "{config: qk_rope_head_dim,       value: 0, min: 0}",
+         "{config: qk_rope_head_dim,       value: 64, min: 0}")  # fmt: skip
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert e.value.path == "constraints[0].check"
+    assert "constraint nope_only fails" in e.value.message
+
+
+def test_a_model_constraint_over_an_unknown_symbol_is_refused(root: Path) -> None:
+    edit(root, "models/glm-5.3-flash.yaml", "check: qk_rope_head_dim == 0", "check: R == 0")
+    with pytest.raises(SpecError, match=r"unknown symbol\(s\) R"):
+        load_specs(root)
