@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbind.generated import model_glm_5_3_flash, model_kimi_linear
+from specbind.generated import model_deepseek_v3_2, model_glm_5_3_flash, model_kimi_linear
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "641b2abe156bedc568c889c6dc7e6ddeb131de966a6873fc6e44f304ea69396a"
+SPECS_SHA256 = "b98fd1594dffb60e48c88388f0710ad6194756969cf87c31da88fc7b473155bf"
 
 MODELS: dict[str, ModelTable[Any]] = {
+    model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
     model_kimi_linear.MODEL: model_kimi_linear.TABLE,
 }

@@ -360,8 +360,9 @@ def test_the_real_specs_load(root: Path) -> None:
         "mtp_head",
         "lm_globals",
         "mla",
+        "mla_indexed",
     }
-    assert set(specs.models) == {"glm-5.3-flash", "kimi-linear"}
+    assert set(specs.models) == {"glm-5.3-flash", "kimi-linear", "deepseek-v3.2"}
 
 
 def _no_markers(root: Path) -> None:
