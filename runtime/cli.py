@@ -294,7 +294,10 @@ def parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     def common(sp: argparse.ArgumentParser, sets: bool = True) -> None:
-        sp.add_argument("--model", help="model spec name (default: the only one)")
+        sp.add_argument(
+            "--model",
+            help="model spec name (default: by the checkpoint's model_type, else the default)",
+        )
         if not sets:
             return  # the census reads names, dtypes and shapes: no geometry to override
         sp.add_argument(
