@@ -128,6 +128,7 @@ class GeometryField:
     value: int
     min: int
     doc: str
+    also: tuple[str, ...] = ()  # other config.json paths (dotted) of the same value
 
 
 @dataclass(frozen=True)

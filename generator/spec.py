@@ -522,9 +522,13 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
             int(g["value"]),
             int(g.get("min", 1)),
             g.get("doc", ""),
+            tuple(g.get("also") or ()),
         )
         for n, g in d["geometry"].items()
     )
+    for g in geometry:
+        if g.also and g.config is None:
+            raise doc.error(("geometry", g.name, "also"), "`also` needs the `config` it backs")
     for g in geometry:
         if g.value < g.min:
             raise doc.error(("geometry", g.name, "value"), f"value {g.value} is below min {g.min}")

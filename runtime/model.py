@@ -136,13 +136,20 @@ def values_from_config(
         if f.config is None:
             values[f.name] = f.value
             continue
-        found = config_lookup(config, f.config)
-        if found is None:
+        hits = [h for p in (f.config, *f.also) if (h := config_lookup(config, p)) is not None]
+        if not hits:
+            paths = " or ".join(repr(p) for p in (f.config, *f.also))
             raise CheckpointError(
-                f"config.json: missing field {f.config!r} (flat or under text_config), "
+                f"config.json: missing field {paths} (flat or under text_config), "
                 f"needed for geometry symbol {f.name}"
             )
-        raw, where = found
+        raw, where = hits[0]
+        for other, at in hits[1:]:
+            if other != raw or type(other) is not type(raw):
+                raise CheckpointError(
+                    f"config.json: {where} is {raw!r} but {at} is {other!r}; both are geometry "
+                    f"symbol {f.name}"
+                )
         if type(raw) is not int:
             raise CheckpointError(
                 f"config.json: {where} is {raw!r} ({type(raw).__name__}), expected an integer"
@@ -153,14 +160,21 @@ def values_from_config(
 
 def config_lookup(config: Mapping[str, Any], name: str) -> tuple[Any, str] | None:
     """(value, where) of a config.json field: under ``text_config`` when the file nests it
-    there, else flat; None when it is in neither."""
+    there, else flat; None when it is in neither. A dotted name walks into nested objects
+    (``linear_attn_config.num_heads``)."""
     nested = config.get("text_config")
     if nested is not None and not isinstance(nested, dict):
         raise CheckpointError(f"config.json: text_config is {type(nested).__name__}, not an object")
-    if nested is not None and name in nested:
-        return nested[name], f"text_config.{name}"
-    if name in config:
-        return config[name], name
+    for scope, head in ((nested, "text_config."), (config, "")):
+        if scope is None:
+            continue
+        node: Any = scope
+        for key in name.split("."):
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+        else:
+            return node, head + name
     return None
 
 

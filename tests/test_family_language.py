@@ -170,3 +170,50 @@ def test_a_model_constraint_over_an_unknown_symbol_is_refused(root: Path) -> Non
     edit(root, "models/glm-5.3-flash.yaml", "check: qk_rope_head_dim == 0", "check: R == 0")
     with pytest.raises(SpecError, match=r"unknown symbol\(s\) R"):
         load_specs(root)
+
+
+def _kimi_config() -> dict[str, object]:
+    """config.json as transformers writes it for the Kimi synth geometry: flat linear_* fields."""
+    from specbind.generated import MODELS
+    from specbind.runtime.synth import tiny_values
+
+    table = MODELS["kimi-linear"]
+    values = tiny_values(table)
+    return {f.config: values[f.name] for f in table.geometry_fields if f.config is not None}
+
+
+def test_a_geometry_field_is_read_from_its_nested_path_when_the_flat_one_is_absent() -> None:
+    """The hub's Kimi config.json has the KDA sizes only in linear_attn_config."""
+    from specbind.generated import MODELS
+    from specbind.runtime.model import values_from_config
+
+    table = MODELS["kimi-linear"]
+    flat = _kimi_config()
+    hub = {k: v for k, v in flat.items() if not k.startswith("linear_")}
+    hub["linear_attn_config"] = {
+        "num_heads": flat["linear_num_heads"], "head_dim": flat["linear_head_dim"],
+        "short_conv_kernel_size": flat["linear_conv_kernel_dim"], "kda_layers": [1, 2, 4],
+    }  # fmt: skip
+    assert values_from_config(table, hub) == values_from_config(table, flat)
+    both = flat | {"linear_attn_config": hub["linear_attn_config"]}
+    assert values_from_config(table, both) == values_from_config(table, flat)
+
+
+def test_a_nested_path_that_disagrees_with_the_flat_field_is_refused() -> None:
+    from specbind.core.errors import CheckpointError
+    from specbind.generated import MODELS
+    from specbind.runtime.model import values_from_config
+
+    flat = _kimi_config()
+    both = flat | {"linear_attn_config": {"num_heads": int(str(flat["linear_num_heads"])) * 2}}
+    with pytest.raises(CheckpointError) as e:
+        values_from_config(MODELS["kimi-linear"], both)
+    assert str(e.value) == (
+        f"config.json: linear_num_heads is {flat['linear_num_heads']} but "
+        f"linear_attn_config.num_heads is {int(str(flat['linear_num_heads'])) * 2}; "
+        "both are geometry symbol linear_heads"
+    )
+    with pytest.raises(CheckpointError, match="missing field 'linear_num_heads' or "):
+        values_from_config(
+            MODELS["kimi-linear"], {k: v for k, v in flat.items() if k != "linear_num_heads"}
+        )
