@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -217,3 +218,52 @@ def test_a_nested_path_that_disagrees_with_the_flat_field_is_refused() -> None:
         values_from_config(
             MODELS["kimi-linear"], {k: v for k, v in flat.items() if k != "linear_num_heads"}
         )
+
+
+@pytest.fixture
+def fake_cupy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    import sys
+
+    import fake_cupy
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    cp = fake_cupy.install(str(tmp_path))
+    import specbind.generated.kernels as k
+
+    k.module.cache_clear()
+    yield cp
+    sys.modules.pop("cupy", None)
+    k.module.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["kimi-linear", "deepseek-v3.2"])
+def test_the_device_path_gives_the_numpy_backends_fields_for_the_new_families(
+    fake_cupy: Any, tmp_path: Path, name: str
+) -> None:
+    """The rope slices (a reshape after a strided take) and the new absorbs on the CuPy path
+    (a stand-in CuPy on the CPU): the same bytes, the absorbs within one BF16 ulp."""
+    import importlib
+
+    from specbind.core.dtypes import within_one_bf16_ulp
+    from specbind.generated import MODELS
+    from specbind.runtime import backends
+    from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.checkpoint import Checkpoint
+    from specbind.runtime.synth import synth, tiny_values
+
+    table = MODELS[name]
+    synth(table, tmp_path / "ck", tiny_values(table), seed=4)
+    ck = Checkpoint(tmp_path / "ck")
+    host = bind_checkpoint(ck, table, tp_size=2, tp_rank=1, progress=False).fields()
+    backend = backends.get("cupy", importlib.import_module("specbind.generated.kernels"))
+    dev = bind_checkpoint(ck, table, tp_size=2, tp_rank=1, progress=False, backend=backend)
+    on_device = dev.fields()
+    assert on_device.keys() == host.keys()
+    assert any(k.endswith(".q_rope") for k in host)
+    for key, (rule, want) in host.items():
+        got = backend.to_host(on_device[key][1], rule.dtype)
+        assert got.dtype == want.dtype and got.shape == want.shape, key
+        if key.endswith("absorb"):
+            assert within_one_bf16_ulp(got, want), key
+        else:
+            assert got.tobytes() == want.tobytes(), key
