@@ -267,3 +267,47 @@ def test_the_device_path_gives_the_numpy_backends_fields_for_the_new_families(
             assert within_one_bf16_ulp(got, want), key
         else:
             assert got.tobytes() == want.tobytes(), key
+
+
+def _drop_output(root: Path, rel: str, field: str) -> None:
+    """Remove one output (its whole YAML entry) from a block spec."""
+    p = root / "specs" / rel
+    lines = p.read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"  {field}:"))
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i].startswith("  ")
+         and not lines[i].startswith("    ") and not lines[i].lstrip().startswith("#")),
+        len(lines),
+    )  # fmt: skip
+    p.write_text("".join(lines[:start] + lines[end:]))
+
+
+@pytest.mark.parametrize(
+    ("rel", "field", "tensor", "fragment"),
+    [
+        (
+            "blocks/mla.yaml",
+            "q_rope",
+            "q_proj.weight",
+            "1536 of 3840 elements",
+        ),  # H·R·X of H·(N+R)·X
+        (
+            "blocks/mla_indexed.yaml",
+            "k_rope",
+            "kv_a_proj_with_mqa.weight",
+            "448 of 1456",
+        ),  # R·X of (KVL+R)·X
+    ],
+    ids=["kimi-q-rope", "deepseek-k-rope"],
+)
+def test_dropping_the_rope_rows_is_a_generate_time_error(
+    root: Path, rel: str, field: str, tensor: str, fragment: str
+) -> None:
+    """Without q_rope the absorb still reads q_proj, but only its nope rows: the rope rows would
+    be dropped, and the generator says so, counting them."""
+    _drop_output(root, rel, field)
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert e.value.file == f"specs/{rel}" and e.value.path == f"tensors.{tensor}"
+    assert "are read by no output (they would be dropped)" in e.value.message
+    assert fragment in e.value.message
