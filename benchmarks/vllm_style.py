@@ -1,5 +1,5 @@
-"""The loader a vLLM user would write by hand for GLM-5.3-Flash attention and MoE, as the
-baseline.
+"""The loader a vLLM user would write by hand for GLM-5.3-Flash attention and MoE (and Kimi
+Linear's and DeepSeek-V3.2's MLA), as the baseline.
 
 Per tensor, ``safetensors.safe_open(...).get_slice(name)[...]`` reads this rank's rows or
 columns (vLLM's sharded ``weight_loader`` does the same), and NumPy does the rest: the conv
@@ -74,6 +74,10 @@ class Loader:
             return self.kda(i, tp, rank)
         if block == "dsa":
             return self.dsa(i, tp, rank)
+        if block == "mla":
+            return self.mla(i, tp, rank)
+        if block == "mla_indexed":
+            return self.mla_indexed(i, tp, rank)
         raise ValueError(f"no hand-written loader for {block!r}")
 
     def kda(self, i: int, tp: int, rank: int) -> dict[str, Arr]:
@@ -130,9 +134,81 @@ class Loader:
             "ape": self.full(ix + "index_kpool_compress_ape").astype(np.float32),
         }
 
+    def mla(self, i: int, tp: int, rank: int) -> dict[str, Arr]:
+        """Kimi Linear's MLA: a direct q_proj whose rope rows stay as they are."""
+        c = self.config
+        heads = c["num_attention_heads"] // tp
+        nope, rope, v, kvl = (
+            c["qk_nope_head_dim"],
+            c["qk_rope_head_dim"],
+            c["v_head_dim"],
+            c["kv_lora_rank"],
+        )
+        p = f"layers.{i}.self_attn."
+        kv_b = (
+            self.rows(p + "kv_b_proj.weight", tp, rank)
+            .astype(np.float32)
+            .reshape(heads, nope + v, kvl)
+        )
+        q_bf16 = self.rows(p + "q_proj.weight", tp, rank)
+        hidden = q_bf16.shape[-1]
+        q = q_bf16.reshape(heads, nope + rope, hidden)
+        o = self.cols(p + "o_proj.weight", tp, rank).astype(np.float32).reshape(-1, heads, v)
+        q_absorb = np.einsum("hrc,hrk->hck", kv_b[:, :nope], q[:, :nope].astype(np.float32))
+        o_absorb = np.einsum("ihr,hrc->ihc", o, kv_b[:, nope:], optimize=True)
+        return {
+            "q_absorb": q_absorb.reshape(heads * kvl, hidden).astype(ml_dtypes.bfloat16),
+            "q_rope": np.ascontiguousarray(q[:, nope:]).reshape(heads * rope, hidden),
+            "kv_a_proj": self.full(p + "kv_a_proj_with_mqa.weight"),
+            "kv_a_layernorm": self.full(p + "kv_a_layernorm.weight"),
+            "o_absorb": o_absorb.reshape(o.shape[0], heads * kvl).astype(ml_dtypes.bfloat16),
+        }
+
+    def mla_indexed(self, i: int, tp: int, rank: int) -> dict[str, Arr]:
+        """DeepSeek-V3.2's MLA: q LoRA, the rope rows and the rope key kept as they are, and
+        the indexer (no k-pool)."""
+        c = self.config
+        heads = c["num_attention_heads"] // tp
+        nope, rope, v, kvl, ql = (
+            c["qk_nope_head_dim"],
+            c["qk_rope_head_dim"],
+            c["v_head_dim"],
+            c["kv_lora_rank"],
+            c["q_lora_rank"],
+        )
+        p = f"layers.{i}.self_attn."
+        kv_b = (
+            self.rows(p + "kv_b_proj.weight", tp, rank)
+            .astype(np.float32)
+            .reshape(heads, nope + v, kvl)
+        )
+        q = self.rows(p + "q_b_proj.weight", tp, rank).reshape(heads, nope + rope, ql)
+        o = self.cols(p + "o_proj.weight", tp, rank).astype(np.float32).reshape(-1, heads, v)
+        q_absorb = np.einsum("hrc,hrk->hck", kv_b[:, :nope], q[:, :nope].astype(np.float32))
+        o_absorb = np.einsum("ihr,hrc->ihc", o, kv_b[:, nope:], optimize=True)
+        kv_a = self.full(p + "kv_a_proj_with_mqa.weight")
+        ix = p + "indexer."
+        scale = np.float32(c["index_n_heads"] ** -0.5)
+        return {
+            "q_a_proj": self.full(p + "q_a_proj.weight"),
+            "q_a_layernorm": self.full(p + "q_a_layernorm.weight"),
+            "q_absorb": q_absorb.reshape(heads * kvl, ql).astype(ml_dtypes.bfloat16),
+            "q_rope": np.ascontiguousarray(q[:, nope:]).reshape(heads * rope, ql),
+            "kv_a_latent": kv_a[:kvl],
+            "k_rope": kv_a[kvl:],
+            "kv_a_layernorm": self.full(p + "kv_a_layernorm.weight"),
+            "o_absorb": o_absorb.reshape(o.shape[0], heads * kvl).astype(ml_dtypes.bfloat16),
+            "wq_b": self.full(ix + "wq_b.weight"),
+            "wk": self.full(ix + "wk.weight"),
+            "k_norm_weight": self.full(ix + "k_norm.weight"),
+            "k_norm_bias": self.full(ix + "k_norm.bias"),
+            "weights_proj": self.full(ix + "weights_proj.weight").astype(np.float32) * scale,
+        }
+
     def moe(self, i: int, tp: int, rank: int, ep: int, ep_rank: int) -> dict[str, Arr]:
         p = f"layers.{i}.mlp."
-        n = self.config["n_routed_experts"]
+        c = self.config
+        n = c["n_routed_experts"] if "n_routed_experts" in c else c["num_experts"]
         base, rem = divmod(n, ep)  # vLLM's contiguous expert map
         first = ep_rank * base + min(ep_rank, rem)
         mine = range(first, first + base + (1 if ep_rank < rem else 0))

@@ -58,6 +58,9 @@ class TensorRule:
     root: bool = False  # named from the checkpoint root, not under the text model's prefix
     tie: TieRule | None = None
     linear: bool = False  # a linear weight [O, I] that a quantization scheme may replace
+    # Also accepted on disk with extra size-1 axes ([1, 1, H, 1] for [H]): the same row-major
+    # bytes, read as ``shape``; shards are planned on ``shape``.
+    stored_singletons: bool = False
     # The parsed shape, held by the generator only (generated tables leave it empty).
     dims: tuple[Expr, ...] = field(default=(), compare=False, repr=False)
 
@@ -67,7 +70,7 @@ class TensorRule:
         name = self.name.replace("{" + self.family + "}", str(index))
         return TensorRule(
             name, self.dtype, self.shape, self.shard, self.group, self.why_dtype, self.stored,
-            None, self.root, self.tie, self.linear,
+            None, self.root, self.tie, self.linear, self.stored_singletons,
         )  # fmt: skip
 
 
@@ -125,6 +128,7 @@ class GeometryField:
     value: int
     min: int
     doc: str
+    also: tuple[str, ...] = ()  # other config.json paths (dotted) of the same value
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ class TensorPlan:
     shape_text: str = ""  # the symbolic shape, for messages
     stored: tuple[str, ...] = ()  # on-disk dtypes accepted besides ``dtype``
     pattern: str = ""  # the rule's name (a family pattern for a family member)
+    singletons: bool = False  # also stored with extra size-1 axes (the same bytes)
 
     @property
     def full_bytes(self) -> int:
@@ -161,7 +162,7 @@ def plan_tensor(
     if kind == "replicated" or unit is None or not full:
         return TensorPlan(
             r.name, r.dtype, "replicated", None, 1, full, full, 0, 0, r.shape, r.stored,
-            pattern or r.name,
+            pattern or r.name, r.stored_singletons,
         )  # fmt: skip
     units = env[unit]
     axis = r.shard.resolved(len(full))
@@ -180,7 +181,7 @@ def plan_tensor(
     shape[axis] = local
     return TensorPlan(
         r.name, r.dtype, kind, unit, units, full, tuple(shape), axis, tp_rank * local, r.shape,
-        r.stored, pattern or r.name,
+        r.stored, pattern or r.name, r.stored_singletons,
     )  # fmt: skip
 
 

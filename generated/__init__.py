@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbind.generated import model_glm_5_3_flash
+from specbind.generated import model_deepseek_v3_2, model_glm_5_3_flash, model_kimi_linear
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "a7d41ae05db022909fe8af83abe57f5e7fd25be8d3ae4d1104530c25b116cac0"
+SPECS_SHA256 = "b45afd57ca1371ed1bc254865c2b89acfab1d9f42504f6bd42160b63406c1a01"
 
 MODELS: dict[str, ModelTable[Any]] = {
+    model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
+    model_kimi_linear.MODEL: model_kimi_linear.TABLE,
 }

@@ -30,7 +30,7 @@ from specbind.core.ir import (
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime import ops as numpy_ops
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims, require
+from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims
 from specbind.runtime.ops import Ops
 from specbind.runtime.quant import (
     LayerQuant,
@@ -61,7 +61,7 @@ class DsaGeometry:
     QL: int  # q_lora_rank
     KVL: int  # kv_lora_rank
     N: int  # qk_nope_head_dim
-    R: int  # qk_rope_head_dim (0 on GLM-5.3-Flash, NoPE)
+    R: int  # qk_rope_head_dim (0 on GLM-5.3-Flash, NoPE, as its model spec requires)
     V: int  # v_head_dim
     IH: int  # indexer heads
     ID: int  # indexer head dim
@@ -213,13 +213,7 @@ GROUPS: dict[str, GroupRule] = {
 # Each family's size symbol; a family split by `experts` is divided whole across ep ranks.
 FAMILIES: dict[str, str] = {}
 
-CONSTRAINTS: tuple[ConstraintRule, ...] = (
-    ConstraintRule(
-        name="nope_only",
-        check="R == 0",
-        why="NoPE only: q_absorb folds the K half of kv_b_proj into q_b_proj, which lines up only when q_b_proj has no rope section (qk_rope_head_dim = 0); a rope section would need its rows carried separately",
-    ),
-)
+CONSTRAINTS: tuple[ConstraintRule, ...] = ()
 
 # Linear weights whose quantization scales must be one value (checked when bound quantized).
 SHARED_SCALES: tuple[SharedScaleRule, ...] = (
@@ -435,8 +429,6 @@ def make_ape(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Ar
 
 def check_constraints(g: DsaGeometry) -> None:
     """Refuse a geometry that breaks a declared constraint, naming it and its reason."""
-    # R == 0
-    require(block=BLOCK, rule=CONSTRAINTS[0], values=g.values(), check=lambda: g.R == 0)
     check_dims(block=BLOCK, shapes=expected_shapes(g))
 
 

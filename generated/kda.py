@@ -169,6 +169,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shape="[H]",
         shard=ShardRule(kind="rows", unit="H", axis=0),
         why_dtype="A_log is the per-head decay exponent; casting it to BF16 would change the gate",
+        stored_singletons=True,
     ),
     # self_attn.dt_bias [Q] F32: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
     TensorRule(

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specbind.core.ir import (
+    ConstraintRule,
     GeometryField,
     LayerGroupRule,
     NameRule,
@@ -25,6 +26,7 @@ from specbind.core.ir import (
 from specbind.core.planning import Ranks
 from specbind.generated import dense, dsa, kda, layer_norms, lm_globals, mhc, moe, mtp_head
 from specbind.generated.schemes import SCHEMES
+from specbind.runtime.binding import require
 from specbind.runtime.model import BlockEntry, ModelTable, block_entry
 
 MODEL = "glm-5.3-flash"
@@ -231,6 +233,29 @@ class Geometry:
         }
 
 
+# This model's own checks over its geometry (its blocks stay general for other models).
+CONSTRAINTS: tuple[ConstraintRule, ...] = (
+    ConstraintRule(
+        name="nope_only",
+        check="qk_rope_head_dim == 0",
+        why="NoPE only: the dsa block folds the K half of kv_b_proj into q_b_proj, which lines up only when q_b_proj has no rope section (qk_rope_head_dim = 0); a rope section would need its rows carried separately",
+    ),
+)
+
+
+def check_constraints(m: Geometry) -> None:
+    """Refuse a geometry that breaks one of this model's constraints, naming it and its reason."""
+    # qk_rope_head_dim == 0
+    require(
+        block=MODEL,
+        rule=CONSTRAINTS[0],
+        values={
+            "qk_rope_head_dim": m.qk_rope_head_dim,
+        },
+        check=lambda: m.qk_rope_head_dim == 0,
+    )
+
+
 def geometry(values: dict[str, int]) -> Geometry:
     """Build the geometry from a symbol -> value mapping (see runtime.model.values_from_config)."""
     return Geometry(
@@ -378,4 +403,8 @@ TABLE: ModelTable[Geometry] = ModelTable(
     synth=SYNTH,
     real_layers=45,
     real_mtp=1,
+    model_types=("glm5_next_text", "glm5_next"),
+    default=True,
+    constraints=CONSTRAINTS,
+    check=check_constraints,
 )

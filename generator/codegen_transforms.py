@@ -91,8 +91,8 @@ def context(block: Block, out: Output, geo_class: str) -> TransformContext:
         steps.append(Step("cast", result, "", (result, py_literal(tf.dtype))))
     if tf.view is not None:
         shape = _tuple([algebra.to_python(e, names) for e in tf.view])
-        letters = ", ".join(tf.lowering.letters_out if tf.lowering else "")
-        note = comment(f"[{letters}] -> {_dims(tf.view)}")
+        before = f"[{', '.join(tf.lowering.letters_out)}]" if tf.lowering else "the slice"
+        note = comment(f"{before} -> {_dims(tf.view)}")
         steps.append(Step("view", result, note, (result, shape, py_literal(out.field))))
     local: list[tuple[str, str, str]] = []
     for u in sorted(names.used & units):

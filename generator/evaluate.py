@@ -13,6 +13,7 @@ from specbind.core import algebra, algebra_ops
 from specbind.core.errors import AlgebraError, GeometryError, SpecbindError
 from specbind.core.planning import plan_block
 from specbind.generator import transforms
+from specbind.generator.coverage import check_coverage
 from specbind.generator.spec import Block, Model
 
 
@@ -138,7 +139,21 @@ def distinct_values(values: dict[str, int]) -> dict[str, int]:
 
 def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
     """Refuse a spec pair whose real geometry breaks a shape, shard or constraint, or whose
-    transforms do not fit at a geometry where no two symbols are equal."""
+    transforms do not fit at a geometry where no two symbols are equal; or whose own
+    constraints fail at its real or its synthetic (tiny) geometry; or (at the tiny geometry)
+    whose transforms do not fit or leave elements of a tensor read by no output."""
+    real_values = model.values()
+    geometries = [("real", real_values)]
+    if model.synth is not None:
+        geometries.append(("synth tiny", real_values | dict(model.synth.tiny)))
+    for i, c in enumerate(model.constraints):
+        assert c.expr is not None
+        for what, values in geometries:
+            if not algebra.evaluate(c.expr, values):
+                raise model.located.error(
+                    ("constraints", i, "check"),
+                    f"at the {what} geometry of {model.name}: constraint {c.name} fails: {c.why}",
+                )
     for use in model.blocks:
         block = blocks[use.block]
         real = block_values(model, block)
@@ -152,6 +167,14 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
         env = block_env(block, real)
         _check_shapes(block, env, ctx)
         check_transforms(block, real, ctx)
+        if model.synth is not None:  # every element read by some output, at the tiny geometry
+            tiny = model.values() | dict(model.synth.tiny)
+            values = {s: tiny[g] for s, g in use.symbols.items()}
+            tctx = f"at the synth tiny geometry of {model.name}"
+            tenv = block_env(block, values)
+            tshapes = shapes_at(block, tenv, tctx)
+            check_transforms(block, values, tctx)  # the views and slices fit there too
+            check_coverage(block, tenv, tshapes, tctx)
         for i, c in enumerate(block.constraints):
             assert c.expr is not None
             try:

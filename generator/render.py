@@ -107,6 +107,14 @@ def load_specs(root: Path) -> Specs:
                 f"model {m.name!r} and {clash[0].name!r} would both generate "
                 f"{model_module(m.name)}.py; rename one",
             )
+        for o in models.values():
+            if m.default and o.default:
+                raise m.located.error(("default",), f"model {o.name!r} is the default already")
+            both = sorted(set(m.model_types) & set(o.model_types))
+            if both:
+                raise m.located.error(
+                    ("model_types",), f"model_type {both[0]!r} is also claimed by {o.name!r}"
+                )
         models[m.name] = m
     if not models:
         raise SpecError((specs_dir / "models").as_posix(), "", None, "no model specs found")
@@ -384,10 +392,18 @@ def render_all(root: Path) -> dict[str, str]:
             }
             for u in m.blocks
         ]
+        checks = [
+            (c, algebra.to_python(c.expr, lambda sym: f"m.{sym}"), sorted(c.expr.names))
+            for c in m.constraints
+            if c.expr is not None
+        ]
+        constraints = [{"c": c, "py": py, "names": names} for c, py, names in checks]
         files[f"{model_module(mname)}.py"] = env.get_template("model.py.j2").render(
             header=HEADER.format(src=m.file),
             m=m,
             uses=uses,
+            constraints=constraints,
+            uses_algebra=any("algebra_ops." in py for _, py, _ in checks),
             block_modules=", ".join(sorted(u.block for u in m.blocks)),
         )
     kernels = generator_kernels.needed([specs.blocks[n] for n in sorted(used)])

@@ -119,6 +119,9 @@ class Model:
     real_layers: int = 0  # the real model's decoder layers (config layer_count)
     real_mtp: int = 0
     names: tuple[NameRule, ...] = ()
+    model_types: tuple[str, ...] = ()  # config.json model_type values of its checkpoints
+    default: bool = False  # used by a command given neither --model nor a checkpoint
+    constraints: tuple[ConstraintRule, ...] = ()  # over geometry symbols, this model alone
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -275,6 +278,7 @@ def parse_block(doc: Located) -> Block:
                 bool(t.get("root", False)),
                 tie,
                 linear=bool(t.get("linear", False)),
+                stored_singletons=bool(t.get("stored_singletons", False)),
                 dims=dims,
             )
         )
@@ -518,9 +522,13 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
             int(g["value"]),
             int(g.get("min", 1)),
             g.get("doc", ""),
+            tuple(g.get("also") or ()),
         )
         for n, g in d["geometry"].items()
     )
+    for g in geometry:
+        if g.also and g.config is None:
+            raise doc.error(("geometry", g.name, "also"), "`also` needs the `config` it backs")
     for g in geometry:
         if g.value < g.min:
             raise doc.error(("geometry", g.name, "value"), f"value {g.value} is below min {g.min}")
@@ -614,7 +622,23 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         int((layers.get("count") or {}).get("value", 0)),
         int((layers.get("mtp") or {}).get("value", 0)),
         names,
+        tuple(d.get("model_types") or ()),
+        bool(d.get("default", False)),
+        _model_constraints(doc, d.get("constraints") or [], gnames),
     )  # fmt: skip
+
+
+def _model_constraints(
+    doc: Located, raw: list[dict[str, Any]], gnames: set[str]
+) -> tuple[ConstraintRule, ...]:
+    """A model's own checks, over its geometry symbols (a parallel size has no place here)."""
+    out = []
+    for i, c in enumerate(raw):
+        where: PathKey = ("constraints", i)
+        cname = check_ident(doc, (*where, "name"), c["name"], "constraint name")
+        check = _expr(doc, (*where, "check"), c["check"], gnames, True)
+        out.append(ConstraintRule(cname, " ".join(str(c["check"]).split()), c["why"], check))
+    return tuple(out)
 
 
 def _names(doc: Located, raw: list[dict[str, Any]]) -> tuple[NameRule, ...]:
@@ -630,6 +654,18 @@ def _names(doc: Located, raw: list[dict[str, Any]]) -> tuple[NameRule, ...]:
             )
         if len(to) == 1 and seg is not None:
             raise doc.error(("names", i, "segments"), "segments needs one name per segment")
+        held = (_PLACEHOLDER.findall(r["from"]), [p for t in to for p in _PLACEHOLDER.findall(t)])
+        if held != ([], []):
+            # one whole name with a member index, renamed member by member (Mixtral's w1 ->
+            # gate_proj): the index must be carried over, once, and never by a prefix rule
+            if len(held[0]) != 1 or held[0] != held[1] or len(to) != 1:
+                raise doc.error(
+                    ("names", i), "a placeholder ({e}) appears once in `from` and once in `to`"
+                )
+            if r["from"].endswith(".") or to[0].endswith("."):
+                raise doc.error(
+                    ("names", i), "a name with a placeholder is a whole name, not a prefix"
+                )
         out.append(NameRule(r["from"], to, r["why"]))
     return tuple(out)
 

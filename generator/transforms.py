@@ -1,7 +1,8 @@
 """Declared load-time transforms: parse them, check their shapes, lower einsum to batched matmul.
 
 Two forms, each a small pipeline:
-- unary:    ``{tensor, view?, slice?, scale?, dtype?}``      view -> slice -> scale -> cast
+- unary:    ``{tensor, view?, slice?, scale?, dtype?, reshape?}``
+                                              view -> slice -> scale -> cast -> reshape
 - contract: ``{einsum, operands: [A, B], scale?, view?, dtype?}``; each operand is
   ``{tensor, view?, slice?}``;                                  contract -> scale -> cast -> view
 
@@ -130,7 +131,9 @@ def parse(
         view = _exprs(doc, (*path, "view"), raw["view"], names) if "view" in raw else None
     else:
         ops = (_operand(doc, path, raw, prefix, tensors, names),)
-        lowering, view = None, None
+        lowering = None
+        # the result's view, after the slice (the operand's own ``view`` comes before it)
+        view = _exprs(doc, (*path, "reshape"), raw["reshape"], names) if "reshape" in raw else None
     scale = None
     if "scale" in raw:
         try:
@@ -310,7 +313,7 @@ def result_shape(
             shape = (*shape[: s.axis], stop - start, *shape[s.axis + 1 :])
         shapes.append(shape)
     if tf.lowering is None:
-        return shapes[0]
+        return _unary_reshape(tf, tensors, shapes[0], ev, doc, path, context)
     low = tf.lowering
     sizes: dict[str, int] = {}
     for letters, shape in zip((low.letters_a, low.letters_b), shapes, strict=True):
@@ -334,6 +337,43 @@ def result_shape(
         shape = view
     _check_layout(tf, groups, doc, path)
     return shape
+
+
+def _unary_reshape(
+    tf: Transform,
+    tensors: dict[str, Any],
+    shape: tuple[int, ...],
+    ev: Any,
+    doc: Located,
+    path: PathKey,
+    context: str,
+) -> tuple[int, ...]:
+    """A unary result's ``reshape``: it merges consecutive axes only, and the shard unit's axis
+    must lead the result axis the layout splits (rows: the first, cols: the last)."""
+    if tf.view is None:
+        return shape
+    view = tuple(ev(e, (*path, "reshape", i)) for i, e in enumerate(tf.view))
+    letters = "abcdefgh"[: len(shape)]
+    if _numel(view) != _numel(shape):
+        raise doc.error(
+            (*path, "reshape"),
+            f"{context}: reshape {list(view)} has {_numel(view)} elements, "
+            f"the operand gives {_numel(shape)} {list(shape)}",
+        )
+    groups = _merge(letters, dict(zip(letters, shape, strict=True)), view, doc,
+                    (*path, "reshape"), context)  # fmt: skip
+    o = tf.operands[0]
+    t: TensorRule = tensors[o.tensor]
+    if t.shard.kind != "replicated" and tf.layout_kind != "replicated":
+        unit = letters[t.shard.resolved(len(t.dims))]  # the view keeps it there (_unit_axis)
+        axis = 0 if tf.layout_kind == "rows" else len(groups) - 1
+        if not groups[axis].startswith(unit):
+            raise doc.error(
+                (*path, "reshape"),
+                f"{context}: a {tf.layout_kind} layout needs the shard unit's axis to lead "
+                f"result axis {axis}",
+            )
+    return view
 
 
 def _merge(

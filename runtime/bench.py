@@ -75,19 +75,21 @@ def cache_dir(given: str | None) -> Path:
 
 def parts(table: ModelTable[Any]) -> dict[str, frozenset[str]]:
     """The blocks each comparison binds: ``attention``, every block of the slot of that name;
-    ``moe``, the blocks of the ``mlp`` slot with a tensor family (the routed experts)."""
+    ``experts``, the blocks of any slot with a tensor family (the routed experts)."""
     slots = {s.name: s for s in table.slots}
-    for need in ("attention", "mlp"):
-        if need not in slots:
-            raise SpecbindError(
-                f"bench: model {table.name} has no {need!r} slot (slots: {', '.join(slots)})"
-            )
+    if "attention" not in slots:
+        raise SpecbindError(
+            f"bench: model {table.name} has no 'attention' slot (slots: {', '.join(slots)})"
+        )
     experts = frozenset(
-        b for b in slots["mlp"].blocks if any(r.family is not None for r in table.block(b).tensors)
+        b
+        for s in table.slots
+        for b in s.blocks
+        if any(r.family is not None for r in table.block(b).tensors)
     )
     if not experts:
-        raise SpecbindError(f"bench: no block of model {table.name}'s mlp slot has experts")
-    return {"attention": frozenset(slots["attention"].blocks), "moe": experts}
+        raise SpecbindError(f"bench: no block of model {table.name} has experts")
+    return {"attention": frozenset(slots["attention"].blocks), "experts": experts}
 
 
 def copy_only(table: ModelTable[Any], kinds: Collection[str]) -> frozenset[str]:
@@ -104,7 +106,7 @@ def slice_layers(table: ModelTable[Any]) -> int:
     from specbind.runtime.synth import schedule
 
     p = parts(table)
-    need = [{b} for b in sorted(p["attention"])] + [set(p["moe"])]
+    need = [{b} for b in sorted(p["attention"])] + [set(p["experts"])]
     seen: set[str] = set()
     for plan in schedule(table, MOST_LAYERS, mtp=False):
         seen |= set(plan.blocks.values())
@@ -450,7 +452,7 @@ def measure(
             "copy_only_memcpy_s": med["copy_only_memcpy"],
             "copy_only_fraction_of_memcpy": med["copy_only_memcpy"] / med["copy_only_specbind"],
         }
-    if part == "moe":
+    if part == "experts":
         members = _members(ckpt, table, kinds, ep)
         row |= {"experts": members[0], "experts_on_rank": members[1]}
     return row
@@ -476,6 +478,39 @@ def _members(
     return count, len(member_range(count, ep, 0))
 
 
+def absorb_rows(
+    table: ModelTable[Any], values: Mapping[str, int], tps: list[int], repeat: int
+) -> list[dict[str, Any]]:
+    """The absorb rows of every attention block that contracts, at each tp its geometry
+    allows: the block's generated module and its geometry come from the model's own table."""
+    import importlib
+
+    from specbind.core.errors import GeometryError
+    from specbind.core.planning import Ranks
+    from specbind.runtime import bench_absorb
+
+    try:
+        from specbind.benchmarks.seed_order import SEED_ORDER
+    except ImportError:  # an installed wheel has no baseline folder: no seed-order column
+        SEED_ORDER = {}
+    model = importlib.import_module(table.make_geometry.__module__)
+    rows = []
+    for name in sorted(parts(table)["attention"]):
+        block = importlib.import_module(f"specbind.generated.{name}")
+        geo = getattr(model, f"{name}_geometry")(table.make_geometry(dict(values)), Ranks())
+        for tp in tps:
+            g = type(geo)(**{**geo.__dict__, "tp": tp})
+            try:
+                block.check_constraints(g)
+                block.plan(g, 0)
+            except GeometryError:
+                continue  # this tp does not split the block's units
+            row = bench_absorb.run(block, g, repeat=repeat, seed=SEED_ORDER.get(name))
+            if row is not None:
+                rows.append(row)
+    return rows
+
+
 def run(
     table: ModelTable[Any],
     tps: list[int],
@@ -491,31 +526,25 @@ def run(
     each ep > 1 of the same sizes (tp 1). ``overrides`` (``--set``) go over ``DEFAULT_SETS``
     for the full-geometry slice (over nothing for ``tiny``); the checkpoint's config.json
     carries them to the bind."""
-    from specbind.core.planning import Ranks
-    from specbind.generated import dsa
-    from specbind.generated import model_glm_5_3_flash as m
-    from specbind.runtime import bench_absorb, bench_ranks
+    from specbind.runtime import bench_ranks
     from specbind.runtime.model import values_from_config
 
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
     ckpt, synth_s = ensure_checkpoint(table, cache, tiny, sets)
     warm(ckpt)
     rows = [measure(ckpt, table, "attention", tp, 1, repeat) for tp in tps]
-    experts = _members(ckpt, table, parts(table)["moe"], 1)[0]
+    experts = _members(ckpt, table, parts(table)["experts"], 1)[0]
     sizes = [(tp, 1) for tp in tps] + [(1, ep) for ep in tps if ep > 1]
     skipped = [f"ep {ep}: more ranks than the {experts} experts" for _, ep in sizes if ep > experts]
     for note in skipped:
         print(f"bench: MoE {note}; skipped", file=sys.stderr)
-    moe_rows = [measure(ckpt, table, "moe", tp, ep, repeat) for tp, ep in sizes if ep <= experts]
+    moe_rows = [
+        measure(ckpt, table, "experts", tp, ep, repeat) for tp, ep in sizes if ep <= experts
+    ]
     if rss:
         add_rss(ckpt, rows + moe_rows)
     values = values_from_config(table, Checkpoint(ckpt).config)
-    geo = m.dsa_geometry(table.make_geometry(values), Ranks())
-    absorb = [
-        bench_absorb.run(dsa, dsa.DsaGeometry(**{**geo.__dict__, "tp": tp}), repeat=repeat)
-        for tp in tps
-        if geo.H % tp == 0
-    ]
+    absorb = absorb_rows(table, values, tps, repeat)
     result: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "memory_gb": _memory_gb()},
         "date": time.strftime("%Y-%m-%d"),
@@ -562,7 +591,7 @@ MOE_HEAD = (
     "| baseline MB | memcpy MB |"
 )
 ABSORB_HEAD = (
-    "| tp | heads | GFLOP | absorb GFLOP/s | matmul GFLOP/s | absorb / matmul "
+    "| block | tp | heads | GFLOP | absorb GFLOP/s | matmul GFLOP/s | absorb / matmul "
     "| seed-order q_absorb GFLOP/s | specbind / seed order |"
 )
 
@@ -598,7 +627,7 @@ def render(r: dict[str, Any]) -> str:
             f"{x.get('copy_only_fraction_of_memcpy', float('nan')):.2f}", *_rss_cells(x),
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "MoE (the mlp slot of the expert layers only):", ""]
+    lines += ["", "MoE (the slot of the expert blocks, expert layers only):", ""]
     lines += _table_head(MOE_HEAD)
     for x in r["moe_rows"]:
         cells = [
@@ -615,7 +644,8 @@ def render(r: dict[str, Any]) -> str:
     for a in r["absorb"]:
         g = a["geometry"]
         cells = [
-            f"{g['tp']}", f"{g['heads_on_rank']}", f"{a['gflop']:.1f}", f"{a['absorb_gflops']:.1f}",
+            f"{g['block']}", f"{g['tp']}", f"{g['heads_on_rank']}", f"{a['gflop']:.1f}",
+            f"{a['absorb_gflops']:.1f}",
             f"{a['matmul_gflops']:.1f}", f"{a['absorb_over_matmul']:.2f}",
             f"{a.get('seed_order_q_absorb_gflops', float('nan')):.1f}",
             f"{a.get('specbind_over_seed_order', float('nan')):.1f}",

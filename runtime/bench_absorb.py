@@ -1,9 +1,13 @@
-"""Absorb throughput: specbind's generated DSA transforms beside plain NumPy matmul on the same
-shapes, and beside a transcription of the hand-written loader's loop order, in one run.
+"""Absorb throughput: a block's generated contracting transforms beside plain NumPy matmul on
+the same shapes, and (where the baseline folder transcribes one) beside the hand-written
+loader's loop order, in one run.
 
-The seed loader computes ``q_absorb`` output row by output row (one head, one latent channel),
-accumulating over r inside the row; the transcription keeps that order with one BLAS ``gemv``
-per output row (a pure-Python inner loop would measure the interpreter, not the order).
+Generic over blocks: the transforms are the block module's ``make_<field>`` functions for its
+``transform`` fields, their operands random arrays of this rank's planned shapes and dtypes,
+and the matmul baseline replays exactly the [B, L, C] @ [B, C, R] products ``ops.contract``
+recorded. A block with no contraction (only copies and unary transforms) has no row.
+Trap: the operands are random, so only the speed is meaningful here; the values are the
+tests' business.
 """
 
 from __future__ import annotations
@@ -13,12 +17,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
+from specbind.core.dtypes import DTYPES
 from specbind.runtime import ops
 
 F32 = np.float32
+Arr = np.ndarray[Any, Any]
 
 
 def median_seconds(fn: Callable[[], object], repeat: int) -> float:
@@ -31,62 +36,68 @@ def median_seconds(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(times)
 
 
-Arr = np.ndarray[Any, Any]
-
-
-def seed_q_absorb(kv_b: Arr, q_b: Arr, g: Any, heads: int) -> Arr:
-    """The seed's loop order: per output row (h, c), Σ_r kv_b[h, r, c] · q_b[h, r, :]."""
-    kv = kv_b.reshape(heads, g.N + g.V, g.KVL)  # [H(N+V), KVL] -> [H, N+V, KVL]
-    qb = q_b.reshape(heads, g.N, g.QL)  # [HN, QL] -> [H, N, QL]
-    out = np.empty((heads * g.KVL, g.QL), dtype=F32)
-    for h in range(heads):
-        k_half = kv[h, : g.N]  # [N, KVL]
-        for c in range(g.KVL):
-            out[h * g.KVL + c] = k_half[:, c] @ qb[h]  # one row: Σ_r w_r · q_row_r
+def operands(block: Any, g: Any, fields: list[str], rank: int) -> dict[str, Arr]:
+    """Random arrays, at this rank's planned shape and the bound dtype, of every tensor the
+    ``fields`` read."""
+    rng = np.random.default_rng(0)
+    plan = block.plan(g, rank)
+    dtypes = {r.name: r.dtype for r in block.TENSORS}
+    out: dict[str, Arr] = {}
+    for f in fields:
+        for name in block.SOURCES[f]:
+            shape = plan.tensors[name].local_shape
+            np_dtype = DTYPES[dtypes[name]].numpy
+            assert np_dtype is not None
+            out[name] = (rng.standard_normal(shape, dtype=F32) * 0.02).astype(np_dtype)
     return out
 
 
-def run(dsa: Any, g: Any, rank: int = 0, repeat: int = 3, seed_rows: bool = True) -> dict[str, Any]:
-    """GFLOP/s of the generated absorbs, of matmul on the same F32 operands, of the seed order.
+def run(
+    block: Any,
+    g: Any,
+    rank: int = 0,
+    repeat: int = 3,
+    seed: Callable[[Any, Any], tuple[Callable[[], Arr], int]] | None = None,
+) -> dict[str, Any] | None:
+    """GFLOP/s of the block's contracting transforms, of matmul on the same F32 operands, and of
+    ``seed`` (the hand-written order of its first absorb) when given; None when the block
+    contracts nothing.
 
-    ``dsa`` is the generated MLA block module (with ``make_q_absorb`` / ``make_o_absorb``),
-    handed over by the caller: the runtime never imports ``generated`` at module level."""
-    heads = g.H // g.tp
-    rng = np.random.default_rng(0)
-
-    def bf16(*shape: int) -> np.ndarray[Any, Any]:
-        return (rng.standard_normal(shape, dtype=F32) * 0.02).astype(ml_dtypes.bfloat16)
-
-    t = {
-        "self_attn.kv_b_proj.weight": bf16(heads * (g.N + g.V), g.KVL),
-        "self_attn.q_b_proj.weight": bf16(heads * g.N, g.QL),
-        "self_attn.o_proj.weight": bf16(g.X, heads * g.V),
-    }
+    ``block`` is the generated block module, handed over by the caller: the runtime never
+    imports ``generated`` at module level. ``seed`` times the first contracting field."""
+    fields = [f for f, r in block.FIELDS.items() if r.kind == "transform"]
+    t = operands(block, g, fields, rank)
+    contracting = []
+    for f in fields:  # the unary transforms (a scale, a cast, a slice) are not absorbs
+        with ops.counting() as one:
+            getattr(block, f"make_{f}")(g, t)
+        if one.flops:
+            contracting.append(f)
+    if not contracting:
+        return None
+    fields = contracting
+    makers = [getattr(block, f"make_{f}") for f in fields]
     with ops.counting() as stats:
-        dsa.make_q_absorb(g, t)
-        dsa.make_o_absorb(g, t)
+        for make in makers:
+            make(g, t)
     flops = stats.flops
-    absorb_s = median_seconds(lambda: (dsa.make_q_absorb(g, t), dsa.make_o_absorb(g, t)), repeat)
-
-    kv = t["self_attn.kv_b_proj.weight"].astype(F32).reshape(heads, g.N + g.V, g.KVL)
-    qb = t["self_attn.q_b_proj.weight"].astype(F32).reshape(heads, g.N, g.QL)
-    o = t["self_attn.o_proj.weight"].astype(F32).reshape(g.X, heads, g.V).transpose(1, 0, 2)
-    k_t = np.ascontiguousarray(kv[:, : g.N].transpose(0, 2, 1))  # [H, KVL, N]
-    v_h = np.ascontiguousarray(kv[:, g.N :])  # [H, V, KVL]
-    o_h = np.ascontiguousarray(o)  # [H, X, V]
-    matmul_s = median_seconds(lambda: (np.matmul(k_t, qb), np.matmul(o_h, v_h)), repeat)
-
+    absorb_s = median_seconds(lambda: [make(g, t) for make in makers], repeat)
+    pairs = [
+        (np.ones((b, left, c), dtype=F32), np.ones((b, c, right), dtype=F32))
+        for b, left, c, right in stats.products
+    ]
+    matmul_s = median_seconds(lambda: [np.matmul(x, y) for x, y in pairs], repeat)
+    units = {r.shard.unit for r in block.TENSORS if r.name in {s for f in fields for s in
+             block.SOURCES[f]} and r.shard.unit is not None}  # fmt: skip
+    unit = sorted(units)[0] if units else None
     out: dict[str, Any] = {
         "geometry": {
-            "H": g.H,
+            "block": block.BLOCK,
             "tp": g.tp,
             "rank": rank,
-            "heads_on_rank": heads,
-            "X": g.X,
-            "QL": g.QL,
-            "KVL": g.KVL,
-            "N": g.N,
-            "V": g.V,
+            "unit": unit,
+            "heads_on_rank": g.values()[unit] // g.tp if unit else None,
+            **{k: v for k, v in g.values().items() if k not in ("tp", "ep")},
         },
         "gflop": flops / 1e9,
         "absorb_seconds": absorb_s,
@@ -95,12 +106,10 @@ def run(dsa: Any, g: Any, rank: int = 0, repeat: int = 3, seed_rows: bool = True
         "matmul_gflops": flops / matmul_s / 1e9,
         "absorb_over_matmul": matmul_s / absorb_s,
     }
-    if seed_rows:
-        q_flops = 2 * heads * g.KVL * g.N * g.QL
-        kv_b = t["self_attn.kv_b_proj.weight"].astype(F32)
-        q_b = t["self_attn.q_b_proj.weight"].astype(F32)
-        seed_s = median_seconds(lambda: seed_q_absorb(kv_b, q_b, g, heads), 1)
-        ours_q = median_seconds(lambda: dsa.make_q_absorb(g, t), repeat)
+    if seed is not None:
+        seed_run, q_flops = seed(t, g)
+        seed_s = median_seconds(seed_run, 1)
+        ours_q = median_seconds(lambda: makers[0](g, t), repeat)
         out |= {
             "seed_order_q_absorb_gflops": q_flops / seed_s / 1e9,
             "specbind_q_absorb_gflops": q_flops / ours_q / 1e9,

@@ -23,10 +23,19 @@ from specbind.core.errors import SpecbindError
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _table(name: str | None) -> Any:
+def _table(name: str | None, ckpt: str | None = None) -> Any:
+    """The model named by --model; else as ``specbind.api.model_table`` picks it, by the
+    checkpoint's config.json ``model_type`` when several models are generated."""
     from specbind.api import model_table
+    from specbind.runtime.checkpoint import Checkpoint
 
-    return model_table(name, "--model")
+    config = None
+    if name is None and ckpt is not None:
+        try:
+            config = Checkpoint(Path(ckpt)).config
+        except SpecbindError:
+            config = None  # the command itself reports the unreadable checkpoint
+    return model_table(name, "--model", config)
 
 
 def _sets(items: list[str]) -> dict[str, int]:
@@ -101,7 +110,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
     from specbind.runtime.audit import audit, render_text
     from specbind.runtime.checkpoint import Checkpoint
 
-    rep = audit(Checkpoint(Path(a.ckpt)), _table(a.model), progress=a.progress)
+    rep = audit(Checkpoint(Path(a.ckpt)), _table(a.model, a.ckpt), progress=a.progress)
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
 
@@ -132,7 +141,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from specbind.runtime.launcher import resolve_tp
     from specbind.runtime.model import values_from_config
 
-    table = _table(a.model)
+    table = _table(a.model, a.ckpt)
     overrides = _sets(a.set)
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
     backend = backends.get(a.backend, generated_kernels)
@@ -218,7 +227,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from specbind.runtime.planning import LayerUse, plan_report, render_text
     from specbind.runtime.quant import LayerQuant
 
-    table = _table(a.model)
+    table = _table(a.model, a.ckpt)
     tp_size, _ = resolve_tp(a.tp_size, 0, os.environ)
     layers: list[LayerUse] = []
     quant: dict[tuple[int, str], LayerQuant | None] = {}
@@ -313,7 +322,10 @@ def parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     def common(sp: argparse.ArgumentParser, sets: bool = True) -> None:
-        sp.add_argument("--model", help="model spec name (default: the only one)")
+        sp.add_argument(
+            "--model",
+            help="model spec name (default: by the checkpoint's model_type, else the default)",
+        )
         if not sets:
             return  # the census reads names, dtypes and shapes: no geometry to override
         sp.add_argument(

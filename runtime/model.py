@@ -2,7 +2,8 @@
 
 Invariants: a geometry symbol with a ``config`` field is read from config.json — under
 ``text_config`` when the file nests it, else flat — and must be an integer (not a bool, not a
-float) no smaller than its ``min``; a symbol without one is an engine setting with a default.
+float) no smaller than its ``min``; a symbol without one is an engine setting with a default;
+the model's own constraints hold for every geometry ``checked_values`` returns.
 Missing or ill-typed fields are refused by name; nothing falls back silently to a default.
 """
 
@@ -15,6 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from specbind.core.errors import CheckpointError, GeometryError
 from specbind.core.ir import (
+    ConstraintRule,
     FieldRule,
     GeometryField,
     LayerGroupRule,
@@ -106,6 +108,10 @@ class ModelTable(Generic[G]):
     real_mtp: int = 0
     schemes: tuple[SchemeRule, ...] = ()  # the quantization schemes a checkpoint may use
     names: tuple[NameRule, ...] = ()  # other writers' layer-relative names (a name map)
+    model_types: tuple[str, ...] = ()  # config.json model_type values of its checkpoints
+    default: bool = False  # the model a command given neither --model nor a checkpoint uses
+    constraints: tuple[ConstraintRule, ...] = ()  # over the geometry, this model's own
+    check: Callable[[G], None] | None = None  # refuses a geometry that breaks one of them
 
     def default_values(self) -> dict[str, int]:
         return {f.name: f.value for f in self.geometry_fields}
@@ -130,13 +136,20 @@ def values_from_config(
         if f.config is None:
             values[f.name] = f.value
             continue
-        found = config_lookup(config, f.config)
-        if found is None:
+        hits = [h for p in (f.config, *f.also) if (h := config_lookup(config, p)) is not None]
+        if not hits:
+            paths = " or ".join(repr(p) for p in (f.config, *f.also))
             raise CheckpointError(
-                f"config.json: missing field {f.config!r} (flat or under text_config), "
+                f"config.json: missing field {paths} (flat or under text_config), "
                 f"needed for geometry symbol {f.name}"
             )
-        raw, where = found
+        raw, where = hits[0]
+        for other, at in hits[1:]:
+            if other != raw or type(other) is not type(raw):
+                raise CheckpointError(
+                    f"config.json: {where} is {raw!r} but {at} is {other!r}; both are geometry "
+                    f"symbol {f.name}"
+                )
         if type(raw) is not int:
             raise CheckpointError(
                 f"config.json: {where} is {raw!r} ({type(raw).__name__}), expected an integer"
@@ -147,14 +160,21 @@ def values_from_config(
 
 def config_lookup(config: Mapping[str, Any], name: str) -> tuple[Any, str] | None:
     """(value, where) of a config.json field: under ``text_config`` when the file nests it
-    there, else flat; None when it is in neither."""
+    there, else flat; None when it is in neither. A dotted name walks into nested objects
+    (``linear_attn_config.num_heads``)."""
     nested = config.get("text_config")
     if nested is not None and not isinstance(nested, dict):
         raise CheckpointError(f"config.json: text_config is {type(nested).__name__}, not an object")
-    if nested is not None and name in nested:
-        return nested[name], f"text_config.{name}"
-    if name in config:
-        return config[name], name
+    for scope, head in ((nested, "text_config."), (config, "")):
+        if scope is None:
+            continue
+        node: Any = scope
+        for key in name.split("."):
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+        else:
+            return node, head + name
     return None
 
 
@@ -200,4 +220,6 @@ def checked_values(
             )
         if values[f.name] > 1 << 30:
             raise GeometryError(f"geometry {f.name} = {values[f.name]} is implausibly large")
+    if table.check is not None:
+        table.check(table.make_geometry(values))  # the model's own constraints
     return values

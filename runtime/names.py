@@ -2,7 +2,9 @@
 
 The model spec's ``names`` rules (like transformers' conversion mapping) say how other writers
 name the same tensors: a layer-relative prefix renamed (``self_attn.forget_gate.`` ->
-``self_attn.``, ``attn_hc.`` -> ``hc_attn_``), or one stored tensor read as N equal row
+``self_attn.``, ``attn_hc.`` -> ``hc_attn_``), one whole name with a member index renamed
+member by member (``block_sparse_moe.experts.{e}.w1.weight`` ->
+``mlp.experts.{e}.gate_proj.weight``), or one stored tensor read as N equal row
 segments (``self_attn.conv1d.weight`` [3Q, 1, K] -> q, k, v ``_conv1d.weight`` [Q, 1, K]).
 A quantization scheme whose packed weight is not stored as ``weight`` (compressed-tensors'
 ``weight_packed``) is seen under the linear's own name.
@@ -12,6 +14,8 @@ Invariants:
   segment is then a slice of that segment, so rank r of a fused ``[q; k; v]`` gets
   ``[q_r; k_r; v_r]`` and never a contiguous third of the fused tensor — by construction;
 - a rename that would give two tensors one name is refused, naming both;
+- the first rule that matches a name wins, so a placeholder rule listed before a prefix rule
+  over the same prefix takes its members first;
 - everything not renamed passes through untouched; ``on_disk`` gives a name's stored name
   (what a tool's config lists, e.g. ModelOpt's ``exclude_modules``).
 Trap: a stored row count that does not split into whole segments is refused, never rounded.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +111,16 @@ class NamedView:
         return RawTensor(t.dtype, shape, t.data[seg * step : (seg + 1) * step], span)
 
 
+_PLACEHOLDER = re.compile(r"\{[a-z]\}")
+
+
+@cache
+def _member_rx(source: str) -> re.Pattern[str]:
+    """``experts.{e}.w1.weight`` as a regex capturing the member index (no leading zeros)."""
+    head, tail = _PLACEHOLDER.split(source)
+    return re.compile(re.escape(head) + r"(0|[1-9][0-9]{0,6})" + re.escape(tail))
+
+
 def _mapped(
     name: str, rx: re.Pattern[str], rules: tuple[NameRule, ...], suffixes: Mapping[str, str]
 ) -> list[tuple[str, int, int]]:
@@ -118,6 +133,11 @@ def _mapped(
         return [(name, 0, 1)]
     head, rel = m.group(1), m.group(2)
     for r in rules:
+        if "{" in r.source:  # one whole name with a member index: ``experts.{e}.w1.weight``
+            hit = _member_rx(r.source).fullmatch(rel)
+            if hit is not None:
+                return [(head + _PLACEHOLDER.sub(hit.group(1), r.to[0]), 0, 1)]
+            continue
         if len(r.to) > 1 and rel == r.source:
             return [(head + t, i, len(r.to)) for i, t in enumerate(r.to)]
         if len(r.to) == 1 and rel.startswith(r.source):

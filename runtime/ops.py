@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -40,6 +40,8 @@ F32 = np.dtype(np.float32)
 class OpStats:
     flops: int = 0  # 2 x multiply-adds
     operand_elements: int = 0
+    # each contraction's matmul as (batch, left, contract, right), for a like-for-like baseline
+    products: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 _stats: OpStats | None = None
@@ -255,6 +257,7 @@ def contract(
         with _lock:
             _stats.flops += 2 * nbatch * nleft * ncon * nright
             _stats.operand_elements += a3.size + b3.size
+            _stats.products.append((nbatch, nleft, ncon, nright))
     return result
 
 

@@ -4,7 +4,9 @@ The plans come from ``core.planning`` (pure); this module applies them to raw by
 
 Invariants:
 - a tensor whose on-disk dtype, shape or size disagrees with the plan is refused, never
-  truncated; an on-disk dtype the rule accepts as ``stored`` is sliced at its own width and
+  truncated (a rule with ``stored_singletons`` also takes the plan's shape with extra size-1
+  axes, the same row-major bytes, and reads it as the plan's shape); an on-disk dtype the
+  rule accepts as ``stored`` is sliced at its own width and
   converted later by the binder; names without a plan entry pass through untouched, so the
   binder's refusal of an unknown tensor still fires;
 - a row shard is a zero-copy slice of the memory map; any other axis is a strided gather of
@@ -37,6 +39,12 @@ def shard_raw(plan: TensorPlan, t: RawTensor, layer: int) -> RawTensor:
     if t.dtype != plan.dtype and t.dtype not in plan.stored:
         return t
     dt = DTYPES[t.dtype]
+    if (
+        plan.singletons
+        and tuple(t.shape) != plan.full_shape
+        and _squeezed(t.shape) == _squeezed(plan.full_shape)
+    ):
+        t = RawTensor(t.dtype, plan.full_shape, t.data, t.span)  # [1, 1, H, 1] -> [H]: same bytes
     if tuple(t.shape) != plan.full_shape:
         raise BindError(
             f"{at(layer)}: {plan.name} has shape {list(t.shape)}, expected "
@@ -62,6 +70,11 @@ def shard_raw(plan: TensorPlan, t: RawTensor, layer: int) -> RawTensor:
         return RawTensor(t.dtype, plan.local_shape, data)
     local = np.ascontiguousarray(shard_view(plan, t.data, t.dtype))  # the local slice only
     return RawTensor(t.dtype, plan.local_shape, local.reshape(-1).data)
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape without its size-1 axes: what the row-major bytes of a tensor say."""
+    return tuple(d for d in shape if d != 1)
 
 
 def shard_view(

@@ -105,8 +105,8 @@ class Checkpoint:
         from specbind.runtime.checkpoint import Checkpoint as Raw
         from specbind.runtime.model import values_from_config
 
-        self._table: ModelTable[Any] = model_table(model)
         self._raw: RawCheckpoint = Raw(Path(path))
+        self._table: ModelTable[Any] = model_table(model, "model=", self._raw.config)
         self.overrides: dict[str, int] = dict(overrides or {})
         self.values: dict[str, int] = values_from_config(
             self._table, self._raw.config, self.overrides
@@ -241,20 +241,40 @@ def open(
     return Checkpoint(path, model, overrides)
 
 
-def model_table(name: str | None, how: str = "model=") -> ModelTable[Any]:
-    """The generated table of model ``name``; ``None`` when exactly one model is generated."""
+def model_table(
+    name: str | None, how: str = "model=", config: Mapping[str, Any] | None = None
+) -> ModelTable[Any]:
+    """The generated table of model ``name``; without a name, the only model, else the one
+    whose ``model_types`` hold ``config``'s ``model_type`` (flat or under ``text_config``),
+    else the spec marked ``default``."""
     from specbind.core.errors import SpecbindError
     from specbind.generated import MODELS
 
-    if name is None:
-        if len(MODELS) != 1:
-            raise SpecbindError(
-                f"several models are generated; pick one with {how} ({', '.join(MODELS)})"
-            )
+    if name is not None:
+        if name not in MODELS:
+            raise SpecbindError(f"unknown model {name!r} (generated: {', '.join(MODELS)})")
+        return MODELS[name]
+    if len(MODELS) == 1:
         return next(iter(MODELS.values()))
-    if name not in MODELS:
-        raise SpecbindError(f"unknown model {name!r} (generated: {', '.join(MODELS)})")
-    return MODELS[name]
+    pick = _by_model_type(MODELS, config) if config is not None else None
+    if pick is None:
+        pick = next((t for t in MODELS.values() if t.default), None)
+    if pick is None:
+        raise SpecbindError(
+            f"several models are generated; pick one with {how} ({', '.join(MODELS)})"
+        )
+    return pick
+
+
+def _by_model_type(
+    models: Mapping[str, ModelTable[Any]], config: Mapping[str, Any]
+) -> ModelTable[Any] | None:
+    nested = config.get("text_config")
+    kinds = {config.get("model_type")}
+    if isinstance(nested, dict):
+        kinds.add(nested.get("model_type"))
+    hits = [t for t in models.values() if kinds & set(t.model_types)]
+    return hits[0] if len(hits) == 1 else None
 
 
 def _has_cupy() -> bool:

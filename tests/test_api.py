@@ -146,7 +146,10 @@ def test_bad_api_calls_are_refused_in_one_line(ckpt: Path) -> None:
         SpecbindError, match=r"backend 'numpy' lives on the host, not on device 'cuda:0'"
     ):
         ck.bind(device="cuda:0")
-    with pytest.raises(SpecbindError, match=r"unknown model 'llama' \(generated: glm-5.3-flash\)"):
+    with pytest.raises(
+        SpecbindError,
+        match=r"unknown model 'llama' \(generated: deepseek-v3.2, glm-5.3-flash, kimi-linear\)",
+    ):
         specbind.open(ckpt, model="llama")
     with pytest.raises(
         SpecbindError,
@@ -199,3 +202,17 @@ def test_a_quantized_checkpoint_binds_to_torch_as_uint8_codes_and_float8_scales(
         assert t.reshape(-1).view(torch.uint8).numpy().tobytes() == want.tobytes(), (
             name
         )  # [-1]: 0-d
+
+
+def test_open_picks_the_model_from_the_checkpoints_model_type(tmp_path: Path) -> None:
+    from specbind.runtime.synth import tiny_values
+
+    kimi = MODELS["kimi-linear"]
+    synth(kimi, tmp_path / "kimi", tiny_values(kimi), layers=5, seed=1)
+    ck = specbind.open(tmp_path / "kimi")
+    assert ck.model == "kimi-linear"
+    m = ck.bind(tp_size=2, tp_rank=1, backend="torch")
+    assert m.model == "kimi-linear" and all(
+        t.dtype in (torch.bfloat16, torch.float32) for t in m.tensors().values()
+    )
+    assert specbind.open(tmp_path / "kimi", model="kimi-linear").model == "kimi-linear"

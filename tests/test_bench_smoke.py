@@ -45,7 +45,7 @@ def test_bench_measures_peak_rss_of_each_method_in_its_own_process(tmp_path: Pat
 
     table = MODELS["glm-5.3-flash"]
     ckpt, _ = bench.ensure_checkpoint(table, tmp_path, tiny=True)
-    rows: list[dict[str, object]] = [{"part": "moe", "tp": 1, "ep": 2}]
+    rows: list[dict[str, object]] = [{"part": "experts", "tp": 1, "ep": 2}]
     bench.add_rss(ckpt, rows)
     for k in bench.METHODS:
         assert isinstance(rows[0][f"rss_{k}_mb"], float) and rows[0][f"rss_{k}_mb"] > 0
@@ -57,9 +57,9 @@ def test_bench_takes_its_blocks_from_the_slots_and_writes_the_fewest_layers() ->
 
     table = MODELS["glm-5.3-flash"]
     parts = bench.parts(table)
-    assert parts == {"attention": {"dsa", "kda"}, "moe": {"moe"}}
+    assert parts == {"attention": {"dsa", "kda"}, "experts": {"moe"}}
     assert bench.copy_only(table, parts["attention"]) == {"kda"}  # dsa computes its absorbs
-    assert bench.computed_fields(table, parts["moe"]) == set()  # MoE: byte for byte
+    assert bench.computed_fields(table, parts["experts"]) == set()  # MoE: byte for byte
     assert bench.slice_layers(table) == 4  # KDA + dense at 0, DSA + MoE first at 3
     assert bench.slice_values(table, False, bench.DEFAULT_SETS)["experts"] == 32
     assert bench.slice_values(table, True, {"experts": 8})["experts"] == 8

@@ -77,11 +77,27 @@ def test_the_mtp_layer_with_extra_non_attention_tensors_binds_as_dsa() -> None:
     assert (rep.kind, rep.bound, rep.other) == ("dsa", 14, 3)
 
 
-def test_a_rope_dim_is_in_the_shapes_but_refused_because_the_absorb_is_nope_only() -> None:
+def test_a_rope_dim_is_in_the_shapes_but_the_nope_absorb_refuses_it() -> None:
+    """The block itself cannot absorb a rope section: its q_b_proj view [H, N, QL] no longer
+    fits, so the rope rows are refused, never dropped. (GLM's spec says R = 0 up front.)"""
     g = dataclasses.replace(TINY_DSA, R=2)
     shapes = dsa.expected_shapes(g)
     assert shapes["self_attn.q_b_proj.weight"] == (g.H * (g.N + 2), g.QL)
     assert shapes["self_attn.kv_a_proj_with_mqa.weight"] == (g.KVL + 2, g.X)
     arrays = layer_arrays(dsa, g)
-    with pytest.raises(GeometryError, match=r"constraint nope_only \(R == 0\) fails .*NoPE only"):
+    with pytest.raises(BindError, match=r"q_absorb: q_b_proj.weight: cannot view"):
         dsa.bind_dsa(g, 3, source(arrays))
+
+
+def test_the_glm_spec_refuses_a_rope_dim_as_its_own_nope_only_constraint() -> None:
+    from specbind.generated import MODELS
+    from specbind.runtime.model import checked_values
+
+    table = MODELS["glm-5.3-flash"]
+    assert [c.name for c in table.constraints] == ["nope_only"]
+    with pytest.raises(GeometryError) as e:
+        checked_values(table, table.default_values(), {"qk_rope_head_dim": 64})
+    assert str(e.value).startswith(
+        "glm-5.3-flash: constraint nope_only (qk_rope_head_dim == 0) fails for "
+        "qk_rope_head_dim=64: NoPE only"
+    )

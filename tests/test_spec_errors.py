@@ -359,8 +359,10 @@ def test_the_real_specs_load(root: Path) -> None:
         "mhc",
         "mtp_head",
         "lm_globals",
+        "mla",
+        "mla_indexed",
     }
-    assert set(specs.models) == {"glm-5.3-flash"}
+    assert set(specs.models) == {"glm-5.3-flash", "kimi-linear", "deepseek-v3.2"}
 
 
 def _no_markers(root: Path) -> None:
