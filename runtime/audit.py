@@ -20,14 +20,13 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from tqdm import tqdm
-
 from specbind.core.dtypes import QUANT_DTYPES
 from specbind.core.errors import SpecbindError
 from specbind.runtime.binding import census, family_regex
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.layout import SlotFill, layout
 from specbind.runtime.model import BlockEntry, ModelTable, values_from_config
+from specbind.runtime.progress import bar as progress_bar
 
 # Companions a quantisation tool writes beside a linear weight (ModelOpt, compressed-tensors,
 # FP8 block scales); flagged only when the block does not declare them.
@@ -243,8 +242,7 @@ def _identical(ckpt: Checkpoint, names: list[str], progress: bool | None) -> lis
         by_size[len(t.data)].append(n)
     candidates = [n for group in by_size.values() if len(group) > 1 for n in group]
     by_hash: dict[tuple[int, str], list[str]] = defaultdict(list)
-    disable = None if progress is None else not progress
-    for n in tqdm(candidates, desc="hash", unit="tensor", disable=disable):
+    for n in progress_bar(candidates, progress, "hash", "tensor"):
         t = ckpt.get(n)
         assert t is not None
         by_hash[(len(t.data), hashlib.blake2b(t.data, digest_size=16).hexdigest())].append(n)

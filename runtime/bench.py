@@ -492,7 +492,7 @@ def run(
     from specbind.core.planning import Ranks
     from specbind.generated import dsa
     from specbind.generated import model_glm_5_3_flash as m
-    from specbind.runtime import bench_absorb
+    from specbind.runtime import bench_absorb, bench_fixed
     from specbind.runtime.model import values_from_config
 
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
@@ -528,6 +528,7 @@ def run(
         "moe_skipped": skipped,
         "absorb": absorb,
         "generate_s": generate_seconds(),
+        "fixed_cost": bench_fixed.run(max(5, repeat)),
     }
     by_tp = {r["tp"]: r for r in rows if "rss_specbind_mb" in r}
     if 1 in by_tp and 8 in by_tp:
@@ -626,4 +627,8 @@ def render(r: dict[str, Any]) -> str:
     if r.get("synth_s") is not None:
         lines.append(f"writing the slice (synth, once): {r['synth_s']:.1f} s")
     lines.append(f"specbind generate from nothing: {r['generate_s']:.2f} s")
+    if "fixed_cost" in r:
+        from specbind.runtime import bench_fixed
+
+        lines.append(bench_fixed.render(r["fixed_cost"]))
     return "\n".join(lines)

@@ -15,8 +15,6 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tqdm import tqdm
-
 from specbind.core.errors import BindError, CheckpointError, SpecbindError
 from specbind.core.ir import FieldRule
 from specbind.core.planning import Ranks
@@ -32,6 +30,7 @@ from specbind.runtime.model import (
     config_lookup,
     values_from_config,
 )
+from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.source import RawTensor, TensorSource
 
 GLOBALS = -1  # the "layer" index the model-level tensors are reported under
@@ -198,10 +197,8 @@ def bind_checkpoint(
         b.plan(geometry, ranks)
         b.check(geometry, ranks)
     out: list[BoundLayer] = []
-    # disable=None: a bar only when stderr is a terminal, unless the caller says otherwise.
-    disable = None if progress is None else not progress
-    bar = tqdm(lay.layers.values(), desc="bind", unit="layer", disable=disable)
-    for lay_layer in bar:
+    # progress=None: a bar only when stderr is a terminal, unless the caller says otherwise.
+    for lay_layer in progress_bar(lay.layers.values(), progress, "bind", "layer"):
         bound = BoundLayer(lay_layer.index, lay_layer.role)
         full = lay.split.full_name(table, lay_layer.index, "")
         for slot, fill in lay_layer.slots.items():
