@@ -96,9 +96,12 @@ def cmd_synth(a: argparse.Namespace) -> int:
     base = table.default_values() if a.full else tiny_values(table)
     values = checked_values(table, base, _sets(a.set))
     layers = a.layers if a.layers is not None else (table.synth.layers if table.synth else 1)
+    if a.layers is None and a.full and a.sparse:
+        layers = table.real_layers  # the whole model: holes cost no disk
     summary = synth(
         table, Path(a.out), values, layers=layers, seed=a.seed, mtp=not a.no_mtp,
         shards=a.shards, gates_bf16=a.gates_bf16, nested_config=a.nested_config,
+        sparse=a.sparse,
     )  # fmt: skip
     kinds = [
         f"{x['index']}:{'+'.join(x['blocks'].values())}" + ("(mtp)" if x["role"] == "mtp" else "")
@@ -312,6 +315,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--shards", type=int, default=None, help="number of shard files")
     s.add_argument("--no-mtp", action="store_true", help="omit the MTP layer")
     s.add_argument("--nested-config", action="store_true", help="put the fields under text_config")
+    s.add_argument(
+        "--sparse",
+        action="store_true",
+        help="headers only, data left as holes (zeros, no disk); ~5 GB shards unless --shards",
+    )
     s.add_argument(
         "--gates-bf16",
         action="store_true",
