@@ -22,6 +22,7 @@ import os
 import re
 import sys
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -136,9 +137,10 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.checkpoint import Checkpoint
-    from specbind.runtime.export import bound_tensors, check_out_path, write_safetensors
+    from specbind.runtime.export import check_out_path
     from specbind.runtime.launcher import resolve_tp
     from specbind.runtime.model import values_from_config
+    from specbind.runtime.stream_out import StreamWriter
 
     table = _table(a.model)
     overrides = _sets(a.set)
@@ -148,32 +150,25 @@ def cmd_bind(a: argparse.Namespace) -> int:
     out = None if a.out is None else check_out_path(a.out, ckpt.files(), "--out", ckpt.dirs())
     values = values_from_config(table, ckpt.config, overrides)  # refuse a bad --set first
     _note_overrides(overrides)
-    result = bind_checkpoint(
-        ckpt, table, overrides, tp_size, tp_rank, progress=a.progress, backend=backend,
-        ep_size=a.ep_size, ep_rank=a.ep_rank,
+    run = partial(
+        bind_checkpoint, ckpt, table, overrides, tp_size, tp_rank, progress=a.progress,
+        backend=backend, ep_size=a.ep_size, ep_rank=a.ep_rank,
     )  # fmt: skip
-    if out is not None:
+    if out is None:
+        result = run()
+    else:  # streamed: one slot's output in memory at a time, the file whole or not at all
         meta = {
             "model": table.name,
             "specs_sha256": SPECS_SHA256,
-            "tp_size": str(result.ranks.tp_size),
-            "tp_rank": str(result.ranks.tp_rank),
-            "ep_size": str(result.ranks.ep_size),
-            "ep_rank": str(result.ranks.ep_rank),
+            "tp_size": str(tp_size),
+            "tp_rank": str(tp_rank),
+            "ep_size": str(a.ep_size),
+            "ep_rank": str(a.ep_rank),
             "geometry": json.dumps(values, sort_keys=True),
             "overrides": json.dumps(overrides, sort_keys=True),
-            "layers": json.dumps(
-                {
-                    str(x.index): {
-                        "role": x.role,
-                        "slots": {k: v.block for k, v in x.slots.items()},
-                    }
-                    for x in result.layers
-                },
-                sort_keys=True,
-            ),
-        }
-        write_safetensors(out, bound_tensors(result, backend), meta, ckpt.files(), ckpt.dirs())
+        }  # "layers" is added by the writer, from the layout, before any tensor is read
+        with StreamWriter(out, meta, backend) as sink:
+            result = run(sink=sink)
     if a.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
@@ -252,6 +247,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
     table = _table(a.model)
     if a.repeat < 1:
         raise SpecbindError("--repeat must be >= 1")
+    if a.scale:
+        from specbind.runtime import bench_scale
+
+        sizes = tuple(a.scale_layers or bench_scale.SIZES)
+        scale = bench_scale.run(table, bench.cache_dir(a.cache), a.repeat, sizes)
+        print(json.dumps(scale, indent=2) if a.json else bench_scale.render(scale))
+        return 0
     if a.fixed_cost:
         from specbind.runtime import bench_fixed
 
@@ -382,6 +384,18 @@ def parser() -> argparse.ArgumentParser:
     )
     be.add_argument("--tiny", action="store_true", help="tiny geometry (a smoke run)")
     be.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    be.add_argument(
+        "--scale",
+        action="store_true",
+        help="one rank's share of the real model from a sparse checkpoint (tp 8 x ep 8; tp 1 "
+        "attention), streamed to a file",
+    )
+    be.add_argument(
+        "--scale-layers",
+        type=int,
+        action="append",
+        help="with --scale: checkpoint sizes in layers (default 1 4 46)",
+    )
     be.add_argument(
         "--fixed-cost",
         action="store_true",

@@ -192,6 +192,17 @@ class SafetensorsFile:
     def names(self) -> list[str]:
         return list(self.entries)
 
+    def release(self, name: str) -> None:
+        """``MADV_DONTNEED`` over the whole pages inside ``name``'s bytes (see
+        ``Checkpoint.release``); the partial pages at its ends may hold a neighbour's bytes."""
+        if self._map is None:
+            return
+        e = self.entries[name]
+        lo = -(-(self.data_start + e.begin) // mmap.PAGESIZE) * mmap.PAGESIZE
+        hi = (self.data_start + e.end) // mmap.PAGESIZE * mmap.PAGESIZE
+        if hi > lo:
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+
     def raw(self, name: str) -> RawTensor:
         e = self.entries[name]
         start = self.data_start + e.begin
