@@ -124,6 +124,11 @@ def cmd_audit(a: argparse.Namespace) -> int:
     return 0
 
 
+def _or(given: int | None, default: int) -> int:
+    """A flag's value, or its default when absent (``bind --from`` checks only flags given)."""
+    return default if given is None else given
+
+
 def _note_overrides(overrides: dict[str, int]) -> None:
     """``--set`` replaces what config.json says: say so, never silently."""
     if overrides:
@@ -131,7 +136,44 @@ def _note_overrides(overrides: dict[str, int]) -> None:
         print(f"specbind: note: --set overrides config.json: {shown}", file=sys.stderr)
 
 
+def cmd_reload(a: argparse.Namespace) -> int:
+    """``bind --from PATH``: a rank's ``--out`` file loaded back, checked against these binders
+    and the ranks given by flag (only those: a file says which rank it is), every byte copied."""
+    import time
+
+    from specbind.runtime.reload import open_bound
+
+    if a.ckpt is not None:
+        raise SpecbindError(f"bind: give a checkpoint or --from, not both ({a.ckpt}, {a.from_})")
+    if a.out is not None or a.set:
+        raise SpecbindError("bind --from: --out and --set apply to a bind from a checkpoint")
+    t0 = time.perf_counter()
+    f = open_bound(
+        a.from_, model=a.model, tp_size=a.tp_size, tp_rank=a.tp_rank, ep_size=a.ep_size,
+        ep_rank=a.ep_rank, copy=True,
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    r = f.ranks
+    if a.json:
+        print(json.dumps({
+            "path": str(f.path), "model": f.model, "tp_size": r.tp_size, "tp_rank": r.tp_rank,
+            "ep_size": r.ep_size, "ep_rank": r.ep_rank, "layers": len(f.layers),
+            "tensors": len(f.tensors), "bytes": f.bytes, "seconds": round(seconds, 6),
+        }, indent=2))  # fmt: skip
+    else:
+        print(
+            f"loaded {len(f.tensors)} tensor(s) of {len(f.layers)} layer(s), {f.bytes} B at tp "
+            f"rank {r.tp_rank} of {r.tp_size}, ep rank {r.ep_rank} of {r.ep_size} from {f.path} "
+            f"in {seconds:.3f} s (copied)"
+        )
+    return 0
+
+
 def cmd_bind(a: argparse.Namespace) -> int:
+    if a.from_ is not None:
+        return cmd_reload(a)
+    if a.ckpt is None:
+        raise SpecbindError("bind: give a checkpoint directory, or --from a bound file")
     from specbind.generated import SPECS_SHA256
     from specbind.generated import kernels as generated_kernels
     from specbind.runtime import backends
@@ -152,7 +194,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     _note_overrides(overrides)
     run = partial(
         bind_checkpoint, ckpt, table, overrides, tp_size, tp_rank, progress=a.progress,
-        backend=backend, ep_size=a.ep_size, ep_rank=a.ep_rank,
+        backend=backend, ep_size=_or(a.ep_size, 1), ep_rank=_or(a.ep_rank, 0),
     )  # fmt: skip
     if out is None:
         result = run()
@@ -162,8 +204,8 @@ def cmd_bind(a: argparse.Namespace) -> int:
             "specs_sha256": SPECS_SHA256,
             "tp_size": str(tp_size),
             "tp_rank": str(tp_rank),
-            "ep_size": str(a.ep_size),
-            "ep_rank": str(a.ep_rank),
+            "ep_size": str(_or(a.ep_size, 1)),
+            "ep_rank": str(_or(a.ep_rank, 0)),
             "geometry": json.dumps(values, sort_keys=True),
             "overrides": json.dumps(overrides, sort_keys=True),
         }  # "layers" is added by the writer, from the layout, before any tensor is read
@@ -236,7 +278,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
                 (-1, table.globals, frozenset(table.block(table.globals).names(geometry)))
             )
         source = f"model spec: the real geometry, {table.real_layers} layers + {table.real_mtp} MTP"
-    rep = plan_report(table, values, tp_size, layers, source, ep_size=a.ep_size)
+    rep = plan_report(table, values, tp_size, layers, source, ep_size=_or(a.ep_size, 1))
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
 
@@ -344,16 +386,23 @@ def parser() -> argparse.ArgumentParser:
             help="tensor-parallel size (default: WORLD_SIZE, OMPI_COMM_WORLD_SIZE, 1)",
         )
         sp.add_argument(
-            "--ep-size", type=int, default=1, help="expert-parallel size: experts split whole"
+            "--ep-size", type=int, help="expert-parallel size: experts split whole (default 1)"
         )
         if rank:
             sp.add_argument(
                 "--tp-rank", type=int, help="this rank (default: RANK, OMPI_COMM_WORLD_RANK, 0)"
             )
-            sp.add_argument("--ep-rank", type=int, default=0, help="this expert-parallel rank")
+            sp.add_argument("--ep-rank", type=int, help="this expert-parallel rank (default 0)")
 
     b = sub.add_parser("bind", help="bind this rank's share of every tensor strictly")
-    b.add_argument("ckpt")
+    b.add_argument("ckpt", nargs="?", help="the checkpoint directory (or --from)")
+    b.add_argument(
+        "--from",
+        dest="from_",
+        metavar="PATH",
+        help="load a rank's --out file back instead, checked against these binders and the "
+        "rank flags given",
+    )
     b.add_argument("--json", action="store_true")
     b.add_argument("--out", help="write this rank's bound weights to this .safetensors file")
     b.add_argument(

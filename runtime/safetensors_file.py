@@ -188,6 +188,12 @@ class SafetensorsFile:
         finally:
             os.close(fd)  # the map keeps its own reference to the file
         self._view = memoryview(self._map) if self._map is not None else memoryview(b"")
+        self.size = size
+
+    @property
+    def view(self) -> memoryview:
+        """The whole file's map, read-only (the header too: offsets add ``data_start``)."""
+        return self._view
 
     def names(self) -> list[str]:
         return list(self.entries)
