@@ -289,6 +289,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     table = _table(a.model)
     if a.repeat < 1:
         raise SpecbindError("--repeat must be >= 1")
+    if a.reload:
+        from specbind.runtime import bench_reload
+
+        rel = bench_reload.run(table, bench.cache_dir(a.cache), a.repeat)
+        print(json.dumps(rel, indent=2) if a.json else bench_reload.render(rel))
+        return 0
     if a.scale:
         from specbind.runtime import bench_scale
 
@@ -438,6 +444,11 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="one rank's share of the real model from a sparse checkpoint (tp 8 x ep 8; tp 1 "
         "attention), streamed to a file",
+    )
+    be.add_argument(
+        "--reload",
+        action="store_true",
+        help="only the reload row: open_bound(copy=True) of a rank's file beside a memcpy",
     )
     be.add_argument(
         "--scale-layers",
