@@ -203,9 +203,7 @@ def baseline_load(
     try:
         from specbind.benchmarks.vllm_style import Loader
     except ImportError as e:
-        raise SpecbindError(
-            f"the baseline needs torch and the benchmarks/ folder ({e}); install the interop extra"
-        ) from None
+        raise SpecbindError(f"the baseline needs the benchmarks/ folder ({e})") from None
     loader = Loader(ckpt)
     out: dict[str, Array] = {}
     for index, slot, block in _filled(Checkpoint(ckpt), table, kinds):
@@ -492,7 +490,7 @@ def run(
     from specbind.core.planning import Ranks
     from specbind.generated import dsa
     from specbind.generated import model_glm_5_3_flash as m
-    from specbind.runtime import bench_absorb, bench_fixed
+    from specbind.runtime import bench_absorb, bench_fixed, bench_process
     from specbind.runtime.model import values_from_config
 
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
@@ -505,6 +503,7 @@ def run(
     for note in skipped:
         print(f"bench: MoE {note}; skipped", file=sys.stderr)
     moe_rows = [measure(ckpt, table, "moe", tp, ep, repeat) for tp, ep in sizes if ep <= experts]
+    process_rows = [bench_process.row(ckpt, table, tp, max(5, repeat)) for tp in tps]
     if rss:
         add_rss(ckpt, rows + moe_rows)
     values = values_from_config(table, Checkpoint(ckpt).config)
@@ -525,6 +524,7 @@ def run(
         "repeat": repeat,
         "rows": rows,
         "moe_rows": moe_rows,
+        "process_rows": process_rows,
         "moe_skipped": skipped,
         "absorb": absorb,
         "generate_s": generate_seconds(),
@@ -595,6 +595,11 @@ def render(r: dict[str, Any]) -> str:
             f"{x.get('copy_only_fraction_of_memcpy', float('nan')):.2f}", *_rss_cells(x),
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    if r.get("process_rows"):
+        from specbind.runtime import bench_process
+
+        lines += ["", "attention, each side a whole fresh process (imports, load, copy out):", ""]
+        lines += bench_process.render(r["process_rows"])
     lines += ["", "MoE (the mlp slot of the expert layers only):", ""]
     lines += _table_head(MOE_HEAD)
     for x in r["moe_rows"]:
