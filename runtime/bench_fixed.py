@@ -34,9 +34,17 @@ def _process(cmd: list[str]) -> Callable[[], object]:
 
 
 def _bytecode_cached() -> bool:
-    cli = Path(__file__).with_name("cli.py")
-    tag = sys.implementation.cache_tag
-    return (cli.parent / "__pycache__" / f"cli.{tag}.pyc").exists()
+    """Every specbind module's bytecode is cached and no older than its source."""
+    from importlib.util import cache_from_source
+
+    root = Path(__file__).resolve().parent.parent
+    for src in (
+        p for d in ("core", "generator", "runtime", "generated") for p in (root / d).glob("*.py")
+    ):
+        pyc = Path(cache_from_source(str(src)))
+        if not pyc.exists() or pyc.stat().st_mtime < src.stat().st_mtime:
+            return False
+    return True
 
 
 def run(repeat: int) -> dict[str, Any]:

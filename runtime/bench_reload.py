@@ -12,22 +12,30 @@ Target (issue #15): the reload at >= 0.7 of memcpy throughput. Minima and median
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from specbind.core.errors import SpecbindError
 
 
 def run(table: Any, cache: Path, repeat: int) -> dict[str, Any]:
     from safetensors.numpy import load_file
 
     from specbind.runtime.bench import interleaved
-    from specbind.runtime.bench_scale import _run_child, ensure_sparse
+    from specbind.runtime.bench_scale import ensure_sparse
     from specbind.runtime.reload import open_bound
 
     ckpt = ensure_sparse(table, cache, 4)
     out = cache / "reload-tp8-ep8.safetensors"
-    _run_child(ckpt, out, {"tp": 8, "ep": 8, "part": "all"})
+    cmd = [sys.executable, "-m", "specbind", "bind", str(ckpt), "--tp-size", "8", "--tp-rank",
+           "0", "--ep-size", "8", "--out", str(out)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SpecbindError(f"bench --reload: the bind failed: {proc.stderr.strip()}")
     try:
         nbytes = open_bound(out).bytes
         src = np.ones(nbytes, dtype=np.uint8)
