@@ -2,10 +2,11 @@
 
 Each side is a ``python -c``: the imports, the load of the attention slot of every slice layer
 at (tp, rank 0), and a copy of every output byte into an arena (so both end with the rank's
-weights materialised, every byte touched); specbind through ``bench.child`` (its API), the
-baseline importing only NumPy, ml_dtypes and ``benchmarks/vllm_style.py`` (the layers and
-blocks to load are handed to it, so it pays none of specbind's imports); timed from start to
-exit, interleaved (specbind, baseline, specbind, ...), at least 5 rounds, min and median.
+weights materialised, every byte touched); specbind through its API (``bind_checkpoint``,
+then the same copy; none of the bench's imports), the baseline importing only NumPy, ml_dtypes
+and ``benchmarks/vllm_style.py`` (the layers and blocks to load are handed to it, so it pays
+none of specbind's imports); timed from start to exit, interleaved (specbind, baseline,
+specbind, ...), at least 5 rounds, min and median.
 This is the API in a fresh process, not the ``specbind bind`` CLI: the CLI binds every slot
 of the slice (the MoE and dense MLPs, the norms, the model-level tensors) and the baseline
 has hand-written loaders for the attention and MoE blocks only.
@@ -37,11 +38,30 @@ for a in out:
 """
 
 
+SPECBIND = """
+from pathlib import Path
+import numpy as np
+from specbind.generated import MODELS
+from specbind.runtime.bind import bind_checkpoint
+from specbind.runtime.checkpoint import Checkpoint
+table = MODELS[{model!r}]
+ck = Checkpoint(Path({ckpt!r}))
+r = bind_checkpoint(ck, table, tp_size={tp}, kinds={kinds!r}, progress=False)
+out = [a for _, a in r.fields().values()]
+arena = np.empty(sum(a.nbytes for a in out), dtype=np.uint8)
+pos = 0
+for a in out:
+    arena[pos : pos + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    pos += a.nbytes
+"""
+
+
 def _process(
-    method: str, ckpt: Path, tp: int, layers: list[tuple[int, str]]
+    method: str, ckpt: Path, tp: int, layers: list[tuple[int, str]], table: Any
 ) -> Callable[[], object]:
-    if method == "specbind":
-        code = f"from specbind.runtime.bench import child; child('specbind', {str(ckpt)!r}, {tp})"
+    if method == "specbind":  # the API and NumPy only: none of the bench's own imports
+        kinds = sorted({b for _, b in layers})
+        code = SPECBIND.format(model=table.name, ckpt=str(ckpt), tp=tp, kinds=kinds)
     else:  # numpy, ml_dtypes and the loader only: none of specbind's imports
         code = BASELINE.format(ckpt=str(ckpt), layers=layers, tp=tp)
 
@@ -59,7 +79,7 @@ def row(ckpt: Path, table: Any, tp: int, repeat: int) -> dict[str, Any]:
     from specbind.runtime.checkpoint import Checkpoint
 
     layers = [(i, b) for i, _, b in _filled(Checkpoint(ckpt), table, parts(table)["attention"])]
-    fns = {m: _process(m, ckpt, tp, layers) for m in ("specbind", "baseline")}
+    fns = {m: _process(m, ckpt, tp, layers, table) for m in ("specbind", "baseline")}
     t = interleaved(fns, repeat)
     s, b = t["specbind"], t["baseline"]
     return {
