@@ -1,9 +1,10 @@
 """The loader a vLLM user would write by hand for GLM-5.3-Flash attention and MoE (and Kimi
 Linear's and DeepSeek-V3.2's MLA), as the baseline.
 
-Per tensor, ``safetensors.safe_open(...).get_slice(name)[...]`` reads this rank's rows or
-columns (vLLM's sharded ``weight_loader`` does the same), and NumPy does the rest: the conv
-concat, the MLA absorbs with ``np.einsum(..., optimize=True)`` in F32, the scale, the casts;
+Per tensor, a slice of the shard's memmap copied out reads this rank's rows or columns (what
+``safe_open(...).get_slice(name)[...]`` and vLLM's sharded ``weight_loader`` do; NumPy only, no
+torch import), and NumPy does the rest: the conv concat, the MLA absorbs as batched matmuls
+over this rank's heads only, in F32, the scale, the casts;
 for the MoE, each of this ep rank's experts' gate and up rows and down columns for this tp
 rank, concatenated and stacked into w13 / w2 with ``np.concatenate`` / ``np.stack``, the shared
 experts merged the same way, the router and its bias verbatim. It knows the layer layout and
@@ -22,45 +23,60 @@ import numpy as np
 Arr = np.ndarray[Any, Any]
 
 
-def _numpy(t: Any) -> Arr:
-    """A torch tensor as a NumPy array of the same bits (BF16 as ml_dtypes.bfloat16)."""
-    import torch
+_DTYPES: dict[str, Any] = {
+    "BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32, "I64": np.int64,
+    "U8": np.uint8, "F8_E4M3": ml_dtypes.float8_e4m3fn,
+}  # fmt: skip
 
-    if t.dtype == torch.bfloat16:
-        out: Arr = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return out
-    return np.asarray(t.numpy())
+
+class _Shard:
+    """One shard: its header (safetensors' JSON) and its data buffer as a read-only memmap.
+
+    Why not ``safe_open(framework="numpy").get_slice``: with safetensors 0.8 it cannot hand out
+    BF16 (``TypeError: data type 'bfloat16' not understood``), and every weight here is BF16;
+    slicing a memmap and copying the slice is what ``get_slice`` does, in NumPy only."""
+
+    def __init__(self, path: Path) -> None:
+        import json
+
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            self.head: dict[str, Any] = json.loads(f.read(n))
+        self.head.pop("__metadata__", None)
+        self.data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
+
+    def view(self, name: str) -> Arr:
+        t = self.head[name]
+        dtype = _DTYPES[t["dtype"]]
+        b, e = t["data_offsets"]
+        flat: Arr = self.data[b:e].view(dtype)
+        return flat.reshape(t["shape"])  # [n] -> the tensor's shape, row-major
 
 
 class Loader:
     def __init__(self, ckpt: Path) -> None:
         import json
 
-        from safetensors import safe_open
-
         index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
-        self._files = {
-            fn: safe_open(str(ckpt / fn), framework="pt") for fn in sorted(set(index.values()))
-        }
+        self._files = {fn: _Shard(ckpt / fn) for fn in sorted(set(index.values()))}
         self._where = index
         self.config = json.loads((ckpt / "config.json").read_text())
 
-    def _slice(self, name: str) -> Any:
-        handle: Any = self._files[self._where[name]]
-        return handle.get_slice(name)
+    def _slice(self, name: str) -> Arr:
+        return self._files[self._where[name]].view(name)
 
     def rows(self, name: str, tp: int, rank: int) -> Arr:
         s = self._slice(name)
-        n = s.get_shape()[0] // tp
-        return _numpy(s[rank * n : (rank + 1) * n])
+        n = s.shape[0] // tp
+        return np.array(s[rank * n : (rank + 1) * n])  # a copy, as get_slice makes
 
     def cols(self, name: str, tp: int, rank: int) -> Arr:
         s = self._slice(name)
-        n = s.get_shape()[-1] // tp
-        return _numpy(s[:, rank * n : (rank + 1) * n])
+        n = s.shape[-1] // tp
+        return np.array(s[:, rank * n : (rank + 1) * n])
 
     def full(self, name: str) -> Arr:
-        return _numpy(self._slice(name)[:])
+        return np.array(self._slice(name))
 
     def load(
         self, block: str, i: int, tp: int, rank: int, ep: int = 1, ep_rank: int = 0
@@ -112,8 +128,10 @@ class Loader:
         )
         q_b = self.rows(p + "q_b_proj.weight", tp, rank).astype(np.float32).reshape(heads, nope, ql)
         o = self.cols(p + "o_proj.weight", tp, rank).astype(np.float32).reshape(-1, heads, v)
-        q_absorb = np.einsum("hrc,hrk->hck", kv_b[:, :nope], q_b, optimize=True)
-        o_absorb = np.einsum("ihr,hrc->ihc", o, kv_b[:, nope:], optimize=True)
+        # batched matmul over this rank's heads only: [h, c, r] @ [h, r, k] -> [h, c, k]
+        q_absorb = np.matmul(kv_b[:, :nope].transpose(0, 2, 1), q_b)
+        # [h, i, r] @ [h, r, c] -> [h, i, c] -> [i, h, c]
+        o_absorb = np.matmul(o.transpose(1, 0, 2), kv_b[:, nope:]).transpose(1, 0, 2)
         scale = np.float32(c["index_n_heads"] ** -0.5)
         ix = p + "indexer."
         return {

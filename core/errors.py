@@ -48,6 +48,11 @@ class OutputError(SpecbindError):
     """An output path is unsafe to write: not a regular file, or a file being read."""
 
 
+class ReloadError(SpecbindError):
+    """A bound (``--out``) file these binders must not hand out: another spec, model, geometry,
+    layout or rank than asked, or tensors its metadata does not explain."""
+
+
 def at(layer: int) -> str:
     """Where a tensor sits, for messages: ``layer 7``, or ``model`` for the global tensors."""
     return f"layer {layer}" if layer >= 0 else "model"

@@ -9,7 +9,6 @@ is removed and the previous target is left exactly as it was. The file gets the 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +23,8 @@ def _umask() -> int:
 
 @contextmanager
 def atomic_writer(path: Path) -> Iterator[BinaryIO]:
+    import tempfile  # here, not at the top: 15 ms of every CLI start, needed only to write
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:

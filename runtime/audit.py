@@ -20,8 +20,6 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from tqdm import tqdm
-
 from specbind.core.dtypes import QUANT_DTYPES
 from specbind.core.errors import SpecbindError
 from specbind.core.ir import TensorRule
@@ -30,6 +28,7 @@ from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.layout import SlotFill, layout
 from specbind.runtime.model import BlockEntry, ModelTable, values_from_config
 from specbind.runtime.names import NamedView
+from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.quant import layer_quant, quantized_rules
 from specbind.runtime.quant_config import detect, packed_names
 from specbind.runtime.source import TensorSource
@@ -274,8 +273,7 @@ def _identical(ckpt: TensorSource, names: list[str], progress: bool | None) -> l
         by_size[len(t.data)].append(n)
     candidates = [n for group in by_size.values() if len(group) > 1 for n in group]
     by_hash: dict[tuple[int, str], list[str]] = defaultdict(list)
-    disable = None if progress is None else not progress
-    for n in tqdm(candidates, desc="hash", unit="tensor", disable=disable):
+    for n in progress_bar(candidates, progress, "hash", "tensor"):
         t = ckpt.get(n)
         assert t is not None
         by_hash[(len(t.data), hashlib.blake2b(t.data, digest_size=16).hexdigest())].append(n)

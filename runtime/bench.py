@@ -205,9 +205,7 @@ def baseline_load(
     try:
         from specbind.benchmarks.vllm_style import Loader
     except ImportError as e:
-        raise SpecbindError(
-            f"the baseline needs torch and the benchmarks/ folder ({e}); install the interop extra"
-        ) from None
+        raise SpecbindError(f"the baseline needs the benchmarks/ folder ({e})") from None
     loader = Loader(ckpt)
     out: dict[str, Array] = {}
     for index, slot, block in _filled(Checkpoint(ckpt), table, kinds):
@@ -526,7 +524,7 @@ def run(
     each ep > 1 of the same sizes (tp 1). ``overrides`` (``--set``) go over ``DEFAULT_SETS``
     for the full-geometry slice (over nothing for ``tiny``); the checkpoint's config.json
     carries them to the bind."""
-    from specbind.runtime import bench_ranks
+    from specbind.runtime import bench_fixed, bench_process, bench_ranks
     from specbind.runtime.model import values_from_config
 
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
@@ -541,6 +539,7 @@ def run(
     moe_rows = [
         measure(ckpt, table, "experts", tp, ep, repeat) for tp, ep in sizes if ep <= experts
     ]
+    process_rows = [bench_process.row(ckpt, table, tp, max(5, repeat)) for tp in tps]
     if rss:
         add_rss(ckpt, rows + moe_rows)
     values = values_from_config(table, Checkpoint(ckpt).config)
@@ -556,11 +555,13 @@ def run(
         "repeat": repeat,
         "rows": rows,
         "moe_rows": moe_rows,
+        "process_rows": process_rows,
         "moe_skipped": skipped,
         "absorb": absorb,
         "generate_s": generate_seconds(),
         "ranks": [bench_ranks.ranks_row(ckpt, n, repeat) for n in ranks],
         "loaders": bench_ranks.loader_rows(ckpt, table, repeat) if loaders else None,
+        "fixed_cost": bench_fixed.run(max(5, repeat)),
     }
     by_tp = {r["tp"]: r for r in rows if "rss_specbind_mb" in r}
     if 1 in by_tp and 8 in by_tp:
@@ -627,6 +628,11 @@ def render(r: dict[str, Any]) -> str:
             f"{x.get('copy_only_fraction_of_memcpy', float('nan')):.2f}", *_rss_cells(x),
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    if r.get("process_rows"):
+        from specbind.runtime import bench_process
+
+        lines += ["", "attention, each side a whole fresh process (imports, load, copy out):", ""]
+        lines += bench_process.render(r["process_rows"])
     lines += ["", "MoE (the slot of the expert blocks, expert layers only):", ""]
     lines += _table_head(MOE_HEAD)
     for x in r["moe_rows"]:
@@ -663,4 +669,8 @@ def render(r: dict[str, Any]) -> str:
     from specbind.runtime import bench_ranks
 
     lines += bench_ranks.render(r.get("ranks", []), r.get("loaders"))
+    if "fixed_cost" in r:
+        from specbind.runtime import bench_fixed
+
+        lines.append(bench_fixed.render(r["fixed_cost"]))
     return "\n".join(lines)

@@ -13,9 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-from tqdm import tqdm
+from typing import Any, Protocol
 
 from specbind.core.errors import BindError, CheckpointError, SpecbindError
 from specbind.core.ir import FieldRule
@@ -33,6 +31,7 @@ from specbind.runtime.model import (
     values_from_config,
 )
 from specbind.runtime.names import NamedView
+from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.quant import OUTPUTS as QUANT_OUTPUTS
 from specbind.runtime.quant import LayerQuant, layer_quant
 from specbind.runtime.quant_config import detect, packed_names
@@ -178,6 +177,7 @@ def bind_checkpoint(
     ep_rank: int = 0,
     allow_unshared_scales: bool = False,
     quant_outputs: Collection[str] = (),
+    sink: Sink | None = None,
 ) -> BindResult:
     """Bind every tensor (or, when ``kinds`` names blocks, those blocks' slots only; the whole
     layout is still checked, so an unknown or unclaimed tensor is refused either way).
@@ -185,7 +185,13 @@ def bind_checkpoint(
     A quantized checkpoint (its config names one of ``table.schemes``) binds its quantized
     linears packed, with their companions; ``quant_outputs`` asks for the optional layouts
     (``swizzled`` block scales, ``dequantized`` BF16); scales the blocks declare shared must be
-    equal unless ``allow_unshared_scales``."""
+    equal unless ``allow_unshared_scales``.
+
+    With a ``sink`` the bind streams: ``sink.start`` learns every field that may come, before
+    any tensor is read; each slot goes to ``sink.slot`` as soon as it is bound, then its
+    weights are dropped from the result (its report stays) and the map pages of the layer's
+    source tensors are released, so memory holds one slot's output at a time, not the rank's.
+    """
     t0 = time.perf_counter()
     ranks = Ranks(tp_size, tp_rank, ep_size, ep_rank)
     geometry = table.make_geometry(values_from_config(table, ckpt.config, overrides))
@@ -214,11 +220,11 @@ def bind_checkpoint(
     for b in used.values():  # refuse a bad (geometry, ranks) before reading any tensor
         b.plan(geometry, ranks)
         b.check(geometry, ranks)
+    if sink is not None:
+        sink.start(_expected(lay, kinds, glob_block))
     out: list[BoundLayer] = []
-    # disable=None: a bar only when stderr is a terminal, unless the caller says otherwise.
-    disable = None if progress is None else not progress
-    bar = tqdm(lay.layers.values(), desc="bind", unit="layer", disable=disable)
-    for lay_layer in bar:
+    # progress=None: a bar only when stderr is a terminal, unless the caller says otherwise.
+    for lay_layer in progress_bar(lay.layers.values(), progress, "bind", "layer"):
         bound = BoundLayer(lay_layer.index, lay_layer.role)
         full = lay.split.full_name(table, lay_layer.index, "")
         for slot, fill in lay_layer.slots.items():
@@ -233,6 +239,13 @@ def bind_checkpoint(
             bound.slots[slot] = _bind_one(
                 fill.block, slot, geometry, ranks, lay_layer.index, src, backend, flags, lq
             )
+            if sink is not None:
+                where = f"layers.{lay_layer.index}.{slot}"
+                bound.slots[slot] = _handed(sink, where, bound.slots[slot])
+        if sink is not None:
+            ckpt.release(
+                view.on_disk(full + n) for fill in lay_layer.slots.values() for n in fill.names
+            )
         out.append(bound)
     glob = None
     if glob_block is not None and (kinds is None or glob_block.name in kinds):
@@ -240,8 +253,55 @@ def bind_checkpoint(
         glob = _bind_one(
             glob_block, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags, None
         )
+        if sink is not None:
+            glob = _handed(sink, "globals", glob)
+            ckpt.release(view.on_disk(n) for n in lay.globals.values())
     unbound = {p: len(ns) for p, ns in lay.unbound.items() if ns}
     return BindResult(ranks, out, glob, unbound, time.perf_counter() - t0, flags)
+
+
+class Sink(Protocol):
+    """Where a streaming bind puts each slot as soon as it is bound (``export.StreamWriter``)."""
+
+    def start(self, expected: Expected) -> None: ...
+    def slot(self, where: str, bound: BoundSlot) -> None: ...
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a bind will produce, known before any tensor is read: every field name that may be
+    written (optional fields may not be) and each layer's role and slot blocks."""
+
+    names: list[str]
+    layers: dict[int, tuple[str, dict[str, str]]]  # index -> (role, slot -> block)
+
+
+class _NoWeights:
+    """The weights of a slot already handed to a sink: none kept."""
+
+    def arrays(self) -> dict[str, Any]:
+        return {}
+
+
+def _handed(sink: Sink, where: str, bound: BoundSlot) -> BoundSlot:
+    sink.slot(where, bound)
+    return BoundSlot(bound.slot, bound.block, _NoWeights(), bound.report, bound.fields)
+
+
+def _expected(lay: Layout, kinds: Collection[str] | None, glob: BlockEntry[Any] | None) -> Expected:
+    names: list[str] = []
+    layers: dict[int, tuple[str, dict[str, str]]] = {}
+    for x in lay.layers.values():
+        slots: dict[str, str] = {}
+        for slot, fill in x.slots.items():
+            assert fill.block is not None
+            if kinds is None or fill.block.name in kinds:
+                slots[slot] = fill.block.name
+                names += [f"layers.{x.index}.{slot}.{f}" for f in fill.block.fields]
+        layers[x.index] = (x.role, slots)
+    if glob is not None and (kinds is None or glob.name in kinds):
+        names += [f"globals.{f}" for f in glob.fields]
+    return Expected(names, layers)
 
 
 def _bind_one(

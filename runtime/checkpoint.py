@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,15 @@ class Checkpoint:
     def get(self, name: str) -> RawTensor | None:
         fn = self._where.get(name)
         return None if fn is None else self._files[fn].raw(name)
+
+    def release(self, names: Iterable[str]) -> None:
+        """Drop this process's map pages of ``names`` (the page cache keeps them): a streaming
+        bind calls it after each layer, so its RSS does not grow by every byte it has read.
+        Safe while a view lives: a later read maps the pages again from the file."""
+        for name in names:
+            fn = self._where.get(name)
+            if fn is not None:
+                self._files[fn].release(name)
 
     def unindexed_files(self) -> list[str]:
         """``*.safetensors`` files in the directory that no index entry names (left unread)."""

@@ -4,19 +4,28 @@ Invariant: every refusal is one line on stderr and a non-zero exit — ``Specbin
 with its message; anything else is reported as an internal error (exit 3), with the traceback
 only when ``SPECBIND_DEBUG=1``. Results go to stdout; progress bars go to stderr.
 Trap: ``generated`` is imported lazily, so ``specbind generate`` works when it is stale or gone.
+Fixed cost: a command imports only what it uses (jinja2, jsonschema and yaml in ``generate``,
+tqdm only when a bar is drawn), and the console entry ``entry`` flushes and leaves through
+``os._exit``, skipping interpreter teardown (~25 ms of freeing what the OS frees anyway). Only
+``entry`` does that; ``main`` returns, so tests and library callers keep their interpreter.
+Bytecode: a wheel install compiles it (pip's default); an editable install writes it on the
+first run unless ``PYTHONDONTWRITEBYTECODE`` is set, in which case every start recompiles
+(15-20 ms) — run ``python -m compileall -q core generator runtime generated specbind`` once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import re
 import sys
 import traceback
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from specbind.core.errors import SpecbindError
 
@@ -91,9 +100,12 @@ def cmd_synth(a: argparse.Namespace) -> int:
     values = checked_values(table, base, _sets(a.set))
     layers = a.layers if a.layers is not None else (table.synth.layers if table.synth else 1)
     scheme = _scheme(table, a.quant) if a.quant is not None else None
+    if a.layers is None and a.full and a.sparse:
+        layers = table.real_layers  # the whole model: holes cost no disk
     summary = synth(
         table, Path(a.out), values, layers=layers, seed=a.seed, mtp=not a.no_mtp,
         shards=a.shards, gates_bf16=a.gates_bf16, nested_config=a.nested_config, quant=scheme,
+        sparse=a.sparse,
     )  # fmt: skip
     kinds = [
         f"{x['index']}:{'+'.join(x['blocks'].values())}" + ("(mtp)" if x["role"] == "mtp" else "")
@@ -115,6 +127,11 @@ def cmd_audit(a: argparse.Namespace) -> int:
     return 0
 
 
+def _or(given: int | None, default: int) -> int:
+    """A flag's value, or its default when absent (``bind --from`` checks only flags given)."""
+    return default if given is None else given
+
+
 def _note_overrides(overrides: dict[str, int]) -> None:
     """``--set`` replaces what config.json says: say so, never silently."""
     if overrides:
@@ -122,9 +139,46 @@ def _note_overrides(overrides: dict[str, int]) -> None:
         print(f"specbind: note: --set overrides config.json: {shown}", file=sys.stderr)
 
 
+def cmd_reload(a: argparse.Namespace) -> int:
+    """``bind --from PATH``: a rank's ``--out`` file loaded back, checked against these binders
+    and the ranks given by flag (only those: a file says which rank it is), every byte copied."""
+    import time
+
+    from specbind.runtime.reload import open_bound
+
+    if a.ckpt is not None:
+        raise SpecbindError(f"bind: give a checkpoint or --from, not both ({a.ckpt}, {a.from_})")
+    if a.out is not None or a.set:
+        raise SpecbindError("bind --from: --out and --set apply to a bind from a checkpoint")
+    t0 = time.perf_counter()
+    f = open_bound(
+        a.from_, model=a.model, tp_size=a.tp_size, tp_rank=a.tp_rank, ep_size=a.ep_size,
+        ep_rank=a.ep_rank, copy=True,
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    r = f.ranks
+    if a.json:
+        print(json.dumps({
+            "path": str(f.path), "model": f.model, "tp_size": r.tp_size, "tp_rank": r.tp_rank,
+            "ep_size": r.ep_size, "ep_rank": r.ep_rank, "layers": len(f.layers),
+            "tensors": len(f.tensors), "bytes": f.bytes, "seconds": round(seconds, 6),
+        }, indent=2))  # fmt: skip
+    else:
+        print(
+            f"loaded {len(f.tensors)} tensor(s) of {len(f.layers)} layer(s), {f.bytes} B at tp "
+            f"rank {r.tp_rank} of {r.tp_size}, ep rank {r.ep_rank} of {r.ep_size} from {f.path} "
+            f"in {seconds:.3f} s (copied)"
+        )
+    return 0
+
+
 def cmd_bind(a: argparse.Namespace) -> int:
     from specbind.runtime.comm import launched
 
+    if a.from_ is not None:
+        return cmd_reload(a)
+    if a.ckpt is None:
+        raise SpecbindError("bind: give a checkpoint directory, or --from a bound file")
     if a.out_dir is not None or launched(os.environ):
         return cmd_bind_ranks(a)
     from specbind.generated import SPECS_SHA256
@@ -132,14 +186,10 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.checkpoint import Checkpoint
-    from specbind.runtime.export import (
-        bind_metadata,
-        bound_tensors,
-        check_out_path,
-        write_safetensors,
-    )
+    from specbind.runtime.export import check_out_path
     from specbind.runtime.launcher import resolve_tp
     from specbind.runtime.model import values_from_config
+    from specbind.runtime.stream_out import StreamWriter
 
     table = _table(a.model, a.ckpt)
     overrides = _sets(a.set)
@@ -149,14 +199,26 @@ def cmd_bind(a: argparse.Namespace) -> int:
     out = None if a.out is None else check_out_path(a.out, ckpt.files(), "--out", ckpt.dirs())
     values = values_from_config(table, ckpt.config, overrides)  # refuse a bad --set first
     _note_overrides(overrides)
-    result = bind_checkpoint(
-        ckpt, table, overrides, tp_size, tp_rank, progress=a.progress, backend=backend,
-        ep_size=a.ep_size, ep_rank=a.ep_rank or 0, allow_unshared_scales=a.allow_unshared_scales,
-        quant_outputs=a.quant_output or (),
+    run = partial(
+        bind_checkpoint, ckpt, table, overrides, tp_size, tp_rank, progress=a.progress,
+        backend=backend, ep_size=_or(a.ep_size, 1), ep_rank=_or(a.ep_rank, 0),
+        allow_unshared_scales=a.allow_unshared_scales, quant_outputs=a.quant_output or (),
     )  # fmt: skip
-    if out is not None:
-        meta = bind_metadata(table.name, SPECS_SHA256, result, values, overrides)
-        write_safetensors(out, bound_tensors(result, backend), meta, ckpt.files(), ckpt.dirs())
+    if out is None:
+        result = run()
+    else:  # streamed: one slot's output in memory at a time, the file whole or not at all
+        meta = {
+            "model": table.name,
+            "specs_sha256": SPECS_SHA256,
+            "tp_size": str(tp_size),
+            "tp_rank": str(tp_rank),
+            "ep_size": str(_or(a.ep_size, 1)),
+            "ep_rank": str(_or(a.ep_rank, 0)),
+            "geometry": json.dumps(values, sort_keys=True),
+            "overrides": json.dumps(overrides, sort_keys=True),
+        }  # "layers" is added by the writer, from the layout, before any tensor is read
+        with StreamWriter(out, meta, backend) as sink:
+            result = run(sink=sink)
     if a.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
@@ -269,7 +331,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
         if scheme is not None:
             source += f", every linear it can hold as {scheme.name}"
     rep = plan_report(
-        table, values, tp_size, layers, source, ep_size=a.ep_size,
+        table, values, tp_size, layers, source, ep_size=_or(a.ep_size, 1),
         quant=lambda i, b: quant.get((i, b)),
     )  # fmt: skip
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
@@ -299,6 +361,25 @@ def cmd_bench(a: argparse.Namespace) -> int:
             a.repeat, bench.cache_dir(a.cache), _sets(a.set),
         )  # fmt: skip
         print(json.dumps(qr, indent=2) if a.json else bench_quant.render(qr))
+        return 0
+    if a.reload:
+        from specbind.runtime import bench_reload
+
+        rel = bench_reload.run(table, bench.cache_dir(a.cache), a.repeat)
+        print(json.dumps(rel, indent=2) if a.json else bench_reload.render(rel))
+        return 0
+    if a.scale:
+        from specbind.runtime import bench_scale
+
+        sizes = tuple(a.scale_layers or bench_scale.SIZES)
+        scale = bench_scale.run(table, bench.cache_dir(a.cache), a.repeat, sizes)
+        print(json.dumps(scale, indent=2) if a.json else bench_scale.render(scale))
+        return 0
+    if a.fixed_cost:
+        from specbind.runtime import bench_fixed
+
+        fixed = bench_fixed.run(max(5, a.repeat))
+        print(json.dumps(fixed, indent=2) if a.json else bench_fixed.render(fixed))
         return 0
     result = bench.run(
         table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), a.tiny,
@@ -366,6 +447,11 @@ def parser() -> argparse.ArgumentParser:
         help="store every linear the scheme can hold quantized (a scheme of specs/schemes/)",
     )
     s.add_argument(
+        "--sparse",
+        action="store_true",
+        help="headers only, data left as holes (zeros, no disk); ~5 GB shards unless --shards",
+    )
+    s.add_argument(
         "--gates-bf16",
         action="store_true",
         help="write every F32 tensor as BF16 (a model cast wholesale: a broken checkpoint)",
@@ -387,7 +473,7 @@ def parser() -> argparse.ArgumentParser:
             help="tensor-parallel size (default: WORLD_SIZE, OMPI_COMM_WORLD_SIZE, 1)",
         )
         sp.add_argument(
-            "--ep-size", type=int, default=1, help="expert-parallel size: experts split whole"
+            "--ep-size", type=int, help="expert-parallel size: experts split whole (default 1)"
         )
         if rank:
             sp.add_argument(
@@ -396,7 +482,14 @@ def parser() -> argparse.ArgumentParser:
             sp.add_argument("--ep-rank", type=int, help="this expert-parallel rank (default 0)")
 
     b = sub.add_parser("bind", help="bind this rank's share of every tensor strictly")
-    b.add_argument("ckpt")
+    b.add_argument("ckpt", nargs="?", help="the checkpoint directory (or --from)")
+    b.add_argument(
+        "--from",
+        dest="from_",
+        metavar="PATH",
+        help="load a rank's --out file back instead, checked against these binders and the "
+        "rank flags given",
+    )
     b.add_argument("--json", action="store_true")
     where = b.add_mutually_exclusive_group()
     where.add_argument("--out", help="write this rank's bound weights to this .safetensors file")
@@ -466,6 +559,28 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also fastsafetensors and runai-model-streamer reading the same files (if installed)",
     )
+    be.add_argument(
+        "--scale",
+        action="store_true",
+        help="one rank's share of the real model from a sparse checkpoint (tp 8 x ep 8; tp 1 "
+        "attention), streamed to a file",
+    )
+    be.add_argument(
+        "--reload",
+        action="store_true",
+        help="only the reload row: open_bound(copy=True) of a rank's file beside a memcpy",
+    )
+    be.add_argument(
+        "--scale-layers",
+        type=int,
+        action="append",
+        help="with --scale: checkpoint sizes in layers (default 1 4 46)",
+    )
+    be.add_argument(
+        "--fixed-cost",
+        action="store_true",
+        help="only the start-to-first-work row (specbind beside `import numpy, ml_dtypes`)",
+    )
     be.add_argument("--json", action="store_true")
     be.add_argument(
         "--quant",
@@ -478,6 +593,17 @@ def parser() -> argparse.ArgumentParser:
     common(be)
     be.set_defaults(func=cmd_bench)
     return p
+
+
+def entry() -> NoReturn:
+    """The ``specbind`` console script and ``python -m specbind``: ``main``, then exit without
+    interpreter teardown, once stdout and stderr are flushed (nothing else is buffered: files are
+    written through ``atomic_writer``, which closes them before ``main`` returns)."""
+    rc = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BrokenPipeError, ValueError):  # reader gone, or stream closed
+            stream.flush()
+    os._exit(rc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,9 @@ Invariants:
 - ``cast`` to BF16 rounds to nearest even once (ml_dtypes), and returns a C-contiguous array;
 - a view whose element count does not match is a ``BindError`` naming the field, never a
   reshape that silently reinterprets.
+- ``contract`` spreads a batch over ``threads()`` Python threads (``SPECBIND_THREADS``, default
+  the usable cores) and runs every BLAS call single-threaded (``single_threaded_blas``), only
+  while it works: the caller's BLAS setting is back when it returns.
 ``stats`` counts the multiply-adds and operand elements a contraction used, so tests can show
 that a rank multiplies only its own heads.
 """
@@ -20,7 +23,6 @@ import math
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -46,6 +48,7 @@ class OpStats:
 
 _stats: OpStats | None = None
 _lock = threading.Lock()
+_blas_lock = threading.Lock()
 
 
 @contextmanager
@@ -60,7 +63,11 @@ def counting() -> Iterator[OpStats]:
 
 
 def threads() -> int:
-    raw = os.environ.get("SPECBIND_THREADS", "1").strip()
+    """``SPECBIND_THREADS``, or the cores this process may run on (its affinity mask, not the
+    machine's count: a rank pinned to 4 cores of 64 gets 4)."""
+    raw = os.environ.get("SPECBIND_THREADS", "").strip()
+    if not raw:
+        return usable_cores()
     try:
         n = int(raw)
     except ValueError:
@@ -68,6 +75,56 @@ def threads() -> int:
     if n < 1:
         raise GeometryError(f"SPECBIND_THREADS={n} must be >= 1")
     return n
+
+
+def usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity masks (macOS)
+        return max(1, os.cpu_count() or 1)
+
+
+_blas_depth = 0
+_blas_ctx: Any = None  # the threadpoolctl limit in force while _blas_depth > 0
+_blas_controller: Any = None
+
+
+@contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """Every BLAS call inside runs on one thread; specbind spreads work over its own threads.
+
+    Measured (issue #15): two-thread OpenBLAS runs at about half of one thread when the host is
+    shared, as it is when several ranks bind on one machine. The limit is threadpoolctl's (it
+    finds OpenBLAS, MKL or BLIS whichever NumPy loaded; by hand we would chase each library's
+    symbol names) and is restored on exit, so a caller's NumPy outside specbind's work keeps
+    its own setting.
+    Trap: a BLAS thread count is process-wide, not per thread. Nested or concurrent entries
+    share one limit: the first in applies it, the last out restores it (a depth count under a
+    lock), so two binds in two threads cannot leave the caller at one thread.
+    Trap: the OpenBLAS NumPy wheels ship ignores a thread count set from a non-main thread
+    once the main thread has set one (measured, OpenBLAS 0.3.31): a bind started from a worker
+    thread of a caller who limited BLAS in its main thread may run BLAS on that caller's count.
+    Bytes do not change either way (each output element is one fixed dot product).
+    Trap: threadpoolctl is imported, and the loaded libraries scanned, on first use (~30 ms),
+    never at CLI start.
+    """
+    global _blas_depth, _blas_ctx, _blas_controller
+    with _blas_lock:
+        if _blas_depth == 0:
+            if _blas_controller is None:
+                from threadpoolctl import ThreadpoolController
+
+                _blas_controller = ThreadpoolController()
+            _blas_ctx = _blas_controller.limit(limits=1, user_api="blas")
+        _blas_depth += 1
+    try:
+        yield
+    finally:
+        with _blas_lock:
+            _blas_depth -= 1
+            if _blas_depth == 0:
+                _blas_ctx.restore_original_limits()
+                _blas_ctx = None
 
 
 def view(a: Array, shape: tuple[int, ...], what: str) -> Array:
@@ -245,12 +302,15 @@ def contract(
         mid[lo:hi] = tmp  # one rounding to `dtype` (nearest even for BF16)
 
     n = min(threads(), len(spans))
-    if n <= 1:
-        for span in spans:
-            work(span)
-    else:
-        with ThreadPoolExecutor(n) as pool:  # matmul and the cast release the GIL
-            list(pool.map(work, spans))
+    with single_threaded_blas():
+        if n <= 1:
+            for span in spans:
+                work(span)
+        else:
+            from concurrent.futures import ThreadPoolExecutor  # 6 ms: not at CLI start
+
+            with ThreadPoolExecutor(n) as pool:  # matmul and the cast release the GIL
+                list(pool.map(work, spans))
     if not direct:
         result[...] = mid.reshape(mid_shape).transpose(perm_out)  # [B, L, R] -> output order
     if _stats is not None:

@@ -9,7 +9,8 @@ extra config.json fields from ``synth.config``. Nothing here names a model or a 
 
 Invariants: values are seeded and deterministic; every optional group a layer-group rule
 marks present is written whole; the output directory appears whole or not at all (written
-beside it, then renamed); ``shards`` is honoured exactly or refused.
+beside it, then renamed); ``shards`` is honoured exactly or refused; ``sparse`` writes the same
+names, dtypes, shapes and index with every data buffer a hole (zeros).
 """
 
 from __future__ import annotations
@@ -145,9 +146,12 @@ def synth(
     gates_bf16: bool = False,
     nested_config: bool = False,
     quant: SchemeRule | None = None,
+    sparse: bool = False,
 ) -> dict[str, Any]:
     """Write the checkpoint; return a summary (files, tensors, bytes). With ``quant``, every
-    linear weight the scheme can store is written as its companions (``synth_quant``)."""
+    linear weight the scheme can store is written as its companions (``synth_quant``).
+    ``sparse``: headers only, the data left as holes (``runtime.synth_sparse``), in shards of
+    about 5 GB unless ``shards`` is given."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SpecbindError(f"{out}: exists and is not an empty directory; refusing to overwrite")
     if layers < 0 or layers > 4096:
@@ -175,8 +179,18 @@ def synth(
         raise SpecbindError(
             f"--shards {shards}: there are only {len(entries)} tensors to spread over them"
         )
-    n_shards = shards or max(2, math.ceil(total / (2 << 30)))
-    n_shards = max(1, min(n_shards, len(entries)))
+    if sparse:
+        from specbind.runtime import synth_sparse
+
+        chunks = (
+            [entries[slice(*_span(i, shards, len(entries)))] for i in range(shards)]
+            if shards
+            else synth_sparse.split(entries, synth_sparse.SHARD_BYTES)
+        )
+        n_shards = len(chunks)
+    else:
+        n_shards = shards or max(2, math.ceil(total / (2 << 30)))
+        n_shards = max(1, min(n_shards, len(entries)))
     rng = np.random.default_rng(seed)
 
     parent = out.resolve().parent
@@ -185,9 +199,13 @@ def synth(
     try:
         weight_map: dict[str, str] = {}
         for i in range(n_shards):
+            fn = f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
+            if sparse:
+                synth_sparse.write_shard(tmp / fn, chunks[i])
+                weight_map.update(dict.fromkeys((n for n, _, _ in chunks[i]), fn))
+                continue
             lo, hi = _span(i, n_shards, len(entries))
             chunk = entries[lo:hi]
-            fn = f"model-{i + 1:05d}-of-{n_shards:05d}.safetensors"
             tensors = {n: _values(rng, d, s, n if quant else "") for n, d, s in chunk}
             save_file(tensors, str(tmp / fn), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(tensors, fn))

@@ -10,6 +10,7 @@ The API::
     m = ck.bind(tp_rank=0, tp_size=8, backend="torch")  # this rank's share, as torch tensors
     m.layers[3].slots["mlp"].tensors["w13"]             # [E/ep, 2·Im/tp, H] torch.bfloat16
     m.globals.tensors["lm_head"] if m.globals else None
+    specbind.open_bound("rank-0.safetensors", tp_rank=0)  # a `bind --out` file loaded back
 
 Everything installs under this one namespace: ``specbind.core`` (spec IR, shape algebra,
 planning), ``specbind.generator``, ``specbind.generated``, ``specbind.runtime``, plus the specs,
@@ -17,6 +18,6 @@ templates and kernel sources as package data. In the repository those folders si
 level and ``specbind/`` links to them; the wheel holds real copies.
 """
 
-from specbind.api import BoundLayer, BoundModel, BoundSlot, Checkpoint, open
+from specbind.api import BoundLayer, BoundModel, BoundSlot, Checkpoint, open, open_bound
 
-__all__ = ["BoundLayer", "BoundModel", "BoundSlot", "Checkpoint", "open"]
+__all__ = ["BoundLayer", "BoundModel", "BoundSlot", "Checkpoint", "open", "open_bound"]

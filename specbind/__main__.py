@@ -1,5 +1,5 @@
 """``python -m specbind`` (and ``torchrun -m specbind``) is the ``specbind`` CLI."""
 
-from specbind.runtime.cli import main
+from specbind.runtime.cli import entry
 
-raise SystemExit(main())
+entry()

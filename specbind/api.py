@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from specbind.runtime.binding import BindReport
     from specbind.runtime.checkpoint import Checkpoint as RawCheckpoint
     from specbind.runtime.model import ModelTable
+    from specbind.runtime.reload import BoundFile
 
 T = TypeVar("T")
 W = TypeVar("W")
@@ -239,6 +240,27 @@ def open(
     """Open a checkpoint directory; ``model`` picks a generated model when several exist;
     ``overrides`` replaces geometry values as ``--set`` does."""
     return Checkpoint(path, model, overrides)
+
+
+def open_bound(
+    path: str | os.PathLike[str],
+    *,
+    model: str | None = None,
+    tp_size: int | None = None,
+    tp_rank: int | None = None,
+    ep_size: int | None = None,
+    ep_rank: int | None = None,
+    copy: bool = False,
+) -> BoundFile:
+    """A rank's ``bind --out`` file loaded back: its spec hash, model, geometry, ranks and
+    layer kinds checked against these binders (and the ranks asked for), then views of the
+    mapped file, or copies with ``copy=True``. See ``specbind.runtime.reload``."""
+    from specbind.runtime.reload import open_bound as load
+
+    return load(
+        path, model=model, tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank,
+        copy=copy,
+    )  # fmt: skip
 
 
 def model_table(

@@ -33,6 +33,10 @@ def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     assert [a["geometry"]["tp"] for a in r["absorb"]] == [1, 2]
     assert all(a["gflop"] > 0 and a["absorb_gflops"] > 0 for a in r["absorb"])
     assert r["generate_s"] > 0
+    assert [x["tp"] for x in r["process_rows"]] == [1, 2]
+    assert all(x["specbind_min_s"] > 0 and x["baseline_min_s"] > 0 for x in r["process_rows"])
+    fixed = r["fixed_cost"]
+    assert fixed["specbind_min_s"] > 0 and fixed["floor_min_s"] > 0 and fixed["repeat"] >= 5
     from specbind.runtime import bench
 
     assert "| 1 | 2 | " in bench.render(r)  # the text table has the ep row

@@ -1,0 +1,137 @@
+"""A rank's ``--out`` file loads back (``open_bound``, ``bind --from``) exactly as bound, and a
+file from another spec, layout or rank is refused, naming what differs."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specbind import open_bound
+from specbind.core.errors import ReloadError
+from specbind.generated import MODELS
+from specbind.runtime.bind import bind_checkpoint
+from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.cli import main
+
+TABLE = next(iter(MODELS.values()))
+
+
+@pytest.fixture(scope="module")
+def bound(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("reload")
+    ck, out = root / "tiny", root / "r1.safetensors"
+    assert main(["synth", str(ck), "--layers", "4"]) == 0
+    args = [
+        "bind",
+        str(ck),
+        "--tp-size",
+        "2",
+        "--tp-rank",
+        "1",
+        "--ep-size",
+        "2",
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 0
+    return ck, out
+
+
+def _rewrite(src: Path, dst: Path, edit: object) -> Path:
+    """``src`` with its header changed by ``edit(header)``; the data untouched."""
+    raw = src.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    head = json.loads(raw[8 : 8 + n])
+    edit(head)  # type: ignore[operator]
+    new = json.dumps(head).encode()
+    new += b" " * (-len(new) % 8)
+    dst.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n :])
+    return dst
+
+
+@pytest.mark.parametrize("copy", [False, True])
+def test_a_reloaded_rank_is_byte_for_byte_what_was_bound(
+    bound: tuple[Path, Path], copy: bool
+) -> None:
+    ck, out = bound
+    f = open_bound(out, tp_size=2, tp_rank=1, ep_size=2, ep_rank=0, copy=copy)
+    mem = bind_checkpoint(Checkpoint(ck), TABLE, tp_size=2, tp_rank=1, ep_size=2).fields()
+    assert sorted(f.tensors) == sorted(mem)
+    for name, (_, a) in mem.items():
+        got = f.tensors[name]
+        assert got.dtype == a.dtype and got.shape == a.shape, name
+        assert got.tobytes() == np.ascontiguousarray(a).tobytes(), name
+    arrays = list(f.tensors.values())
+    assert all(a.flags.writeable for a in arrays) == copy  # views of the map are read-only
+    assert len(f.layers) == 5 and f.ranks.tp_rank == 1 and f.ranks.ep_size == 2
+
+
+def test_a_file_of_another_rank_is_refused_naming_both(bound: tuple[Path, Path]) -> None:
+    with pytest.raises(
+        ReloadError,
+        match=r"written for tp rank 1, asked for 0 \(the file holds tp rank 1 of 2, ep rank 0 of 2\)",
+    ):
+        open_bound(bound[1], tp_rank=0)
+    with pytest.raises(ReloadError, match=r"written for ep size 2, asked for 1"):
+        open_bound(bound[1], ep_size=1)
+
+
+def test_a_file_of_another_spec_is_refused(bound: tuple[Path, Path], tmp_path: Path) -> None:
+    def edit(h: dict[str, dict[str, str]]) -> None:
+        h["__metadata__"]["specs_sha256"] = "0" * 64
+
+    bad = _rewrite(bound[1], tmp_path / "spec.safetensors", edit)
+    with pytest.raises(ReloadError, match=r"generated from other specs \(sha256 000000000000"):
+        open_bound(bad)
+
+
+def test_a_file_of_another_layout_is_refused(bound: tuple[Path, Path], tmp_path: Path) -> None:
+    def swap(h: dict[str, dict[str, str]]) -> None:
+        layers = json.loads(h["__metadata__"]["layers"])
+        layers["0"]["slots"]["attention"] = "moe"  # a block the attention slot never holds
+        h["__metadata__"]["layers"] = json.dumps(layers)
+
+    bad = _rewrite(bound[1], tmp_path / "layout.safetensors", swap)
+    with pytest.raises(ReloadError, match=r"layer 0 holds block 'moe' in slot 'attention'"):
+        open_bound(bad)
+
+    def stray(h: dict[str, dict[str, str]]) -> None:
+        layers = json.loads(h["__metadata__"]["layers"])
+        del layers["1"]  # its tensors are still in the file
+        h["__metadata__"]["layers"] = json.dumps(layers)
+
+    bad = _rewrite(bound[1], tmp_path / "stray.safetensors", stray)
+    with pytest.raises(ReloadError, match=r"tensor layers\.1\.\S+ is no field of the layers"):
+        open_bound(bad)
+
+
+def test_a_geometry_these_binders_refuse_is_refused(
+    bound: tuple[Path, Path], tmp_path: Path
+) -> None:
+    def edit(h: dict[str, dict[str, str]]) -> None:
+        g = json.loads(h["__metadata__"]["geometry"])
+        g["no_such_symbol"] = 3
+        h["__metadata__"]["geometry"] = json.dumps(g)
+
+    bad = _rewrite(bound[1], tmp_path / "geo.safetensors", edit)
+    with pytest.raises(ReloadError, match=r"geometry names no_such_symbol, unknown to"):
+        open_bound(bad)
+
+
+def test_bind_from_loads_and_refuses_in_one_line(bound: tuple[Path, Path]) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "specbind", "bind", "--from", str(bound[1]), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    ok = run("--tp-size", "2", "--tp-rank", "1", "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["tp_rank"] == 1
+    bad = run("--tp-size", "8")
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1 and "written for tp size 2, asked for 8" in bad.stderr
