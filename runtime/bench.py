@@ -342,9 +342,9 @@ def peak_rss_mb() -> float:
 def child(method: str, ckpt: str, tp: int, part: str = "attention", ep: int = 1) -> dict[str, Any]:
     """One load + upload of ``part`` at (tp, ep) rank 0 in this (fresh) process; report its
     peak RSS."""
-    from specbind.generated import MODELS
+    from specbind.api import model_table
 
-    table = next(iter(MODELS.values()))
+    table = model_table(None, "--model", Checkpoint(Path(ckpt)).config)  # as the CLI picks
     kinds = parts(table)[part]
     path = Path(ckpt)
     t0 = time.perf_counter()

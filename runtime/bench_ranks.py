@@ -55,9 +55,10 @@ def _into_arena(arrays: list[Any], arena: np.ndarray[Any, Any]) -> int:
 
 def worker(ckpt: str, tp: int, rank: int) -> None:
     """A bench rank: bind once to warm up, say ready, then bind on each ``go`` line."""
-    from specbind.generated import MODELS
+    from specbind.api import model_table
+    from specbind.runtime.checkpoint import Checkpoint
 
-    table = next(iter(MODELS.values()))
+    table = model_table(None, "--model", Checkpoint(Path(ckpt)).config)  # as the CLI picks
     fields = _bind_fields(Path(ckpt), table, tp, rank)
     arena = np.empty(sum(a.nbytes for a in fields), dtype=np.uint8)
     del fields

@@ -54,8 +54,8 @@ def ensure_sparse(table: Any, cache: Path, layers: int) -> Path:
 
 def child(ckpt: str, out: str, tp: int, ep: int, part: str) -> dict[str, Any]:
     """One streamed bind in this (fresh) process; its phases, bytes and peak RSS."""
+    from specbind.api import model_table
     from specbind.core.planning import Ranks
-    from specbind.generated import MODELS
     from specbind.runtime.backends import NUMPY
     from specbind.runtime.bench import parts, peak_rss_mb
     from specbind.runtime.bind import bind_checkpoint, refuse_problems
@@ -64,7 +64,7 @@ def child(ckpt: str, out: str, tp: int, ep: int, part: str) -> dict[str, Any]:
     from specbind.runtime.model import values_from_config
     from specbind.runtime.stream_out import StreamWriter
 
-    table = next(iter(MODELS.values()))
+    table = model_table(None, "--model", Checkpoint(Path(ckpt)).config)  # as the CLI picks
     kinds = None if part == "all" else parts(table)[part]
     t0 = time.perf_counter()
     ck = Checkpoint(Path(ckpt))

@@ -33,7 +33,7 @@ from specbind.runtime.model import (
 from specbind.runtime.names import NamedView
 from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.quant import OUTPUTS as QUANT_OUTPUTS
-from specbind.runtime.quant import LayerQuant, layer_quant
+from specbind.runtime.quant import LayerQuant, layer_quant, quant_metadata, quantized_names
 from specbind.runtime.quant_config import detect, packed_names
 from specbind.runtime.source import RawTensor, TensorSource
 
@@ -81,6 +81,7 @@ class BindResult:
     unbound: dict[str, int]  # declared-unbound prefix -> tensors left unread, as declared
     seconds: float
     flags: dict[str, bool] = field(default_factory=dict)
+    quant: str | None = None  # the --out metadata "quant": scheme, weight_only, outputs (JSON)
 
     def slots(self) -> Iterator[tuple[str, BoundSlot]]:
         """Every bound slot by its ``--out`` name prefix: ``layers.{i}.{slot}`` or ``globals``."""
@@ -202,6 +203,7 @@ def bind_checkpoint(
     if unknown_out:
         raise BindError(f"unknown quantized output(s) {unknown_out} (known: {list(QUANT_OUTPUTS)})")
     qout = frozenset(quant_outputs)
+    qmeta = None if qconf is None else quant_metadata(qconf.scheme.name, qconf.weight_only, qout)
     lay = layout(table, view.names(), ckpt.config)
     if not lay.layers:
         raise BindError(
@@ -220,8 +222,18 @@ def bind_checkpoint(
     for b in used.values():  # refuse a bad (geometry, ranks) before reading any tensor
         b.plan(geometry, ranks)
         b.check(geometry, ranks)
+    # each slot's quantization, from names and configs alone: refused before any byte is read
+    quant: dict[tuple[int, str], LayerQuant | None] = {}
+    for lay_layer in lay.layers.values():
+        full = lay.split.full_name(table, lay_layer.index, "")
+        for slot, fill in lay_layer.slots.items():
+            assert fill.block is not None
+            quant[(lay_layer.index, slot)] = layer_quant(
+                qconf, fill.block.tensors, fill.names, full, fill.block.counts(geometry),
+                lay_layer.index, view.on_disk, qout, allow_unshared_scales, view.aliases,
+            )  # fmt: skip
     if sink is not None:
-        sink.start(_expected(lay, kinds, glob_block))
+        sink.start(_expected(lay, kinds, glob_block, quant, qmeta))
     out: list[BoundLayer] = []
     # progress=None: a bar only when stderr is a terminal, unless the caller says otherwise.
     for lay_layer in progress_bar(lay.layers.values(), progress, "bind", "layer"):
@@ -232,10 +244,7 @@ def bind_checkpoint(
             if kinds is not None and fill.block.name not in kinds:
                 continue
             src: TensorSource = LayerSource(view, full, fill.names)
-            lq = layer_quant(
-                qconf, fill.block.tensors, fill.names, full, fill.block.counts(geometry),
-                lay_layer.index, view.on_disk, qout, allow_unshared_scales, view.aliases,
-            )  # fmt: skip
+            lq = quant[(lay_layer.index, slot)]
             bound.slots[slot] = _bind_one(
                 fill.block, slot, geometry, ranks, lay_layer.index, src, backend, flags, lq
             )
@@ -257,7 +266,7 @@ def bind_checkpoint(
             glob = _handed(sink, "globals", glob)
             ckpt.release(view.on_disk(n) for n in lay.globals.values())
     unbound = {p: len(ns) for p, ns in lay.unbound.items() if ns}
-    return BindResult(ranks, out, glob, unbound, time.perf_counter() - t0, flags)
+    return BindResult(ranks, out, glob, unbound, time.perf_counter() - t0, flags, qmeta)
 
 
 class Sink(Protocol):
@@ -274,6 +283,7 @@ class Expected:
 
     names: list[str]
     layers: dict[int, tuple[str, dict[str, str]]]  # index -> (role, slot -> block)
+    quant: str | None = None  # as BindResult.quant
 
 
 class _NoWeights:
@@ -288,7 +298,13 @@ def _handed(sink: Sink, where: str, bound: BoundSlot) -> BoundSlot:
     return BoundSlot(bound.slot, bound.block, _NoWeights(), bound.report, bound.fields)
 
 
-def _expected(lay: Layout, kinds: Collection[str] | None, glob: BlockEntry[Any] | None) -> Expected:
+def _expected(
+    lay: Layout,
+    kinds: Collection[str] | None,
+    glob: BlockEntry[Any] | None,
+    quant: Mapping[tuple[int, str], LayerQuant | None],
+    qmeta: str | None,
+) -> Expected:
     names: list[str] = []
     layers: dict[int, tuple[str, dict[str, str]]] = {}
     for x in lay.layers.values():
@@ -297,11 +313,13 @@ def _expected(lay: Layout, kinds: Collection[str] | None, glob: BlockEntry[Any] 
             assert fill.block is not None
             if kinds is None or fill.block.name in kinds:
                 slots[slot] = fill.block.name
-                names += [f"layers.{x.index}.{slot}.{f}" for f in fill.block.fields]
+                lq = quant.get((x.index, slot))
+                fields = [n for f in fill.block.fields for n in (f, *quantized_names(f, lq))]
+                names += [f"layers.{x.index}.{slot}.{f}" for f in fields]
         layers[x.index] = (x.role, slots)
     if glob is not None and (kinds is None or glob.name in kinds):
         names += [f"globals.{f}" for f in glob.fields]
-    return Expected(names, layers)
+    return Expected(names, layers, qmeta)
 
 
 def _bind_one(

@@ -267,10 +267,11 @@ def cmd_bind_ranks(a: argparse.Namespace) -> int:
     if a.timeout <= 0:
         raise SpecbindError(f"--timeout {a.timeout:g}: must be > 0 seconds")
     job = distributed.Job(
-        ckpt=Path(a.ckpt), table=_table(a.model), specs_sha256=SPECS_SHA256,
-        overrides=_sets(a.set), tp_size=a.tp_size, ep_size=a.ep_size,
+        ckpt=Path(a.ckpt), table=_table(a.model, a.ckpt), specs_sha256=SPECS_SHA256,
+        overrides=_sets(a.set), tp_size=a.tp_size, ep_size=_or(a.ep_size, 1),
         backend=backends.get(a.backend, generated_kernels),
         out_dir=None if a.out_dir is None else Path(a.out_dir), progress=a.progress,
+        allow_unshared_scales=a.allow_unshared_scales, quant_outputs=tuple(a.quant_output or ()),
     )  # fmt: skip
     if a.backend == "cupy" and launched(os.environ):  # each rank binds on its own device
         importlib.import_module("cupy").cuda.Device(int(os.environ.get("LOCAL_RANK", "0"))).use()

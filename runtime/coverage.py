@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +35,10 @@ import numpy as np
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.planning import Ranks, TensorPlan
-from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.layout import Layout
 from specbind.runtime.model import ModelTable
+from specbind.runtime.quant import LayerQuant, quantize_rules
+from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import shard_raw
 
 DIGEST_BYTES = 16  # blake2b-128: a collision by chance is not a concern at any model size
@@ -76,20 +77,28 @@ def _digest(data: Any) -> str:
 
 
 def plan_pieces(
-    ckpt: Checkpoint, table: ModelTable[Any], lay: Layout, geometry: Any, ranks: Ranks
+    ckpt: TensorSource,
+    table: ModelTable[Any],
+    lay: Layout,
+    geometry: Any,
+    ranks: Ranks,
+    quant: Callable[[int, str], LayerQuant | None] = lambda i, s: None,
 ) -> list[Piece]:
     """This rank's piece of every tensor it will read, with digests where they can be compared.
 
     Reads only the bytes of windows other ranks read too (replicated tensors, and the tp
     shards of non-expert tensors when ep > 1), through the same ``shard_raw`` the binder uses,
-    so a bad dtype, shape or size is refused here exactly as bind would refuse it.
+    so a bad dtype, shape or size is refused here exactly as bind would refuse it. A quantized
+    linear is planned as its scheme's companions (``quant``: each slot's quantization), each
+    split in whole groups as the binder splits it.
     """
     out: list[Piece] = []
     for index, x in lay.layers.items():
         prefix = lay.split.full_name(table, index, "")
-        for fill in x.slots.values():
+        for slot, fill in x.slots.items():
             assert fill.block is not None  # refuse_problems ran first
             plan = fill.block.plan(geometry, ranks)
+            _, plan = quantize_rules(fill.block.name, fill.block.tensors, plan, quant(index, slot))
             present = set(fill.names)
             pairs = [(n, p, prefix + n) for n, p in plan.tensors.items() if n in present]
             out.extend(_pieces(ckpt, pairs, ranks, index))
@@ -101,7 +110,7 @@ def plan_pieces(
 
 
 def _pieces(
-    ckpt: Checkpoint, pairs: Sequence[tuple[str, TensorPlan, str]], ranks: Ranks, layer: int
+    ckpt: TensorSource, pairs: Sequence[tuple[str, TensorPlan, str]], ranks: Ranks, layer: int
 ) -> Iterator[Piece]:
     for rel, plan, full in pairs:
         t = ckpt.get(full)

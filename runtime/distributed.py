@@ -58,6 +58,9 @@ from specbind.runtime.export import (
 )
 from specbind.runtime.layout import Layout, layout
 from specbind.runtime.model import ModelTable, values_from_config
+from specbind.runtime.names import NamedView
+from specbind.runtime.quant import LayerQuant, layer_quant
+from specbind.runtime.quant_config import detect, packed_names
 
 INDEX = "specbind-index.json"
 T = TypeVar("T")
@@ -76,6 +79,8 @@ class Job:
     backend: Backend
     out_dir: Path | None
     progress: bool | None = None
+    allow_unshared_scales: bool = False
+    quant_outputs: tuple[str, ...] = ()
 
 
 def rank_file(rank: int, world: int) -> str:
@@ -141,6 +146,8 @@ class _Prepared:
     lay: Layout
     out: Path | None
     describe: dict[str, str]
+    view: NamedView  # the checkpoint under the specs' names (the name map, packed names)
+    quant: dict[tuple[int, str], LayerQuant | None]  # each slot's quantization
 
 
 def _prepare(job: Job, comm: Comm) -> _Prepared:
@@ -148,8 +155,20 @@ def _prepare(job: Job, comm: Comm) -> _Prepared:
     ckpt = Checkpoint(job.ckpt)
     values = values_from_config(job.table, ckpt.config, job.overrides)
     geometry = job.table.make_geometry(values)
-    lay = layout(job.table, ckpt.names(), ckpt.config)
+    qconf = detect(ckpt, job.table.schemes)
+    view = NamedView(ckpt, job.table.layer_pattern, job.table.names, packed_names(qconf))
+    lay = layout(job.table, view.names(), ckpt.config)
     refuse_problems(lay)
+    quant: dict[tuple[int, str], LayerQuant | None] = {}
+    for index, x in lay.layers.items():  # as bind_checkpoint decides it, before any byte
+        full = lay.split.full_name(job.table, index, "")
+        for slot, fill in x.slots.items():
+            assert fill.block is not None
+            quant[(index, slot)] = layer_quant(
+                qconf, fill.block.tensors, fill.names, full, fill.block.counts(geometry), index,
+                view.on_disk, frozenset(job.quant_outputs), job.allow_unshared_scales,
+                view.aliases,
+            )  # fmt: skip
     out = None
     if job.out_dir is not None:
         given = job.out_dir / rank_file(comm.rank, comm.world)
@@ -157,7 +176,7 @@ def _prepare(job: Job, comm: Comm) -> _Prepared:
         check_out_path(job.out_dir / INDEX, ckpt.files(), "--out-dir", ckpt.dirs())
     shape = f"world {comm.world} = tp {ranks.tp_size} x ep {ranks.ep_size}"
     desc = agreement.describe(job.specs_sha256, job.table.name, shape, job.overrides, ckpt)
-    return _Prepared(ranks, ckpt, values, geometry, lay, out, desc)
+    return _Prepared(ranks, ckpt, values, geometry, lay, out, desc, view, quant)
 
 
 def run(job: Job, comm: Comm) -> dict[str, Any] | None:
@@ -171,7 +190,9 @@ def run(job: Job, comm: Comm) -> dict[str, Any] | None:
         raise DistributedError(agreement.refusal(problems))
 
     def plan() -> list[coverage.Piece]:
-        return coverage.plan_pieces(p.ckpt, job.table, p.lay, p.geometry, p.ranks)
+        return coverage.plan_pieces(
+            p.view, job.table, p.lay, p.geometry, p.ranks, lambda i, s: p.quant.get((i, s))
+        )
 
     pieces, _ = _step(comm, "planning its byte ranges", plan)
     gathered = comm.gather(pieces)
@@ -194,6 +215,7 @@ def run(job: Job, comm: Comm) -> dict[str, Any] | None:
             p.ckpt, job.table, job.overrides, p.ranks.tp_size, p.ranks.tp_rank,
             progress=job.progress if comm.rank == 0 else False,  # one bar, not one per rank
             backend=job.backend, ep_size=p.ranks.ep_size, ep_rank=p.ranks.ep_rank,
+            allow_unshared_scales=job.allow_unshared_scales, quant_outputs=job.quant_outputs,
         )  # fmt: skip
         row: dict[str, Any] = {
             "rank": comm.rank,

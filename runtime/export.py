@@ -65,7 +65,7 @@ def bind_metadata(
             },
             sort_keys=True,
         ),
-    }
+    } | ({"quant": result.quant} if result.quant is not None else {})
 
 
 def bound_tensors(result: BindResult, backend: Backend) -> dict[str, Array]:

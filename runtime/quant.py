@@ -23,7 +23,8 @@ Trap: a concat of a quantized and an unquantized source has no one layout; it is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import json
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
@@ -354,12 +355,38 @@ def companion_fields(
             q = quant_ops(ops, f"{at(layer)}: {fname}", "swizzle_blockscale")
             key = f"{fname}_{lq.scheme.swizzle}_swizzled"
             out.arrays[key] = q.swizzle_blockscale(out.arrays[f"{fname}_{lq.scheme.swizzle}"])
-            out.rules[key] = FieldRule("transform", "U8", "replicated", 1)
+            sw = out.rules[f"{fname}_{lq.scheme.swizzle}"].dtype  # the swizzle keeps its dtype
+            out.rules[key] = FieldRule("transform", sw, "replicated", 1)
         if "dequantized" in lq.outputs:
             deq = dequantized(t, lq, ops, f"{at(layer)}: {fname}", only=_names_of(srcs, t))
             key = f"{fname}_bf16"
             out.arrays[key] = _join(f, list(srcs), True, deq, plan, ops)
             out.rules[key] = replace(f, kind="transform", dtype="BF16")
+    return out
+
+
+def quant_metadata(scheme: str, weight_only: bool, outputs: Collection[str]) -> str:
+    """What an ``--out`` file records of a quantized bind (metadata ``quant``), so a reload
+    knows which fields are packed and which companions may sit beside them."""
+    doc = {"scheme": scheme, "weight_only": weight_only, "outputs": sorted(outputs)}
+    return json.dumps(doc, sort_keys=True)
+
+
+def quantized_names(field: str, lq: LayerQuant | None) -> list[str]:
+    """Every name ``companion_fields`` may add beside ``field`` (a superset: a field whose
+    sources are not quantized adds none), known before any tensor is read."""
+    return list(quantized_fields(field, lq))
+
+
+def quantized_fields(field: str, lq: LayerQuant | None) -> dict[str, str]:
+    """``quantized_names`` with each name's dtype."""
+    if lq is None:
+        return {}
+    out = {f"{field}_{c.suffix}": c.dtype for c in lq.companions if c.role != "weight"}
+    if "swizzled" in lq.outputs and lq.scheme.swizzle is not None:
+        out[f"{field}_{lq.scheme.swizzle}_swizzled"] = out[f"{field}_{lq.scheme.swizzle}"]
+    if "dequantized" in lq.outputs:
+        out[f"{field}_bf16"] = "BF16"
     return out
 
 

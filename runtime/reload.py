@@ -101,7 +101,7 @@ def open_bound(
             )
     geometry = _geometry(p, table, meta["geometry"])
     layers = _layers(p, table, meta["layers"])
-    _check_names(p, table, f, layers)
+    _check_names(p, table, f, layers, _quant(p, table, meta))
     tensors = _copies(f) if copy else _views(f)
     return BoundFile(p, name, ranks, geometry, layers, tensors, copy)
 
@@ -160,20 +160,46 @@ def _layers(p: Path, table: Any, raw: str) -> dict[int, tuple[str, dict[str, str
     return out
 
 
-def _check_names(p: Path, table: Any, f: SafetensorsFile, layers: dict[int, Any]) -> None:
-    want: dict[str, str] = {}  # name -> field dtype
+def _quant(p: Path, table: Any, meta: dict[str, str]) -> Any:
+    """The quantization a file's metadata records (``quant``), as a LayerQuant, or None."""
+    from specbind.runtime.quant import LayerQuant
+
+    if "quant" not in meta:
+        return None
+    doc = _json(p, meta, "quant")
+    schemes = {s.name: s for s in table.schemes}
+    if not isinstance(doc, dict) or doc.get("scheme") not in schemes:
+        raise ReloadError(f"{p}: metadata quant names no scheme of {table.name}")
+    outputs = doc.get("outputs", [])
+    return LayerQuant(schemes[doc["scheme"]], bool(doc.get("weight_only")), frozenset(),
+                      frozenset(outputs))  # fmt: skip
+
+
+def _check_names(p: Path, table: Any, f: SafetensorsFile, layers: dict[int, Any], lq: Any) -> None:
+    from specbind.runtime.quant import quantized_fields
+
+    want: dict[str, set[str]] = {}  # name -> the dtypes the field may have
+    packed: str | None = lq.scheme.weight.dtype if lq is not None else None
+
+    def add(pre: str, block: str) -> None:
+        for field, rule in table.block(block).fields.items():
+            want[pre + field] = {rule.dtype}
+            if packed is not None and rule.kind not in ("transform", "tie"):
+                want[pre + field].add(packed)
+                for name, dtype in quantized_fields(field, lq).items():
+                    want[pre + name] = {dtype}
+
     for index, (_, slots) in layers.items():
         for slot, block in slots.items():
-            for field, rule in table.block(block).fields.items():
-                want[f"layers.{index}.{slot}.{field}"] = rule.dtype
+            add(f"layers.{index}.{slot}.", block)
     if table.globals:
-        for field, rule in table.block(table.globals).fields.items():
-            want[f"globals.{field}"] = rule.dtype
+        add("globals.", table.globals)
     for name, e in f.entries.items():
         if name not in want:
             raise ReloadError(f"{p}: tensor {name} is no field of the layers its metadata names")
-        if e.dtype != want[name]:
-            raise ReloadError(f"{p}: {name} is {e.dtype}; the field is {want[name]}")
+        if e.dtype not in want[name]:
+            shown = " or ".join(sorted(str(d) for d in want[name]))
+            raise ReloadError(f"{p}: {name} is {e.dtype}; the field is {shown}")
     have = set(f.entries)
     for index, (_, slots) in layers.items():
         for slot in slots:

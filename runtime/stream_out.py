@@ -79,6 +79,8 @@ class StreamWriter:
     def start(self, expected: Expected) -> None:
         assert self._f is not None, "use StreamWriter as a context manager"
         self._meta["layers"] = layers_metadata(expected)
+        if expected.quant is not None:
+            self._meta["quant"] = expected.quant
         self._expected = set(expected.names)
         meta = json.dumps({"__metadata__": dict(sorted(self._meta.items()))})
         names = sum(len(json.dumps(n)) for n in expected.names)

@@ -12,7 +12,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -260,3 +260,47 @@ def test_a_failure_while_binding_leaves_no_index_so_the_directory_is_not_a_finis
     ):
         distributed.run(job(ck, out), FailingStep(3))  # prepare, plan, then bind fails
     assert not (out / "specbind-index.json").exists(), "the previous index would name a mixed set"
+
+
+@dataclass
+class _Place:
+    """Just what ``distributed._prepare`` reads of a communicator: this rank and the world."""
+
+    rank: int
+    world: int
+
+
+@pytest.mark.parametrize("ep", [1, 2, 3])
+def test_a_quantized_checkpoint_is_covered_as_its_packed_weights_and_companions(
+    tmp_path: Path, ep: int
+) -> None:
+    """The coverage proof plans a quantized linear as bind reads it: packed bytes and each
+    scale, every one read exactly once per replica (a plan that ignored the scheme would leave
+    every scale read by no rank), and a single-rank --out-dir holds what bind binds."""
+    from specbind import open_bound
+    from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.cli import main
+
+    ck = tmp_path / "q"
+    assert main(["synth", str(ck), "--layers", "4", "--quant", "nvfp4-modelopt"]) == 0
+    job = distributed.Job(
+        ckpt=ck, table=TABLE, specs_sha256=SPECS_SHA256, overrides={}, tp_size=1, ep_size=ep,
+        backend=NUMPY, out_dir=None,
+    )  # fmt: skip
+    by_rank: list[list[coverage.Piece]] = []
+    for r in range(ep):
+        p = distributed._prepare(job, _Place(r, ep))  # type: ignore[arg-type]
+        by_rank.append(coverage.plan_pieces(
+            p.view, TABLE, p.lay, p.geometry, p.ranks, lambda i, s, p=p: p.quant.get((i, s))
+        ))  # fmt: skip
+    names = {x.name for pieces in by_rank for x in pieces}
+    assert coverage.check(by_rank, names) == []
+    assert names == set(Checkpoint(ck).names())
+    assert any(n.endswith(".weight_scale") for n in names)
+    if ep == 1:
+        out = tmp_path / "out"
+        assert main(["bind", str(ck), "--out-dir", str(out)]) == 0
+        f = open_bound(out / "rank-00000-of-00001.safetensors")
+        mem = bind_checkpoint(Checkpoint(ck), TABLE, progress=False).fields()
+        assert sorted(f.tensors) == sorted(mem)
+        assert any(n.endswith("_weight_scale") for n in f.tensors)

@@ -19,7 +19,7 @@ from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.cli import main
 
-TABLE = next(iter(MODELS.values()))
+TABLE = MODELS["glm-5.3-flash"]
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +135,26 @@ def test_bind_from_loads_and_refuses_in_one_line(bound: tuple[Path, Path]) -> No
     bad = run("--tp-size", "8")
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1 and "written for tp size 2, asked for 8" in bad.stderr
+
+
+def test_a_quantized_rank_streams_out_and_reloads_with_its_companions(tmp_path: Path) -> None:
+    """The packed fields (U8), their scales (F8_E4M3, F32) and the optional layouts are
+    announced before any byte is read, recorded in the metadata, and accepted on reload."""
+    ck, out = tmp_path / "q", tmp_path / "q.safetensors"
+    assert main(["synth", str(ck), "--layers", "4", "--quant", "nvfp4-modelopt"]) == 0
+    args = ["bind", str(ck), "--ep-size", "2", "--ep-rank", "1", "--out", str(out)]
+    assert main([*args, "--quant-output", "swizzled", "--quant-output", "dequantized"]) == 0
+    f = open_bound(out, ep_size=2, ep_rank=1)
+    mem = bind_checkpoint(
+        Checkpoint(ck), TABLE, ep_size=2, ep_rank=1, quant_outputs=("swizzled", "dequantized")
+    ).fields()
+    assert sorted(f.tensors) == sorted(mem)
+    dtypes = {str(f.tensors[n].dtype) for n in f.tensors}
+    assert {"uint8", "float8_e4m3fn", "bfloat16", "float32"} <= dtypes
+    for name, (_, a) in mem.items():
+        assert f.tensors[name].tobytes() == np.ascontiguousarray(a).tobytes(), name
+    raw = out.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    quant = json.loads(json.loads(raw[8 : 8 + n])["__metadata__"]["quant"])
+    assert quant == {"scheme": "nvfp4-modelopt", "weight_only": False,
+                     "outputs": ["dequantized", "swizzled"]}  # fmt: skip

@@ -16,7 +16,7 @@ from specbind.runtime.bind import BoundSlot, Expected, bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.cli import main
 
-TABLE = next(iter(MODELS.values()))
+TABLE = MODELS["glm-5.3-flash"]
 
 
 @pytest.fixture(scope="module")
