@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,9 @@ from safetensors.numpy import save_file
 from specbind.core.dtypes import DTYPES, dtype_name
 from specbind.core.ir import FieldRule, TensorRule
 from specbind.generated import MODELS, dsa, kda
+from specbind.runtime.bind import BindResult, bind_checkpoint
 from specbind.runtime.binding import Array
+from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.layout import fill_slot
 from specbind.runtime.model import BlockEntry
 from specbind.runtime.source import DictSource, RawTensor
@@ -252,3 +255,18 @@ def copy_with(
     cfg = json.loads((ckpt / "config.json").read_text()) | (config or {})
     (dest / "config.json").write_text(json.dumps(cfg))
     return dest
+
+
+def cached_binds(ckpt: Path, table: Any) -> Callable[[int, int, int, int], BindResult]:
+    """``get(tp, tp_rank, ep, ep_rank)``: the bind of ``ckpt`` at those ranks, each made once."""
+    cache: dict[tuple[int, int, int, int], BindResult] = {}
+
+    def get(tp: int, r: int, ep: int, e: int) -> BindResult:
+        if (tp, r, ep, e) not in cache:
+            cache[tp, r, ep, e] = bind_checkpoint(
+                Checkpoint(ckpt), table, tp_size=tp, tp_rank=r, ep_size=ep, ep_rank=e,
+                progress=False,
+            )  # fmt: skip
+        return cache[tp, r, ep, e]
+
+    return get

@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 from deepseek_model import CONFIG, SPARSE_LAYERS, load_deepseek_model
 from family_checks import decisive_inputs, moe_rank_sum, rel_err, same_values
-from helpers import rejoin
+from helpers import cached_binds, rejoin
 from whole_model import Routing, module_output, read_checkpoint
 
 from specbind.core.dtypes import within_one_bf16_ulp
@@ -68,17 +68,7 @@ def model(deepseek_ckpt: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def bind_at(deepseek_ckpt: Path) -> Callable[[int, int, int, int], BindResult]:
-    cache: dict[tuple[int, int, int, int], BindResult] = {}
-
-    def get(tp: int, r: int, ep: int, e: int) -> BindResult:
-        if (tp, r, ep, e) not in cache:
-            cache[tp, r, ep, e] = bind_checkpoint(
-                Checkpoint(deepseek_ckpt), TABLE, tp_size=tp, tp_rank=r, ep_size=ep, ep_rank=e,
-                progress=False,
-            )  # fmt: skip
-        return cache[tp, r, ep, e]
-
-    return get
+    return cached_binds(deepseek_ckpt, TABLE)
 
 
 def test_audit_accounts_for_every_tensor_and_follows_the_layer_types(deepseek_ckpt: Path) -> None:

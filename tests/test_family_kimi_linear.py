@@ -30,7 +30,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import rejoin
+from helpers import cached_binds, rejoin
 from kimi_model import CONFIG, KDA_LAYERS, MLA_LAYERS, SPARSE_LAYERS, load_kimi_model
 from whole_model import (
     Routing,
@@ -80,17 +80,7 @@ def model(kimi_ckpt: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def bind_at(kimi_ckpt: Path) -> Callable[[int, int, int, int], BindResult]:
-    cache: dict[tuple[int, int, int, int], BindResult] = {}
-
-    def get(tp: int, r: int, ep: int, e: int) -> BindResult:
-        if (tp, r, ep, e) not in cache:
-            cache[tp, r, ep, e] = bind_checkpoint(
-                Checkpoint(kimi_ckpt), TABLE, tp_size=tp, tp_rank=r, ep_size=ep, ep_rank=e,
-                progress=False,
-            )  # fmt: skip
-        return cache[tp, r, ep, e]
-
-    return get
+    return cached_binds(kimi_ckpt, TABLE)
 
 
 def test_audit_accounts_for_every_tensor_and_follows_the_layer_types(kimi_ckpt: Path) -> None:

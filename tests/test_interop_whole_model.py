@@ -25,7 +25,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import rejoin
+from helpers import cached_binds, rejoin
 from whole_model import (
     DSA_LAYERS,
     KDA_LAYERS,
@@ -71,17 +71,7 @@ def model(ckpt: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def bind_at(ckpt: Path) -> Callable[[int, int, int, int], BindResult]:
-    cache: dict[tuple[int, int, int, int], BindResult] = {}
-
-    def get(tp: int, r: int, ep: int, e: int) -> BindResult:
-        if (tp, r, ep, e) not in cache:
-            cache[tp, r, ep, e] = bind_checkpoint(
-                Checkpoint(ckpt), TABLE, tp_size=tp, tp_rank=r, ep_size=ep, ep_rank=e,
-                progress=False,
-            )  # fmt: skip
-        return cache[tp, r, ep, e]
-
-    return get
+    return cached_binds(ckpt, TABLE)
 
 
 def test_audit_accounts_for_every_tensor_bound_or_declared_unbound(ckpt: Path) -> None:
