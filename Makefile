@@ -44,7 +44,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy --strict specbind examples
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 test: drift lint typecheck unit
 
