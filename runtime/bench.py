@@ -362,7 +362,7 @@ def child(method: str, ckpt: str, tp: int, part: str = "attention", ep: int = 1)
 
 def _rss(method: str, ckpt: Path, tp: int, part: str = "attention", ep: int = 1) -> float:
     call = f"child({method!r}, {str(ckpt)!r}, {tp}, {part!r}, {ep})"
-    code = f"import json; from runtime.bench import child; print(json.dumps({call}))"
+    code = f"import json; from specbind.runtime.bench import child; print(json.dumps({call}))"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600
     )
