@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -88,13 +89,24 @@ def test_the_generator_reaches_the_runtime_only_for_atomic_writes() -> None:
     assert used <= {"specbind.runtime.atomic"}
 
 
+_CODE_IMPORT = re.compile(r"(?:^|[;\s])(?:from|import)\s+([A-Za-z_][\w.]*)")
+
+
 def _imports(path: Path) -> list[str]:
+    """Modules imported by ``path``, and by the code it hands to ``python -c`` in strings."""
     names: list[str] = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.append(node.module)
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and "import " in node.value
+            and "\n" not in node.value.strip()  # one line of code, not a docstring
+        ):
+            names += _CODE_IMPORT.findall(node.value)
     return names
 
 
