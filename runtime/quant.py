@@ -60,6 +60,13 @@ def module_of(rule_name: str) -> str:
     return rule_name.removesuffix(".weight")
 
 
+def stored_module(stored: str, scheme: SchemeRule) -> str:
+    """The module of a stored weight name: ``X.weight``, or the scheme's packed name
+    (compressed-tensors' ``X.weight_packed``), is module ``X`` as configs list it."""
+    packed = "." + scheme.weight.suffix
+    return stored.removesuffix(packed) if stored.endswith(packed) else module_of(stored)
+
+
 @dataclass(frozen=True)
 class LayerQuant:
     """One slot of one layer: the scheme and which linear rules (by pattern) it quantizes."""
@@ -111,7 +118,7 @@ def layer_quant(
             if name not in present:
                 continue  # an absent optional group (a shared DSA layer's indexer): not stored
             module = module_of(name)
-            disk = module_of(on_disk(full + name) if on_disk else full + name)
+            disk = stored_module(on_disk(full + name) if on_disk else full + name, q.scheme)
             yes = q.quantized(disk, aliases(disk))
             says[yes].append(-1 if i is None else i)
             carried = [f"{module}.{s}" for s in extra if f"{module}.{s}" in present]

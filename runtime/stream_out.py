@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
@@ -70,11 +71,16 @@ class StreamWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self._stack.__exit__(*exc)  # type: ignore[arg-type]  # the bind failed: discarded
+            return
         try:
-            if exc[0] is None:
-                self._finish()
-        finally:
-            self._stack.__exit__(*exc)  # type: ignore[arg-type]
+            self._finish()
+        except BaseException:  # a failed header write must discard the file, not commit it
+            if not self._stack.__exit__(*sys.exc_info()):
+                raise
+        else:
+            self._stack.__exit__(None, None, None)
 
     def start(self, expected: Expected) -> None:
         assert self._f is not None, "use StreamWriter as a context manager"

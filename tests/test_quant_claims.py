@@ -385,3 +385,23 @@ def test_the_nvfp4_moe_bench_times_only_a_baseline_equal_to_specbind(
     monkeypatch.setattr(nvfp4_moe, "baseline", wrong)
     with pytest.raises(SpecbindError, match="the baseline's w2 differs from specbind's"):
         bench_quant.run(TABLE, scheme, [2], [], 1, tmp_path, small)
+
+
+def test_compressed_tensors_targets_match_the_module_not_its_packed_weight_name(
+    ckpts: dict[str, Path], tmp_path: Path
+) -> None:
+    """compressed-tensors stores ``X.weight_packed``; its config names module ``X``. A regex
+    target anchored at the module (``re:.*proj$``) must match it, else every packed linear
+    would read as excluded and be refused for carrying scales."""
+    src = ckpts["nvfp4-compressed-tensors"]
+    dest = tmp_path / "anchored"
+    shutil.copytree(src, dest)
+    config = json.loads((dest / "config.json").read_text())
+    config["quantization_config"]["config_groups"]["group_0"]["targets"] = [
+        r"re:.*(proj|mqa|wq_b|wk)$"
+    ]
+    (dest / "config.json").write_text(json.dumps(config))
+    got = bind(dest).fields()
+    want = bind(src).fields()
+    assert got.keys() == want.keys()
+    assert any(rule.dtype == "U8" for rule, _ in got.values()), "packed fields stay packed"

@@ -85,3 +85,26 @@ def test_the_scale_bench_child_reports_every_phase_of_a_streamed_bind(
     assert 0 < r["largest_field_mb"] * 2**20 < r["bytes"]
     for k in ("index_open_s", "planning_s", "bind_s", "write_s", "fsync_s", "peak_rss_mb"):
         assert r[k] > 0, k
+
+
+def test_a_header_write_that_fails_keeps_the_previous_file_and_leaves_no_partial_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specbind.core.errors import OutputError
+    from specbind.runtime.backends import NUMPY
+    from specbind.runtime.stream_out import StreamWriter
+
+    out = tmp_path / "rank.safetensors"
+    out.write_bytes(b"the previous bind")
+
+    def fail(self: StreamWriter) -> None:
+        raise OutputError("--out: header over its reservation")
+
+    monkeypatch.setattr(StreamWriter, "_finish", fail)
+    with (
+        pytest.raises(OutputError, match="over its reservation"),
+        StreamWriter(out, {"model": "m"}, NUMPY) as w,
+    ):
+        w.start(Expected([], {}, None))
+    assert out.read_bytes() == b"the previous bind"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank.safetensors"]
