@@ -65,6 +65,7 @@ def bind_metadata(
             },
             sort_keys=True,
         ),
+        "tensors": str(len(result.fields())),  # a reload refuses a file missing one
     } | ({"quant": result.quant} if result.quant is not None else {})
 
 

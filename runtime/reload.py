@@ -102,8 +102,33 @@ def open_bound(
     geometry = _geometry(p, table, meta["geometry"])
     layers = _layers(p, table, meta["layers"])
     _check_names(p, table, f, layers, _quant(p, table, meta))
+    if "tensors" in meta:  # written since the count was recorded: a removed field shows
+        if not _count(meta["tensors"]):
+            raise ReloadError(f"{p}: metadata tensors={meta['tensors']!r} is not a count")
+        if int(meta["tensors"]) != len(f.entries):
+            raise ReloadError(
+                f"{p}: holds {len(f.entries)} tensor(s), its bind wrote {meta['tensors']}: "
+                "a field is missing or was added"
+            )
     tensors = _copies(f) if copy else _views(f)
     return BoundFile(p, name, ranks, geometry, layers, tensors, copy)
+
+
+ROLES = ("decoder", "mtp")
+
+
+def _count(text: str) -> bool:
+    """A non-negative integer in ASCII digits (``str.isdigit`` also takes '²')."""
+    return text.isascii() and text.isdecimal()
+
+
+def _loads(raw: str) -> Any:
+    """A JSON object, or None for anything else (a bad document included)."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def _json(p: Path, meta: dict[str, str], key: str) -> Any:
@@ -116,7 +141,7 @@ def _json(p: Path, meta: dict[str, str], key: str) -> Any:
 def _ranks(p: Path, meta: dict[str, str]) -> Ranks:
     vals = {}
     for k in ("tp_size", "tp_rank", "ep_size", "ep_rank"):
-        if not meta[k].isdigit():
+        if not _count(meta[k]):
             raise ReloadError(f"{p}: metadata {k}={meta[k]!r} is not a count")
         vals[k] = int(meta[k])
     r = Ranks(**vals)
@@ -129,7 +154,7 @@ def _ranks(p: Path, meta: dict[str, str]) -> Ranks:
 def _geometry(p: Path, table: Any, raw: str) -> dict[str, int]:
     from specbind.runtime.model import checked_values
 
-    g = json.loads(raw) if raw.startswith("{") else None
+    g = _loads(raw)
     if not isinstance(g, dict) or not all(type(v) is int for v in g.values()):
         raise ReloadError(f"{p}: metadata geometry is not an object of integers")
     unknown = sorted(set(g) - set(table.default_values()))
@@ -142,13 +167,13 @@ def _geometry(p: Path, table: Any, raw: str) -> dict[str, int]:
 
 
 def _layers(p: Path, table: Any, raw: str) -> dict[int, tuple[str, dict[str, str]]]:
-    doc = json.loads(raw) if raw.startswith("{") else None
+    doc = _loads(raw)
     if not isinstance(doc, dict):
         raise ReloadError(f"{p}: metadata layers is not an object")
     slots = {s.name: set(s.blocks) for s in table.slots}
     out: dict[int, tuple[str, dict[str, str]]] = {}
     for key, x in doc.items():
-        if not key.isdigit() or not isinstance(x, dict) or not isinstance(x.get("slots"), dict):
+        if not _count(key) or not isinstance(x, dict) or not isinstance(x.get("slots"), dict):
             raise ReloadError(f"{p}: metadata layers[{key!r}] is not a layer")
         for slot, block in x["slots"].items():
             if block not in slots.get(slot, ()):
@@ -156,6 +181,9 @@ def _layers(p: Path, table: Any, raw: str) -> dict[int, tuple[str, dict[str, str
                     f"{p}: layer {key} holds block {block!r} in slot {slot!r}, which model "
                     f"{table.name} does not have there"
                 )
+        if x.get("role") not in ROLES:
+            raise ReloadError(f"{p}: metadata layers[{key!r}] has role {x.get('role')!r}, not one "
+                              f"of {list(ROLES)}")  # fmt: skip
         out[int(key)] = (str(x.get("role")), dict(x["slots"]))
     return out
 
@@ -166,11 +194,16 @@ def _quant(p: Path, table: Any, meta: dict[str, str]) -> Any:
 
     if "quant" not in meta:
         return None
+    from specbind.runtime.quant import OUTPUTS
+
     doc = _json(p, meta, "quant")
     schemes = {s.name: s for s in table.schemes}
-    if not isinstance(doc, dict) or doc.get("scheme") not in schemes:
+    scheme = doc.get("scheme") if isinstance(doc, dict) else None
+    if not isinstance(scheme, str) or scheme not in schemes:
         raise ReloadError(f"{p}: metadata quant names no scheme of {table.name}")
     outputs = doc.get("outputs", [])
+    if not isinstance(outputs, list) or not all(o in OUTPUTS for o in outputs):
+        raise ReloadError(f"{p}: metadata quant outputs {outputs!r}: not a list of {list(OUTPUTS)}")
     return LayerQuant(schemes[doc["scheme"]], bool(doc.get("weight_only")), frozenset(),
                       frozenset(outputs))  # fmt: skip
 

@@ -87,6 +87,7 @@ class StreamWriter:
         self._meta["layers"] = layers_metadata(expected)
         if expected.quant is not None:
             self._meta["quant"] = expected.quant
+        self._meta["tensors"] = str(len(expected.names))  # reserves room; _finish counts
         self._expected = set(expected.names)
         meta = json.dumps({"__metadata__": dict(sorted(self._meta.items()))})
         names = sum(len(json.dumps(n)) for n in expected.names)
@@ -109,6 +110,7 @@ class StreamWriter:
 
     def _finish(self) -> None:
         assert self._f is not None
+        self._meta["tensors"] = str(len(self._entries))  # a reload refuses a file missing one
         header: dict[str, object] = {"__metadata__": dict(sorted(self._meta.items()))}
         for name in sorted(self._entries):
             dtype, shape, b, e = self._entries[name]

@@ -158,3 +158,59 @@ def test_a_quantized_rank_streams_out_and_reloads_with_its_companions(tmp_path: 
     quant = json.loads(json.loads(raw[8 : 8 + n])["__metadata__"]["quant"])
     assert quant == {"scheme": "nvfp4-modelopt", "weight_only": False,
                      "outputs": ["dequantized", "swizzled"]}  # fmt: skip
+
+
+def test_a_file_missing_a_field_is_refused_by_its_recorded_count(
+    bound: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Saved again without one tensor (a consistent file, every entry valid), it still holds
+    one tensor fewer than its bind wrote."""
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    with safe_open(str(bound[1]), framework="numpy") as f:
+        meta = f.metadata()
+    tensors = load_file(str(bound[1]))
+    dropped = sorted(tensors)[0]
+    del tensors[dropped]
+    save_file(tensors, str(tmp_path / "short.safetensors"), metadata=meta)
+    with pytest.raises(
+        ReloadError, match=r"holds \d+ tensor\(s\), its bind wrote \d+: a field is missing"
+    ):
+        open_bound(tmp_path / "short.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("geometry", "{not json", r"metadata geometry is not an object of integers"),
+        ("layers", "{not json", r"metadata layers is not an object"),
+        ("tp_size", "²", r"metadata tp_size='²' is not a count"),
+        ("quant", json.dumps({"scheme": ["x"]}), r"metadata quant names no scheme"),
+        (
+            "quant",
+            json.dumps({"scheme": "nvfp4-modelopt", "outputs": "swizzled"}),
+            r"not a list of",
+        ),
+    ],
+)
+def test_malformed_metadata_is_refused_in_one_line(
+    bound: tuple[Path, Path], tmp_path: Path, key: str, value: str, message: str
+) -> None:
+    def edit(h: dict[str, dict[str, str]]) -> None:
+        h["__metadata__"][key] = value
+
+    bad = _rewrite(bound[1], tmp_path / "meta.safetensors", edit)
+    with pytest.raises(ReloadError, match=message):
+        open_bound(bad)
+
+
+def test_a_layer_with_an_unknown_role_is_refused(bound: tuple[Path, Path], tmp_path: Path) -> None:
+    def edit(h: dict[str, dict[str, str]]) -> None:
+        layers = json.loads(h["__metadata__"]["layers"])
+        layers["0"]["role"] = "encoder"
+        h["__metadata__"]["layers"] = json.dumps(layers)
+
+    bad = _rewrite(bound[1], tmp_path / "role.safetensors", edit)
+    with pytest.raises(ReloadError, match=r"layers\['0'\] has role 'encoder', not one of"):
+        open_bound(bad)
