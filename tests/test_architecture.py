@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -89,7 +88,22 @@ def test_the_generator_reaches_the_runtime_only_for_atomic_writes() -> None:
     assert used <= {"specbind.runtime.atomic"}
 
 
-_CODE_IMPORT = re.compile(r"(?:^|[;\s])(?:from|import)\s+([A-Za-z_][\w.]*)")
+def _code_imports(text: str) -> list[str]:
+    """What a string imports if it is Python code (a ``python -c`` script); prose does not
+    parse, and then imports nothing."""
+    if "import" not in text:
+        return []
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return []
+    out: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append(node.module)
+    return out
 
 
 def _imports(path: Path) -> list[str]:
@@ -100,13 +114,14 @@ def _imports(path: Path) -> list[str]:
             names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.append(node.module)
-        elif (
-            isinstance(node, ast.Constant)
-            and isinstance(node.value, str)
-            and "import " in node.value
-            and "\n" not in node.value.strip()  # one line of code, not a docstring
-        ):
-            names += _CODE_IMPORT.findall(node.value)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names += _code_imports(node.value)
+        elif isinstance(node, ast.JoinedStr):  # an f-string: each {...} read as a name
+            text = "".join(
+                v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else "x"
+                for v in node.values
+            )
+            names += _code_imports(text)
     return names
 
 
