@@ -15,6 +15,7 @@ generated tables and torch load on first use, so ``python -m specbind`` starts f
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,13 +205,19 @@ class Checkpoint:
 
         if backend not in ("numpy", "cupy", "torch"):
             raise SpecbindError(f"unknown backend {backend!r} (numpy, cupy or torch)")
+        if device is not None and not re.fullmatch(r"cpu|cuda(:[0-9]{1,3})?", device):
+            raise SpecbindError(f"device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
         on_gpu = device is not None and device.startswith("cuda")
-        if backend == "numpy" and device not in (None, "cpu"):
+        if backend == "numpy" and on_gpu:
             raise SpecbindError(f"backend 'numpy' lives on the host, not on device {device!r}")
+        if backend == "cupy" and device == "cpu":
+            raise SpecbindError("backend 'cupy' lives on a CUDA device, not on 'cpu'")
         if backend == "torch":
             from specbind.runtime.to_torch import torch_module
 
-            torch_module()  # refuse a missing torch before any work
+            tm = torch_module()  # refuse a missing torch, or a device it lacks, before any work
+            if on_gpu and not _has_cupy() and not tm.cuda.is_available():
+                raise SpecbindError(f"device {device!r}: torch sees no CUDA device here")
         engine = "cupy" if backend == "cupy" or (on_gpu and _has_cupy()) else "numpy"
         be = backends.get(engine, _kernels() if engine == "cupy" else None)
         with _cuda_device(device if engine == "cupy" else None):
@@ -292,9 +299,11 @@ def _by_model_type(
     models: Mapping[str, ModelTable[Any]], config: Mapping[str, Any]
 ) -> ModelTable[Any] | None:
     nested = config.get("text_config")
-    kinds = {config.get("model_type")}
-    if isinstance(nested, dict):
-        kinds.add(nested.get("model_type"))
+    found = [
+        config.get("model_type"),
+        nested.get("model_type") if isinstance(nested, dict) else None,
+    ]
+    kinds = {k for k in found if isinstance(k, str)}
     hits = [t for t in models.values() if kinds & set(t.model_types)]
     return hits[0] if len(hits) == 1 else None
 

@@ -156,6 +156,13 @@ def test_bad_api_calls_are_refused_in_one_line(ckpt: Path) -> None:
         match=r"kda: self_attn.q_proj.weight shards rows on H = 16 units, which tp 3 does not divide",
     ):
         ck.bind(tp_size=3)
+    with pytest.raises(SpecbindError, match=r"device 'cuda:x': expected 'cpu', 'cuda' or 'cuda:N'"):
+        ck.bind(device="cuda:x")
+    with pytest.raises(SpecbindError, match=r"backend 'cupy' lives on a CUDA device, not on 'cpu'"):
+        ck.bind(backend="cupy", device="cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(SpecbindError, match=r"device 'cuda:0': torch sees no CUDA device"):
+            ck.bind(backend="torch", device="cuda:0")
     with pytest.raises(SpecbindError, match=r"/nowhere: no such directory"):
         specbind.open("/nowhere")
 
