@@ -22,7 +22,7 @@ from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.binding import BindReport
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.layers import LayerSource
-from specbind.runtime.layout import Layout, layout
+from specbind.runtime.layout import Layout
 from specbind.runtime.model import (
     BlockEntry,
     ModelTable,
@@ -30,11 +30,10 @@ from specbind.runtime.model import (
     config_lookup,
     values_from_config,
 )
-from specbind.runtime.names import NamedView
 from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.quant import OUTPUTS as QUANT_OUTPUTS
-from specbind.runtime.quant import LayerQuant, layer_quant, quant_metadata, quantized_names
-from specbind.runtime.quant_config import detect, packed_names
+from specbind.runtime.quant import LayerQuant, quant_metadata, quantized_names
+from specbind.runtime.quant_layout import open_layout, slot_quant
 from specbind.runtime.source import RawTensor, TensorSource
 
 GLOBALS = -1  # the "layer" index the model-level tensors are reported under
@@ -197,20 +196,13 @@ def bind_checkpoint(
     ranks = Ranks(tp_size, tp_rank, ep_size, ep_rank)
     geometry = table.make_geometry(values_from_config(table, ckpt.config, overrides))
     flags = config_flags(table, ckpt.config)
-    qconf = detect(ckpt, table.schemes)
-    view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
     unknown_out = sorted(set(quant_outputs) - set(QUANT_OUTPUTS))
     if unknown_out:
         raise BindError(f"unknown quantized output(s) {unknown_out} (known: {list(QUANT_OUTPUTS)})")
     qout = frozenset(quant_outputs)
+    opened = open_layout(ckpt, table)
+    qconf, view, lay = opened.qconf, opened.view, opened.lay
     qmeta = None if qconf is None else quant_metadata(qconf.scheme.name, qconf.weight_only, qout)
-    lay = layout(table, view.names(), ckpt.config)
-    if not lay.layers:
-        raise BindError(
-            f"{ckpt.root}: no tensors named like {table.layer_pattern!r} under any of the "
-            f"prefixes {list(table.layer_prefixes)}; " + _first_components(ckpt.names())
-        )
-    refuse_problems(lay)
     used: dict[str, BlockEntry[Any]] = {}
     for lay_layer in lay.layers.values():
         for fill in lay_layer.slots.values():
@@ -223,15 +215,7 @@ def bind_checkpoint(
         b.plan(geometry, ranks)
         b.check(geometry, ranks)
     # each slot's quantization, from names and configs alone: refused before any byte is read
-    quant: dict[tuple[int, str], LayerQuant | None] = {}
-    for lay_layer in lay.layers.values():
-        full = lay.split.full_name(table, lay_layer.index, "")
-        for slot, fill in lay_layer.slots.items():
-            assert fill.block is not None
-            quant[(lay_layer.index, slot)] = layer_quant(
-                qconf, fill.block.tensors, fill.names, full, fill.block.counts(geometry),
-                lay_layer.index, view.on_disk, qout, allow_unshared_scales, view.aliases,
-            )  # fmt: skip
+    quant = slot_quant(table, opened, geometry, qout, allow_unshared_scales)
     if sink is not None:
         sink.start(_expected(lay, kinds, glob_block, quant, qmeta))
     out: list[BoundLayer] = []
@@ -346,7 +330,7 @@ def _bind_one(
     return BoundSlot(slot, block.name, weights, report, fields)
 
 
-def _first_components(names: list[str], most: int = 5) -> str:
+def first_components(names: list[str], most: int = 5) -> str:
     """The most common leading name components, to show what the checkpoint does hold."""
     counts: dict[str, int] = {}
     for n in names:

@@ -47,7 +47,7 @@ from specbind.core.planning import Ranks
 from specbind.runtime import agreement, coverage
 from specbind.runtime.atomic import atomic_writer
 from specbind.runtime.backends import Backend
-from specbind.runtime.bind import bind_checkpoint, refuse_problems
+from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.comm import Comm
 from specbind.runtime.export import (
@@ -56,11 +56,11 @@ from specbind.runtime.export import (
     check_out_path,
     write_safetensors,
 )
-from specbind.runtime.layout import Layout, layout
+from specbind.runtime.layout import Layout
 from specbind.runtime.model import ModelTable, values_from_config
 from specbind.runtime.names import NamedView
-from specbind.runtime.quant import LayerQuant, layer_quant
-from specbind.runtime.quant_config import detect, packed_names
+from specbind.runtime.quant import LayerQuant
+from specbind.runtime.quant_layout import open_layout, slot_quant
 
 INDEX = "specbind-index.json"
 T = TypeVar("T")
@@ -155,20 +155,10 @@ def _prepare(job: Job, comm: Comm) -> _Prepared:
     ckpt = Checkpoint(job.ckpt)
     values = values_from_config(job.table, ckpt.config, job.overrides)
     geometry = job.table.make_geometry(values)
-    qconf = detect(ckpt, job.table.schemes)
-    view = NamedView(ckpt, job.table.layer_pattern, job.table.names, packed_names(qconf))
-    lay = layout(job.table, view.names(), ckpt.config)
-    refuse_problems(lay)
-    quant: dict[tuple[int, str], LayerQuant | None] = {}
-    for index, x in lay.layers.items():  # as bind_checkpoint decides it, before any byte
-        full = lay.split.full_name(job.table, index, "")
-        for slot, fill in x.slots.items():
-            assert fill.block is not None
-            quant[(index, slot)] = layer_quant(
-                qconf, fill.block.tensors, fill.names, full, fill.block.counts(geometry), index,
-                view.on_disk, frozenset(job.quant_outputs), job.allow_unshared_scales,
-                view.aliases,
-            )  # fmt: skip
+    opened = open_layout(ckpt, job.table)
+    view, lay = opened.view, opened.lay
+    # as bind_checkpoint decides it, before any byte
+    quant = slot_quant(job.table, opened, geometry, job.quant_outputs, job.allow_unshared_scales)
     out = None
     if job.out_dir is not None:
         given = job.out_dir / rank_file(comm.rank, comm.world)

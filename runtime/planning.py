@@ -27,28 +27,18 @@ def checkpoint_layers(
 ) -> tuple[list[LayerUse], dict[tuple[int, str], LayerQuant | None]]:
     """What a checkpoint holds, by layer and block, from names alone (problems refused), and
     each (layer, block)'s quantization as the checkpoint's own config declares it."""
-    from specbind.runtime.bind import refuse_problems
-    from specbind.runtime.layout import layout
-    from specbind.runtime.names import NamedView
-    from specbind.runtime.quant import layer_quant
-    from specbind.runtime.quant_config import detect, packed_names
+    from specbind.runtime.quant_layout import open_layout, slot_quant
 
-    qconf = detect(ckpt, table.schemes)
-    view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
-    lay = layout(table, view.names(), ckpt.config)
-    refuse_problems(lay)
-    geometry = table.make_geometry(values)
+    opened = open_layout(ckpt, table)
+    lay = opened.lay
+    by_slot = slot_quant(table, opened, table.make_geometry(values))
     layers: list[LayerUse] = []
-    quant: dict[tuple[int, str], LayerQuant | None] = {}
+    quant: dict[tuple[int, str], LayerQuant | None] = {}  # by (index, block): plan_report's key
     for index, x in lay.layers.items():
-        full = lay.split.full_name(table, index, "")
-        for fill in x.slots.values():
+        for slot, fill in x.slots.items():
             assert fill.block is not None
             layers.append((index, fill.block.name, frozenset(fill.names)))
-            quant[(index, fill.block.name)] = layer_quant(
-                qconf, fill.block.tensors, fill.names, full, fill.block.counts(geometry),
-                index, view.on_disk, aliases=view.aliases,
-            )  # fmt: skip
+            quant[(index, fill.block.name)] = by_slot[(index, slot)]
     if table.globals and lay.globals:
         layers.append((-1, table.globals, frozenset(lay.globals)))
     return layers, quant
