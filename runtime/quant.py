@@ -268,22 +268,23 @@ def dequantized(
     out = dict(t)
     for name in list(t) if only is None else only:
         for pat in lq.quantized:
-            if _member_of(name, pat):
+            if member_of(name, pat):
                 out[name] = _dequant(t, name, pat, lq, ops, what)
     return out
 
 
 def _names_of(patterns: Sequence[str], t: Mapping[str, Array]) -> list[str]:
-    return [n for n in t if any(_member_of(n, p) for p in patterns)]
+    return [n for n in t if any(member_of(n, p) for p in patterns)]
 
 
-def _member_of(name: str, pattern: str) -> bool:
+def member_of(name: str, pattern: str) -> bool:
+    """``name`` is ``pattern`` or a member of its family (``experts.{e}.w`` -> ``experts.7.w``)."""
     if "{" not in pattern:
         return name == pattern
     head, rest = pattern.split("{", 1)
     tail = rest.split("}", 1)[1]
     mid = name[len(head) : len(name) - len(tail)]
-    return name.startswith(head) and name.endswith(tail) and mid.isdigit()
+    return name.startswith(head) and name.endswith(tail) and mid.isascii() and mid.isdecimal()
 
 
 def _concrete(pattern: str, name: str, rule_pat: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from specbind.core.quant import DetectRule, SchemeRule
 from specbind.runtime.model import BlockEntry
+from specbind.runtime.quant import member_of
 
 
 def quantized_entries(
@@ -31,7 +32,7 @@ def quantized_entries(
     linear = [r for r in block.tensors if r.linear]
     out: list[tuple[str, str, tuple[int, ...]]] = []
     for name, dtype, shape in written:
-        if not any(_is_member(name, r.name) for r in linear):
+        if not any(member_of(name, r.name) for r in linear):
             out.append((name, dtype, shape))
             continue
         o, i = shape
@@ -43,15 +44,6 @@ def quantized_entries(
         for c in scheme.companions:  # the packed weight under its stored suffix too
             out.append((f"{module}.{c.suffix}", c.dtype, c.shape(o, i)))
     return out
-
-
-def _is_member(name: str, pattern: str) -> bool:
-    if "{" not in pattern:
-        return name == pattern
-    head, rest = pattern.split("{", 1)
-    tail = rest.split("}", 1)[1]
-    mid = name[len(head) : len(name) - len(tail)]
-    return name.startswith(head) and name.endswith(tail) and mid.isdigit()
 
 
 def _put(doc: dict[str, Any], dotted: str, value: Any) -> None:
