@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from hf_random import load_f64, write_random
+
 CONFIG: dict[str, Any] = dict(
     vocab_size=128,
     hidden_size=56,
@@ -45,23 +47,19 @@ _F32 = re.compile(r".*\.(gate\.e_score_correction_bias|indexer\.weights_proj\.we
 
 
 def write_deepseek_checkpoint(path: Path, seed: int = 0) -> None:
-    import torch
     import transformers
 
-    gen = torch.Generator().manual_seed(seed)
-    model = transformers.DeepseekV32ForCausalLM(transformers.DeepseekV32Config(**CONFIG))
-    with torch.no_grad():
-        items = list(model.named_parameters())
-        items += [(n, b) for n, b in model.named_buffers() if n.endswith("correction_bias")]
-        for name, t in items:
-            v = torch.randn(t.shape, generator=gen, dtype=torch.float32) * 0.05
-            t.data = v if _F32.fullmatch(name) else v.to(torch.bfloat16)
-    model.save_pretrained(path)
+    write_random(
+        transformers.DeepseekV32ForCausalLM,
+        transformers.DeepseekV32Config,
+        CONFIG,
+        path,
+        _F32,
+        seed,
+    )
 
 
 def load_deepseek_model(path: Path) -> Any:
-    """The checkpoint as transformers loads it, in float64 (every stored value exactly)."""
-    import torch
     import transformers
 
-    return transformers.DeepseekV32ForCausalLM.from_pretrained(path, dtype=torch.float64).eval()
+    return load_f64(transformers.DeepseekV32ForCausalLM, path)
