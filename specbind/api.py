@@ -262,6 +262,7 @@ def open_bound(
     """A rank's ``bind --out`` file loaded back: its spec hash, model, geometry, ranks and
     layer kinds checked against these binders (and the ranks asked for), then views of the
     mapped file, or copies with ``copy=True``. See ``specbind.runtime.reload``."""
+    # a wrapper, not a re-export: importing runtime.reload at `import specbind` loads NumPy
     from specbind.runtime.reload import open_bound as load
 
     return load(
