@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps llmcompressor==0.14.0.1
 	# An editable install has no compiled bytecode; with PYTHONDONTWRITEBYTECODE set every
 	# start would recompile specbind (15-20 ms). A wheel install compiles at install (pip's default).
-	$(BIN)/python -m compileall -q core generator runtime generated benchmarks specbind >/dev/null
+	$(BIN)/python -m compileall -q core generator runtime generated specbind >/dev/null
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -37,8 +37,8 @@ drift: $(STAMP)
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check core generator runtime generated benchmarks specbind/*.py examples tests
-	$(BIN)/ruff format --check core generator runtime generated benchmarks specbind/*.py examples tests
+	$(BIN)/ruff check core generator runtime generated specbind/*.py specbind/bench specbind/synth examples tests
+	$(BIN)/ruff format --check core generator runtime generated specbind/*.py specbind/bench specbind/synth examples tests
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict specbind examples
@@ -58,7 +58,7 @@ demo: $(STAMP) generate
 gpu-check: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,interop,gpu]'
 	$(BIN)/python -m pytest -v -rs tests/gpu
-	$(BIN)/python -m specbind.runtime.gpu_bench
+	$(BIN)/python -m specbind.bench.gpu
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .ruff_cache .hypothesis

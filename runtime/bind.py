@@ -141,14 +141,6 @@ def config_flags(table: ModelTable[Any], config: Mapping[str, Any]) -> dict[str,
     return out
 
 
-def refuse_problems(lay: Layout) -> None:
-    """Refuse a layout with problems, naming the first and how many more there are."""
-    if lay.problems:
-        more = len(lay.problems) - 1
-        tail = f" (and {more} more problem(s); `specbind audit` lists them all)" if more else ""
-        raise BindError(lay.problems[0] + tail)
-
-
 class GlobalSource:
     """The model-level tensors by the globals block's names (some sit at the checkpoint root)."""
 
@@ -328,14 +320,3 @@ def _bind_one(
     extra = getattr(weights, "quant", None)  # QuantFields of a quantized block, else None
     fields = dict(block.fields) | (extra.rules if extra is not None else {})
     return BoundSlot(slot, block.name, weights, report, fields)
-
-
-def first_components(names: list[str], most: int = 5) -> str:
-    """The most common leading name components, to show what the checkpoint does hold."""
-    counts: dict[str, int] = {}
-    for n in names:
-        head = ".".join(n.split(".")[:2])
-        counts[head] = counts.get(head, 0) + 1
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:most]
-    shown = ", ".join(f"{k}.* ({v})" for k, v in top)
-    return f"its names start with {shown}" if top else "it holds no tensors"

@@ -32,8 +32,6 @@ class OpenLayout:
 def open_layout(ckpt: Checkpoint, table: ModelTable[Any]) -> OpenLayout:
     """The checkpoint's quantization, named view and layout; a checkpoint with no layer the
     model names, or a layout problem, is refused."""
-    from specbind.runtime.bind import first_components, refuse_problems
-
     qconf = detect(ckpt, table.schemes)
     view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
     lay = layout(table, view.names(), ckpt.config)
@@ -65,3 +63,22 @@ def slot_quant(
                 index, view.on_disk, frozenset(outputs), allow_unshared, view.aliases,
             )  # fmt: skip
     return out
+
+
+def refuse_problems(lay: Layout) -> None:
+    """Refuse a layout with problems, naming the first and how many more there are."""
+    if lay.problems:
+        more = len(lay.problems) - 1
+        tail = f" (and {more} more problem(s); `specbind audit` lists them all)" if more else ""
+        raise BindError(lay.problems[0] + tail)
+
+
+def first_components(names: list[str], most: int = 5) -> str:
+    """The most common leading name components, to show what the checkpoint does hold."""
+    counts: dict[str, int] = {}
+    for n in names:
+        head = ".".join(n.split(".")[:2])
+        counts[head] = counts.get(head, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:most]
+    shown = ", ".join(f"{k}.* ({v})" for k, v in top)
+    return f"its names start with {shown}" if top else "it holds no tensors"

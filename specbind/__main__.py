@@ -1,5 +1,5 @@
 """``python -m specbind`` (and ``torchrun -m specbind``) is the ``specbind`` CLI."""
 
-from specbind.runtime.cli import entry
+from specbind.cli import entry
 
 entry()

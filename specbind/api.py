@@ -128,13 +128,13 @@ class Checkpoint:
 
     def audit(self) -> dict[str, Any]:
         """The census ``specbind audit --json`` prints: coverage, per-layer slots, problems."""
-        from specbind.runtime.audit import audit
+        from specbind.audit import audit
 
         return audit(self._raw, self._table, progress=False)
 
     def plan(self, *, tp_size: int = 1, ep_size: int = 1) -> dict[str, Any]:
         """Every tensor's local shape and bytes on every rank: ``specbind plan --json``."""
-        from specbind.runtime.planning import checkpoint_layers, plan_report
+        from specbind.plan_report import checkpoint_layers, plan_report
 
         layers, quant = checkpoint_layers(self._table, self._raw, self.values)
         return plan_report(

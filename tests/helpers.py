@@ -21,7 +21,7 @@ from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.layout import fill_slot
 from specbind.runtime.model import BlockEntry
 from specbind.runtime.source import DictSource, RawTensor
-from specbind.runtime.synth import tiny_values
+from specbind.synth import tiny_values
 
 TABLE = MODELS["glm-5.3-flash"]
 # The DSA indexer's bound fields as DESIGN.md names them (written out, not read from the

@@ -21,7 +21,7 @@ from specbind.generated.dsa import DsaWeights
 from specbind.generated.kda import KdaWeights
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
-from specbind.runtime.synth import synth
+from specbind.synth import synth
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE = MODELS["glm-5.3-flash"]
@@ -212,7 +212,7 @@ def test_a_quantized_checkpoint_binds_to_torch_as_uint8_codes_and_float8_scales(
 
 
 def test_open_picks_the_model_from_the_checkpoints_model_type(tmp_path: Path) -> None:
-    from specbind.runtime.synth import tiny_values
+    from specbind.synth import tiny_values
 
     kimi = MODELS["kimi-linear"]
     synth(kimi, tmp_path / "kimi", tiny_values(kimi), layers=5, seed=1)

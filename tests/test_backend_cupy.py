@@ -20,7 +20,7 @@ from specbind.core.errors import SpecbindError
 from specbind.runtime import backends
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
-from specbind.runtime.synth import synth
+from specbind.synth import synth
 
 
 def test_without_cupy_the_cupy_backend_is_refused_in_one_line(tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ def test_the_device_path_writes_the_host_paths_out_file_when_its_matmul_is_numpy
 ) -> None:
     """Byte-identical here because the stand-in's matmul is NumPy's; on a GPU cuBLAS may sum in
     another order, and tests/gpu allows the absorbed fields 1 BF16 ulp."""
-    from specbind.runtime.cli import main
+    from specbind.cli import main
 
     synth(TABLE, tmp_path / "ck", dict(TINY), layers=4, seed=2, mtp=False)
     assert main(["bind", str(tmp_path / "ck"), "--out", str(tmp_path / "host.safetensors")]) == 0

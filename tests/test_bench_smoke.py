@@ -37,15 +37,15 @@ def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     assert all(x["specbind_min_s"] > 0 and x["baseline_min_s"] > 0 for x in r["process_rows"])
     fixed = r["fixed_cost"]
     assert fixed["specbind_min_s"] > 0 and fixed["floor_min_s"] > 0 and fixed["repeat"] >= 5
-    from specbind.runtime import bench
+    from specbind.bench import main as bench
 
     assert "| 1 | 2 | " in bench.render(r)  # the text table has the ep row
 
 
 def test_bench_measures_peak_rss_of_each_method_in_its_own_process(tmp_path: Path) -> None:
     # Apart from the run above, at one size, to stay quick: a baseline child imports torch (~3 s).
+    from specbind.bench import main as bench
     from specbind.generated import MODELS
-    from specbind.runtime import bench
 
     table = MODELS["glm-5.3-flash"]
     ckpt, _ = bench.ensure_checkpoint(table, tmp_path, tiny=True)
@@ -56,8 +56,8 @@ def test_bench_measures_peak_rss_of_each_method_in_its_own_process(tmp_path: Pat
 
 
 def test_bench_takes_its_blocks_from_the_slots_and_writes_the_fewest_layers() -> None:
+    from specbind.bench import main as bench
     from specbind.generated import MODELS
-    from specbind.runtime import bench
 
     table = MODELS["glm-5.3-flash"]
     parts = bench.parts(table)
@@ -72,8 +72,8 @@ def test_bench_takes_its_blocks_from_the_slots_and_writes_the_fewest_layers() ->
 def test_bench_keeps_its_cache_in_the_user_cache_directory_not_the_repository(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from specbind.runtime import bench
-    from specbind.runtime.cli import main
+    from specbind.bench import main as bench
+    from specbind.cli import main
 
     seen: list[Path] = []
     monkeypatch.setattr(

@@ -20,7 +20,7 @@ from helpers import TABLE, TINY, read_file
 from specbind.core.errors import SpecbindError
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
-from specbind.runtime.synth import synth
+from specbind.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"
 OTHER = "model-00002-of-00002.safetensors"

@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 from specbind.core.errors import CheckpointError
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import INDEX, SINGLE, Checkpoint
-from specbind.runtime.synth import synth
+from specbind.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"
 

@@ -30,10 +30,10 @@ from family_checks import decisive_inputs, moe_rank_sum, rel_err, same_values
 from helpers import cached_binds, rejoin
 from whole_model import Routing, module_output, read_checkpoint
 
+from specbind.audit import audit
 from specbind.core.dtypes import within_one_bf16_ulp
 from specbind.core.errors import SpecbindError
 from specbind.generated import MODELS
-from specbind.runtime.audit import audit
 from specbind.runtime.bind import BindResult, bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
 
@@ -202,7 +202,7 @@ def test_an_fp8_block_checkpoint_binds_every_tensor_once_its_rope_rows_dequantiz
     tmp_path: Path,
 ) -> None:
     from specbind.runtime.quant_numerics import dequant_fp8_block
-    from specbind.runtime.synth import synth, tiny_values
+    from specbind.synth import synth, tiny_values
 
     path = tmp_path / "fp8"
     scheme = next(s for s in TABLE.schemes if s.name == "fp8-block")

@@ -42,10 +42,10 @@ from whole_model import (
     write_safetensors,
 )
 
+from specbind.audit import audit
 from specbind.core.dtypes import within_one_bf16_ulp
 from specbind.core.errors import GeometryError
 from specbind.generated import MODELS
-from specbind.runtime.audit import audit
 from specbind.runtime.bind import BindResult, bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
 

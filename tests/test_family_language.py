@@ -122,7 +122,7 @@ def test_synth_audit_and_bind_pick_the_model_without_being_told(
 ) -> None:
     """synth --model writes a Kimi checkpoint; audit and bind find Kimi from its config.json;
     synth without --model writes the default model."""
-    from specbind.runtime.cli import main
+    from specbind.cli import main
 
     assert main(["synth", "--model", "kimi-linear", str(tmp_path / "k")]) == 0
     assert json.loads((tmp_path / "k" / "config.json").read_text())["model_type"] == "kimi_linear"
@@ -143,8 +143,8 @@ def test_synth_audit_and_bind_pick_the_model_without_being_told(
 def test_bench_runs_for_a_model_other_than_the_default(tmp_path: Path) -> None:
     """The hand-written baseline's outputs agree with the bound fields (else bench refuses),
     and the absorb rows come from the model's own contracting block (mla), at tp 1 and 2."""
+    from specbind.bench import main as bench
     from specbind.generated import MODELS
-    from specbind.runtime import bench
 
     r = bench.run(MODELS["kimi-linear"], [1, 2], 1, tmp_path, tiny=True, rss=False)
     assert [row["tp"] for row in r["rows"]] == [1, 2]
@@ -176,7 +176,7 @@ def test_a_model_constraint_over_an_unknown_symbol_is_refused(root: Path) -> Non
 def _kimi_config() -> dict[str, object]:
     """config.json as transformers writes it for the Kimi synth geometry: flat linear_* fields."""
     from specbind.generated import MODELS
-    from specbind.runtime.synth import tiny_values
+    from specbind.synth import tiny_values
 
     table = MODELS["kimi-linear"]
     values = tiny_values(table)
@@ -249,7 +249,7 @@ def test_the_device_path_gives_the_numpy_backends_fields_for_the_new_families(
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.checkpoint import Checkpoint
-    from specbind.runtime.synth import synth, tiny_values
+    from specbind.synth import synth, tiny_values
 
     table = MODELS[name]
     synth(table, tmp_path / "ck", tiny_values(table), seed=4)

@@ -14,7 +14,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from specbind.runtime.cli import main
+    from specbind.cli import main
 
     out = tmp_path_factory.mktemp("fixed") / "tiny"
     assert main(["synth", str(out), "--layers", "2"]) == 0
@@ -23,7 +23,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _modules_after(args: list[str]) -> set[str]:
     code = (
-        "import sys, json; from specbind.runtime.cli import main; "
+        "import sys, json; from specbind.cli import main; "
         f"rc = main({args!r}); print(json.dumps([rc, sorted(sys.modules)]))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -70,6 +70,6 @@ def test_console_entry_exits_with_mains_status_on_a_refusal(tmp_path: Path) -> N
 
 
 def test_main_returns_instead_of_exiting_the_callers_interpreter(tmp_path: Path) -> None:
-    from specbind.runtime.cli import main
+    from specbind.cli import main
 
     assert main(["bind", str(tmp_path / "missing")]) == 2  # still here: no os._exit in main

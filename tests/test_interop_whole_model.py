@@ -39,9 +39,9 @@ from whole_model import (
     write_whole_checkpoint,
 )
 
+from specbind.audit import audit
 from specbind.core.errors import BindError
 from specbind.generated import MODELS
-from specbind.runtime.audit import audit
 from specbind.runtime.bind import BindResult, bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
 
@@ -209,7 +209,7 @@ def test_a_synthetic_checkpoint_loads_into_transformers_with_nothing_missing(
     and the LM head (the base model has none)."""
     from helpers import TINY
 
-    from specbind.runtime.synth import synth
+    from specbind.synth import synth
 
     synth(TABLE, tmp_path / "ck", TINY, seed=9)
     _, info = transformers.Glm5NextTextModel.from_pretrained(

@@ -18,7 +18,7 @@ from helpers import TABLE, TINY, read_file
 from specbind.core.errors import OutputError
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.export import check_out_path, write_safetensors
-from specbind.runtime.synth import synth
+from specbind.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"
 

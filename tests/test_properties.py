@@ -30,7 +30,7 @@ from specbind.generated import model_glm_5_3_flash as m
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.source import DictSource
-from specbind.runtime.synth import synth
+from specbind.synth import synth
 
 MODULES: dict[str, Any] = {
     b.name: importlib.import_module(f"specbind.generated.{b.name}") for b in TABLE.blocks

@@ -25,7 +25,7 @@ from specbind.core.errors import BindError, CheckpointError, GeometryError, Spec
 from specbind.runtime import backends
 from specbind.runtime.bind import BindResult, bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
-from specbind.runtime.synth import synth
+from specbind.synth import synth
 
 # Every linear's input width (and its column shard up to tp 4) a multiple of 16, so the whole
 # model is NVFP4; tp 8 splits an expert's Im = 64 into 8 columns: not a whole 16-group.
@@ -352,7 +352,7 @@ def test_packed_weights_and_fp8_scales_reach_the_device_and_come_back_byte_for_b
 def test_plan_of_a_quantized_checkpoint_counts_the_packed_bytes_each_rank_reads(
     ckpts: dict[str, Path], capsys: pytest.CaptureFixture[str], tp: int, ep: int
 ) -> None:
-    from specbind.runtime.cli import main
+    from specbind.cli import main
 
     path = ckpts["nvfp4-modelopt"]
     assert main(["plan", str(path), "--tp-size", str(tp), "--ep-size", str(ep), "--json"]) == 0
@@ -366,8 +366,8 @@ def test_plan_of_a_quantized_checkpoint_counts_the_packed_bytes_each_rank_reads(
 def test_the_nvfp4_moe_bench_times_only_a_baseline_equal_to_specbind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specbind.benchmarks import nvfp4_moe
-    from specbind.runtime import bench_quant
+    from specbind.bench import quant as bench_quant
+    from specbind.bench.baselines import nvfp4_moe
 
     small = {"experts": 6, "hidden": 256, "moe_intermediate": 128}
     scheme = SCHEMES["nvfp4-modelopt"]

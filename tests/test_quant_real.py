@@ -27,8 +27,8 @@ import pytest
 from helpers import TABLE, read_file, rejoin
 from quant_writers import TEXT_CONFIG
 
+from specbind.audit import audit
 from specbind.core.errors import BindError, GeometryError
-from specbind.runtime.audit import audit
 from specbind.runtime.bind import BindResult, bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
 

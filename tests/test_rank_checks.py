@@ -24,10 +24,10 @@ from specbind.core.planning import Ranks
 from specbind.generated import SPECS_SHA256
 from specbind.runtime import agreement, coverage, distributed
 from specbind.runtime.backends import NUMPY
-from specbind.runtime.bind import refuse_problems
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.layout import layout
 from specbind.runtime.model import values_from_config
+from specbind.runtime.quant_layout import refuse_problems
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +176,7 @@ def test_another_ranks_error_is_raised_here_naming_that_rank(ck: Path, tmp_path:
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     code = (
-        "import sys; from specbind.runtime.cli import main; rc = main(sys.argv[1:]); "
+        "import sys; from specbind.cli import main; rc = main(sys.argv[1:]); "
         "assert 'torch' not in sys.modules, 'the single-rank path imported torch'; sys.exit(rc)"
     )
     return subprocess.run(
@@ -278,8 +278,8 @@ def test_a_quantized_checkpoint_is_covered_as_its_packed_weights_and_companions(
     scale, every one read exactly once per replica (a plan that ignored the scheme would leave
     every scale read by no rank), and a single-rank --out-dir holds what bind binds."""
     from specbind import open_bound
+    from specbind.cli import main
     from specbind.runtime.bind import bind_checkpoint
-    from specbind.runtime.cli import main
 
     ck = tmp_path / "q"
     assert main(["synth", str(ck), "--layers", "4", "--quant", "nvfp4-modelopt"]) == 0

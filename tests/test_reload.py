@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from specbind import open_bound
+from specbind.cli import main
 from specbind.core.errors import ReloadError
 from specbind.generated import MODELS
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
-from specbind.runtime.cli import main
 
 TABLE = MODELS["glm-5.3-flash"]
 

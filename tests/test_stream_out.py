@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from specbind.cli import main
 from specbind.generated import MODELS
 from specbind.runtime.bind import BoundSlot, Expected, bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
-from specbind.runtime.cli import main
 
 TABLE = MODELS["glm-5.3-flash"]
 
@@ -75,7 +75,7 @@ def test_a_streaming_bind_hands_each_slot_over_and_keeps_none(ckpt: Path) -> Non
 def test_the_scale_bench_child_reports_every_phase_of_a_streamed_bind(
     tmp_path: Path,
 ) -> None:
-    from specbind.runtime.bench_scale import child
+    from specbind.bench.scale import child
 
     ck = tmp_path / "sparse"
     assert main(["synth", str(ck), "--sparse", "--layers", "4"]) == 0

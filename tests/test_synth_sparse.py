@@ -12,10 +12,10 @@ import pytest
 import safetensors
 from safetensors.numpy import save
 
+from specbind.cli import main
 from specbind.core.dtypes import DTYPES
 from specbind.runtime.checkpoint import Checkpoint
-from specbind.runtime.cli import main
-from specbind.runtime.synth_sparse import SHARD_BYTES
+from specbind.synth.sparse import SHARD_BYTES
 
 
 def _census(root: Path) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def test_one_two_and_three_threads_give_the_same_bytes(monkeypatch: pytest.Monke
 
 
 def test_a_whole_bind_writes_the_same_file_at_one_two_and_three_threads(tmp_path: Path) -> None:
-    from specbind.runtime.cli import main
+    from specbind.cli import main
 
     assert main(["synth", str(tmp_path / "ck"), "--layers", "4"]) == 0
     files = []

@@ -27,11 +27,11 @@ from specbind.core.errors import BindError, GeometryError
 from specbind.core.planning import Ranks
 from specbind.generated import dsa, kda
 from specbind.generated import model_glm_5_3_flash as m
+from specbind.launcher import resolve_tp
 from specbind.runtime.checkpoint import Checkpoint
-from specbind.runtime.launcher import resolve_tp
 from specbind.runtime.source import DictSource, RawTensor
-from specbind.runtime.synth import synth
 from specbind.runtime.tp import ShardedSource, shard_raw
+from specbind.synth import synth
 
 MODULES: dict[str, Any] = {"kda": kda, "dsa": dsa}
 SMALL_KDA = kda.KdaGeometry(X=4, H=4, D=64, K=2, C=8, tp=2)

@@ -21,7 +21,7 @@ from specbind.core.errors import BindError, GeometryError, SpecbindError
 from specbind.generated import moe
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
-from specbind.runtime.synth import synth
+from specbind.synth import synth
 
 E = TINY["experts"]  # 6
 
@@ -274,7 +274,7 @@ def test_the_top_level_tie_flag_wins_over_text_config_as_in_transformers(
 
 
 def test_audit_counts_as_problems_what_bind_refuses(ckpt: Path, tmp_path: Path) -> None:
-    from specbind.runtime.audit import audit
+    from specbind.audit import audit
 
     up = read_file(next(ckpt.glob("*.safetensors")))
     any_up = next(a for n, a in up.items() if n.endswith("experts.0.up_proj.weight"))
@@ -320,7 +320,7 @@ def test_a_checkpoint_without_its_model_level_tensors_is_refused(
 
 
 def test_audit_lists_the_model_level_problems_bind_refuses(ckpt: Path, tmp_path: Path) -> None:
-    from specbind.runtime.audit import audit
+    from specbind.audit import audit
 
     emb = read_file(sorted(ckpt.glob("*.safetensors"))[-1])["embed_tokens.weight"]
     cases = {
@@ -346,7 +346,7 @@ def test_an_implausible_layer_count_is_refused_in_one_line(ckpt: Path, tmp_path:
 def test_audit_lists_every_bad_per_layer_config_value_rather_than_stopping_at_one(
     ckpt: Path, tmp_path: Path
 ) -> None:
-    from specbind.runtime.audit import audit
+    from specbind.audit import audit
 
     cfg = json.loads((ckpt / "config.json").read_text())
     idx, types = list(cfg["indexer_types"]), list(cfg["layer_types"])

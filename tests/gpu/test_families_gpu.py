@@ -14,7 +14,7 @@ from specbind.generated import MODELS
 from specbind.runtime import backends
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import Checkpoint
-from specbind.runtime.synth import synth, tiny_values
+from specbind.synth import synth, tiny_values
 
 
 @pytest.mark.parametrize("name", ["kimi-linear", "deepseek-v3.2"])

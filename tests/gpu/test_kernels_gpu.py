@@ -79,7 +79,7 @@ def test_the_cupy_backend_binds_the_numpy_backends_bytes(tmp_path: Path) -> None
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.checkpoint import Checkpoint
-    from specbind.runtime.synth import synth, tiny_values
+    from specbind.synth import synth, tiny_values
 
     table = MODELS["glm-5.3-flash"]
     synth(table, tmp_path / "ck", tiny_values(table), layers=8, seed=3)

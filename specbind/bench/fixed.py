@@ -48,7 +48,7 @@ def _bytecode_cached() -> bool:
 
 
 def run(repeat: int) -> dict[str, Any]:
-    from specbind.runtime.bench import interleaved
+    from specbind.bench.common import interleaved
 
     with tempfile.TemporaryDirectory() as tmp:
         missing = str(Path(tmp) / "no-such-checkpoint")

@@ -4,7 +4,7 @@ Each side is a ``python -c``: the imports, the load of the attention slot of eve
 at (tp, rank 0), and a copy of every output byte into an arena (so both end with the rank's
 weights materialised, every byte touched); specbind through its API (``bind_checkpoint``,
 then the same copy; none of the bench's imports), the baseline importing only NumPy, ml_dtypes
-and ``benchmarks/vllm_style.py`` (the layers and blocks to load are handed to it, so it pays
+and ``baselines/vllm_style.py`` (the layers and blocks to load are handed to it, so it pays
 none of specbind's imports); timed from start to exit, interleaved (specbind, baseline,
 specbind, ...), at least 5 rounds, min and median.
 This is the API in a fresh process, not the ``specbind bind`` CLI: the CLI binds every slot
@@ -27,7 +27,7 @@ from specbind.core.errors import SpecbindError
 BASELINE = """
 from pathlib import Path
 import numpy as np
-from specbind.benchmarks.vllm_style import Loader
+from specbind.bench.baselines.vllm_style import Loader
 loader = Loader(Path({ckpt!r}))
 out = [a for i, block in {layers!r} for a in loader.load(block, i, {tp}, 0).values()]
 arena = np.empty(sum(a.nbytes for a in out), dtype=np.uint8)
@@ -75,10 +75,10 @@ def _process(
 
 
 def row(ckpt: Path, table: Any, tp: int, repeat: int) -> dict[str, Any]:
-    from specbind.runtime.bench import _filled, interleaved, parts
+    from specbind.bench.common import filled, interleaved, parts
     from specbind.runtime.checkpoint import Checkpoint
 
-    layers = [(i, b) for i, _, b in _filled(Checkpoint(ckpt), table, parts(table)["attention"])]
+    layers = [(i, b) for i, _, b in filled(Checkpoint(ckpt), table, parts(table)["attention"])]
     fns = {m: _process(m, ckpt, tp, layers, table) for m in ("specbind", "baseline")}
     t = interleaved(fns, repeat)
     s, b = t["specbind"], t["baseline"]

@@ -42,7 +42,7 @@ def ensure_sparse(table: Any, cache: Path, layers: int) -> Path:
     """The sparse real-geometry checkpoint of ``layers`` layers (the last one the MTP layer
     when ``layers`` is the model's whole count)."""
     from specbind.generated import SPECS_SHA256
-    from specbind.runtime.synth import synth
+    from specbind.synth import synth
 
     whole = table.real_layers + table.real_mtp
     decoder, mtp = (table.real_layers, True) if layers == whole else (layers, False)
@@ -55,13 +55,14 @@ def ensure_sparse(table: Any, cache: Path, layers: int) -> Path:
 def child(ckpt: str, out: str, tp: int, ep: int, part: str) -> dict[str, Any]:
     """One streamed bind in this (fresh) process; its phases, bytes and peak RSS."""
     from specbind.api import model_table
+    from specbind.bench.common import parts, peak_rss_mb
     from specbind.core.planning import Ranks
     from specbind.runtime.backends import NUMPY
-    from specbind.runtime.bench import parts, peak_rss_mb
-    from specbind.runtime.bind import bind_checkpoint, refuse_problems
+    from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.checkpoint import Checkpoint
     from specbind.runtime.layout import layout
     from specbind.runtime.model import values_from_config
+    from specbind.runtime.quant_layout import refuse_problems
     from specbind.runtime.stream_out import StreamWriter
 
     table = model_table(None, "--model", Checkpoint(Path(ckpt)).config)  # as the CLI picks
@@ -120,7 +121,7 @@ def memcpy_seconds(nbytes: int, chunk: int = 256 << 20) -> float:
 
 def _run_child(ckpt: Path, out: Path, rank: dict[str, Any]) -> dict[str, Any]:
     call = f"child({str(ckpt)!r}, {str(out)!r}, {rank['tp']}, {rank['ep']}, {rank['part']!r})"
-    code = f"import json; from specbind.runtime.bench_scale import child; print(json.dumps({call}))"
+    code = f"import json; from specbind.bench.scale import child; print(json.dumps({call}))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if proc.returncode != 0:
         raise SpecbindError(f"bench --scale child failed: {proc.stderr.strip().splitlines()[-1:]}")

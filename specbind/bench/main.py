@@ -12,7 +12,7 @@ each row measuring, in one interleaved loop (round r runs every method once, so 
 on a shared machine falls on all of them alike):
 - specbind: bind on the NumPy backend, then copy every bound field into a preallocated arena
   (what an upload does);
-- baseline: ``benchmarks/vllm_style.py`` (safe_open + get_slice per tensor, NumPy for the rest),
+- baseline: ``baselines/vllm_style.py`` (safe_open + get_slice per tensor, NumPy for the rest),
   then the same arena copy; its outputs are checked against specbind's before timing (byte for
   byte, and within 1 BF16 ulp for a field the spec computes: the absorbs);
 - memcpy: a plain copy of the same shard bytes out of the page cache into the arena — the
@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -44,13 +43,14 @@ from typing import Any
 
 import numpy as np
 
+from specbind.bench.common import filled, interleaved, parts, peak_rss_mb
 from specbind.core.dtypes import bf16_ulp
 from specbind.core.errors import SpecbindError
 from specbind.runtime.binding import Array
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.model import ModelTable
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = (Path(__file__).resolve().parent.parent / "generated").resolve().parent
 # The full-geometry slice's default ``--set``: 32 routed experts at the real expert shape (one
 # MoE layer of 1.66 GB, a 6.2 GB slice) fit this project's 2-core, 24 GiB machine with a
 # margin; the model's 288 (14.5 GB for the layer) do not. See BENCHMARKS.md.
@@ -73,25 +73,6 @@ def cache_dir(given: str | None) -> Path:
     return base / "specbind" / "bench"
 
 
-def parts(table: ModelTable[Any]) -> dict[str, frozenset[str]]:
-    """The blocks each comparison binds: ``attention``, every block of the slot of that name;
-    ``experts``, the blocks of any slot with a tensor family (the routed experts)."""
-    slots = {s.name: s for s in table.slots}
-    if "attention" not in slots:
-        raise SpecbindError(
-            f"bench: model {table.name} has no 'attention' slot (slots: {', '.join(slots)})"
-        )
-    experts = frozenset(
-        b
-        for s in table.slots
-        for b in s.blocks
-        if any(r.family is not None for r in table.block(b).tensors)
-    )
-    if not experts:
-        raise SpecbindError(f"bench: no block of model {table.name} has experts")
-    return {"attention": frozenset(slots["attention"].blocks), "experts": experts}
-
-
 def copy_only(table: ModelTable[Any], kinds: Collection[str]) -> frozenset[str]:
     """The blocks among ``kinds`` that compute nothing (no ``transform`` field): what a bind
     does there is move bytes, so the memcpy limit is the right yardstick."""
@@ -103,7 +84,7 @@ def copy_only(table: ModelTable[Any], kinds: Collection[str]) -> frozenset[str]:
 def slice_layers(table: ModelTable[Any]) -> int:
     """The fewest leading decoder layers whose schedule holds every attention block and an
     expert block."""
-    from specbind.runtime.synth import schedule
+    from specbind.synth import schedule
 
     p = parts(table)
     need = [{b} for b in sorted(p["attention"])] + [set(p["experts"])]
@@ -118,7 +99,7 @@ def slice_layers(table: ModelTable[Any]) -> int:
 def slice_values(table: ModelTable[Any], tiny: bool, sets: Mapping[str, int]) -> dict[str, int]:
     """The geometry the slice is written at: the spec's tiny or real one, with ``sets``."""
     from specbind.runtime.model import checked_values
-    from specbind.runtime.synth import tiny_values
+    from specbind.synth import tiny_values
 
     base = tiny_values(table) if tiny else table.default_values()
     return checked_values(table, base, sets)
@@ -129,7 +110,7 @@ def ensure_checkpoint(
 ) -> tuple[Path, float | None]:
     """The cached slice (written now if absent) and the seconds writing it took, if it was."""
     from specbind.generated import SPECS_SHA256
-    from specbind.runtime.synth import synth
+    from specbind.synth import synth
 
     values = slice_values(table, tiny, sets or {})
     layers = slice_layers(table)
@@ -157,17 +138,6 @@ def warm(ckpt: Path) -> int:
             while chunk := h.read(64 << 20):
                 total += len(chunk)
     return total
-
-
-def _filled(ckpt: Checkpoint, table: ModelTable[Any], kinds: Collection[str]) -> Any:
-    """(layer index, slot, block) of every slot the layout fills with one of ``kinds``."""
-    from specbind.runtime.layout import layout
-
-    lay = layout(table, ckpt.names(), ckpt.config)
-    for index, x in lay.layers.items():
-        for slot, fill in x.slots.items():
-            if fill.block is not None and fill.block.name in kinds:
-                yield index, slot, fill.block.name
 
 
 def specbind_load(
@@ -202,13 +172,11 @@ def baseline_load(
     ep: int = 1,
     ep_rank: int = 0,
 ) -> dict[str, Array]:
-    try:
-        from specbind.benchmarks.vllm_style import Loader
-    except ImportError as e:
-        raise SpecbindError(f"the baseline needs the benchmarks/ folder ({e})") from None
+    from specbind.bench.baselines.vllm_style import Loader
+
     loader = Loader(ckpt)
     out: dict[str, Array] = {}
-    for index, slot, block in _filled(Checkpoint(ckpt), table, kinds):
+    for index, slot, block in filled(Checkpoint(ckpt), table, kinds):
         fields = loader.load(block, index, tp, rank, ep, ep_rank)
         out |= {f"{index}.{slot}.{k}": v for k, v in fields.items()}
     return out
@@ -316,29 +284,6 @@ def _same_bytes(a: Array, b: Array, chunk: int = 64 << 20) -> bool:
     return all(np.array_equal(x[i : i + chunk], y[i : i + chunk]) for i in range(0, x.size, chunk))
 
 
-def interleaved(fns: Mapping[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
-    """Seconds of each of ``fns`` over ``repeat`` rounds, after one warm-up round; each round
-    runs every function once, in turn, so a busy spell falls on all of them alike."""
-    for fn in fns.values():
-        fn()  # warm-up: page in, allocate, let BLAS spin up its threads
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeat):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return times
-
-
-def peak_rss_mb() -> float:
-    """This process's peak RSS (VmHWM). Not ``ru_maxrss``: Linux carries that across
-    ``execve``, so a child started by a 250 MB parent would report the parent's peak."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux
-
-
 def child(method: str, ckpt: str, tp: int, part: str = "attention", ep: int = 1) -> dict[str, Any]:
     """One load + upload of ``part`` at (tp, ep) rank 0 in this (fresh) process; report its
     peak RSS."""
@@ -362,7 +307,7 @@ def child(method: str, ckpt: str, tp: int, part: str = "attention", ep: int = 1)
 
 def _rss(method: str, ckpt: Path, tp: int, part: str = "attention", ep: int = 1) -> float:
     call = f"child({method!r}, {str(ckpt)!r}, {tp}, {part!r}, {ep})"
-    code = f"import json; from specbind.runtime.bench import child; print(json.dumps({call}))"
+    code = f"import json; from specbind.bench.main import child; print(json.dumps({call}))"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600
     )
@@ -483,12 +428,12 @@ def absorb_rows(
     allows: the block's generated module and its geometry come from the model's own table."""
     import importlib
 
+    from specbind.bench import absorb as bench_absorb
     from specbind.core.errors import GeometryError
     from specbind.core.planning import Ranks
-    from specbind.runtime import bench_absorb
 
     try:
-        from specbind.benchmarks.seed_order import SEED_ORDER
+        from specbind.bench.baselines.seed_order import SEED_ORDER
     except ImportError:  # an installed wheel has no baseline folder: no seed-order column
         SEED_ORDER = {}
     model = importlib.import_module(table.make_geometry.__module__)
@@ -524,7 +469,9 @@ def run(
     each ep > 1 of the same sizes (tp 1). ``overrides`` (``--set``) go over ``DEFAULT_SETS``
     for the full-geometry slice (over nothing for ``tiny``); the checkpoint's config.json
     carries them to the bind."""
-    from specbind.runtime import bench_fixed, bench_process, bench_ranks
+    from specbind.bench import fixed as bench_fixed
+    from specbind.bench import process as bench_process
+    from specbind.bench import ranks as bench_ranks
     from specbind.runtime.model import values_from_config
 
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
@@ -629,7 +576,7 @@ def render(r: dict[str, Any]) -> str:
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     if r.get("process_rows"):
-        from specbind.runtime import bench_process
+        from specbind.bench import process as bench_process
 
         lines += ["", "attention, each side a whole fresh process (imports, load, copy out):", ""]
         lines += bench_process.render(r["process_rows"])
@@ -666,11 +613,11 @@ def render(r: dict[str, Any]) -> str:
     if r.get("synth_s") is not None:
         lines.append(f"writing the slice (synth, once): {r['synth_s']:.1f} s")
     lines.append(f"specbind generate from nothing: {r['generate_s']:.2f} s")
-    from specbind.runtime import bench_ranks
+    from specbind.bench import ranks as bench_ranks
 
     lines += bench_ranks.render(r.get("ranks", []), r.get("loaders"))
     if "fixed_cost" in r:
-        from specbind.runtime import bench_fixed
+        from specbind.bench import fixed as bench_fixed
 
         lines.append(bench_fixed.render(r["fixed_cost"]))
     return "\n".join(lines)

@@ -88,7 +88,7 @@ def _go(p: subprocess.Popen[str]) -> None:
 
 def ranks_row(ckpt: Path, n: int, repeat: int) -> dict[str, Any]:
     """N ranks binding concurrently beside the same N ranks one after another."""
-    code = f"from specbind.runtime.bench_ranks import worker; worker({str(ckpt)!r}, {n}, %d)"
+    code = f"from specbind.bench.ranks import worker; worker({str(ckpt)!r}, {n}, %d)"
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code % r],
@@ -181,7 +181,7 @@ LOADERS: dict[str, tuple[str, Callable[[Path, Any, np.ndarray[Any, Any]], int]]]
 
 def loader_rows(ckpt: Path, table: ModelTable[Any], repeat: int) -> dict[str, Any]:
     """specbind (tp 1, every tensor) beside each installed fast loader, interleaved."""
-    from specbind.runtime.bench import interleaved
+    from specbind.bench.common import interleaved
 
     scratch = np.empty(SCRATCH, dtype=np.uint8)
     fns: dict[str, Callable[[], int]] = {"specbind": lambda: _specbind(ckpt, table, scratch)}

@@ -34,7 +34,7 @@ from specbind.core.planning import Ranks, expand
 from specbind.core.quant import SchemeRule
 from specbind.runtime.binding import Array
 from specbind.runtime.model import BlockEntry, ModelTable
-from specbind.runtime.synth_quant import quant_config_files, quantized_entries
+from specbind.synth.quant import quant_config_files, quantized_entries
 
 
 @dataclass(frozen=True)
@@ -180,7 +180,7 @@ def synth(
             f"--shards {shards}: there are only {len(entries)} tensors to spread over them"
         )
     if sparse:
-        from specbind.runtime import synth_sparse
+        from specbind.synth import sparse as synth_sparse
 
         chunks = (
             [entries[slice(*_span(i, shards, len(entries)))] for i in range(shards)]

@@ -29,7 +29,10 @@ from typing import Any, NoReturn
 
 from specbind.core.errors import SpecbindError
 
-REPO = Path(__file__).resolve().parent.parent
+# The folder that holds specs/ and generated/: the repository root in a checkout (specbind/
+# links to the top-level folders), the installed package in a wheel. Resolved through the
+# generated/ link so it holds even while `make drift` has removed generated/.
+REPO = (Path(__file__).resolve().parent / "generated").resolve().parent
 
 
 def _table(name: str | None, ckpt: str | None = None) -> Any:
@@ -89,7 +92,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 def cmd_synth(a: argparse.Namespace) -> int:
     from specbind.runtime.model import checked_values
-    from specbind.runtime.synth import synth, tiny_values
+    from specbind.synth import synth, tiny_values
 
     table = _table(a.model)
     if a.seed < 0:
@@ -119,7 +122,7 @@ def cmd_synth(a: argparse.Namespace) -> int:
 
 
 def cmd_audit(a: argparse.Namespace) -> int:
-    from specbind.runtime.audit import audit, render_text
+    from specbind.audit import audit, render_text
     from specbind.runtime.checkpoint import Checkpoint
 
     rep = audit(Checkpoint(Path(a.ckpt)), _table(a.model, a.ckpt), progress=a.progress)
@@ -183,11 +186,11 @@ def cmd_bind(a: argparse.Namespace) -> int:
         return cmd_bind_ranks(a)
     from specbind.generated import SPECS_SHA256
     from specbind.generated import kernels as generated_kernels
+    from specbind.launcher import resolve_tp
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.checkpoint import Checkpoint
     from specbind.runtime.export import check_out_path
-    from specbind.runtime.launcher import resolve_tp
     from specbind.runtime.model import values_from_config
     from specbind.runtime.stream_out import StreamWriter
 
@@ -286,8 +289,8 @@ def cmd_bind_ranks(a: argparse.Namespace) -> int:
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
-    from specbind.runtime.launcher import resolve_tp
-    from specbind.runtime.planning import LayerUse, plan_report, render_text
+    from specbind.launcher import resolve_tp
+    from specbind.plan_report import LayerUse, plan_report, render_text
     from specbind.runtime.quant import LayerQuant
 
     table = _table(a.model, a.ckpt)
@@ -295,9 +298,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
     layers: list[LayerUse] = []
     quant: dict[tuple[int, str], LayerQuant | None] = {}
     if a.ckpt:
+        from specbind.plan_report import checkpoint_layers
         from specbind.runtime.checkpoint import Checkpoint
         from specbind.runtime.model import values_from_config
-        from specbind.runtime.planning import checkpoint_layers
 
         if a.quant is not None:
             raise SpecbindError("--quant plans the spec's model; a checkpoint says its own")
@@ -309,7 +312,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
         from specbind.core.planning import expand
         from specbind.runtime.model import checked_values
         from specbind.runtime.quant import quantized_rules, storable
-        from specbind.runtime.synth import schedule
+        from specbind.synth import schedule
 
         values = checked_values(table, table.default_values(), _sets(a.set))
         geometry = table.make_geometry(values)
@@ -347,7 +350,7 @@ def _scheme(table: Any, name: str) -> Any:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from specbind.runtime import bench
+    from specbind.bench import main as bench
 
     table = _table(a.model)
     if a.repeat < 1:
@@ -355,7 +358,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if any(n < 1 for n in a.ranks or []):
         raise SpecbindError("--ranks must be >= 1")
     if a.quant is not None:
-        from specbind.runtime import bench_quant
+        from specbind.bench import quant as bench_quant
 
         qr = bench_quant.run(
             table, _scheme(table, a.quant), a.tp_size or [1, 2, 8], a.ep_size or [8],
@@ -364,20 +367,20 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print(json.dumps(qr, indent=2) if a.json else bench_quant.render(qr))
         return 0
     if a.reload:
-        from specbind.runtime import bench_reload
+        from specbind.bench import reload as bench_reload
 
         rel = bench_reload.run(table, bench.cache_dir(a.cache), a.repeat)
         print(json.dumps(rel, indent=2) if a.json else bench_reload.render(rel))
         return 0
     if a.scale:
-        from specbind.runtime import bench_scale
+        from specbind.bench import scale as bench_scale
 
         sizes = tuple(a.scale_layers or bench_scale.SIZES)
         scale = bench_scale.run(table, bench.cache_dir(a.cache), a.repeat, sizes)
         print(json.dumps(scale, indent=2) if a.json else bench_scale.render(scale))
         return 0
     if a.fixed_cost:
-        from specbind.runtime import bench_fixed
+        from specbind.bench import fixed as bench_fixed
 
         fixed = bench_fixed.run(max(5, a.repeat))
         print(json.dumps(fixed, indent=2) if a.json else bench_fixed.render(fixed))

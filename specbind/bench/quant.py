@@ -4,9 +4,10 @@ of each tp (ep 1) and ep (tp 1), beside a hand-written loader and the memcpy lim
 What is measured: the MoE block's routed experts, shared experts and router, stored as the
 scheme stores them (``synth --quant``: every linear it can hold), bound by the generated binder
 (``quantize_rules`` plans, reads only the rank's bytes, stacks the experts and their scales)
-against ``benchmarks/nvfp4_moe.py``: what a loader writes by hand, as vLLM's per-expert weight
+against ``baselines/nvfp4_moe.py``: what a loader writes by hand, as vLLM's per-expert weight
 loader does. ``memcpy``: copying the rank's bytes once, the floor for any loader. Each round
-runs the three in turn (``bench.interleaved``); min and median are reported, never one timing.
+runs the three in turn (``common.interleaved``); min and median are reported, never one
+timing.
 
 Invariants: the baseline's stacked arrays equal specbind's byte for byte before anything is
 timed (a faster wrong loader is no comparison); the layer is written once per geometry into
@@ -28,10 +29,10 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
+from specbind.bench.common import interleaved
 from specbind.core.errors import SpecbindError
 from specbind.core.planning import Ranks
 from specbind.core.quant import SchemeRule
-from specbind.runtime.bench import interleaved
 from specbind.runtime.binding import Array
 from specbind.runtime.model import BlockEntry, ModelTable, checked_values
 from specbind.runtime.quant import LayerQuant, storable
@@ -66,7 +67,7 @@ def moe_block(table: ModelTable[Any]) -> BlockEntry[Any]:
 def ensure_layer(
     table: ModelTable[Any], scheme: SchemeRule, cache: Path, values: Mapping[str, int]
 ) -> tuple[Path, LayerQuant]:
-    from specbind.runtime.synth import _values
+    from specbind.synth import _values
 
     block = moe_block(table)
     g = table.make_geometry(dict(values))
@@ -80,8 +81,8 @@ def ensure_layer(
     path = cache / f"{table.name}-{block.name}-{scheme.name}" / f"{key[:12]}.safetensors"
     if path.exists():
         return path, lq
-    from specbind.runtime.synth import block_tensors
-    from specbind.runtime.synth_quant import quantized_entries
+    from specbind.synth import block_tensors
+    from specbind.synth.quant import quantized_entries
 
     rng = np.random.default_rng(0)
     written = quantized_entries(
@@ -105,7 +106,7 @@ def run(
             f"bench --quant: the hand-written baseline reads {list(BASELINE_SUFFIXES)} "
             f"(nvfp4-modelopt), not {scheme.name}'s companions"
         )
-    from specbind.benchmarks.nvfp4_moe import baseline
+    from specbind.bench.baselines.nvfp4_moe import baseline
 
     values = checked_values(table, table.default_values(), {"experts": EXPERTS} | dict(sets))
     path, lq = ensure_layer(table, scheme, cache, values)
