@@ -58,6 +58,7 @@ class DenseGeometry:
     ep: int = 1
 
     def values(self) -> dict[str, int]:
+        """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
             "X": self.X,
             "F": self.F,
@@ -66,8 +67,11 @@ class DenseGeometry:
         }
 
 
+# Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
+#   F_r = F/tp: this rank's share of F (intermediate size)
+
 TENSORS: tuple[TensorRule, ...] = (
-    # mlp.gate_proj.weight [F, X] BF16: rank r: rows [r*(F)/tp, (r+1)*(F)/tp) in whole F
+    # mlp.gate_proj.weight [F, X] BF16 on disk; rank r reads [F_r, X], block r of the rows (whole F)
     TensorRule(
         name="mlp.gate_proj.weight",
         dtype="BF16",
@@ -75,7 +79,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="F", axis=0),
         linear=True,
     ),
-    # mlp.up_proj.weight [F, X] BF16: rank r: rows [r*(F)/tp, (r+1)*(F)/tp) in whole F
+    # mlp.up_proj.weight [F, X] BF16 on disk; rank r reads [F_r, X], block r of the rows (whole F)
     TensorRule(
         name="mlp.up_proj.weight",
         dtype="BF16",
@@ -83,7 +87,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="F", axis=0),
         linear=True,
     ),
-    # mlp.down_proj.weight [X, F] BF16: rank r: cols [r*(F)/tp, (r+1)*(F)/tp) in whole F
+    # mlp.down_proj.weight [X, F] BF16 on disk; rank r reads [X, F_r], block r of the cols (whole F)
     TensorRule(
         name="mlp.down_proj.weight",
         dtype="BF16",
@@ -150,13 +154,8 @@ def expected_shapes(g: DenseGeometry) -> dict[str, tuple[int, ...]]:
 
 
 def env(g: DenseGeometry) -> dict[str, int]:
-    """Every symbol, derived symbol, ``tp`` and ``ep`` at ``g`` (shard units are looked up here)."""
-    return {
-        "X": g.X,
-        "F": g.F,
-        "tp": g.tp,
-        "ep": g.ep,
-    }
+    """``g.values()``: this block derives no symbol (shard units are looked up here)."""
+    return g.values()
 
 
 def counts(g: DenseGeometry) -> dict[str, int]:
@@ -189,9 +188,9 @@ class DenseWeights(Generic[T]):
     """The bound weights of one ``dense`` block, in the layout the kernels read."""
 
     # concat of 2 on axis 0
-    gate_up: T  # [2 * F, X] (before the tp split)
+    gate_up: T  # [2 * F_r, X]
     # down_proj.weight [X, F] BF16, verbatim
-    down: T  # [X, F]
+    down: T  # [X, F_r]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 
@@ -242,7 +241,7 @@ def bind_dense(
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
     ops = backend.ops
     weights = DenseWeights(
-        # 2 x [F, X] -> [2 * F, X]: gate_proj.weight, up_proj.weight in that order
+        # 2 x [F_r, X] -> [2 * F_r, X]: gate_proj.weight, up_proj.weight in that order
         gate_up=ops.concat_squeeze(
             (
                 t["mlp.gate_proj.weight"],

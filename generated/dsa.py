@@ -70,6 +70,7 @@ class DsaGeometry:
     ep: int = 1
 
     def values(self) -> dict[str, int]:
+        """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
             "X": self.X,
             "H": self.H,
@@ -86,8 +87,11 @@ class DsaGeometry:
         }
 
 
+# Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
+#   H_r = H/tp: this rank's share of H (attention heads)
+
 TENSORS: tuple[TensorRule, ...] = (
-    # self_attn.q_a_proj.weight [QL, X] BF16: every rank holds all of it
+    # self_attn.q_a_proj.weight [QL, X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.q_a_proj.weight",
         dtype="BF16",
@@ -95,14 +99,14 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # self_attn.q_a_layernorm.weight [QL] BF16: every rank holds all of it
+    # self_attn.q_a_layernorm.weight [QL] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.q_a_layernorm.weight",
         dtype="BF16",
         shape="[QL]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # self_attn.q_b_proj.weight [H * (N + R), QL] BF16: rank r: rows [r*(H * (N + R))/tp, (r+1)*(H * (N + R))/tp) in whole H
+    # self_attn.q_b_proj.weight [H * (N + R), QL] BF16 on disk; rank r reads [H_r * (N + R), QL], block r of the rows (whole H)
     TensorRule(
         name="self_attn.q_b_proj.weight",
         dtype="BF16",
@@ -110,7 +114,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         linear=True,
     ),
-    # self_attn.kv_a_proj_with_mqa.weight [KVL + R, X] BF16: every rank holds all of it
+    # self_attn.kv_a_proj_with_mqa.weight [KVL + R, X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.kv_a_proj_with_mqa.weight",
         dtype="BF16",
@@ -118,14 +122,14 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # self_attn.kv_a_layernorm.weight [KVL] BF16: every rank holds all of it
+    # self_attn.kv_a_layernorm.weight [KVL] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.kv_a_layernorm.weight",
         dtype="BF16",
         shape="[KVL]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # self_attn.kv_b_proj.weight [H * (N + V), KVL] BF16: rank r: rows [r*(H * (N + V))/tp, (r+1)*(H * (N + V))/tp) in whole H
+    # self_attn.kv_b_proj.weight [H * (N + V), KVL] BF16 on disk; rank r reads [H_r * (N + V), KVL], block r of the rows (whole H)
     TensorRule(
         name="self_attn.kv_b_proj.weight",
         dtype="BF16",
@@ -133,7 +137,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         linear=True,
     ),
-    # self_attn.o_proj.weight [X, H * V] BF16: rank r: cols [r*(H * V)/tp, (r+1)*(H * V)/tp) in whole H
+    # self_attn.o_proj.weight [X, H * V] BF16 on disk; rank r reads [X, H_r * V], block r of the cols (whole H)
     TensorRule(
         name="self_attn.o_proj.weight",
         dtype="BF16",
@@ -141,7 +145,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="cols", unit="H", axis=-1),
         linear=True,
     ),
-    # self_attn.indexer.wq_b.weight [IH * ID, QL] BF16: every rank holds all of it
+    # self_attn.indexer.wq_b.weight [IH * ID, QL] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.indexer.wq_b.weight",
         dtype="BF16",
@@ -150,7 +154,7 @@ TENSORS: tuple[TensorRule, ...] = (
         group="indexer",
         linear=True,
     ),
-    # self_attn.indexer.wk.weight [ID, X] BF16: every rank holds all of it
+    # self_attn.indexer.wk.weight [ID, X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.indexer.wk.weight",
         dtype="BF16",
@@ -159,7 +163,7 @@ TENSORS: tuple[TensorRule, ...] = (
         group="indexer",
         linear=True,
     ),
-    # self_attn.indexer.k_norm.weight [ID] BF16: every rank holds all of it
+    # self_attn.indexer.k_norm.weight [ID] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.indexer.k_norm.weight",
         dtype="BF16",
@@ -167,7 +171,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
     ),
-    # self_attn.indexer.k_norm.bias [ID] BF16: every rank holds all of it
+    # self_attn.indexer.k_norm.bias [ID] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.indexer.k_norm.bias",
         dtype="BF16",
@@ -175,7 +179,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
     ),
-    # self_attn.indexer.weights_proj.weight [IH, X] BF16: every rank holds all of it
+    # self_attn.indexer.weights_proj.weight [IH, X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.indexer.weights_proj.weight",
         dtype="BF16",
@@ -184,7 +188,7 @@ TENSORS: tuple[TensorRule, ...] = (
         group="indexer",
         linear=True,
     ),
-    # self_attn.indexer.index_kpool_compress_gate [ID, X] BF16: every rank holds all of it
+    # self_attn.indexer.index_kpool_compress_gate [ID, X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.indexer.index_kpool_compress_gate",
         dtype="BF16",
@@ -192,7 +196,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         group="indexer",
     ),
-    # self_attn.indexer.index_kpool_compress_ape [KP, ID] BF16: every rank holds all of it
+    # self_attn.indexer.index_kpool_compress_ape [KP, ID] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.indexer.index_kpool_compress_ape",
         dtype="BF16",
@@ -321,21 +325,8 @@ def expected_shapes(g: DsaGeometry) -> dict[str, tuple[int, ...]]:
 
 
 def env(g: DsaGeometry) -> dict[str, int]:
-    """Every symbol, derived symbol, ``tp`` and ``ep`` at ``g`` (shard units are looked up here)."""
-    return {
-        "X": g.X,
-        "H": g.H,
-        "QL": g.QL,
-        "KVL": g.KVL,
-        "N": g.N,
-        "R": g.R,
-        "V": g.V,
-        "IH": g.IH,
-        "ID": g.ID,
-        "KP": g.KP,
-        "tp": g.tp,
-        "ep": g.ep,
-    }
+    """``g.values()``: this block derives no symbol (shard units are looked up here)."""
+    return g.values()
 
 
 def counts(g: DsaGeometry) -> dict[str, int]:
@@ -360,55 +351,37 @@ def plan(g: DsaGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
 
 def make_q_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
-    H_rank = g.H // g.tp  # this rank's H units
+    H_r = g.H // g.tp  # this rank's share of H (attention heads)
     a = t["self_attn.kv_b_proj.weight"]
-    # [H * (N + V), KVL] -> [H, N + V, KVL]
-    a = ops.view(a, shape=(H_rank, g.N + g.V, g.KVL), what="q_absorb: kv_b_proj.weight")
-    # [H, N + V, KVL], axis 1 [0:N]
+    # [H_r * (N + V), KVL] -> [H_r, N + V, KVL]
+    a = ops.view(a, shape=(H_r, g.N + g.V, g.KVL), what="q_absorb: kv_b_proj.weight")
+    # [H_r, N + V, KVL], axis 1 [0:N] -> [H_r, N, KVL]
     a = ops.take(a, axis=1, start=0, stop=g.N, what="q_absorb: kv_b_proj.weight")
     b = t["self_attn.q_b_proj.weight"]
-    # [H * (N + R), QL] -> [H, N, QL]
-    b = ops.view(b, shape=(H_rank, g.N, g.QL), what="q_absorb: q_b_proj.weight")
-    # einsum hrc,hrk->hck: [h, r, c], [h, r, k] -> [h, c, r] @ [h, r, k] -> [h, c, k]
-    y = ops.contract(
-        a,
-        b,
-        perm_a=(0, 2, 1),
-        perm_b=(0, 1, 2),
-        groups=(1, 1, 1, 1),
-        perm_out=(0, 1, 2),
-        dtype="BF16",
-        factor=None,
-    )
-    # [h, c, k] -> [H * KVL, QL]
-    y = ops.view(y, shape=(H_rank * g.KVL, g.QL), what="q_absorb")
+    # [H_r * (N + R), QL] -> [H_r, N, QL]
+    b = ops.view(b, shape=(H_r, g.N, g.QL), what="q_absorb: q_b_proj.weight")
+    # einsum hrc,hrk->hck: one matmul per h, summing r: [h, c, r] @ [h, r, k] -> [h, c, k]
+    y = ops.contract(a, b, einsum="hrc,hrk->hck", dtype="BF16")
+    # [h, c, k] -> [H_r * KVL, QL]
+    y = ops.view(y, shape=(H_r * g.KVL, g.QL), what="q_absorb")
     return y
 
 
 def make_o_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
-    H_rank = g.H // g.tp  # this rank's H units
+    H_r = g.H // g.tp  # this rank's share of H (attention heads)
     a = t["self_attn.o_proj.weight"]
-    # [X, H * V] -> [X, H, V]
-    a = ops.view(a, shape=(g.X, H_rank, g.V), what="o_absorb: o_proj.weight")
+    # [X, H_r * V] -> [X, H_r, V]
+    a = ops.view(a, shape=(g.X, H_r, g.V), what="o_absorb: o_proj.weight")
     b = t["self_attn.kv_b_proj.weight"]
-    # [H * (N + V), KVL] -> [H, N + V, KVL]
-    b = ops.view(b, shape=(H_rank, g.N + g.V, g.KVL), what="o_absorb: kv_b_proj.weight")
-    # [H, N + V, KVL], axis 1 [N:N + V]
+    # [H_r * (N + V), KVL] -> [H_r, N + V, KVL]
+    b = ops.view(b, shape=(H_r, g.N + g.V, g.KVL), what="o_absorb: kv_b_proj.weight")
+    # [H_r, N + V, KVL], axis 1 [N:N + V] -> [H_r, V, KVL]
     b = ops.take(b, axis=1, start=g.N, stop=g.N + g.V, what="o_absorb: kv_b_proj.weight")
-    # einsum ihr,hrc->ihc: [i, h, r], [h, r, c] -> [h, i, r] @ [h, r, c] -> [i, h, c]
-    y = ops.contract(
-        a,
-        b,
-        perm_a=(1, 0, 2),
-        perm_b=(0, 1, 2),
-        groups=(1, 1, 1, 1),
-        perm_out=(1, 0, 2),
-        dtype="BF16",
-        factor=None,
-    )
-    # [i, h, c] -> [X, H * KVL]
-    y = ops.view(y, shape=(g.X, H_rank * g.KVL), what="o_absorb")
+    # einsum ihr,hrc->ihc: one matmul per h, summing r: [h, i, r] @ [h, r, c] -> [i, h, c]
+    y = ops.contract(a, b, einsum="ihr,hrc->ihc", dtype="BF16")
+    # [i, h, c] -> [X, H_r * KVL]
+    y = ops.view(y, shape=(g.X, H_r * g.KVL), what="o_absorb")
     return y
 
 
@@ -437,31 +410,31 @@ class DsaWeights(Generic[T]):
     """The bound weights of one ``dsa`` block, in the layout the kernels read."""
 
     # q_a_proj.weight [QL, X] BF16, verbatim
-    q_a_proj: T  # [QL, X]
+    q_a_proj: T  # [QL, X], replicated
     # q_a_layernorm.weight [QL] BF16, verbatim
-    q_a_layernorm: T  # [QL]
+    q_a_layernorm: T  # [QL], replicated
     # q_absorb: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16
-    q_absorb: T  # [H * KVL, QL]
+    q_absorb: T  # [H_r * KVL, QL]
     # kv_a_proj_with_mqa.weight [KVL + R, X] BF16, verbatim
-    kv_a_proj: T  # [KVL + R, X]
+    kv_a_proj: T  # [KVL + R, X], replicated
     # kv_a_layernorm.weight [KVL] BF16, verbatim
-    kv_a_layernorm: T  # [KVL]
+    kv_a_layernorm: T  # [KVL], replicated
     # o_absorb: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16
-    o_absorb: T  # [X, H * KVL]
+    o_absorb: T  # [X, H_r * KVL]
     # indexer.wq_b.weight [IH * ID, QL] BF16, verbatim
-    wq_b: T | None  # [IH * ID, QL]
+    wq_b: T | None  # [IH * ID, QL], replicated
     # indexer.wk.weight [ID, X] BF16, verbatim
-    wk: T | None  # [ID, X]
+    wk: T | None  # [ID, X], replicated
     # indexer.k_norm.weight [ID] BF16, verbatim
-    k_norm_weight: T | None  # [ID]
+    k_norm_weight: T | None  # [ID], replicated
     # indexer.k_norm.bias [ID] BF16, verbatim
-    k_norm_bias: T | None  # [ID]
+    k_norm_bias: T | None  # [ID], replicated
     # weights_proj: one tensor, scaled by IH ** (-0.5), as BF16
-    weights_proj: T | None  # see make_weights_proj
+    weights_proj: T | None  # [IH, X], replicated
     # indexer.index_kpool_compress_gate [ID, X] BF16, verbatim
-    compress_gate: T | None  # [ID, X]
+    compress_gate: T | None  # [ID, X], replicated
     # ape: one tensor, as F32
-    ape: T | None  # see make_ape
+    ape: T | None  # [KP, ID], replicated
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 

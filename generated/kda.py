@@ -62,6 +62,7 @@ class KdaGeometry:
     ep: int = 1
 
     def values(self) -> dict[str, int]:
+        """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
             "X": self.X,
             "H": self.H,
@@ -73,8 +74,11 @@ class KdaGeometry:
         }
 
 
+# Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
+#   H_r = H/tp: this rank's share of H (linear-attention heads)
+
 TENSORS: tuple[TensorRule, ...] = (
-    # self_attn.q_proj.weight [Q, X] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
+    # self_attn.q_proj.weight [Q, X] BF16 on disk; rank r reads [H_r * D, X], block r of the rows (whole H)
     TensorRule(
         name="self_attn.q_proj.weight",
         dtype="BF16",
@@ -82,7 +86,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         linear=True,
     ),
-    # self_attn.k_proj.weight [Q, X] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
+    # self_attn.k_proj.weight [Q, X] BF16 on disk; rank r reads [H_r * D, X], block r of the rows (whole H)
     TensorRule(
         name="self_attn.k_proj.weight",
         dtype="BF16",
@@ -90,7 +94,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         linear=True,
     ),
-    # self_attn.v_proj.weight [Q, X] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
+    # self_attn.v_proj.weight [Q, X] BF16 on disk; rank r reads [H_r * D, X], block r of the rows (whole H)
     TensorRule(
         name="self_attn.v_proj.weight",
         dtype="BF16",
@@ -98,7 +102,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         linear=True,
     ),
-    # self_attn.q_conv1d.weight [Q, 1, K] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
+    # self_attn.q_conv1d.weight [Q, 1, K] BF16 on disk; rank r reads [H_r * D, 1, K], block r of the rows (whole H)
     TensorRule(
         name="self_attn.q_conv1d.weight",
         dtype="BF16",
@@ -106,7 +110,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         stored=("F32",),
     ),
-    # self_attn.k_conv1d.weight [Q, 1, K] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
+    # self_attn.k_conv1d.weight [Q, 1, K] BF16 on disk; rank r reads [H_r * D, 1, K], block r of the rows (whole H)
     TensorRule(
         name="self_attn.k_conv1d.weight",
         dtype="BF16",
@@ -114,7 +118,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         stored=("F32",),
     ),
-    # self_attn.v_conv1d.weight [Q, 1, K] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
+    # self_attn.v_conv1d.weight [Q, 1, K] BF16 on disk; rank r reads [H_r * D, 1, K], block r of the rows (whole H)
     TensorRule(
         name="self_attn.v_conv1d.weight",
         dtype="BF16",
@@ -122,7 +126,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         stored=("F32",),
     ),
-    # self_attn.f_a_proj.weight [D, X] BF16: every rank holds all of it
+    # self_attn.f_a_proj.weight [D, X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.f_a_proj.weight",
         dtype="BF16",
@@ -130,7 +134,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # self_attn.f_b_proj.weight [Q, D] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
+    # self_attn.f_b_proj.weight [Q, D] BF16 on disk; rank r reads [H_r * D, D], block r of the rows (whole H)
     TensorRule(
         name="self_attn.f_b_proj.weight",
         dtype="BF16",
@@ -138,7 +142,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         linear=True,
     ),
-    # self_attn.g_a_proj.weight [D, X] BF16: every rank holds all of it
+    # self_attn.g_a_proj.weight [D, X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.g_a_proj.weight",
         dtype="BF16",
@@ -146,7 +150,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # self_attn.g_b_proj.weight [Q, D] BF16: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
+    # self_attn.g_b_proj.weight [Q, D] BF16 on disk; rank r reads [H_r * D, D], block r of the rows (whole H)
     TensorRule(
         name="self_attn.g_b_proj.weight",
         dtype="BF16",
@@ -154,7 +158,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         linear=True,
     ),
-    # self_attn.b_proj.weight [H, X] BF16: rank r: rows [r*(H)/tp, (r+1)*(H)/tp) in whole H
+    # self_attn.b_proj.weight [H, X] BF16 on disk; rank r reads [H_r, X], block r of the rows (whole H)
     TensorRule(
         name="self_attn.b_proj.weight",
         dtype="BF16",
@@ -162,7 +166,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         linear=True,
     ),
-    # self_attn.A_log [H] F32: rank r: rows [r*(H)/tp, (r+1)*(H)/tp) in whole H
+    # self_attn.A_log [H] F32 on disk; rank r reads [H_r], block r of the rows (whole H)
     TensorRule(
         name="self_attn.A_log",
         dtype="F32",
@@ -171,7 +175,7 @@ TENSORS: tuple[TensorRule, ...] = (
         why_dtype="A_log is the per-head decay exponent; casting it to BF16 would change the gate",
         stored_singletons=True,
     ),
-    # self_attn.dt_bias [Q] F32: rank r: rows [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
+    # self_attn.dt_bias [Q] F32 on disk; rank r reads [H_r * D], block r of the rows (whole H)
     TensorRule(
         name="self_attn.dt_bias",
         dtype="F32",
@@ -179,14 +183,14 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         why_dtype="dt_bias is the per-channel gate bias; casting it to BF16 would change the gate",
     ),
-    # self_attn.o_norm.weight [D] BF16: every rank holds all of it
+    # self_attn.o_norm.weight [D] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.o_norm.weight",
         dtype="BF16",
         shape="[D]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # self_attn.o_proj.weight [X, Q] BF16: rank r: cols [r*(Q)/tp, (r+1)*(Q)/tp) in whole H
+    # self_attn.o_proj.weight [X, Q] BF16 on disk; rank r reads [X, H_r * D], block r of the cols (whole H)
     TensorRule(
         name="self_attn.o_proj.weight",
         dtype="BF16",
@@ -319,17 +323,11 @@ def expected_shapes(g: KdaGeometry) -> dict[str, tuple[int, ...]]:
 
 
 def env(g: KdaGeometry) -> dict[str, int]:
-    """Every symbol, derived symbol, ``tp`` and ``ep`` at ``g`` (shard units are looked up here)."""
+    """``g.values()`` and every derived symbol at ``g`` (shard units are looked up here)."""
     Q = algebra_ops.bounded(g.H * g.D)
     return {
-        "X": g.X,
-        "H": g.H,
-        "D": g.D,
-        "K": g.K,
-        "C": g.C,
+        **g.values(),
         "Q": Q,
-        "tp": g.tp,
-        "ep": g.ep,
     }
 
 
@@ -377,31 +375,31 @@ class KdaWeights(Generic[T]):
     """The bound weights of one ``kda`` block, in the layout the kernels read."""
 
     # q_proj.weight [Q, X] BF16, verbatim
-    q_proj: T  # [Q, X]
+    q_proj: T  # [H_r * D, X]
     # k_proj.weight [Q, X] BF16, verbatim
-    k_proj: T  # [Q, X]
+    k_proj: T  # [H_r * D, X]
     # v_proj.weight [Q, X] BF16, verbatim
-    v_proj: T  # [Q, X]
+    v_proj: T  # [H_r * D, X]
     # concat of 3 on axis 0, dim 1 squeezed
-    conv: T  # [3 * Q, K] (before the tp split)
+    conv: T  # [3 * H_r * D, K]
     # f_a_proj.weight [D, X] BF16, verbatim
-    f_a: T  # [D, X]
+    f_a: T  # [D, X], replicated
     # f_b_proj.weight [Q, D] BF16, verbatim
-    f_b: T  # [Q, D]
+    f_b: T  # [H_r * D, D]
     # dt_bias [Q] F32, verbatim
-    dt_bias: T  # [Q]
+    dt_bias: T  # [H_r * D]
     # A_log [H] F32, verbatim
-    a_log: T  # [H]
+    a_log: T  # [H_r]
     # b_proj.weight [H, X] BF16, verbatim
-    b_proj: T  # [H, X]
+    b_proj: T  # [H_r, X]
     # g_a_proj.weight [D, X] BF16, verbatim
-    g_a: T  # [D, X]
+    g_a: T  # [D, X], replicated
     # g_b_proj.weight [Q, D] BF16, verbatim
-    g_b: T  # [Q, D]
+    g_b: T  # [H_r * D, D]
     # o_norm.weight [D] BF16, verbatim
-    o_norm: T  # [D]
+    o_norm: T  # [D], replicated
     # o_proj.weight [X, Q] BF16, verbatim
-    o_proj: T  # [X, Q]
+    o_proj: T  # [X, H_r * D]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 
@@ -466,7 +464,7 @@ def bind_kda(
         q_proj=t["self_attn.q_proj.weight"],
         k_proj=t["self_attn.k_proj.weight"],
         v_proj=t["self_attn.v_proj.weight"],
-        # 3 x [Q, 1, K] -> [3 * Q, K]: q_conv1d.weight, k_conv1d.weight, v_conv1d.weight in that order
+        # 3 x [H_r * D, 1, K] -> [3 * H_r * D, K]: q_conv1d.weight, k_conv1d.weight, v_conv1d.weight in that order
         conv=ops.concat_squeeze(
             (
                 t["self_attn.q_conv1d.weight"],

@@ -57,6 +57,7 @@ class LayerNormsGeometry:
     ep: int = 1
 
     def values(self) -> dict[str, int]:
+        """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
             "X": self.X,
             "tp": self.tp,
@@ -64,15 +65,17 @@ class LayerNormsGeometry:
         }
 
 
+# Every tensor of this block is replicated: each rank holds it whole, in its global shape.
+
 TENSORS: tuple[TensorRule, ...] = (
-    # input_layernorm.weight [X] BF16: every rank holds all of it
+    # input_layernorm.weight [X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="input_layernorm.weight",
         dtype="BF16",
         shape="[X]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # post_attention_layernorm.weight [X] BF16: every rank holds all of it
+    # post_attention_layernorm.weight [X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="post_attention_layernorm.weight",
         dtype="BF16",
@@ -131,12 +134,8 @@ def expected_shapes(g: LayerNormsGeometry) -> dict[str, tuple[int, ...]]:
 
 
 def env(g: LayerNormsGeometry) -> dict[str, int]:
-    """Every symbol, derived symbol, ``tp`` and ``ep`` at ``g`` (shard units are looked up here)."""
-    return {
-        "X": g.X,
-        "tp": g.tp,
-        "ep": g.ep,
-    }
+    """``g.values()``: this block derives no symbol (shard units are looked up here)."""
+    return g.values()
 
 
 def counts(g: LayerNormsGeometry) -> dict[str, int]:
@@ -169,9 +168,9 @@ class LayerNormsWeights(Generic[T]):
     """The bound weights of one ``layer_norms`` block, in the layout the kernels read."""
 
     # input_layernorm.weight [X] BF16, verbatim
-    input_norm: T  # [X]
+    input_norm: T  # [X], replicated
     # post_attention_layernorm.weight [X] BF16, verbatim
-    post_attention_norm: T  # [X]
+    post_attention_norm: T  # [X], replicated
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 

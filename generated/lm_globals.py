@@ -59,6 +59,7 @@ class LmGlobalsGeometry:
     ep: int = 1
 
     def values(self) -> dict[str, int]:
+        """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
             "X": self.X,
             "V": self.V,
@@ -67,22 +68,25 @@ class LmGlobalsGeometry:
         }
 
 
+# Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
+#   V_r = V/tp: this rank's share of V (vocabulary size)
+
 TENSORS: tuple[TensorRule, ...] = (
-    # embed_tokens.weight [V, X] BF16: rank r: rows [r*(V)/tp, (r+1)*(V)/tp) in whole V
+    # embed_tokens.weight [V, X] BF16 on disk; rank r reads [V_r, X], block r of the rows (whole V)
     TensorRule(
         name="embed_tokens.weight",
         dtype="BF16",
         shape="[V, X]",
         shard=ShardRule(kind="rows", unit="V", axis=0),
     ),
-    # norm.weight [X] BF16: every rank holds all of it
+    # norm.weight [X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="norm.weight",
         dtype="BF16",
         shape="[X]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # lm_head.weight [V, X] BF16: rank r: rows [r*(V)/tp, (r+1)*(V)/tp) in whole V
+    # lm_head.weight [V, X] BF16 on disk; rank r reads [V_r, X], block r of the rows (whole V)
     TensorRule(
         name="lm_head.weight",
         dtype="BF16",
@@ -155,13 +159,8 @@ def expected_shapes(g: LmGlobalsGeometry) -> dict[str, tuple[int, ...]]:
 
 
 def env(g: LmGlobalsGeometry) -> dict[str, int]:
-    """Every symbol, derived symbol, ``tp`` and ``ep`` at ``g`` (shard units are looked up here)."""
-    return {
-        "X": g.X,
-        "V": g.V,
-        "tp": g.tp,
-        "ep": g.ep,
-    }
+    """``g.values()``: this block derives no symbol (shard units are looked up here)."""
+    return g.values()
 
 
 def counts(g: LmGlobalsGeometry) -> dict[str, int]:
@@ -194,11 +193,11 @@ class LmGlobalsWeights(Generic[T]):
     """The bound weights of one ``lm_globals`` block, in the layout the kernels read."""
 
     # embed_tokens.weight [V, X] BF16, verbatim
-    embed_tokens: T  # [V, X]
+    embed_tokens: T  # [V_r, X]
     # norm.weight [X] BF16, verbatim
-    norm: T  # [X]
+    norm: T  # [X], replicated
     # lm_head.weight [V, X] BF16, verbatim
-    lm_head: T | None  # [V, X]
+    lm_head: T | None  # [V_r, X]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 

@@ -59,6 +59,7 @@ class MhcGeometry:
     ep: int = 1
 
     def values(self) -> dict[str, int]:
+        """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
             "X": self.X,
             "N": self.N,
@@ -67,8 +68,10 @@ class MhcGeometry:
         }
 
 
+# Every tensor of this block is replicated: each rank holds it whole, in its global shape.
+
 TENSORS: tuple[TensorRule, ...] = (
-    # hc_attn_fn [M, N * X] F32: every rank holds all of it
+    # hc_attn_fn [M, N * X] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="hc_attn_fn",
         dtype="F32",
@@ -76,7 +79,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         stored=("BF16",),
     ),
-    # hc_attn_base [M] F32: every rank holds all of it
+    # hc_attn_base [M] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="hc_attn_base",
         dtype="F32",
@@ -84,7 +87,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         why_dtype="mHC base is F32 in the mixing kernel; narrowing it would change the stream weights",
     ),
-    # hc_attn_scale [3] F32: every rank holds all of it
+    # hc_attn_scale [3] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="hc_attn_scale",
         dtype="F32",
@@ -92,7 +95,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         why_dtype="mHC scale is F32 in the mixing kernel; narrowing it would change the stream weights",
     ),
-    # hc_ffn_fn [M, N * X] F32: every rank holds all of it
+    # hc_ffn_fn [M, N * X] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="hc_ffn_fn",
         dtype="F32",
@@ -100,7 +103,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         stored=("BF16",),
     ),
-    # hc_ffn_base [M] F32: every rank holds all of it
+    # hc_ffn_base [M] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="hc_ffn_base",
         dtype="F32",
@@ -108,7 +111,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         why_dtype="mHC base is F32 in the mixing kernel; narrowing it would change the stream weights",
     ),
-    # hc_ffn_scale [3] F32: every rank holds all of it
+    # hc_ffn_scale [3] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="hc_ffn_scale",
         dtype="F32",
@@ -193,14 +196,11 @@ def expected_shapes(g: MhcGeometry) -> dict[str, tuple[int, ...]]:
 
 
 def env(g: MhcGeometry) -> dict[str, int]:
-    """Every symbol, derived symbol, ``tp`` and ``ep`` at ``g`` (shard units are looked up here)."""
+    """``g.values()`` and every derived symbol at ``g`` (shard units are looked up here)."""
     M = algebra_ops.bounded((2 + g.N) * g.N)
     return {
-        "X": g.X,
-        "N": g.N,
+        **g.values(),
         "M": M,
-        "tp": g.tp,
-        "ep": g.ep,
     }
 
 
@@ -234,17 +234,17 @@ class MhcWeights(Generic[T]):
     """The bound weights of one ``mhc`` block, in the layout the kernels read."""
 
     # hc_attn_fn [M, N * X] F32, verbatim
-    attn_fn: T  # [M, N * X]
+    attn_fn: T  # [M, N * X], replicated
     # hc_attn_base [M] F32, verbatim
-    attn_base: T  # [M]
+    attn_base: T  # [M], replicated
     # hc_attn_scale [3] F32, verbatim
-    attn_scale: T  # [3]
+    attn_scale: T  # [3], replicated
     # hc_ffn_fn [M, N * X] F32, verbatim
-    ffn_fn: T  # [M, N * X]
+    ffn_fn: T  # [M, N * X], replicated
     # hc_ffn_base [M] F32, verbatim
-    ffn_base: T  # [M]
+    ffn_base: T  # [M], replicated
     # hc_ffn_scale [3] F32, verbatim
-    ffn_scale: T  # [3]
+    ffn_scale: T  # [3], replicated
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 

@@ -65,6 +65,7 @@ class MlaGeometry:
     ep: int = 1
 
     def values(self) -> dict[str, int]:
+        """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
             "X": self.X,
             "H": self.H,
@@ -77,8 +78,11 @@ class MlaGeometry:
         }
 
 
+# Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
+#   H_r = H/tp: this rank's share of H (attention heads)
+
 TENSORS: tuple[TensorRule, ...] = (
-    # self_attn.q_proj.weight [H * (N + R), X] BF16: rank r: rows [r*(H * (N + R))/tp, (r+1)*(H * (N + R))/tp) in whole H
+    # self_attn.q_proj.weight [H * (N + R), X] BF16 on disk; rank r reads [H_r * (N + R), X], block r of the rows (whole H)
     TensorRule(
         name="self_attn.q_proj.weight",
         dtype="BF16",
@@ -86,7 +90,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         linear=True,
     ),
-    # self_attn.kv_a_proj_with_mqa.weight [KVL + R, X] BF16: every rank holds all of it
+    # self_attn.kv_a_proj_with_mqa.weight [KVL + R, X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.kv_a_proj_with_mqa.weight",
         dtype="BF16",
@@ -94,14 +98,14 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # self_attn.kv_a_layernorm.weight [KVL] BF16: every rank holds all of it
+    # self_attn.kv_a_layernorm.weight [KVL] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.kv_a_layernorm.weight",
         dtype="BF16",
         shape="[KVL]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # self_attn.kv_b_proj.weight [H * (N + V), KVL] BF16: rank r: rows [r*(H * (N + V))/tp, (r+1)*(H * (N + V))/tp) in whole H
+    # self_attn.kv_b_proj.weight [H * (N + V), KVL] BF16 on disk; rank r reads [H_r * (N + V), KVL], block r of the rows (whole H)
     TensorRule(
         name="self_attn.kv_b_proj.weight",
         dtype="BF16",
@@ -109,7 +113,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="H", axis=0),
         linear=True,
     ),
-    # self_attn.o_proj.weight [X, H * V] BF16: rank r: cols [r*(H * V)/tp, (r+1)*(H * V)/tp) in whole H
+    # self_attn.o_proj.weight [X, H * V] BF16 on disk; rank r reads [X, H_r * V], block r of the cols (whole H)
     TensorRule(
         name="self_attn.o_proj.weight",
         dtype="BF16",
@@ -184,17 +188,8 @@ def expected_shapes(g: MlaGeometry) -> dict[str, tuple[int, ...]]:
 
 
 def env(g: MlaGeometry) -> dict[str, int]:
-    """Every symbol, derived symbol, ``tp`` and ``ep`` at ``g`` (shard units are looked up here)."""
-    return {
-        "X": g.X,
-        "H": g.H,
-        "N": g.N,
-        "R": g.R,
-        "V": g.V,
-        "KVL": g.KVL,
-        "tp": g.tp,
-        "ep": g.ep,
-    }
+    """``g.values()``: this block derives no symbol (shard units are looked up here)."""
+    return g.values()
 
 
 def counts(g: MlaGeometry) -> dict[str, int]:
@@ -219,71 +214,53 @@ def plan(g: MlaGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
 
 def make_q_absorb(g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
-    H_rank = g.H // g.tp  # this rank's H units
+    H_r = g.H // g.tp  # this rank's share of H (attention heads)
     a = t["self_attn.kv_b_proj.weight"]
-    # [H * (N + V), KVL] -> [H, N + V, KVL]
-    a = ops.view(a, shape=(H_rank, g.N + g.V, g.KVL), what="q_absorb: kv_b_proj.weight")
-    # [H, N + V, KVL], axis 1 [0:N]
+    # [H_r * (N + V), KVL] -> [H_r, N + V, KVL]
+    a = ops.view(a, shape=(H_r, g.N + g.V, g.KVL), what="q_absorb: kv_b_proj.weight")
+    # [H_r, N + V, KVL], axis 1 [0:N] -> [H_r, N, KVL]
     a = ops.take(a, axis=1, start=0, stop=g.N, what="q_absorb: kv_b_proj.weight")
     b = t["self_attn.q_proj.weight"]
-    # [H * (N + R), X] -> [H, N + R, X]
-    b = ops.view(b, shape=(H_rank, g.N + g.R, g.X), what="q_absorb: q_proj.weight")
-    # [H, N + R, X], axis 1 [0:N]
+    # [H_r * (N + R), X] -> [H_r, N + R, X]
+    b = ops.view(b, shape=(H_r, g.N + g.R, g.X), what="q_absorb: q_proj.weight")
+    # [H_r, N + R, X], axis 1 [0:N] -> [H_r, N, X]
     b = ops.take(b, axis=1, start=0, stop=g.N, what="q_absorb: q_proj.weight")
-    # einsum hrc,hrk->hck: [h, r, c], [h, r, k] -> [h, c, r] @ [h, r, k] -> [h, c, k]
-    y = ops.contract(
-        a,
-        b,
-        perm_a=(0, 2, 1),
-        perm_b=(0, 1, 2),
-        groups=(1, 1, 1, 1),
-        perm_out=(0, 1, 2),
-        dtype="BF16",
-        factor=None,
-    )
-    # [h, c, k] -> [H * KVL, X]
-    y = ops.view(y, shape=(H_rank * g.KVL, g.X), what="q_absorb")
+    # einsum hrc,hrk->hck: one matmul per h, summing r: [h, c, r] @ [h, r, k] -> [h, c, k]
+    y = ops.contract(a, b, einsum="hrc,hrk->hck", dtype="BF16")
+    # [h, c, k] -> [H_r * KVL, X]
+    y = ops.view(y, shape=(H_r * g.KVL, g.X), what="q_absorb")
     return y
 
 
 def make_q_rope(g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_rope``: one tensor, as BF16."""
-    H_rank = g.H // g.tp  # this rank's H units
+    H_r = g.H // g.tp  # this rank's share of H (attention heads)
     x = t["self_attn.q_proj.weight"]
-    # [H * (N + R), X] -> [H, N + R, X]
-    x = ops.view(x, shape=(H_rank, g.N + g.R, g.X), what="q_rope: q_proj.weight")
-    # [H, N + R, X], axis 1 [N:N + R]
+    # [H_r * (N + R), X] -> [H_r, N + R, X]
+    x = ops.view(x, shape=(H_r, g.N + g.R, g.X), what="q_rope: q_proj.weight")
+    # [H_r, N + R, X], axis 1 [N:N + R] -> [H_r, R, X]
     x = ops.take(x, axis=1, start=g.N, stop=g.N + g.R, what="q_rope: q_proj.weight")
     x = ops.cast(x, dtype="BF16")
-    # the slice -> [H * R, X]
-    x = ops.view(x, shape=(H_rank * g.R, g.X), what="q_rope")
+    # [H_r, R, X] -> [H_r * R, X]
+    x = ops.view(x, shape=(H_r * g.R, g.X), what="q_rope")
     return x
 
 
 def make_o_absorb(g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
-    H_rank = g.H // g.tp  # this rank's H units
+    H_r = g.H // g.tp  # this rank's share of H (attention heads)
     a = t["self_attn.o_proj.weight"]
-    # [X, H * V] -> [X, H, V]
-    a = ops.view(a, shape=(g.X, H_rank, g.V), what="o_absorb: o_proj.weight")
+    # [X, H_r * V] -> [X, H_r, V]
+    a = ops.view(a, shape=(g.X, H_r, g.V), what="o_absorb: o_proj.weight")
     b = t["self_attn.kv_b_proj.weight"]
-    # [H * (N + V), KVL] -> [H, N + V, KVL]
-    b = ops.view(b, shape=(H_rank, g.N + g.V, g.KVL), what="o_absorb: kv_b_proj.weight")
-    # [H, N + V, KVL], axis 1 [N:N + V]
+    # [H_r * (N + V), KVL] -> [H_r, N + V, KVL]
+    b = ops.view(b, shape=(H_r, g.N + g.V, g.KVL), what="o_absorb: kv_b_proj.weight")
+    # [H_r, N + V, KVL], axis 1 [N:N + V] -> [H_r, V, KVL]
     b = ops.take(b, axis=1, start=g.N, stop=g.N + g.V, what="o_absorb: kv_b_proj.weight")
-    # einsum ihr,hrc->ihc: [i, h, r], [h, r, c] -> [h, i, r] @ [h, r, c] -> [i, h, c]
-    y = ops.contract(
-        a,
-        b,
-        perm_a=(1, 0, 2),
-        perm_b=(0, 1, 2),
-        groups=(1, 1, 1, 1),
-        perm_out=(1, 0, 2),
-        dtype="BF16",
-        factor=None,
-    )
-    # [i, h, c] -> [X, H * KVL]
-    y = ops.view(y, shape=(g.X, H_rank * g.KVL), what="o_absorb")
+    # einsum ihr,hrc->ihc: one matmul per h, summing r: [h, i, r] @ [h, r, c] -> [i, h, c]
+    y = ops.contract(a, b, einsum="ihr,hrc->ihc", dtype="BF16")
+    # [i, h, c] -> [X, H_r * KVL]
+    y = ops.view(y, shape=(g.X, H_r * g.KVL), what="o_absorb")
     return y
 
 
@@ -297,15 +274,15 @@ class MlaWeights(Generic[T]):
     """The bound weights of one ``mla`` block, in the layout the kernels read."""
 
     # q_absorb: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16
-    q_absorb: T  # [H * KVL, X]
+    q_absorb: T  # [H_r * KVL, X]
     # q_rope: one tensor, as BF16
-    q_rope: T  # [H * R, X]
+    q_rope: T  # [H_r * R, X]
     # kv_a_proj_with_mqa.weight [KVL + R, X] BF16, verbatim
-    kv_a_proj: T  # [KVL + R, X]
+    kv_a_proj: T  # [KVL + R, X], replicated
     # kv_a_layernorm.weight [KVL] BF16, verbatim
-    kv_a_layernorm: T  # [KVL]
+    kv_a_layernorm: T  # [KVL], replicated
     # o_absorb: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16
-    o_absorb: T  # [X, H * KVL]
+    o_absorb: T  # [X, H_r * KVL]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 

@@ -61,6 +61,7 @@ class MoeGeometry:
     ep: int = 1
 
     def values(self) -> dict[str, int]:
+        """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
             "X": self.X,
             "E": self.E,
@@ -71,15 +72,19 @@ class MoeGeometry:
         }
 
 
+# Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
+#   E_r: this ep rank's members of E (routed experts), E/ep and one more on the first E % ep ranks
+#   Im_r = Im/tp: this rank's share of Im (intermediate size of one expert)
+
 TENSORS: tuple[TensorRule, ...] = (
-    # mlp.gate.weight [E, X] BF16: every rank holds all of it
+    # mlp.gate.weight [E, X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="mlp.gate.weight",
         dtype="BF16",
         shape="[E, X]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # mlp.gate.e_score_correction_bias [E] F32: every rank holds all of it
+    # mlp.gate.e_score_correction_bias [E] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="mlp.gate.e_score_correction_bias",
         dtype="F32",
@@ -87,7 +92,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         why_dtype="the correction bias decides which experts are chosen; rounding it to BF16 would change the top-k",
     ),
-    # mlp.experts.{e}.gate_proj.weight [Im, X] BF16: rank r: rows [r*(Im)/tp, (r+1)*(Im)/tp) in whole Im; only the family members of this ep rank
+    # mlp.experts.{e}.gate_proj.weight [Im, X] BF16 on disk; rank r reads [Im_r, X], block r of the rows (whole Im); only this ep rank's e members
     TensorRule(
         name="mlp.experts.{e}.gate_proj.weight",
         dtype="BF16",
@@ -96,7 +101,7 @@ TENSORS: tuple[TensorRule, ...] = (
         linear=True,
         family="e",
     ),
-    # mlp.experts.{e}.up_proj.weight [Im, X] BF16: rank r: rows [r*(Im)/tp, (r+1)*(Im)/tp) in whole Im; only the family members of this ep rank
+    # mlp.experts.{e}.up_proj.weight [Im, X] BF16 on disk; rank r reads [Im_r, X], block r of the rows (whole Im); only this ep rank's e members
     TensorRule(
         name="mlp.experts.{e}.up_proj.weight",
         dtype="BF16",
@@ -105,7 +110,7 @@ TENSORS: tuple[TensorRule, ...] = (
         linear=True,
         family="e",
     ),
-    # mlp.experts.{e}.down_proj.weight [X, Im] BF16: rank r: cols [r*(Im)/tp, (r+1)*(Im)/tp) in whole Im; only the family members of this ep rank
+    # mlp.experts.{e}.down_proj.weight [X, Im] BF16 on disk; rank r reads [X, Im_r], block r of the cols (whole Im); only this ep rank's e members
     TensorRule(
         name="mlp.experts.{e}.down_proj.weight",
         dtype="BF16",
@@ -114,7 +119,7 @@ TENSORS: tuple[TensorRule, ...] = (
         linear=True,
         family="e",
     ),
-    # mlp.shared_experts.gate_proj.weight [S * Im, X] BF16: rank r: rows [r*(S * Im)/tp, (r+1)*(S * Im)/tp) in whole Im
+    # mlp.shared_experts.gate_proj.weight [S * Im, X] BF16 on disk; rank r reads [S * Im_r, X], block r of the rows (whole Im)
     TensorRule(
         name="mlp.shared_experts.gate_proj.weight",
         dtype="BF16",
@@ -122,7 +127,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="Im", axis=0),
         linear=True,
     ),
-    # mlp.shared_experts.up_proj.weight [S * Im, X] BF16: rank r: rows [r*(S * Im)/tp, (r+1)*(S * Im)/tp) in whole Im
+    # mlp.shared_experts.up_proj.weight [S * Im, X] BF16 on disk; rank r reads [S * Im_r, X], block r of the rows (whole Im)
     TensorRule(
         name="mlp.shared_experts.up_proj.weight",
         dtype="BF16",
@@ -130,7 +135,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="rows", unit="Im", axis=0),
         linear=True,
     ),
-    # mlp.shared_experts.down_proj.weight [X, S * Im] BF16: rank r: cols [r*(S * Im)/tp, (r+1)*(S * Im)/tp) in whole Im
+    # mlp.shared_experts.down_proj.weight [X, S * Im] BF16 on disk; rank r reads [X, S * Im_r], block r of the cols (whole Im)
     TensorRule(
         name="mlp.shared_experts.down_proj.weight",
         dtype="BF16",
@@ -239,15 +244,8 @@ def expected_shapes(g: MoeGeometry) -> dict[str, tuple[int, ...]]:
 
 
 def env(g: MoeGeometry) -> dict[str, int]:
-    """Every symbol, derived symbol, ``tp`` and ``ep`` at ``g`` (shard units are looked up here)."""
-    return {
-        "X": g.X,
-        "E": g.E,
-        "Im": g.Im,
-        "S": g.S,
-        "tp": g.tp,
-        "ep": g.ep,
-    }
+    """``g.values()``: this block derives no symbol (shard units are looked up here)."""
+    return g.values()
 
 
 def counts(g: MoeGeometry) -> dict[str, int]:
@@ -282,17 +280,17 @@ class MoeWeights(Generic[T]):
     """The bound weights of one ``moe`` block, in the layout the kernels read."""
 
     # gate.weight [E, X] BF16, verbatim
-    router: T  # [E, X]
+    router: T  # [E, X], replicated
     # gate.e_score_correction_bias [E] F32, verbatim
-    router_bias: T  # [E]
+    router_bias: T  # [E], replicated
     # stack over this rank's e of: experts.{e}.gate_proj.weight, experts.{e}.up_proj.weight
-    w13: T  # [E/ep, 2 * Im, X] (before the tp split)
+    w13: T  # [E_r, 2 * Im_r, X]
     # stack over this rank's e of: experts.{e}.down_proj.weight
-    w2: T  # [E/ep, X, Im] (before the tp split)
+    w2: T  # [E_r, X, Im_r]
     # concat of 2 on axis 0
-    shared_gate_up: T  # [2 * S * Im, X] (before the tp split)
+    shared_gate_up: T  # [2 * S * Im_r, X]
     # shared_experts.down_proj.weight [X, S * Im] BF16, verbatim
-    shared_down: T  # [X, S * Im]
+    shared_down: T  # [X, S * Im_r]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 
@@ -349,7 +347,7 @@ def bind_moe(
     weights = MoeWeights(
         router=t["mlp.gate.weight"],
         router_bias=t["mlp.gate.e_score_correction_bias"],
-        # 2 x [Im, X] -> [E/ep, 2 * Im, X]: experts.{e}.gate_proj.weight, experts.{e}.up_proj.weight in that order
+        # 2 x [Im_r, X] -> [E_r, 2 * Im_r, X]: experts.{e}.gate_proj.weight, experts.{e}.up_proj.weight in that order
         w13=ops.stack(
             (
                 members(t, pattern="mlp.experts.{e}.gate_proj.weight", family="e", plan=p),
@@ -358,13 +356,13 @@ def bind_moe(
             axis=0,
             squeeze=None,
         ),
-        # 1 x [X, Im] -> [E/ep, X, Im]: experts.{e}.down_proj.weight in that order
+        # 1 x [X, Im_r] -> [E_r, X, Im_r]: experts.{e}.down_proj.weight in that order
         w2=ops.stack(
             (members(t, pattern="mlp.experts.{e}.down_proj.weight", family="e", plan=p),),
             axis=0,
             squeeze=None,
         ),
-        # 2 x [S * Im, X] -> [2 * S * Im, X]: shared_experts.gate_proj.weight, shared_experts.up_proj.weight in that order
+        # 2 x [S * Im_r, X] -> [2 * S * Im_r, X]: shared_experts.gate_proj.weight, shared_experts.up_proj.weight in that order
         shared_gate_up=ops.concat_squeeze(
             (
                 t["mlp.shared_experts.gate_proj.weight"],

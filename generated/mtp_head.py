@@ -57,6 +57,7 @@ class MtpHeadGeometry:
     ep: int = 1
 
     def values(self) -> dict[str, int]:
+        """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
             "X": self.X,
             "tp": self.tp,
@@ -64,22 +65,24 @@ class MtpHeadGeometry:
         }
 
 
+# Every tensor of this block is replicated: each rank holds it whole, in its global shape.
+
 TENSORS: tuple[TensorRule, ...] = (
-    # enorm.weight [X] BF16: every rank holds all of it
+    # enorm.weight [X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="enorm.weight",
         dtype="BF16",
         shape="[X]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # hnorm.weight [X] BF16: every rank holds all of it
+    # hnorm.weight [X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="hnorm.weight",
         dtype="BF16",
         shape="[X]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # eh_proj.weight [X, 2 * X] BF16: every rank holds all of it
+    # eh_proj.weight [X, 2 * X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="eh_proj.weight",
         dtype="BF16",
@@ -87,7 +90,7 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # shared_head.norm.weight [X] BF16: every rank holds all of it
+    # shared_head.norm.weight [X] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="shared_head.norm.weight",
         dtype="BF16",
@@ -158,12 +161,8 @@ def expected_shapes(g: MtpHeadGeometry) -> dict[str, tuple[int, ...]]:
 
 
 def env(g: MtpHeadGeometry) -> dict[str, int]:
-    """Every symbol, derived symbol, ``tp`` and ``ep`` at ``g`` (shard units are looked up here)."""
-    return {
-        "X": g.X,
-        "tp": g.tp,
-        "ep": g.ep,
-    }
+    """``g.values()``: this block derives no symbol (shard units are looked up here)."""
+    return g.values()
 
 
 def counts(g: MtpHeadGeometry) -> dict[str, int]:
@@ -196,13 +195,13 @@ class MtpHeadWeights(Generic[T]):
     """The bound weights of one ``mtp_head`` block, in the layout the kernels read."""
 
     # enorm.weight [X] BF16, verbatim
-    enorm: T  # [X]
+    enorm: T  # [X], replicated
     # hnorm.weight [X] BF16, verbatim
-    hnorm: T  # [X]
+    hnorm: T  # [X], replicated
     # eh_proj.weight [X, 2 * X] BF16, verbatim
-    eh_proj: T  # [X, 2 * X]
+    eh_proj: T  # [X, 2 * X], replicated
     # shared_head.norm.weight [X] BF16, verbatim
-    shared_head_norm: T  # [X]
+    shared_head_norm: T  # [X], replicated
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 

@@ -1,12 +1,13 @@
 """The typed context of a declared transform: one ``make_<field>`` function, as a list of steps
 that ``templates/transform.py.j2`` renders, one macro per step kind (read, view, take, contract,
-scale, cast). Plain NumPy via ``runtime.ops``; a shape comment on every view, slice and
-contraction.
+scale, cast). Plain NumPy via ``runtime.ops``; a shape comment, in this rank's terms
+(``generator.rank_shapes``), on every view, slice and contraction.
 
 Invariant: every expression in a step names symbols only through checked identifiers
-(``g.X``, a rank-local unit count ``H_rank``, a local derived symbol) and literals only through
-``repr``; the einsum lowering is carried as integer tuples computed here, at generate time.
-Trap: inside a transform a sharded unit means this rank's share (``H_rank = g.H // g.tp``); a
+(``g.X``, a rank-local unit count ``H_r``, a local derived symbol) and literals only through
+``repr``; a contraction carries the spec's einsum text, checked at generate time and lowered
+by ``core.einsum`` at bind time, as it was checked.
+Trap: inside a transform a sharded unit means this rank's share (``H_r = g.H // g.tp``); a
 scale's symbols are always the full counts (``IH ** -0.5`` does not shrink with tp).
 """
 
@@ -16,9 +17,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 from specbind.core import algebra
+from specbind.core.einsum import Lowering
 from specbind.generator.literals import comment, py_literal
+from specbind.generator.rank_shapes import RankShapes, dims_text, rank_name
 from specbind.generator.spec import Block, Output
-from specbind.generator.transforms import Lowering, Operand, Transform, ast_text
+from specbind.generator.transforms import Operand, Transform, ast_text
 
 StepKind = Literal["read", "view", "take", "contract", "scale", "cast"]
 
@@ -44,12 +47,8 @@ class TransformContext:
     result: str
 
 
-def _dims(exprs: tuple[algebra.Expr, ...]) -> str:
-    return "[" + ", ".join(ast_text(e) for e in exprs) + "]"
-
-
 class _Names:
-    """Symbol -> Python: this rank's units as ``U_rank``, derived symbols as locals, the rest
+    """Symbol -> Python: this rank's units as ``U_r``, derived symbols as locals, the rest
     as ``g.S``."""
 
     def __init__(self, block: Block, local_units: set[str]) -> None:
@@ -60,14 +59,14 @@ class _Names:
     def __call__(self, sym: str) -> str:
         if sym in self.local_units:
             self.used.add(sym)
-            return f"{sym}_rank"
+            return rank_name(sym)
         if sym in self.block.derived:
             self.used.add(sym)
             return sym
         return f"g.{sym}"
 
 
-def context(block: Block, out: Output, geo_class: str) -> TransformContext:
+def context(block: Block, out: Output, geo_class: str, rs: RankShapes) -> TransformContext:
     """The steps computing ``out`` on this rank from the checked arrays ``t``."""
     tf = out.transform
     assert tf is not None
@@ -77,7 +76,7 @@ def context(block: Block, out: Output, geo_class: str) -> TransformContext:
     vars_ = []
     for i, o in enumerate(tf.operands):
         var = "ab"[i] if tf.lowering is not None else "x"
-        steps += _operand_steps(block, out, o, var, names)
+        steps += _operand_steps(block, out, o, var, names, rs, units)
         vars_.append(var)
     result = vars_[0]
     if tf.lowering is not None:
@@ -91,12 +90,17 @@ def context(block: Block, out: Output, geo_class: str) -> TransformContext:
         steps.append(Step("cast", result, "", (result, py_literal(tf.dtype))))
     if tf.view is not None:
         shape = _tuple([algebra.to_python(e, names) for e in tf.view])
-        before = f"[{', '.join(tf.lowering.letters_out)}]" if tf.lowering else "the slice"
-        note = comment(f"{before} -> {_dims(tf.view)}")
+        if tf.lowering is not None:
+            before = f"[{', '.join(tf.lowering.letters_out)}]"
+        else:
+            before = dims_text(rs.operand(tf.operands[0], units)[2])
+        note = comment(f"{before} -> {dims_text(rs.local(tf.view, units))}")
         steps.append(Step("view", result, note, (result, shape, py_literal(out.field))))
     local: list[tuple[str, str, str]] = []
     for u in sorted(names.used & units):
-        local.append((f"{u}_rank", f"g.{u} // g.tp", comment(f"this rank's {u} units")))
+        local.append(
+            (rank_name(u), f"g.{u} // g.tp", comment(f"this rank's share of {rs.what(u)}"))
+        )
     needed = set(names.used & set(block.derived))
     for d in reversed(list(block.derived)):  # derived symbols the needed ones use, transitively
         if d in needed:
@@ -112,17 +116,15 @@ def context(block: Block, out: Output, geo_class: str) -> TransformContext:
 
 
 def _contract(tf: Transform, low: Lowering, vars_: list[str]) -> Step:
-    factor = "None"
-    if tf.scale is not None:
-        factor = algebra.to_python_real(tf.scale, lambda s: f"g.{s}")
+    per = ", ".join(low.batch)
+    each = "one matmul" + (f" per {per}" if len(low.batch) == 1 else f" per ({per})" if per else "")
+    summed = f"summing {', '.join(low.contract)}" if low.contract else "summing nothing"
     note = comment(
-        f"einsum {tf.einsum}: [{', '.join(low.letters_a)}], [{', '.join(low.letters_b)}] -> "
-        f"{_mid(low)} -> [{', '.join(low.letters_out)}]"
+        f"einsum {tf.einsum}: {each}, {summed}: {_mid(low)} -> [{', '.join(low.letters_out)}]"
     )
-    args = (
-        vars_[0], vars_[1], repr(low.perm_a), repr(low.perm_b), repr(low.groups),
-        repr(low.perm_out), py_literal(tf.dtype), factor,
-    )  # fmt: skip
+    args: tuple[str, ...] = (vars_[0], vars_[1], py_literal(tf.einsum), py_literal(tf.dtype))
+    if tf.scale is not None:
+        args += (algebra.to_python_real(tf.scale, lambda s: f"g.{s}"),)
     return Step("contract", "y", note, args)
 
 
@@ -148,23 +150,21 @@ def _tuple(items: list[str]) -> str:
     return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
-def _operand_steps(block: Block, out: Output, o: Operand, var: str, names: _Names) -> list[Step]:
-    t = block.tensor(o.tensor)
+def _operand_steps(
+    block: Block, out: Output, o: Operand, var: str, names: _Names, rs: RankShapes,
+    units: set[str],
+) -> list[Step]:  # fmt: skip
     what = py_literal(f"{out.field}: {block.rel(o.tensor)}")
     steps = [Step("read", var, "", (py_literal(o.tensor),))]
-    cur = _dims(t.dims)
+    read, viewed, sliced, bounds = rs.operand(o, units)
     if o.view is not None:
         shape = _tuple([algebra.to_python(e, names) for e in o.view])
-        steps.append(Step("view", var, comment(f"{cur} -> {_dims(o.view)}"), (var, shape, what)))
-        cur = _dims(o.view)
+        note = comment(f"{dims_text(read)} -> {dims_text(viewed)}")
+        steps.append(Step("view", var, note, (var, shape, what)))
     if o.slice is not None:
         s = o.slice
         start = "0" if s.start is None else algebra.to_python(s.start, names)
         stop = f"{var}.shape[{s.axis}]" if s.stop is None else algebra.to_python(s.stop, names)
-        note = comment(f"{cur}, axis {s.axis} [{_text(s.start, '0')}:{_text(s.stop, 'end')}]")
+        note = comment(f"{dims_text(viewed)}, axis {s.axis} {bounds} -> {dims_text(sliced)}")
         steps.append(Step("take", var, note, (var, str(s.axis), start, stop, what)))
     return steps
-
-
-def _text(e: algebra.Expr | None, default: str) -> str:
-    return default if e is None else ast_text(e)

@@ -11,7 +11,6 @@ Invariants:
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import os
 import re
@@ -31,6 +30,7 @@ from specbind.generator import codegen_transforms, yamlio
 from specbind.generator import kernels as generator_kernels
 from specbind.generator.evaluate import check_model_geometry
 from specbind.generator.literals import comment, py_literal
+from specbind.generator.rank_shapes import RankShapes, dims_text, times
 from specbind.generator.schemes import parse_scheme
 from specbind.generator.spec import Block, Model, Output, parse_block, parse_model
 from specbind.runtime.atomic import atomic_writer
@@ -163,10 +163,6 @@ def _py(expr: algebra.Expr, block: Block) -> str:
     return algebra.to_python(expr, _namer(block))
 
 
-def _text(expr: algebra.Expr) -> str:
-    return ast.unparse(expr.node)
-
-
 def _prelude(block: Block, exprs: list[algebra.Expr]) -> list[str]:
     return [_derived_line(block, d) for d in _needed(block, exprs)]
 
@@ -176,19 +172,15 @@ def _derived_line(block: Block, d: str) -> str:
     return f"{d} = algebra_ops.bounded({_py(block.derived[d], block)})"
 
 
-def _rank_slice(t: TensorRule) -> str:
+def _rank_slice(t: TensorRule, rs: RankShapes) -> str:
     """Which part of the tensor rank r holds, for the comment above its rule."""
-    member = "; only the family members of this ep rank" if t.family else ""
+    member = f"; only this ep rank's {t.family} members" if t.family else ""
     if t.shard.kind == "replicated" or not t.dims:
-        return "every rank holds all of it" + member
+        return "replicated: every rank reads all of it" + member
     axis = t.shard.resolved(len(t.dims))
-    d = _text(t.dims[axis])
     where = {0: "rows"}.get(axis, "cols" if axis == len(t.dims) - 1 else f"axis {axis}")
-    return f"rank r: {where} [r*({d})/tp, (r+1)*({d})/tp) in whole {t.shard.unit}" + member
-
-
-def _dims_text(dims: list[str]) -> str:
-    return "[" + ", ".join(dims) + "]"
+    local = dims_text(rs.tensor_dims(t))
+    return f"rank r reads {local}, block r of the {where} (whole {t.shard.unit})" + member
 
 
 def _field_layout(b: Block, o: Output) -> tuple[str, int]:
@@ -239,41 +231,48 @@ class FieldContext:
     above: str | None
 
 
-def _field_context(b: Block, o: Output) -> FieldContext:
+def _field_context(b: Block, o: Output, rs: RankShapes) -> FieldContext:
     optional = o.group is not None and b.groups[o.group].optional
     first = b.tensor(o.sources[0])
-    src_dims = [_text(e) for e in first.dims]
+    src_dims = rs.tensor_dims(first)  # this rank's share of one source (one member's)
+    layout, layout_axis = _field_layout(b, o)
     above = None
     if o.kind == "transform":
         tf = o.transform
         assert tf is not None
         comment = f"{o.field}: " + codegen_transforms.describe(tf)
-        result = _dims_text([_text(e) for e in tf.view]) if tf.view else "see make_" + o.field
+        units = {u for x in tf.operands if (u := b.tensor(x.tensor).shard.unit) is not None}
+        result = "see make_" + o.field
+        if tf.view is not None:
+            result = dims_text(rs.local(tf.view, units))
+        elif len(tf.operands) == 1:
+            result = dims_text(rs.operand(tf.operands[0], units)[2])
         dtype = tf.dtype
     elif o.kind == "verbatim":
         comment = f"{b.rel(o.sources[0])} {first.shape} {first.dtype}, verbatim"
-        result = first.shape
+        result = dims_text(src_dims)
         dtype = first.dtype
     else:
         dims = list(src_dims)
         n = len(o.sources)
         if n > 1:
-            dims[o.axis] = f"{n} * {dims[o.axis]}" if dims[o.axis] != "1" else str(n)
+            dims[o.axis] = times(n, dims[o.axis])
         if o.squeeze is not None:
             del dims[o.squeeze]
         names = ", ".join(b.rel(s) for s in o.sources)
         if o.kind == "stack":
             fam = b.families[o.family or ""]
-            dims = [f"{fam.count}/ep", *dims]
+            dims = [rs.ep_count(fam.count), *dims]
             comment = f"stack over this rank's {o.family} of: {names}"
         else:
             comment = f"concat of {n} on axis {o.axis}" + (
                 f", dim {o.squeeze} squeezed" if o.squeeze is not None else ""
             )
-        result = _dims_text(dims) + " (before the tp split)"
-        above = f"{n} x {first.shape} -> {_dims_text(dims)}: {names} in that order"
+        result = dims_text(dims)
+        above = f"{n} x {dims_text(src_dims)} -> {dims_text(dims)}: {names} in that order"
         dtype = first.dtype
-    layout, layout_axis = _field_layout(b, o)
+    if layout == "replicated" and o.kind != "stack":
+        result += ", replicated"
     return FieldContext(
         o.field, o.kind, o.sources, o.axis, o.squeeze, optional, o.family, dtype, layout,
         layout_axis, _parts(b, o), comment, result, above,
@@ -328,8 +327,9 @@ def _block_context(b: Block) -> dict[str, Any]:
     for t in b.tensors:
         dims = [_py(e, b) for e in t.dims]
         shape_py[t.name] = ", ".join(dims) + ("," if len(dims) == 1 else "")
+    rs = RankShapes(b)
     transforms = [
-        codegen_transforms.context(b, o, _camel(b.name) + "Geometry")
+        codegen_transforms.context(b, o, _camel(b.name) + "Geometry", rs)
         for o in b.outputs
         if o.kind == "transform"
     ]
@@ -345,6 +345,8 @@ def _block_context(b: Block) -> dict[str, Any]:
     shape_prelude = _prelude(b, all_shapes)
     check_prelude = _prelude(b, [c.expr for c in b.constraints if c.expr is not None])
     env_prelude = [_derived_line(b, d) for d in b.derived]
+    outputs = [_field_context(b, o, rs) for o in b.outputs]
+    rank_slices = {t.name: _rank_slice(t, rs) for t in b.tensors}
     code = [*shape_py.values(), *(c["py"] for c in constraints), *shape_prelude]
     code += check_prelude + env_prelude + functions
     uses_algebra = any("algebra_ops." in x for x in code)
@@ -352,10 +354,11 @@ def _block_context(b: Block) -> dict[str, Any]:
     return {
         "b": b,
         "imports": _imports(b, uses_algebra, bool(functions)),
-        "rank_slices": {t.name: _rank_slice(t) for t in b.tensors},
+        "rank_slices": rank_slices,
+        "legend": rs.legend(),
         "shape_py": shape_py,
         "constraints": constraints,
-        "outputs": [_field_context(b, o) for o in b.outputs],
+        "outputs": outputs,
         "geo_class": _camel(b.name) + "Geometry",
         "weights_class": _camel(b.name) + "Weights",
         "n_required": sum(1 for t in b.tensors if not (t.group and b.groups[t.group].optional)),

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from specbind.core import algebra
+from specbind.core import algebra, einsum
+from specbind.core.einsum import Lowering
 from specbind.core.errors import AlgebraError
 from specbind.core.ir import TensorRule
 from specbind.generator.yamlio import Located, PathKey
@@ -42,19 +43,6 @@ class Operand:
     view: tuple[algebra.Expr, ...] | None
     slice: Slice | None
     path: PathKey
-
-
-@dataclass(frozen=True)
-class Lowering:
-    """``einsum`` as ``matmul`` of [batch, left, contract] by [batch, contract, right]."""
-
-    letters_a: str
-    letters_b: str
-    letters_out: str
-    perm_a: tuple[int, ...]
-    perm_b: tuple[int, ...]
-    groups: tuple[int, int, int, int]  # how many letters are batch, left, contract, right
-    perm_out: tuple[int, ...]  # [batch.., left.., right..] -> output letter order
 
 
 @dataclass(frozen=True)
@@ -234,37 +222,11 @@ def ast_text(e: algebra.Expr) -> str:
 
 
 def lower(doc: Located, path: PathKey, spec: str, ranks: list[int]) -> Lowering:
-    ins, out = spec.split("->")
-    la, lb = ins.split(",")
-    for letters, rank, which in ((la, ranks[0], "first"), (lb, ranks[1], "second")):
-        if len(letters) != rank:
-            raise doc.error(
-                path, f"{spec!r}: the {which} operand has rank {rank}, not {len(letters)}"
-            )
-        if len(set(letters)) != len(letters):
-            raise doc.error(
-                path, f"{spec!r}: a letter repeats within the {which} operand (no traces)"
-            )
-    if len(set(out)) != len(out) or any(c not in la + lb for c in out):
-        raise doc.error(
-            path, f"{spec!r}: output letters must be distinct and come from the operands"
-        )
-    lonely = [c for c in la + lb if (c in la) != (c in lb) and c not in out]
-    if lonely:
-        raise doc.error(
-            path, f"{spec!r}: letter(s) {''.join(lonely)} are summed within one operand"
-        )
-    batch = [c for c in out if c in la and c in lb]
-    contract = [c for c in la if c in lb and c not in out]
-    left = [c for c in la if c not in lb]
-    right = [c for c in lb if c not in la]
-    perm_a = tuple(la.index(c) for c in batch + left + contract)
-    perm_b = tuple(lb.index(c) for c in batch + contract + right)
-    mid = batch + left + right
-    perm_out = tuple(mid.index(c) for c in out)
-    return Lowering(
-        la, lb, out, perm_a, perm_b, (len(batch), len(left), len(contract), len(right)), perm_out
-    )
+    """``core.einsum.lower`` at the operands' ranks, its refusal located in the spec."""
+    try:
+        return einsum.lower(spec, (ranks[0], ranks[1]))
+    except AlgebraError as exc:
+        raise doc.error(path, str(exc)) from None
 
 
 def result_shape(

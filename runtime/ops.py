@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from specbind.core.dtypes import DTYPES
+from specbind.core.einsum import Lowering, lower
 from specbind.core.errors import BindError, GeometryError
 from specbind.runtime import quant_numerics
 from specbind.runtime.binding import Array
@@ -204,15 +205,7 @@ class Ops(Protocol):
     def concat_squeeze(self, parts: Sequence[Any], axis: int, squeeze: int | None) -> Array: ...
     def stack(self, groups: Sequence[Sequence[Any]], axis: int, squeeze: int | None) -> Array: ...
     def contract(
-        self,
-        a: Any,
-        b: Any,
-        perm_a: tuple[int, ...],
-        perm_b: tuple[int, ...],
-        groups: tuple[int, int, int, int],
-        perm_out: tuple[int, ...],
-        dtype: str,
-        factor: float | None = None,
+        self, a: Any, b: Any, *, einsum: str, dtype: str, factor: float | None = None
     ) -> Array: ...
     # Quantized checkpoints (formulas and traps in runtime/quant_numerics.py), BF16 results.
     # NVFP4: ``divide`` picks compressed-tensors' scale / global (else ModelOpt's scale *
@@ -245,29 +238,23 @@ def cast(a: Array, dtype: str) -> Array:
 Dims = tuple[int, ...]
 
 
-def matmul_groups(
-    a_shape: Dims, b_shape: Dims, groups: tuple[int, int, int, int]
+def matmul_dims(
+    low: Lowering, a_shape: Dims, b_shape: Dims
 ) -> tuple[tuple[Dims, Dims, Dims, Dims], tuple[int, int, int, int]]:
     """Split permuted operand shapes into (batch, left, contract, right) dims and their sizes."""
-    nb, nl, nc, _ = groups
+    nb, nl, nc = len(low.batch), len(low.left), len(low.contract)
     bs, ls, cs = a_shape[:nb], a_shape[nb : nb + nl], a_shape[nb + nl :]
     rs = b_shape[nb + nc :]
     sizes = (math.prod(bs), math.prod(ls), math.prod(cs), math.prod(rs))
     return (bs, ls, cs, rs), sizes
 
 
-def contract(
-    a: Array,
-    b: Array,
-    perm_a: tuple[int, ...],
-    perm_b: tuple[int, ...],
-    groups: tuple[int, int, int, int],
-    perm_out: tuple[int, ...],
-    dtype: str,
-    factor: float | None = None,
-) -> Array:
+def contract(a: Array, b: Array, *, einsum: str, dtype: str, factor: float | None = None) -> Array:
     """``einsum`` lowered to ``matmul`` of [B, L, C] by [B, C, R], then scale and cast.
 
+    ``einsum`` is the spec's own text (``"hrc,hrk->hck"``); :func:`core.einsum.lower` gives the
+    permutations and each letter's role, as it did when the generator checked the spec, and
+    the operands' ranks must match its letters.
     The batch is processed in chunks: each chunk's operands are widened to F32, multiplied,
     scaled, rounded to ``dtype`` and written straight into the C-ordered result in the output
     letter order, so no full-size F32 copy of an operand or of the product exists and the
@@ -275,8 +262,10 @@ def contract(
     against 1.70 s for matmul then transpose-cast; widening per chunk took the peak RSS of a
     full-geometry DSA bind at TP=1 from 974 MB down, see BENCHMARKS.md).
     """
-    at, bt = a.transpose(perm_a), b.transpose(perm_b)
-    (bs, ls, _, rs), (nbatch, nleft, ncon, nright) = matmul_groups(at.shape, bt.shape, groups)
+    low = lower(einsum, (a.ndim, b.ndim))  # "hrc,hrk->hck": batch h, left c, sum r, right k
+    perm_out = low.perm_out
+    at, bt = a.transpose(low.perm_a), b.transpose(low.perm_b)
+    (bs, ls, _, rs), (nbatch, nleft, ncon, nright) = matmul_dims(low, at.shape, bt.shape)
     a3 = at.reshape(nbatch, nleft, ncon)  # [batch.., left.., contract..] -> [B, L, C]
     b3 = bt.reshape(nbatch, ncon, nright)  # [batch.., contract.., right..] -> [B, C, R]
     mid_shape = (*bs, *ls, *rs)

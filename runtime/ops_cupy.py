@@ -15,9 +15,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from specbind.core.einsum import lower
 from specbind.core.errors import BindError
 from specbind.runtime import quant_numerics as qn
-from specbind.runtime.ops import matmul_groups
+from specbind.runtime.ops import matmul_dims
 
 # The generated kernel wrappers, handed over by ``runtime.backends.cupy_backend`` (the runtime
 # never imports ``generated`` itself).
@@ -114,26 +115,19 @@ def stack(groups: Sequence[Sequence[Any]], axis: int, squeeze: int | None) -> An
     return out
 
 
-def contract(
-    a: Any,
-    b: Any,
-    perm_a: tuple[int, ...],
-    perm_b: tuple[int, ...],
-    groups: tuple[int, int, int, int],
-    perm_out: tuple[int, ...],
-    dtype: str,
-    factor: float | None = None,
-) -> Any:
+def contract(a: Any, b: Any, *, einsum: str, dtype: str, factor: float | None = None) -> Any:
     """``einsum`` as cuBLAS batched GEMM in F32: [B, L, C] @ [B, C, R], then scale and cast."""
     cp = _cp()
-    at, bt = widen(a).transpose(perm_a), widen(b).transpose(perm_b)
-    (bs, ls, _, rs), (nbatch, nleft, ncon, nright) = matmul_groups(at.shape, bt.shape, groups)
+    low = lower(einsum, (a.ndim, b.ndim))
+    at, bt = widen(a).transpose(low.perm_a), widen(b).transpose(low.perm_b)
+    (bs, ls, _, rs), (nbatch, nleft, ncon, nright) = matmul_dims(low, at.shape, bt.shape)
     a3 = at.reshape(nbatch, nleft, ncon)  # [batch.., left.., contract..] -> [B, L, C]
     b3 = bt.reshape(nbatch, ncon, nright)  # [batch.., contract.., right..] -> [B, C, R]
     y = cp.matmul(a3, b3)  # cuBLAS, F32
     if factor is not None:
         y *= cp.float32(factor)
-    y = cp.ascontiguousarray(y.reshape(*bs, *ls, *rs).transpose(perm_out))  # output letter order
+    y = y.reshape(*bs, *ls, *rs).transpose(low.perm_out)  # [batch.., left.., right..] -> output
+    y = cp.ascontiguousarray(y)
     return cast(y, dtype)
 
 

@@ -94,6 +94,6 @@ def test_a_contraction_is_the_same_under_any_caller_blas_setting() -> None:
     outs = []
     for blas in (1, 2):
         with threadpool_limits(limits=blas, user_api="blas"):
-            r = ops.contract(a, b, (0, 1, 2), (0, 1, 2), (1, 1, 1, 1), (0, 1, 2), "F32")
+            r = ops.contract(a, b, einsum="hlc,hcr->hlr", dtype="F32")
             outs.append(r.tobytes())
     assert outs[0] == outs[1]
