@@ -26,7 +26,7 @@ from specbind.core.ir import (
 from specbind.core.planning import Ranks
 from specbind.generated import dense, layer_norms, lm_globals, mla_indexed, moe
 from specbind.generated.schemes import SCHEMES
-from specbind.runtime.model import BlockEntry, ModelTable, block_entry
+from specbind.runtime.model import BlockEntry, ModelTable
 
 MODEL = "deepseek-v3.2"
 DOC = "DeepSeek-V3.2 (MLA with RoPE and the DSA indexer, MoE), as written by transformers' deepseek_v32."
@@ -236,11 +236,11 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    block_entry(mla_indexed, mla_indexed_geometry),
-    block_entry(moe, moe_geometry),
-    block_entry(dense, dense_geometry),
-    block_entry(layer_norms, layer_norms_geometry),
-    block_entry(lm_globals, lm_globals_geometry),
+    BlockEntry(mla_indexed, mla_indexed.bind_mla_indexed, mla_indexed_geometry),
+    BlockEntry(moe, moe.bind_moe, moe_geometry),
+    BlockEntry(dense, dense.bind_dense, dense_geometry),
+    BlockEntry(layer_norms, layer_norms.bind_layer_norms, layer_norms_geometry),
+    BlockEntry(lm_globals, lm_globals.bind_lm_globals, lm_globals_geometry),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

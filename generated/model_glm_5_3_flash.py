@@ -27,7 +27,7 @@ from specbind.core.planning import Ranks
 from specbind.generated import dense, dsa, kda, layer_norms, lm_globals, mhc, moe, mtp_head
 from specbind.generated.schemes import SCHEMES
 from specbind.runtime.binding import require
-from specbind.runtime.model import BlockEntry, ModelTable, block_entry
+from specbind.runtime.model import BlockEntry, ModelTable
 
 MODEL = "glm-5.3-flash"
 DOC = "GLM-5.3-Flash (hybrid KDA + DSA, MoE, mHC), as written by transformers' glm5_next."
@@ -374,14 +374,14 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    block_entry(dsa, dsa_geometry),
-    block_entry(kda, kda_geometry),
-    block_entry(moe, moe_geometry),
-    block_entry(dense, dense_geometry),
-    block_entry(layer_norms, layer_norms_geometry),
-    block_entry(mhc, mhc_geometry),
-    block_entry(mtp_head, mtp_head_geometry),
-    block_entry(lm_globals, lm_globals_geometry),
+    BlockEntry(dsa, dsa.bind_dsa, dsa_geometry),
+    BlockEntry(kda, kda.bind_kda, kda_geometry),
+    BlockEntry(moe, moe.bind_moe, moe_geometry),
+    BlockEntry(dense, dense.bind_dense, dense_geometry),
+    BlockEntry(layer_norms, layer_norms.bind_layer_norms, layer_norms_geometry),
+    BlockEntry(mhc, mhc.bind_mhc, mhc_geometry),
+    BlockEntry(mtp_head, mtp_head.bind_mtp_head, mtp_head_geometry),
+    BlockEntry(lm_globals, lm_globals.bind_lm_globals, lm_globals_geometry),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

@@ -26,7 +26,7 @@ from specbind.core.ir import (
 from specbind.core.planning import Ranks
 from specbind.generated import dense, kda, layer_norms, lm_globals, mla, moe
 from specbind.generated.schemes import SCHEMES
-from specbind.runtime.model import BlockEntry, ModelTable, block_entry
+from specbind.runtime.model import BlockEntry, ModelTable
 
 MODEL = "kimi-linear"
 DOC = "Kimi Linear (hybrid KDA + MLA without RoPE, MoE), as written by transformers' kimi_linear."
@@ -302,12 +302,12 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    block_entry(mla, mla_geometry),
-    block_entry(kda, kda_geometry),
-    block_entry(moe, moe_geometry),
-    block_entry(dense, dense_geometry),
-    block_entry(layer_norms, layer_norms_geometry),
-    block_entry(lm_globals, lm_globals_geometry),
+    BlockEntry(mla, mla.bind_mla, mla_geometry),
+    BlockEntry(kda, kda.bind_kda, kda_geometry),
+    BlockEntry(moe, moe.bind_moe, moe_geometry),
+    BlockEntry(dense, dense.bind_dense, dense_geometry),
+    BlockEntry(layer_norms, layer_norms.bind_layer_norms, layer_norms_geometry),
+    BlockEntry(lm_globals, lm_globals.bind_lm_globals, lm_globals_geometry),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

@@ -40,24 +40,97 @@ class Weights(Protocol):
     def arrays(self) -> dict[str, Array]: ...
 
 
+class Binder(Protocol):
+    """A generated block module's ``bind_<block>``: this rank's weights and the report."""
+
+    def __call__(
+        self,
+        g: Any,
+        layer: int,
+        source: TensorSource,
+        tp_rank: int,
+        backend: Backend,
+        ep_rank: int,
+        flags: Mapping[str, bool],
+        quant: LayerQuant | None,
+    ) -> tuple[Weights, BindReport]: ...
+
+
 @dataclass(frozen=True)
 class BlockEntry(Generic[G]):
-    name: str
-    prefix: str
-    tensors: tuple[TensorRule, ...]  # family members as one pattern rule each
-    markers: frozenset[str]
-    matches: Callable[[Collection[str]], bool]
-    # (g, ranks, layer, source, backend, config flags, quantized linears) -> this rank's
-    # weights and the report
-    bind: Callable[
-        [G, Ranks, int, TensorSource, Backend, Mapping[str, bool], LayerQuant | None],
-        tuple[Weights, BindReport],
-    ]
-    fields: dict[str, FieldRule]
-    shapes: Callable[[G], dict[str, tuple[int, ...]]]  # full shapes, keyed by rule name
-    check: Callable[[G, Ranks], None]  # constraints at (g, ranks)
-    plan: Callable[[G, Ranks], BlockPlan]
-    counts: Callable[[G], dict[str, int]]  # each family's size
+    """One generated block as a model table uses it: the block module, its binder, and how
+    the model's geometry becomes the block's (``geometry``). Every method takes the model's
+    geometry and, where the answer depends on it, this process's ranks; each is one call into
+    the generated module, so "go to definition" from here lands on generated code."""
+
+    module: ModuleType  # the generated block module (generated/<block>.py)
+    binder: Binder  # its bind_<block>
+    geometry: Callable[[G, Ranks], Any]  # (model geometry, ranks) -> the block's Geometry
+
+    @property
+    def name(self) -> str:
+        return str(self.module.BLOCK)
+
+    @property
+    def prefix(self) -> str:
+        return str(self.module.PREFIX)
+
+    @property
+    def tensors(self) -> tuple[TensorRule, ...]:
+        """Family members as one pattern rule each."""
+        rules: tuple[TensorRule, ...] = self.module.TENSORS
+        return rules
+
+    @property
+    def markers(self) -> frozenset[str]:
+        markers: frozenset[str] = self.module.MARKERS
+        return markers
+
+    @property
+    def fields(self) -> dict[str, FieldRule]:
+        fields: dict[str, FieldRule] = self.module.FIELDS
+        return fields
+
+    def matches(self, names: Collection[str]) -> bool:
+        """True when every marker of the block is among ``names`` (layer-relative)."""
+        return bool(self.module.matches(names))
+
+    def bind(
+        self,
+        g: G,
+        ranks: Ranks,
+        layer: int,
+        source: TensorSource,
+        backend: Backend,
+        flags: Mapping[str, bool],
+        quant: LayerQuant | None,
+    ) -> tuple[Weights, BindReport]:
+        """This rank's weights of one layer's slot, and the report."""
+        return self.binder(
+            self.geometry(g, ranks), layer, source, ranks.tp_rank, backend, ranks.ep_rank,
+            flags, quant,
+        )  # fmt: skip
+
+    def shapes(self, g: G) -> dict[str, tuple[int, ...]]:
+        """Full (unsharded) shapes, keyed by rule name."""
+        shapes: dict[str, tuple[int, ...]] = self.module.expected_shapes(
+            self.geometry(g, Ranks())
+        )
+        return shapes
+
+    def check(self, g: G, ranks: Ranks) -> None:
+        """Refuse a geometry or rank layout that breaks one of the block's constraints."""
+        self.module.check_constraints(self.geometry(g, ranks))
+
+    def plan(self, g: G, ranks: Ranks) -> BlockPlan:
+        """Every tensor's local shape, offsets and bytes on this rank."""
+        plan: BlockPlan = self.module.plan(self.geometry(g, ranks), ranks.tp_rank, ranks.ep_rank)
+        return plan
+
+    def counts(self, g: G) -> dict[str, int]:
+        """Each family's size."""
+        counts: dict[str, int] = self.module.counts(self.geometry(g, Ranks()))
+        return counts
 
     def names(self, g: G, groups: Collection[str] | None = None) -> list[str]:
         """Every tensor name the block declares, family members expanded (synth, plan); with
@@ -65,27 +138,6 @@ class BlockEntry(Generic[G]):
         rules = [r for r in self.tensors if groups is None or r.group is None or r.group in groups]
         whole = {f: range(n) for f, n in self.counts(g).items()}
         return [r.name for r in expand(rules, whole)[0]]
-
-
-def block_entry(module: ModuleType, geometry: Callable[[G, Ranks], Any]) -> BlockEntry[G]:
-    """A model table's entry for one generated block module; ``geometry`` maps the model's
-    geometry and this process's ranks to the block's own geometry."""
-    bind = getattr(module, f"bind_{module.BLOCK}")
-    return BlockEntry(
-        name=module.BLOCK,
-        prefix=module.PREFIX,
-        tensors=module.TENSORS,
-        markers=module.MARKERS,
-        matches=module.matches,
-        bind=lambda m, r, layer, src, backend, flags, quant: bind(
-            geometry(m, r), layer, src, r.tp_rank, backend, r.ep_rank, flags, quant
-        ),
-        fields=module.FIELDS,
-        shapes=lambda m: module.expected_shapes(geometry(m, Ranks())),
-        check=lambda m, r: module.check_constraints(geometry(m, r)),
-        plan=lambda m, r: module.plan(geometry(m, r), r.tp_rank, r.ep_rank),
-        counts=lambda m: module.counts(geometry(m, Ranks())),
-    )
 
 
 @dataclass(frozen=True)
