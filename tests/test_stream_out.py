@@ -91,7 +91,9 @@ def test_a_header_write_that_fails_keeps_the_previous_file_and_leaves_no_partial
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from specbind.core.errors import OutputError
+    from specbind.core.planning import Ranks
     from specbind.runtime.backends import NUMPY
+    from specbind.runtime.bound_format import BoundMeta
     from specbind.runtime.stream_out import StreamWriter
 
     out = tmp_path / "rank.safetensors"
@@ -103,7 +105,7 @@ def test_a_header_write_that_fails_keeps_the_previous_file_and_leaves_no_partial
     monkeypatch.setattr(StreamWriter, "_finish", fail)
     with (
         pytest.raises(OutputError, match="over its reservation"),
-        StreamWriter(out, {"model": "m"}, NUMPY) as w,
+        StreamWriter(out, BoundMeta("m", "0" * 64, Ranks(), {}), NUMPY) as w,
     ):
         w.start(Expected([], {}, None))
     assert out.read_bytes() == b"the previous bind"
