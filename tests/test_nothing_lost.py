@@ -21,9 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 HEAD = BoundMeta("m", "0" * 64, Ranks(), {"x": 1, "a": 2})
 
 
-def write_safetensors(
-    out: Path, arrays: dict[str, np.ndarray[Any, Any]], head: BoundMeta = HEAD
-) -> None:
+def write_safetensors(out: Path, arrays: dict[str, Any], head: BoundMeta = HEAD) -> None:
     """``arrays`` through the one ``--out`` writer, in this order, as a bind hands them over."""
     with StreamWriter(out, head, NUMPY) as w:
         w.start(Expected(list(arrays), {}, None))
