@@ -246,7 +246,7 @@ def bind_checkpoint(
 
 
 class Sink(Protocol):
-    """Where a streaming bind puts each slot as soon as it is bound (``export.StreamWriter``)."""
+    """Where a streaming bind puts each slot as soon as it is bound (``StreamWriter``)."""
 
     def start(self, expected: Expected) -> None: ...
     def slot(self, where: str, bound: BoundSlot) -> None: ...

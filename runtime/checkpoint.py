@@ -20,7 +20,7 @@ Invariants:
 - shards are opened lazily, each once, and read through memory maps;
 - ``config.json`` must be a JSON object.
 Trap: ``files()`` lists paths as named in the directory, not resolved; compare real paths (and
-inodes) when asking whether some other path is one of them, as ``export.check_out_path`` does.
+inodes) when asking whether some other path is one of them, as ``out_path.check_out_path`` does.
 """
 
 from __future__ import annotations

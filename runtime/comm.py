@@ -11,7 +11,7 @@ loads it (it is only in the interop extra); a collective that fails — a peer d
 tears the others down; on another node its socket closes), or no peer answered within the
 timeout — raises ``DistributedError`` in one line, never hangs and never leaks a traceback.
 Trap: mpirun's ``OMPI_COMM_WORLD_*`` variables are not a process group: a process launched by
-mpirun binds alone, with its rank from those variables (``runtime.launcher``).
+mpirun binds alone, with its rank from those variables (``specbind.launcher``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,9 @@ Phases, each closed by a collective on which every rank reports success or its e
    other ranks read the same bytes; gathered on rank 0 (one rank holds every rank's windows,
    not all of them), which proves the coverage and broadcasts the verdict (and, before it,
    removes the index of any earlier run in D);
-3. bind: bind this rank's shard and write ``D/rank-RRRRR-of-WWWWW.safetensors`` atomically;
+3. bind: bind this rank's shard, streamed into ``D/rank-RRRRR-of-WWWWW.safetensors`` as it goes
+   (``stream_out.StreamWriter``, as ``bind --out``: one slot's output in memory at a time; the
+   file appears whole or not at all);
 4. index: rank 0 writes ``D/specbind-index.json`` (atomically) naming the layout and every
    rank's file, only once every rank's file is written.
 Rank 0 prints one report (text, or ``--json``) and shows the one progress bar; the other ranks
@@ -39,6 +41,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,19 +51,16 @@ from specbind.runtime import agreement, coverage
 from specbind.runtime.atomic import atomic_writer
 from specbind.runtime.backends import Backend
 from specbind.runtime.bind import bind_checkpoint
+from specbind.runtime.bound_format import BoundMeta
 from specbind.runtime.checkpoint import Checkpoint
 from specbind.runtime.comm import Comm
-from specbind.runtime.export import (
-    bind_metadata,
-    bound_tensors,
-    check_out_path,
-    write_safetensors,
-)
 from specbind.runtime.layout import Layout
 from specbind.runtime.model import ModelTable, values_from_config
 from specbind.runtime.names import NamedView
+from specbind.runtime.out_path import check_out_path
 from specbind.runtime.quant import LayerQuant
 from specbind.runtime.quant_layout import open_layout, slot_quant
+from specbind.runtime.stream_out import StreamWriter
 
 INDEX = "specbind-index.json"
 T = TypeVar("T")
@@ -201,12 +201,21 @@ def run(job: Job, comm: Comm) -> dict[str, Any] | None:
         )
 
     def bind() -> dict[str, Any]:
-        result = bind_checkpoint(
-            p.ckpt, job.table, job.overrides, p.ranks.tp_size, p.ranks.tp_rank,
+        run = partial(
+            bind_checkpoint, p.ckpt, job.table, job.overrides, p.ranks.tp_size, p.ranks.tp_rank,
             progress=job.progress if comm.rank == 0 else False,  # one bar, not one per rank
             backend=job.backend, ep_size=p.ranks.ep_size, ep_rank=p.ranks.ep_rank,
             allow_unshared_scales=job.allow_unshared_scales, quant_outputs=job.quant_outputs,
         )  # fmt: skip
+        file_bytes: int | None = None
+        if p.out is None:
+            result = run()
+        else:  # streamed, as bind --out: one slot's output in memory at a time
+            head = BoundMeta(job.table.name, job.specs_sha256, p.ranks, p.values, job.overrides,
+                             world=comm.world, rank=comm.rank)  # fmt: skip
+            with StreamWriter(p.out, head, job.backend, p.ckpt.files(), p.ckpt.dirs()) as sink:
+                result = run(sink=sink)
+            file_bytes = sink.bytes
         row: dict[str, Any] = {
             "rank": comm.rank,
             "tp_rank": p.ranks.tp_rank,
@@ -214,16 +223,10 @@ def run(job: Job, comm: Comm) -> dict[str, Any] | None:
             "host": socket.gethostname(),
             "bytes": result.as_dict()["bytes"],
             "seconds": round(result.seconds, 6),
-            "file": None,
+            "file": None if p.out is None else rank_file(comm.rank, comm.world),
         }
-        if p.out is not None:
-            meta = bind_metadata(job.table.name, job.specs_sha256, result, p.values, job.overrides)
-            meta |= {"world": str(comm.world), "rank": str(comm.rank)}
-            tensors = bound_tensors(result, job.backend)
-            row["file_bytes"] = write_safetensors(
-                p.out, tensors, meta, p.ckpt.files(), p.ckpt.dirs()
-            )
-            row["file"] = rank_file(comm.rank, comm.world)
+        if file_bytes is not None:
+            row["file_bytes"] = file_bytes
         return row
 
     _, rows = _step(comm, "binding its shard", bind, lambda row: row)

@@ -1,14 +1,17 @@
 """Load a rank's ``--out`` file back: ``open_bound(path, ...)`` and ``bind --from PATH``.
 
-The file is checked against these binders before any tensor is handed out, and refused,
-naming what differs, when it comes from:
-- another spec: its ``specs_sha256`` is not the hash of the specs that generated this code;
+The caller passes the binders to check against: the model tables by name and the hash of the
+specs they were generated from (the API and CLI pass ``specbind.generated``'s ``MODELS`` and
+``SPECS_SHA256``; runtime never imports generated code). The metadata is decoded by
+``bound_format.decode`` (each field there and well-formed), then the file is refused, naming
+what differs, when it comes from:
+- another spec: its ``specs_sha256`` is not the hash the caller names;
 - another model, or another layout: ``model``, or a ``tp_size``/``tp_rank``/``ep_size``/
   ``ep_rank`` the caller names that the file was not written for;
-- a geometry these binders refuse (``checked_values``), or a layer whose role or slot block
-  the model does not have;
+- a geometry these binders refuse (``checked_values``), or a layer whose slot block the model
+  does not have there, or a quantization scheme it does not know;
 - a tensor no announced (layer, slot, block, field) explains, or one whose dtype is not the
-  field's; and a field of an announced slot that is missing.
+  field's; a field of an announced slot that is missing; a tensor count other than recorded.
 Then it maps the file (``SafetensorsFile``: header validated, entries tiling the data) and
 hands out read-only views of the map, or with ``copy=True`` copies: the whole data buffer
 read into one fresh buffer with ``readinto`` (one kernel copy out of the page cache, no page
@@ -19,8 +22,8 @@ Trap: views keep the map open; copies do not.
 
 from __future__ import annotations
 
-import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,10 +34,10 @@ from specbind.core.dtypes import DTYPES
 from specbind.core.errors import CheckpointError, ReloadError, SpecbindError
 from specbind.core.planning import Ranks
 from specbind.runtime.binding import Array
+from specbind.runtime.bound_format import BoundMeta, Layers, QuantMeta, decode
+from specbind.runtime.model import ModelTable, checked_values
+from specbind.runtime.quant import LayerQuant, quantized_fields
 from specbind.runtime.safetensors_file import SafetensorsFile
-
-NEEDED = ("model", "specs_sha256", "tp_size", "tp_rank", "ep_size", "ep_rank", "geometry",
-          "layers")  # fmt: skip
 
 
 @dataclass
@@ -43,9 +46,10 @@ class BoundFile:
     model: str
     ranks: Ranks
     geometry: dict[str, int]
-    layers: dict[int, tuple[str, dict[str, str]]]  # index -> (role, slot -> block)
+    layers: Layers  # index -> (role, slot -> block)
     tensors: dict[str, Array]  # by their --out names: layers.{i}.{slot}.{field}, globals.{field}
     copied: bool
+    meta: BoundMeta  # the file's metadata, as recorded
 
     @property
     def bytes(self) -> int:
@@ -60,6 +64,8 @@ class BoundFile:
 def open_bound(
     path: str | os.PathLike[str],
     *,
+    models: Mapping[str, ModelTable[Any]],
+    specs_sha256: str,
     model: str | None = None,
     tp_size: int | None = None,
     tp_rank: int | None = None,
@@ -67,29 +73,23 @@ def open_bound(
     ep_rank: int | None = None,
     copy: bool = False,
 ) -> BoundFile:
-    """The bound weights in ``path``, checked as the module docstring says."""
-    from specbind.generated import MODELS, SPECS_SHA256
-
+    """The bound weights in ``path``, checked as the module docstring says against ``models``
+    (the generated tables by name) and ``specs_sha256`` (the hash they were generated from)."""
     p = Path(path)
     f = SafetensorsFile(p, str(p))  # refuses a file that is not safetensors, naming it
-    meta = f.metadata
-    missing = [k for k in NEEDED if k not in meta]
-    if missing:
-        raise ReloadError(
-            f"{p}: not a specbind --out file (its metadata lacks {', '.join(missing)})"
-        )
-    name = meta["model"]
+    meta = decode(f.metadata, str(p))
+    name = meta.model
     if model is not None and name != model:
         raise ReloadError(f"{p}: written for model {name}, asked for {model}")
-    if name not in MODELS:
+    if name not in models:
         raise ReloadError(f"{p}: written for model {name}, which these binders do not know")
-    table = MODELS[name]
-    if meta["specs_sha256"] != SPECS_SHA256:
+    table = models[name]
+    if meta.specs_sha256 != specs_sha256:
         raise ReloadError(
             f"{p}: written by binders generated from other specs (sha256 "
-            f"{meta['specs_sha256'][:12]}, these are {SPECS_SHA256[:12]}); bind it again"
+            f"{meta.specs_sha256[:12]}, these are {specs_sha256[:12]}); bind it again"
         )
-    ranks = _ranks(p, meta)
+    ranks = meta.ranks
     asked = {"tp_size": tp_size, "tp_rank": tp_rank, "ep_size": ep_size, "ep_rank": ep_rank}
     for key, want in asked.items():
         have = getattr(ranks, key)
@@ -99,64 +99,19 @@ def open_bound(
                 f"holds tp rank {ranks.tp_rank} of {ranks.tp_size}, ep rank {ranks.ep_rank} of "
                 f"{ranks.ep_size})"
             )
-    geometry = _geometry(p, table, meta["geometry"])
-    layers = _layers(p, table, meta["layers"])
-    _check_names(p, table, f, layers, _quant(p, table, meta))
-    if "tensors" in meta:  # written since the count was recorded: a removed field shows
-        if not _count(meta["tensors"]):
-            raise ReloadError(f"{p}: metadata tensors={meta['tensors']!r} is not a count")
-        if int(meta["tensors"]) != len(f.entries):
-            raise ReloadError(
-                f"{p}: holds {len(f.entries)} tensor(s), its bind wrote {meta['tensors']}: "
-                "a field is missing or was added"
-            )
+    geometry = _geometry(p, table, meta.geometry)
+    _check_blocks(p, table, meta.layers)
+    _check_names(p, table, f, meta.layers, _quant(p, table, meta.quant))
+    if meta.tensors is not None and meta.tensors != len(f.entries):
+        raise ReloadError(
+            f"{p}: holds {len(f.entries)} tensor(s), its bind wrote {meta.tensors}: "
+            "a field is missing or was added"
+        )  # a file written before the count was recorded lacks it
     tensors = _copies(f) if copy else _views(f)
-    return BoundFile(p, name, ranks, geometry, layers, tensors, copy)
+    return BoundFile(p, name, ranks, geometry, meta.layers, tensors, copy, meta)
 
 
-ROLES = ("decoder", "mtp")
-
-
-def _count(text: str) -> bool:
-    """A non-negative integer in ASCII digits (``str.isdigit`` also takes '²')."""
-    return text.isascii() and text.isdecimal()
-
-
-def _loads(raw: str) -> Any:
-    """A JSON object, or None for anything else (a bad document included)."""
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _json(p: Path, meta: dict[str, str], key: str) -> Any:
-    try:
-        return json.loads(meta[key])
-    except ValueError:
-        raise ReloadError(f"{p}: metadata {key} is not JSON") from None
-
-
-def _ranks(p: Path, meta: dict[str, str]) -> Ranks:
-    vals = {}
-    for k in ("tp_size", "tp_rank", "ep_size", "ep_rank"):
-        if not _count(meta[k]):
-            raise ReloadError(f"{p}: metadata {k}={meta[k]!r} is not a count")
-        vals[k] = int(meta[k])
-    r = Ranks(**vals)
-    if r.tp_rank >= r.tp_size or r.ep_rank >= r.ep_size:
-        raise ReloadError(f"{p}: metadata names tp rank {r.tp_rank} of {r.tp_size}, ep rank "
-                          f"{r.ep_rank} of {r.ep_size}")  # fmt: skip
-    return r
-
-
-def _geometry(p: Path, table: Any, raw: str) -> dict[str, int]:
-    from specbind.runtime.model import checked_values
-
-    g = _loads(raw)
-    if not isinstance(g, dict) or not all(type(v) is int for v in g.values()):
-        raise ReloadError(f"{p}: metadata geometry is not an object of integers")
+def _geometry(p: Path, table: ModelTable[Any], g: Mapping[str, int]) -> dict[str, int]:
     unknown = sorted(set(g) - set(table.default_values()))
     if unknown:
         raise ReloadError(f"{p}: geometry names {', '.join(unknown)}, unknown to {table.name}")
@@ -166,51 +121,30 @@ def _geometry(p: Path, table: Any, raw: str) -> dict[str, int]:
         raise ReloadError(f"{p}: its geometry is refused: {e}") from None
 
 
-def _layers(p: Path, table: Any, raw: str) -> dict[int, tuple[str, dict[str, str]]]:
-    doc = _loads(raw)
-    if not isinstance(doc, dict):
-        raise ReloadError(f"{p}: metadata layers is not an object")
+def _check_blocks(p: Path, table: ModelTable[Any], layers: Layers) -> None:
     slots = {s.name: set(s.blocks) for s in table.slots}
-    out: dict[int, tuple[str, dict[str, str]]] = {}
-    for key, x in doc.items():
-        if not _count(key) or not isinstance(x, dict) or not isinstance(x.get("slots"), dict):
-            raise ReloadError(f"{p}: metadata layers[{key!r}] is not a layer")
-        for slot, block in x["slots"].items():
+    for index, (_, blocks) in layers.items():
+        for slot, block in blocks.items():
             if block not in slots.get(slot, ()):
                 raise ReloadError(
-                    f"{p}: layer {key} holds block {block!r} in slot {slot!r}, which model "
+                    f"{p}: layer {index} holds block {block!r} in slot {slot!r}, which model "
                     f"{table.name} does not have there"
                 )
-        if x.get("role") not in ROLES:
-            raise ReloadError(f"{p}: metadata layers[{key!r}] has role {x.get('role')!r}, not one "
-                              f"of {list(ROLES)}")  # fmt: skip
-        out[int(key)] = (str(x.get("role")), dict(x["slots"]))
-    return out
 
 
-def _quant(p: Path, table: Any, meta: dict[str, str]) -> Any:
-    """The quantization a file's metadata records (``quant``), as a LayerQuant, or None."""
-    from specbind.runtime.quant import LayerQuant
-
-    if "quant" not in meta:
+def _quant(p: Path, table: ModelTable[Any], q: QuantMeta | None) -> LayerQuant | None:
+    """The quantization a file records, as the LayerQuant its fields were bound with."""
+    if q is None:
         return None
-    from specbind.runtime.quant import OUTPUTS
-
-    doc = _json(p, meta, "quant")
     schemes = {s.name: s for s in table.schemes}
-    scheme = doc.get("scheme") if isinstance(doc, dict) else None
-    if not isinstance(scheme, str) or scheme not in schemes:
-        raise ReloadError(f"{p}: metadata quant names no scheme of {table.name}")
-    outputs = doc.get("outputs", [])
-    if not isinstance(outputs, list) or not all(o in OUTPUTS for o in outputs):
-        raise ReloadError(f"{p}: metadata quant outputs {outputs!r}: not a list of {list(OUTPUTS)}")
-    return LayerQuant(schemes[doc["scheme"]], bool(doc.get("weight_only")), frozenset(),
-                      frozenset(outputs))  # fmt: skip
+    if q.scheme not in schemes:
+        raise ReloadError(f"{p}: metadata quant names no scheme of {table.name} ({q.scheme!r})")
+    return LayerQuant(schemes[q.scheme], q.weight_only, frozenset(), frozenset(q.outputs))
 
 
-def _check_names(p: Path, table: Any, f: SafetensorsFile, layers: dict[int, Any], lq: Any) -> None:
-    from specbind.runtime.quant import quantized_fields
-
+def _check_names(
+    p: Path, table: ModelTable[Any], f: SafetensorsFile, layers: Layers, lq: LayerQuant | None
+) -> None:
     want: dict[str, set[str]] = {}  # name -> the dtypes the field may have
     packed: str | None = lq.scheme.weight.dtype if lq is not None else None
 

@@ -1,15 +1,20 @@
-"""A rank's ``--out`` file written as the bind goes: one slot's output in memory at a time.
+"""The one writer of a rank's bound file (``bind --out`` and each ``--out-dir`` rank file):
+written as the bind goes, one slot's output in memory at a time.
 
-Layout: the 8-byte header length, a header region reserved before any tensor is read, then
-each field's bytes in the order they are bound. The header (``__metadata__`` first, then the
-fields sorted by name, as ``export.write_safetensors`` writes them) is written into the
-reserved region at the end, padded with spaces — which the safetensors format allows — to its
-exact size. The reservation is a proven upper bound: every name that may come (``Expected``),
-each with the longest dtype, a rank-16 shape of 15-digit dims and 19-digit offsets, plus the
-metadata, whose per-layer part is known from the layout.
-Invariants: the file appears whole or not at all (``atomic_writer``: a refusal mid-bind
-leaves no file); the bytes are deterministic (same bind, same file); a field not in
-``Expected`` is a bug, refused rather than written past the reservation.
+Layout (safetensors): the 8-byte header length, a header region reserved before any tensor is
+read, then each field's bytes in the order they are bound. The header — ``__metadata__`` first
+(``bound_format.BoundMeta``, completed from the bind's ``Expected`` and the tensor count), then
+the fields sorted by name — is written into the reserved region at the end, padded with spaces
+(which the safetensors format allows) to its exact size. The reservation is a proven upper
+bound: every name that may come (``Expected``), each with the longest dtype, a rank-16 shape of
+15-digit dims and 19-digit offsets, plus the metadata with the largest tensor count.
+Written by hand rather than with ``safetensors.serialize_file``, which needs every tensor's
+bytes in memory at once (a full-geometry rank is many GB).
+Invariants: the path is checked again as the file is opened (``out_path.check_out_path``: never
+a file of the checkpoint being read); the file appears whole or not at all (``atomic_writer``:
+a refusal mid-bind, or a failed header write, leaves the previous file and no temp file); the
+bytes are deterministic (same bind, same file); a field not in ``Expected`` is a bug, refused
+rather than written past the reservation.
 Trap: the data order is the bind order, not the name order; readers use the offsets.
 """
 
@@ -18,7 +23,9 @@ from __future__ import annotations
 import json
 import struct
 import sys
+from collections.abc import Iterable
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -28,6 +35,9 @@ from specbind.core.dtypes import DTYPES, dtype_name
 from specbind.core.errors import OutputError
 from specbind.runtime.atomic import atomic_writer
 from specbind.runtime.backends import Backend
+from specbind.runtime.binding import Array
+from specbind.runtime.bound_format import BoundMeta, quant_of
+from specbind.runtime.out_path import check_out_path
 
 if TYPE_CHECKING:
     from specbind.runtime.bind import BoundSlot, Expected
@@ -37,26 +47,27 @@ _LONGEST_DTYPE = max(len(d) for d in DTYPES)
 _PER_ENTRY = len('{"dtype":"","shape":[],"data_offsets":[,]},:') + _LONGEST_DTYPE + 16 * 16 + 40
 
 
-def layers_metadata(expected: Expected) -> str:
-    """The ``layers`` metadata value: each layer's role and slot blocks, as ``bind`` writes it."""
-    return json.dumps(
-        {str(i): {"role": role, "slots": slots} for i, (role, slots) in expected.layers.items()},
-        sort_keys=True,
-    )
-
-
 class StreamWriter:
     """The ``Sink`` of a streaming bind. Use as a context manager around the bind; the file is
-    only put in place when the block exits without an exception."""
+    only put in place when the block exits without an exception.
+
+    ``head`` is the record as known before the bind (model, hash, ranks, geometry, overrides,
+    and under ``--out-dir`` the world and rank); ``start`` adds the layers and quantization.
+    ``inputs`` and ``dirs`` are the checkpoint's files and directories (``check_out_path``).
+    """
 
     def __init__(
         self,
-        real: Path,
-        metadata: dict[str, str],
+        out: Path,
+        head: BoundMeta,
         backend: Backend,
+        inputs: Iterable[Path] = (),
+        dirs: Iterable[Path] = (),
     ) -> None:
-        self._real = real
-        self._meta = dict(metadata)
+        self._out = out
+        self._inputs = tuple(inputs)
+        self._dirs = tuple(dirs)
+        self._meta = head
         self._backend = backend
         self._stack = ExitStack()
         self._f: BinaryIO | None = None
@@ -67,7 +78,8 @@ class StreamWriter:
         self.bytes = 0
 
     def __enter__(self) -> StreamWriter:
-        self._f = self._stack.enter_context(atomic_writer(self._real))
+        real = check_out_path(self._out, self._inputs, dirs=self._dirs)
+        self._f = self._stack.enter_context(atomic_writer(real))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -84,40 +96,41 @@ class StreamWriter:
 
     def start(self, expected: Expected) -> None:
         assert self._f is not None, "use StreamWriter as a context manager"
-        self._meta["layers"] = layers_metadata(expected)
-        if expected.quant is not None:
-            self._meta["quant"] = expected.quant
-        self._meta["tensors"] = str(len(expected.names))  # reserves room; _finish counts
+        quant = quant_of(expected.quant, str(self._out))
+        count = len(expected.names)  # the most there can be: reserves room; _finish counts
+        self._meta = replace(self._meta, layers=expected.layers, quant=quant, tensors=count)
         self._expected = set(expected.names)
-        meta = json.dumps({"__metadata__": dict(sorted(self._meta.items()))})
+        meta = json.dumps({"__metadata__": self._meta.encode()})
         names = sum(len(json.dumps(n)) for n in expected.names)
         reserve = len(meta) + names + _PER_ENTRY * len(expected.names) + 16
         self._reserved = reserve + (-reserve % 8)  # the data buffer starts 8-byte aligned
         self._f.write(b"\0" * (8 + self._reserved))  # overwritten by _finish
 
     def slot(self, where: str, bound: BoundSlot) -> None:
-        assert self._f is not None
         for name, a in sorted(bound.weights.arrays().items()):
-            full = f"{where}.{name}"
-            if full not in self._expected or full in self._entries:
-                raise OutputError(f"--out: field {full} was not announced to the writer (a bug)")
-            host = self._backend.to_host(a, bound.fields[name].dtype)
-            flat = np.ascontiguousarray(host).reshape(-1)  # shape -> [n], row-major
-            self._f.write(flat.view(np.uint8).data)
-            end = self._pos + flat.nbytes
-            self._entries[full] = (dtype_name(host), list(host.shape), self._pos, end)
-            self._pos = end
+            self.tensor(f"{where}.{name}", self._backend.to_host(a, bound.fields[name].dtype))
+
+    def tensor(self, name: str, host: Array) -> None:
+        """Write one announced tensor's bytes now; nothing of it is kept but its entry."""
+        assert self._f is not None, "use StreamWriter as a context manager"
+        if name not in self._expected or name in self._entries:
+            raise OutputError(f"{self._out}: field {name} was not announced to the writer (a bug)")
+        flat = np.ascontiguousarray(host).reshape(-1)  # shape -> [n], row-major
+        self._f.write(flat.view(np.uint8).data)  # a view of the mmap: no copy for verbatim fields
+        end = self._pos + flat.nbytes
+        self._entries[name] = (dtype_name(host), list(host.shape), self._pos, end)
+        self._pos = end
 
     def _finish(self) -> None:
         assert self._f is not None
-        self._meta["tensors"] = str(len(self._entries))  # a reload refuses a file missing one
-        header: dict[str, object] = {"__metadata__": dict(sorted(self._meta.items()))}
+        meta = replace(self._meta, tensors=len(self._entries))  # a reload refuses one missing
+        header: dict[str, object] = {"__metadata__": meta.encode()}
         for name in sorted(self._entries):
             dtype, shape, b, e = self._entries[name]
             header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [b, e]}
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
         if len(raw) > self._reserved:  # the bound is proven; this would be a bug
-            raise OutputError(f"--out: header {len(raw)} B is over its {self._reserved} B")
+            raise OutputError(f"{self._out}: header {len(raw)} B is over its {self._reserved} B")
         self._f.seek(0)
         self._f.write(struct.pack("<Q", self._reserved))
         self._f.write(raw + b" " * (self._reserved - len(raw)))

@@ -262,12 +262,14 @@ def open_bound(
     """A rank's ``bind --out`` file loaded back: its spec hash, model, geometry, ranks and
     layer kinds checked against these binders (and the ranks asked for), then views of the
     mapped file, or copies with ``copy=True``. See ``specbind.runtime.reload``."""
-    # a wrapper, not a re-export: importing runtime.reload at `import specbind` loads NumPy
+    # a wrapper, not a re-export: importing runtime.reload at `import specbind` loads NumPy;
+    # and the one place that hands the reader the generated tables it checks against
+    from specbind.generated import MODELS, SPECS_SHA256
     from specbind.runtime.reload import open_bound as load
 
     return load(
-        path, model=model, tp_size=tp_size, tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank,
-        copy=copy,
+        path, models=MODELS, specs_sha256=SPECS_SHA256, model=model, tp_size=tp_size,
+        tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, copy=copy,
     )  # fmt: skip
 
 

@@ -147,7 +147,7 @@ def cmd_reload(a: argparse.Namespace) -> int:
     and the ranks given by flag (only those: a file says which rank it is), every byte copied."""
     import time
 
-    from specbind.runtime.reload import open_bound
+    from specbind.api import open_bound
 
     if a.ckpt is not None:
         raise SpecbindError(f"bind: give a checkpoint or --from, not both ({a.ckpt}, {a.from_})")
@@ -184,14 +184,16 @@ def cmd_bind(a: argparse.Namespace) -> int:
         raise SpecbindError("bind: give a checkpoint directory, or --from a bound file")
     if a.out_dir is not None or launched(os.environ):
         return cmd_bind_ranks(a)
+    from specbind.core.planning import Ranks
     from specbind.generated import SPECS_SHA256
     from specbind.generated import kernels as generated_kernels
     from specbind.launcher import resolve_tp
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.bound_format import BoundMeta
     from specbind.runtime.checkpoint import Checkpoint
-    from specbind.runtime.export import check_out_path
     from specbind.runtime.model import values_from_config
+    from specbind.runtime.out_path import check_out_path
     from specbind.runtime.stream_out import StreamWriter
 
     table = _table(a.model, a.ckpt)
@@ -210,17 +212,9 @@ def cmd_bind(a: argparse.Namespace) -> int:
     if out is None:
         result = run()
     else:  # streamed: one slot's output in memory at a time, the file whole or not at all
-        meta = {
-            "model": table.name,
-            "specs_sha256": SPECS_SHA256,
-            "tp_size": str(tp_size),
-            "tp_rank": str(tp_rank),
-            "ep_size": str(_or(a.ep_size, 1)),
-            "ep_rank": str(_or(a.ep_rank, 0)),
-            "geometry": json.dumps(values, sort_keys=True),
-            "overrides": json.dumps(overrides, sort_keys=True),
-        }  # "layers" is added by the writer, from the layout, before any tensor is read
-        with StreamWriter(out, meta, backend) as sink:
+        ranks = Ranks(tp_size, tp_rank, _or(a.ep_size, 1), _or(a.ep_rank, 0))
+        head = BoundMeta(table.name, SPECS_SHA256, ranks, values, overrides)
+        with StreamWriter(out, head, backend, ckpt.files(), ckpt.dirs()) as sink:
             result = run(sink=sink)
     if a.json:
         print(json.dumps(result.as_dict(), indent=2))

@@ -4,15 +4,29 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from specbind.core.planning import Ranks
 from specbind.generator import render
 from specbind.generator.render import generate
-from specbind.runtime.export import write_safetensors
+from specbind.runtime.backends import NUMPY
+from specbind.runtime.bind import Expected
+from specbind.runtime.bound_format import BoundMeta
+from specbind.runtime.stream_out import StreamWriter
 
 REPO = Path(__file__).resolve().parent.parent
+HEAD = BoundMeta("m", "0" * 64, Ranks(), {"x": 1, "a": 2})
+
+
+def write_out(out: Path, arrays: dict[str, Any], head: BoundMeta = HEAD) -> None:
+    """``arrays`` through the one ``--out`` writer, in this order, as a bind hands them over."""
+    with StreamWriter(out, head, NUMPY) as w:
+        w.start(Expected(list(arrays), {}, None))
+        for name, a in arrays.items():
+            w.tensor(name, a)
 
 
 class Boom(RuntimeError):
@@ -24,7 +38,7 @@ def test_an_interrupted_out_file_leaves_the_previous_one_intact_and_no_temp_file
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: type[BaseException]
 ) -> None:
     out = tmp_path / "bound.safetensors"
-    write_safetensors(out, {"a": np.arange(4, dtype=np.float32)}, {"k": "v"})
+    write_out(out, {"a": np.arange(4, dtype=np.float32)})
     before = out.read_bytes()
     calls = []
     real = np.ascontiguousarray
@@ -37,9 +51,7 @@ def test_an_interrupted_out_file_leaves_the_previous_one_intact_and_no_temp_file
 
     monkeypatch.setattr(np, "ascontiguousarray", flaky)
     with pytest.raises(error):
-        write_safetensors(
-            out, {"a": np.ones(4, np.float32), "b": np.zeros(8, np.float32)}, {"k": "v"}
-        )
+        write_out(out, {"a": np.ones(4, np.float32), "b": np.zeros(8, np.float32)})
     assert len(calls) == 2, "the failure came after the header and the first tensor were written"
     assert out.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["bound.safetensors"], "no temp file left behind"
@@ -69,10 +81,11 @@ def test_an_interrupted_generate_leaves_every_generated_file_as_it_was(
     assert after == before, "the first file must not have been replaced either"
 
 
-def test_the_same_arrays_always_write_the_same_bytes(tmp_path: Path) -> None:
+def test_the_same_arrays_always_write_the_same_bytes_whatever_the_metadata_order(
+    tmp_path: Path,
+) -> None:
     arrays = {"z": np.arange(6, dtype=np.float32).reshape(2, 3), "a": np.ones(3, dtype=np.int8)}
-    write_safetensors(tmp_path / "1.safetensors", arrays, {"x": "1", "a": "2"})
-    write_safetensors(
-        tmp_path / "2.safetensors", dict(reversed(arrays.items())), {"a": "2", "x": "1"}
-    )
+    write_out(tmp_path / "1.safetensors", arrays)
+    shuffled = BoundMeta("m", "0" * 64, Ranks(), {"a": 2, "x": 1})
+    write_out(tmp_path / "2.safetensors", arrays, shuffled)
     assert (tmp_path / "1.safetensors").read_bytes() == (tmp_path / "2.safetensors").read_bytes()

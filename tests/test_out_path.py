@@ -16,8 +16,12 @@ import pytest
 from helpers import TABLE, TINY, read_file
 
 from specbind.core.errors import OutputError
+from specbind.core.planning import Ranks
+from specbind.runtime.backends import NUMPY
+from specbind.runtime.bound_format import BoundMeta
 from specbind.runtime.checkpoint import Checkpoint
-from specbind.runtime.export import check_out_path, write_safetensors
+from specbind.runtime.out_path import check_out_path
+from specbind.runtime.stream_out import StreamWriter
 from specbind.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"
@@ -60,13 +64,15 @@ def test_check_out_path_refuses_a_unix_socket(tmp_path: Path) -> None:
         sock.close()
 
 
-def test_write_safetensors_itself_refuses_a_file_of_its_inputs(work: Path) -> None:
+def test_the_writer_itself_refuses_a_file_of_its_inputs(work: Path) -> None:
     shard = work / "ck" / SHARD
     before = shard.read_bytes()
-    with pytest.raises(OutputError, match="is a file of the checkpoint being read"):
-        write_safetensors(
-            shard, {"a": np.zeros(2, np.float32)}, {}, Checkpoint(work / "ck").files()
-        )
+    head = BoundMeta("m", "0" * 64, Ranks(), {})
+    with (
+        pytest.raises(OutputError, match="is a file of the checkpoint being read"),
+        StreamWriter(shard, head, NUMPY, Checkpoint(work / "ck").files()) as w,
+    ):
+        w.tensor("a", np.zeros(2, np.float32))
     assert shard.read_bytes() == before
     assert sorted(p.name for p in (work / "ck").iterdir()) == sorted(
         p.name for p in Checkpoint(work / "ck").files()

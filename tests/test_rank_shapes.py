@@ -28,7 +28,7 @@ from specbind.generator import yamlio
 from specbind.generator.rank_shapes import RankShapes
 from specbind.generator.spec import parse_block
 from specbind.runtime import ops
-from specbind.runtime.synth import tiny_values
+from specbind.synth import tiny_values
 from tests.helpers import layer_arrays, source
 
 REPO = Path(__file__).resolve().parents[1]

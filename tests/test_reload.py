@@ -214,3 +214,19 @@ def test_a_layer_with_an_unknown_role_is_refused(bound: tuple[Path, Path], tmp_p
     bad = _rewrite(bound[1], tmp_path / "role.safetensors", edit)
     with pytest.raises(ReloadError, match=r"layers\['0'\] has role 'encoder', not one of"):
         open_bound(bad)
+
+
+def test_the_reader_checks_against_the_tables_and_hash_its_caller_passes(
+    bound: tuple[Path, Path],
+) -> None:
+    """runtime.reload knows no generated code: a caller without this model, or with another
+    spec hash, is refused; with the generated ones, the file opens."""
+    from specbind.generated import SPECS_SHA256
+    from specbind.runtime.reload import open_bound as read
+
+    with pytest.raises(ReloadError, match=r"model glm-5\.3-flash, which these binders do not"):
+        read(bound[1], models={}, specs_sha256=SPECS_SHA256)
+    with pytest.raises(ReloadError, match=r"these are 111111111111\); bind it again"):
+        read(bound[1], models=MODELS, specs_sha256="1" * 64)
+    f = read(bound[1], models=MODELS, specs_sha256=SPECS_SHA256)
+    assert f.meta.model == "glm-5.3-flash" and f.meta.ranks == f.ranks

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -91,7 +93,9 @@ def test_a_header_write_that_fails_keeps_the_previous_file_and_leaves_no_partial
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from specbind.core.errors import OutputError
+    from specbind.core.planning import Ranks
     from specbind.runtime.backends import NUMPY
+    from specbind.runtime.bound_format import BoundMeta
     from specbind.runtime.stream_out import StreamWriter
 
     out = tmp_path / "rank.safetensors"
@@ -103,8 +107,43 @@ def test_a_header_write_that_fails_keeps_the_previous_file_and_leaves_no_partial
     monkeypatch.setattr(StreamWriter, "_finish", fail)
     with (
         pytest.raises(OutputError, match="over its reservation"),
-        StreamWriter(out, {"model": "m"}, NUMPY) as w,
+        StreamWriter(out, BoundMeta("m", "0" * 64, Ranks(), {}), NUMPY) as w,
     ):
         w.start(Expected([], {}, None))
     assert out.read_bytes() == b"the previous bind"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank.safetensors"]
+
+
+def test_an_out_dir_rank_file_is_streamed_by_the_same_writer_into_the_same_format(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--out-dir`` (here a world of one; torchrun's ranks take the same path) writes each
+    tensor through ``StreamWriter`` as it is bound, and its file is the ``--out`` file of that
+    rank: the same tensors, byte for byte, and the same metadata plus its world and rank."""
+    from specbind.runtime.bound_format import decode
+    from specbind.runtime.safetensors_file import SafetensorsFile
+    from specbind.runtime.stream_out import StreamWriter
+
+    written: list[str] = []
+    real = StreamWriter.tensor
+
+    def spy(self: StreamWriter, name: str, host: np.ndarray[Any, Any]) -> None:
+        written.append(name)
+        real(self, name, host)
+
+    monkeypatch.setattr(StreamWriter, "tensor", spy)
+    assert main(["bind", str(ckpt), "--out-dir", str(tmp_path / "d")]) == 0
+    assert main(["bind", str(ckpt), "--out", str(tmp_path / "one.safetensors")]) == 0
+    ranked = SafetensorsFile(tmp_path / "d" / "rank-00000-of-00001.safetensors", "ranked")
+    single = SafetensorsFile(tmp_path / "one.safetensors", "single")
+    assert sorted(written) == sorted([*ranked.entries, *single.entries])
+    head = decode(ranked.metadata, "ranked")
+    assert (head.world, head.rank) == (1, 0)
+    assert replace(head, world=None, rank=None) == decode(single.metadata, "single")
+    assert tensor_bytes(ranked) == tensor_bytes(single)
+
+
+def tensor_bytes(f: Any) -> dict[str, bytes]:
+    """Each tensor of a ``SafetensorsFile`` by name, as its bytes."""
+    return {n: bytes(f.view[f.data_start + e.begin : f.data_start + e.end])
+            for n, e in f.entries.items()}  # fmt: skip

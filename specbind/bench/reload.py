@@ -25,9 +25,9 @@ from specbind.core.errors import SpecbindError
 def run(table: Any, cache: Path, repeat: int) -> dict[str, Any]:
     from safetensors.numpy import load_file
 
+    from specbind.api import open_bound
     from specbind.bench.common import interleaved
     from specbind.bench.scale import ensure_sparse
-    from specbind.runtime.reload import open_bound
 
     ckpt = ensure_sparse(table, cache, 4)
     out = cache / "reload-tp8-ep8.safetensors"

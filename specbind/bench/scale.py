@@ -57,8 +57,10 @@ def child(ckpt: str, out: str, tp: int, ep: int, part: str) -> dict[str, Any]:
     from specbind.api import model_table
     from specbind.bench.common import parts, peak_rss_mb
     from specbind.core.planning import Ranks
+    from specbind.generated import SPECS_SHA256
     from specbind.runtime.backends import NUMPY
     from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.bound_format import BoundMeta
     from specbind.runtime.checkpoint import Checkpoint
     from specbind.runtime.layout import layout
     from specbind.runtime.model import values_from_config
@@ -70,7 +72,8 @@ def child(ckpt: str, out: str, tp: int, ep: int, part: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     ck = Checkpoint(Path(ckpt))
     t1 = time.perf_counter()
-    geometry = table.make_geometry(values_from_config(table, ck.config))
+    values = values_from_config(table, ck.config)
+    geometry = table.make_geometry(values)
     lay = layout(table, ck.names(), ck.config)
     refuse_problems(lay)
     ranks = Ranks(tp, 0, ep, 0)
@@ -78,7 +81,7 @@ def child(ckpt: str, out: str, tp: int, ep: int, part: str) -> dict[str, Any]:
         table.block(name).plan(geometry, ranks)
         table.block(name).check(geometry, ranks)
     t2 = time.perf_counter()
-    writer = StreamWriter(Path(out), {"bench": "scale"}, NUMPY)
+    writer = StreamWriter(Path(out), BoundMeta(table.name, SPECS_SHA256, ranks, values), NUMPY)
     largest = 0
     write_s = 0.0
 

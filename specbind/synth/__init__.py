@@ -150,7 +150,7 @@ def synth(
 ) -> dict[str, Any]:
     """Write the checkpoint; return a summary (files, tensors, bytes). With ``quant``, every
     linear weight the scheme can store is written as its companions (``synth_quant``).
-    ``sparse``: headers only, the data left as holes (``runtime.synth_sparse``), in shards of
+    ``sparse``: headers only, the data left as holes (``synth.sparse``), in shards of
     about 5 GB unless ``shards`` is given."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SpecbindError(f"{out}: exists and is not an empty directory; refusing to overwrite")

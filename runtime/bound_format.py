@@ -1,0 +1,202 @@
+"""The ``--out`` format's metadata: one typed record, ``BoundMeta``, encoded and decoded here only.
+
+A rank's bound file (``bind --out``, and each ``rank-*.safetensors`` of ``--out-dir``) is a
+safetensors file; tensors are named ``layers.{i}.{slot}.{field}`` and ``globals.{field}``, and
+its ``__metadata__`` (string to string) holds the fields of ``BoundMeta``:
+- ``model``, ``specs_sha256``: the model table and the hash of the specs that generated it;
+- ``tp_size``, ``tp_rank``, ``ep_size``, ``ep_rank``: ASCII decimal, each rank below its size;
+- ``geometry`` (every symbol) and ``overrides`` (the ``--set`` ones): JSON objects of integers;
+- ``layers``: JSON ``{"<index>": {"role": "decoder"|"mtp", "slots": {slot: block}}}``;
+- ``tensors``: how many tensors the bind wrote (a reload refuses a file missing one);
+- ``quant`` (a quantized bind only): JSON ``{"outputs": [...], "scheme": s, "weight_only": b}``;
+- ``world``, ``rank`` (``--out-dir`` only): the process-group place of the rank.
+
+Written by ``stream_out.StreamWriter`` (``encode``) and read by ``reload.open_bound``
+(``decode``), nowhere else. ``decode`` checks what the file alone can say — each field there,
+well-formed and in range — and refuses anything else with one ``ReloadError`` line naming the
+file and the field; what only a model table can confirm (geometry symbols, slot blocks, the
+scheme) is ``reload``'s.
+Invariants: ``decode(encode(m)) == m``; ``encode`` is deterministic (sorted JSON keys, one
+spelling of each number), so two binds give byte-identical headers.
+Extending: a new key is a new field defaulting to None (older files lack it), added to
+``encode`` and ``decode`` and nowhere else. The header is written after the data, so a value
+known only once every byte is out (``tensors`` today; per-tensor digests tomorrow, a
+``digests: Mapping[str, str] | None``) is a field like any other; the writer's header
+reservation must bound its size before the first byte (``StreamWriter.start``).
+Trap: files written before ``tensors``, ``overrides`` or ``world``/``rank`` existed lack them;
+those decode to None (``{}`` for overrides), never to a refusal.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from specbind.core.errors import ReloadError
+from specbind.core.planning import Ranks
+from specbind.runtime.quant import OUTPUTS, quant_metadata
+
+ROLES = ("decoder", "mtp")
+NEEDED = ("model", "specs_sha256", "tp_size", "tp_rank", "ep_size", "ep_rank", "geometry",
+          "layers")  # fmt: skip
+
+Layers = Mapping[int, tuple[str, Mapping[str, str]]]  # index -> (role, slot -> block)
+
+
+@dataclass(frozen=True)
+class QuantMeta:
+    """What a quantized bind records: the scheme, weight-only or not, the optional layouts."""
+
+    scheme: str
+    weight_only: bool
+    outputs: tuple[str, ...] = ()  # of quant.OUTPUTS, sorted
+
+    def encode(self) -> str:
+        return quant_metadata(self.scheme, self.weight_only, self.outputs)
+
+
+@dataclass(frozen=True)
+class BoundMeta:
+    """The metadata of one rank's bound file (the module docstring lists the keys)."""
+
+    model: str
+    specs_sha256: str
+    ranks: Ranks
+    geometry: Mapping[str, int]
+    overrides: Mapping[str, int] = field(default_factory=dict)
+    layers: Layers = field(default_factory=dict)
+    tensors: int | None = None
+    quant: QuantMeta | None = None
+    world: int | None = None
+    rank: int | None = None
+
+    def encode(self) -> dict[str, str]:
+        """The ``__metadata__`` strings, sorted by key."""
+        r = self.ranks
+        layers = {str(i): {"role": role, "slots": dict(s)} for i, (role, s) in self.layers.items()}
+        meta = {
+            "model": self.model,
+            "specs_sha256": self.specs_sha256,
+            "tp_size": str(r.tp_size),
+            "tp_rank": str(r.tp_rank),
+            "ep_size": str(r.ep_size),
+            "ep_rank": str(r.ep_rank),
+            "geometry": json.dumps(dict(self.geometry), sort_keys=True),
+            "overrides": json.dumps(dict(self.overrides), sort_keys=True),
+            "layers": json.dumps(layers, sort_keys=True),
+        }
+        optional = {"tensors": self.tensors, "world": self.world, "rank": self.rank}
+        meta |= {k: str(v) for k, v in optional.items() if v is not None}
+        if self.quant is not None:
+            meta["quant"] = self.quant.encode()
+        return dict(sorted(meta.items()))
+
+
+def decode(meta: Mapping[str, str], where: str) -> BoundMeta:
+    """The record in a file's ``__metadata__``, or a ``ReloadError`` naming ``where`` and the
+    first field that is missing or malformed."""
+    missing = [k for k in NEEDED if k not in meta]
+    if missing:
+        raise ReloadError(
+            f"{where}: not a specbind --out file (its metadata lacks {', '.join(missing)})"
+        )
+    d = _Decoder(meta, where)
+    world, rank = d.count("world"), d.count("rank")
+    if world is not None and (rank is None or rank >= world):
+        raise ReloadError(f"{where}: metadata names rank {rank} of a world of {world}")
+    return BoundMeta(
+        model=meta["model"],
+        specs_sha256=meta["specs_sha256"],
+        ranks=d.ranks(),
+        geometry=d.integers("geometry"),
+        overrides=d.integers("overrides") if "overrides" in meta else {},
+        layers=d.layers(),
+        tensors=d.count("tensors"),
+        quant=d.quant(),
+        world=world,
+        rank=rank,
+    )
+
+
+def quant_of(text: str | None, where: str) -> QuantMeta | None:
+    """The ``quant`` value decoded (None for a bind that is not quantized)."""
+    return None if text is None else _Decoder({"quant": text}, where).quant()
+
+
+def is_count(text: str) -> bool:
+    """A non-negative integer in ASCII digits (``str.isdigit`` also takes '²')."""
+    return text.isascii() and text.isdecimal()
+
+
+@dataclass(frozen=True)
+class _Decoder:
+    meta: Mapping[str, str]
+    where: str
+
+    def fail(self, why: str) -> ReloadError:
+        return ReloadError(f"{self.where}: {why}")
+
+    def count(self, key: str) -> int | None:
+        if key not in self.meta:
+            return None
+        if not is_count(self.meta[key]):
+            raise self.fail(f"metadata {key}={self.meta[key]!r} is not a count")
+        return int(self.meta[key])
+
+    def ranks(self) -> Ranks:
+        vals = {k: self.count(k) for k in ("tp_size", "tp_rank", "ep_size", "ep_rank")}
+        tp_size, tp_rank, ep_size, ep_rank = (int(v or 0) for v in vals.values())
+        if not (tp_rank < tp_size and ep_rank < ep_size):
+            raise self.fail(
+                f"metadata names tp rank {tp_rank} of {tp_size}, ep rank {ep_rank} of {ep_size}"
+            )
+        return Ranks(tp_size, tp_rank, ep_size, ep_rank)
+
+    def json(self, key: str) -> Any:
+        """The value as JSON, or None for a bad document."""
+        try:
+            return json.loads(self.meta[key])
+        except ValueError:
+            return None
+
+    def integers(self, key: str) -> dict[str, int]:
+        doc = self.json(key)
+        if not isinstance(doc, dict) or not all(type(v) is int for v in doc.values()):
+            raise self.fail(f"metadata {key} is not an object of integers")
+        return doc
+
+    def layers(self) -> dict[int, tuple[str, Mapping[str, str]]]:
+        doc = self.json("layers")
+        if not isinstance(doc, dict):
+            raise self.fail("metadata layers is not an object")
+        out: dict[int, tuple[str, Mapping[str, str]]] = {}
+        for key, x in doc.items():
+            slots = x.get("slots") if isinstance(x, dict) else None
+            if not is_count(key) or not isinstance(slots, dict):
+                raise self.fail(f"metadata layers[{key!r}] is not a layer")
+            if not all(isinstance(b, str) for b in slots.values()):
+                raise self.fail(f"metadata layers[{key!r}] names a slot block that is not a name")
+            if x.get("role") not in ROLES:
+                raise self.fail(f"metadata layers[{key!r}] has role {x.get('role')!r}, not one "
+                                f"of {list(ROLES)}")  # fmt: skip
+            out[int(key)] = (x["role"], dict(slots))
+        return out
+
+    def quant(self) -> QuantMeta | None:
+        if "quant" not in self.meta:
+            return None
+        doc = self.json("quant")
+        if doc is None:
+            raise self.fail("metadata quant is not JSON")
+        scheme = doc.get("scheme") if isinstance(doc, dict) else None
+        if not isinstance(scheme, str):
+            raise self.fail(f"metadata quant names no scheme (scheme {scheme!r})")
+        outputs = doc.get("outputs", [])
+        if not isinstance(outputs, list) or not all(o in OUTPUTS for o in outputs):
+            raise self.fail(f"metadata quant outputs {outputs!r}: not a list of {list(OUTPUTS)}")
+        weight_only = doc.get("weight_only", False)
+        if type(weight_only) is not bool:
+            raise self.fail(f"metadata quant weight_only {weight_only!r} is not true or false")
+        return QuantMeta(scheme, weight_only, tuple(sorted(outputs)))
