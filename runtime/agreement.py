@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 
 SHOWN = 3  # disagreements named in the refusal; the rest are counted
 
@@ -42,7 +42,7 @@ def _group(name: str) -> str:
     return parts[0] if len(parts) > 1 else name
 
 
-def fingerprint(ckpt: Checkpoint) -> dict[str, str]:
+def fingerprint(ckpt: CheckpointDir) -> dict[str, str]:
     """The checkpoint as the ranks compare it: file sizes, config.json, tensor groups."""
     out: dict[str, str] = {}
     for p in ckpt.files():
@@ -63,7 +63,7 @@ def describe(
     model: str,
     layout: str,
     overrides: Mapping[str, int],
-    ckpt: Checkpoint,
+    ckpt: CheckpointDir,
 ) -> dict[str, str]:
     """This rank's whole description: what it was generated from, how it splits, what it read."""
     return {

@@ -20,7 +20,7 @@ from specbind.core.ir import FieldRule
 from specbind.core.planning import Ranks
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.binding import BindReport
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.layers import LayerSource
 from specbind.runtime.layout import Layout
 from specbind.runtime.model import (
@@ -40,7 +40,7 @@ GLOBALS = -1  # the "layer" index the model-level tensors are reported under
 
 
 @dataclass
-class BoundSlot:
+class SlotResult:
     slot: str
     block: str
     weights: Weights
@@ -49,10 +49,10 @@ class BoundSlot:
 
 
 @dataclass
-class BoundLayer:
+class LayerResult:
     index: int
     role: str  # "decoder" | "mtp"
-    slots: dict[str, BoundSlot] = field(default_factory=dict)
+    slots: dict[str, SlotResult] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
@@ -75,14 +75,14 @@ class BoundLayer:
 @dataclass
 class BindResult:
     ranks: Ranks
-    layers: list[BoundLayer]
-    globals: BoundSlot | None
+    layers: list[LayerResult]
+    globals: SlotResult | None
     unbound: dict[str, int]  # declared-unbound prefix -> tensors left unread, as declared
     seconds: float
     flags: dict[str, bool] = field(default_factory=dict)
     quant: str | None = None  # the --out metadata "quant": scheme, weight_only, outputs (JSON)
 
-    def slots(self) -> Iterator[tuple[str, BoundSlot]]:
+    def slots(self) -> Iterator[tuple[str, SlotResult]]:
         """Every bound slot by its ``--out`` name prefix: ``layers.{i}.{slot}`` or ``globals``."""
         for layer in self.layers:
             for name, slot in layer.slots.items():
@@ -157,7 +157,7 @@ class GlobalSource:
 
 
 def bind_checkpoint(
-    ckpt: Checkpoint,
+    ckpt: CheckpointDir,
     table: ModelTable[Any],
     overrides: dict[str, int] | None = None,
     tp_size: int = 1,
@@ -210,10 +210,10 @@ def bind_checkpoint(
     quant = slot_quant(table, opened, geometry, qout, allow_unshared_scales)
     if sink is not None:
         sink.start(_expected(lay, kinds, glob_block, quant, qmeta))
-    out: list[BoundLayer] = []
+    out: list[LayerResult] = []
     # progress=None: a bar only when stderr is a terminal, unless the caller says otherwise.
     for lay_layer in progress_bar(lay.layers.values(), progress, "bind", "layer"):
-        bound = BoundLayer(lay_layer.index, lay_layer.role)
+        bound = LayerResult(lay_layer.index, lay_layer.role)
         full = lay.split.full_name(table, lay_layer.index, "")
         for slot, fill in lay_layer.slots.items():
             assert fill.block is not None
@@ -249,7 +249,7 @@ class Sink(Protocol):
     """Where a streaming bind puts each slot as soon as it is bound (``StreamWriter``)."""
 
     def start(self, expected: Expected) -> None: ...
-    def slot(self, where: str, bound: BoundSlot) -> None: ...
+    def slot(self, where: str, bound: SlotResult) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -269,9 +269,9 @@ class _NoWeights:
         return {}
 
 
-def _handed(sink: Sink, where: str, bound: BoundSlot) -> BoundSlot:
+def _handed(sink: Sink, where: str, bound: SlotResult) -> SlotResult:
     sink.slot(where, bound)
-    return BoundSlot(bound.slot, bound.block, _NoWeights(), bound.report, bound.fields)
+    return SlotResult(bound.slot, bound.block, _NoWeights(), bound.report, bound.fields)
 
 
 def _expected(
@@ -308,7 +308,7 @@ def _bind_one(
     backend: Backend,
     flags: Mapping[str, bool],
     quant: LayerQuant | None,
-) -> BoundSlot:
+) -> SlotResult:
     where = f"layer {index}" if index >= 0 else "model"
     try:
         weights, report = block.bind(geometry, ranks, index, src, backend, flags, quant)
@@ -319,4 +319,4 @@ def _bind_one(
     report.slot = slot
     extra = getattr(weights, "quant", None)  # QuantFields of a quantized block, else None
     fields = dict(block.fields) | (extra.rules if extra is not None else {})
-    return BoundSlot(slot, block.name, weights, report, fields)
+    return SlotResult(slot, block.name, weights, report, fields)

@@ -11,7 +11,7 @@ its ``__metadata__`` (string to string) holds the fields of ``BoundMeta``:
 - ``quant`` (a quantized bind only): JSON ``{"outputs": [...], "scheme": s, "weight_only": b}``;
 - ``world``, ``rank`` (``--out-dir`` only): the process-group place of the rank.
 
-Written by ``stream_out.StreamWriter`` (``encode``) and read by ``reload.open_bound``
+Written by ``stream_out.StreamWriter`` (``encode``) and read by ``reload.read_bound``
 (``decode``), nowhere else. ``decode`` checks what the file alone can say — each field there,
 well-formed and in range — and refuses anything else with one ``ReloadError`` line naming the
 file and the field; what only a model table can confirm (geometry symbols, slot blocks, the

@@ -60,7 +60,7 @@ def read_json(path: Path, what: str) -> Any:
         raise CheckpointError(f"{what}: not valid JSON: {e}") from None
 
 
-class Checkpoint:
+class CheckpointDir:
     """Every tensor of a checkpoint directory by full name, lazily."""
 
     def __init__(self, root: Path) -> None:

@@ -11,7 +11,7 @@ node). ``--tp-rank``/``--ep-rank`` are refused: the process group gives the rank
 Phases, each closed by a collective on which every rank reports success or its error:
 1. prepare: open the checkpoint, plan its layout, check the output path; all-gather each
    rank's description (``runtime.agreement``) and refuse, on every rank, any disagreement;
-2. plan: each rank's byte windows of every tensor (``runtime.coverage``), with digests where
+2. plan: each rank's byte windows of every tensor (``runtime.byte_coverage``), with digests where
    other ranks read the same bytes; gathered on rank 0 (one rank holds every rank's windows,
    not all of them), which proves the coverage and broadcasts the verdict (and, before it,
    removes the index of any earlier run in D);
@@ -47,12 +47,12 @@ from typing import Any, TypeVar
 
 from specbind.core.errors import DistributedError, GeometryError, SpecbindError
 from specbind.core.planning import Ranks
-from specbind.runtime import agreement, coverage
+from specbind.runtime import agreement, byte_coverage
 from specbind.runtime.atomic import atomic_writer
 from specbind.runtime.backends import Backend
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.bound_format import BoundMeta
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.comm import Comm
 from specbind.runtime.layout import Layout
 from specbind.runtime.model import ModelTable, values_from_config
@@ -140,7 +140,7 @@ def _raise_first(comm: Comm, phase: str, errors: list[str | None]) -> None:
 @dataclass
 class _Prepared:
     ranks: Ranks
-    ckpt: Checkpoint
+    ckpt: CheckpointDir
     values: dict[str, int]
     geometry: Any
     lay: Layout
@@ -152,7 +152,7 @@ class _Prepared:
 
 def _prepare(job: Job, comm: Comm) -> _Prepared:
     ranks = place(comm.world, comm.rank, job.tp_size, job.ep_size)
-    ckpt = Checkpoint(job.ckpt)
+    ckpt = CheckpointDir(job.ckpt)
     values = values_from_config(job.table, ckpt.config, job.overrides)
     geometry = job.table.make_geometry(values)
     opened = open_layout(ckpt, job.table)
@@ -179,8 +179,8 @@ def run(job: Job, comm: Comm) -> dict[str, Any] | None:
     if problems:
         raise DistributedError(agreement.refusal(problems))
 
-    def plan() -> list[coverage.Piece]:
-        return coverage.plan_pieces(
+    def plan() -> list[byte_coverage.Piece]:
+        return byte_coverage.plan_pieces(
             p.view, job.table, p.lay, p.geometry, p.ranks, lambda i, s: p.quant.get((i, s))
         )
 
@@ -188,7 +188,7 @@ def run(job: Job, comm: Comm) -> dict[str, Any] | None:
     gathered = comm.gather(pieces)
     verdict: list[str] | None = None
     if gathered is not None:  # rank 0
-        verdict = coverage.check(gathered, coverage.claimed_names(job.table, p.lay))
+        verdict = byte_coverage.check(gathered, byte_coverage.claimed_names(job.table, p.lay))
         if not verdict and job.out_dir is not None:
             (job.out_dir / INDEX).unlink(missing_ok=True)  # the old run is no longer whole
     verdict = comm.broadcast(verdict)
@@ -247,7 +247,7 @@ def run(job: Job, comm: Comm) -> dict[str, Any] | None:
         "collectives": comm.backend,
         "specs_sha256": job.specs_sha256,
         "agreed": sorted(p.describe),
-        "coverage": coverage.summary(gathered or []),
+        "coverage": byte_coverage.summary(gathered or []),
         "ranks": rows,
         "out_dir": None if job.out_dir is None else str(job.out_dir),
         "index": None if written is None else str(written),

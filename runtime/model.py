@@ -113,9 +113,7 @@ class BlockEntry(Generic[G]):
 
     def shapes(self, g: G) -> dict[str, tuple[int, ...]]:
         """Full (unsharded) shapes, keyed by rule name."""
-        shapes: dict[str, tuple[int, ...]] = self.module.expected_shapes(
-            self.geometry(g, Ranks())
-        )
+        shapes: dict[str, tuple[int, ...]] = self.module.expected_shapes(self.geometry(g, Ranks()))
         return shapes
 
     def check(self, g: G, ranks: Ranks) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from specbind.core.errors import CheckpointError
 from specbind.core.ir import NameRule
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.source import MapSpan, RawTensor
 
 
@@ -40,7 +40,7 @@ class NamedView:
 
     def __init__(
         self,
-        ckpt: Checkpoint,
+        ckpt: CheckpointDir,
         pattern: str,
         rules: tuple[NameRule, ...],
         suffixes: Mapping[str, str] | None = None,

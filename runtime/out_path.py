@@ -43,7 +43,7 @@ def check_out_path(
 ) -> Path:
     """The real path to write ``out`` to, or an ``OutputError`` saying why it must not be.
 
-    ``inputs`` are the files being read (``Checkpoint.files()``); ``dirs`` are directories no
+    ``inputs`` are the files being read (``CheckpointDir.files()``); ``dirs`` are directories no
     output may land in, by its given or its resolved path (the checkpoint directory: a new
     ``model.safetensors`` beside an index would make the loader refuse it; and, for a Hub
     cache snapshot, the cache repo whose blobs its links share). ``what`` names the path in

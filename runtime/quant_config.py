@@ -30,7 +30,7 @@ from typing import Any
 
 from specbind.core.errors import CheckpointError
 from specbind.core.quant import DetectRule, SchemeRule
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 
 
 def lookup(doc: Any, dotted: str) -> list[Any]:
@@ -91,7 +91,7 @@ def _ct_match(pattern: str, module: str) -> bool:
     return pattern == module
 
 
-def _read(ckpt: Checkpoint, file: str, cache: dict[str, Any]) -> Any:
+def _read(ckpt: CheckpointDir, file: str, cache: dict[str, Any]) -> Any:
     if file not in cache:
         cache[file] = ckpt.config if file == "config.json" else ckpt.side_file(file)
     return cache[file]
@@ -119,7 +119,7 @@ def _strings(doc: Any, file: str, field: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def detect(ckpt: Checkpoint, schemes: Sequence[SchemeRule]) -> QuantConfig | None:
+def detect(ckpt: CheckpointDir, schemes: Sequence[SchemeRule]) -> QuantConfig | None:
     """The checkpoint's quantization, or None for an unquantized checkpoint."""
     cache: dict[str, Any] = {}
     hits = [s for s in schemes if _holds(_read(ckpt, s.detect.file, cache), s.detect)]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specbind.core.errors import BindError
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.layout import Layout, layout
 from specbind.runtime.model import ModelTable
 from specbind.runtime.names import NamedView
@@ -29,7 +29,7 @@ class OpenLayout:
     lay: Layout
 
 
-def open_layout(ckpt: Checkpoint, table: ModelTable[Any]) -> OpenLayout:
+def open_layout(ckpt: CheckpointDir, table: ModelTable[Any]) -> OpenLayout:
     """The checkpoint's quantization, named view and layout; a checkpoint with no layer the
     model names, or a layout problem, is refused."""
     qconf = detect(ckpt, table.schemes)

@@ -1,4 +1,5 @@
-"""Load a rank's ``--out`` file back: ``open_bound(path, ...)`` and ``bind --from PATH``.
+"""Load a rank's ``--out`` file back: ``read_bound(path, ...)``, behind the API's
+``specbind.open_bound`` and ``bind --from PATH`` (both pass the generated tables).
 
 The caller passes the binders to check against: the model tables by name and the hash of the
 specs they were generated from (the API and CLI pass ``specbind.generated``'s ``MODELS`` and
@@ -61,7 +62,7 @@ class BoundFile:
         return {k[len(pre) :]: v for k, v in self.tensors.items() if k.startswith(pre)}
 
 
-def open_bound(
+def read_bound(
     path: str | os.PathLike[str],
     *,
     models: Mapping[str, ModelTable[Any]],

@@ -200,7 +200,7 @@ class SafetensorsFile:
 
     def release(self, name: str) -> None:
         """``MADV_DONTNEED`` over the whole pages inside ``name``'s bytes (see
-        ``Checkpoint.release``); the partial pages at its ends may hold a neighbour's bytes."""
+        ``CheckpointDir.release``); the partial pages at its ends may hold a neighbour's bytes."""
         if self._map is None:
             return
         e = self.entries[name]

@@ -40,7 +40,7 @@ from specbind.runtime.bound_format import BoundMeta, quant_of
 from specbind.runtime.out_path import check_out_path
 
 if TYPE_CHECKING:
-    from specbind.runtime.bind import BoundSlot, Expected
+    from specbind.runtime.bind import Expected, SlotResult
 
 _LONGEST_DTYPE = max(len(d) for d in DTYPES)
 # {"dtype":"<dtype>","shape":[16 dims of <= 15 digits],"data_offsets":[<=19 digits,<=19]},
@@ -106,7 +106,7 @@ class StreamWriter:
         self._reserved = reserve + (-reserve % 8)  # the data buffer starts 8-byte aligned
         self._f.write(b"\0" * (8 + self._reserved))  # overwritten by _finish
 
-    def slot(self, where: str, bound: BoundSlot) -> None:
+    def slot(self, where: str, bound: SlotResult) -> None:
         for name, a in sorted(bound.weights.arrays().items()):
             self.tensor(f"{where}.{name}", self._backend.to_host(a, bound.fields[name].dtype))
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from specbind.runtime.bind import BindResult
     from specbind.runtime.binding import BindReport
-    from specbind.runtime.checkpoint import Checkpoint as RawCheckpoint
+    from specbind.runtime.checkpoint import CheckpointDir
     from specbind.runtime.model import ModelTable
     from specbind.runtime.reload import BoundFile
 
@@ -104,10 +104,10 @@ class Checkpoint:
         model: str | None = None,
         overrides: Mapping[str, int] | None = None,
     ) -> None:
-        from specbind.runtime.checkpoint import Checkpoint as Raw
+        from specbind.runtime.checkpoint import CheckpointDir
         from specbind.runtime.model import values_from_config
 
-        self._raw: RawCheckpoint = Raw(Path(path))
+        self._raw: CheckpointDir = CheckpointDir(Path(path))
         self._table: ModelTable[Any] = model_table(model, "model=", self._raw.config)
         self.overrides: dict[str, int] = dict(overrides or {})
         self.values: dict[str, int] = values_from_config(
@@ -265,9 +265,9 @@ def open_bound(
     # a wrapper, not a re-export: importing runtime.reload at `import specbind` loads NumPy;
     # and the one place that hands the reader the generated tables it checks against
     from specbind.generated import MODELS, SPECS_SHA256
-    from specbind.runtime.reload import open_bound as load
+    from specbind.runtime.reload import read_bound
 
-    return load(
+    return read_bound(
         path, models=MODELS, specs_sha256=SPECS_SHA256, model=model, tp_size=tp_size,
         tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, copy=copy,
     )  # fmt: skip

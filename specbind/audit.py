@@ -24,7 +24,7 @@ from specbind.core.dtypes import QUANT_DTYPES
 from specbind.core.errors import SpecbindError
 from specbind.core.ir import TensorRule
 from specbind.runtime.binding import census, family_regex
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.layout import SlotFill, layout
 from specbind.runtime.model import BlockEntry, ModelTable, values_from_config
 from specbind.runtime.names import NamedView
@@ -134,7 +134,7 @@ def _row_problems(index: int, slot: str, row: dict[str, Any]) -> list[str]:
 
 
 def _globals_problems(
-    ckpt: Checkpoint, table: ModelTable[Any], present: dict[str, str], view: TensorSource
+    ckpt: CheckpointDir, table: ModelTable[Any], present: dict[str, str], view: TensorSource
 ) -> list[str]:
     """What ``bind`` would refuse among the model-level tensors: a missing one, a refused
     dtype, a stored copy of a tied tensor, a tie flag that is not a boolean."""
@@ -163,7 +163,9 @@ def _globals_problems(
     return out
 
 
-def audit(ckpt: Checkpoint, table: ModelTable[Any], progress: bool | None = None) -> dict[str, Any]:
+def audit(
+    ckpt: CheckpointDir, table: ModelTable[Any], progress: bool | None = None
+) -> dict[str, Any]:
     problems: list[str] = []
     try:
         qconf = detect(ckpt, table.schemes)

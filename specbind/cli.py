@@ -39,12 +39,12 @@ def _table(name: str | None, ckpt: str | None = None) -> Any:
     """The model named by --model; else as ``specbind.api.model_table`` picks it, by the
     checkpoint's config.json ``model_type`` when several models are generated."""
     from specbind.api import model_table
-    from specbind.runtime.checkpoint import Checkpoint
+    from specbind.runtime.checkpoint import CheckpointDir
 
     config = None
     if name is None and ckpt is not None:
         try:
-            config = Checkpoint(Path(ckpt)).config
+            config = CheckpointDir(Path(ckpt)).config
         except SpecbindError:
             config = None  # the command itself reports the unreadable checkpoint
     return model_table(name, "--model", config)
@@ -123,9 +123,9 @@ def cmd_synth(a: argparse.Namespace) -> int:
 
 def cmd_audit(a: argparse.Namespace) -> int:
     from specbind.audit import audit, render_text
-    from specbind.runtime.checkpoint import Checkpoint
+    from specbind.runtime.checkpoint import CheckpointDir
 
-    rep = audit(Checkpoint(Path(a.ckpt)), _table(a.model, a.ckpt), progress=a.progress)
+    rep = audit(CheckpointDir(Path(a.ckpt)), _table(a.model, a.ckpt), progress=a.progress)
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
 
@@ -191,7 +191,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.bound_format import BoundMeta
-    from specbind.runtime.checkpoint import Checkpoint
+    from specbind.runtime.checkpoint import CheckpointDir
     from specbind.runtime.model import values_from_config
     from specbind.runtime.out_path import check_out_path
     from specbind.runtime.stream_out import StreamWriter
@@ -200,7 +200,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     overrides = _sets(a.set)
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
     backend = backends.get(a.backend, generated_kernels)
-    ckpt = Checkpoint(Path(a.ckpt))
+    ckpt = CheckpointDir(Path(a.ckpt))
     out = None if a.out is None else check_out_path(a.out, ckpt.files(), "--out", ckpt.dirs())
     values = values_from_config(table, ckpt.config, overrides)  # refuse a bad --set first
     _note_overrides(overrides)
@@ -293,12 +293,12 @@ def cmd_plan(a: argparse.Namespace) -> int:
     quant: dict[tuple[int, str], LayerQuant | None] = {}
     if a.ckpt:
         from specbind.plan_report import checkpoint_layers
-        from specbind.runtime.checkpoint import Checkpoint
+        from specbind.runtime.checkpoint import CheckpointDir
         from specbind.runtime.model import values_from_config
 
         if a.quant is not None:
             raise SpecbindError("--quant plans the spec's model; a checkpoint says its own")
-        ckpt = Checkpoint(Path(a.ckpt))
+        ckpt = CheckpointDir(Path(a.ckpt))
         values = values_from_config(table, ckpt.config, _sets(a.set))
         layers, quant = checkpoint_layers(table, ckpt, values)
         source = str(ckpt.root)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from specbind.core.planning import BlockPlan, Ranks
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.model import ModelTable
 from specbind.runtime.quant import LayerQuant, quantize_rules
 
@@ -23,7 +23,7 @@ QuantOf = Callable[[int, str], LayerQuant | None]
 
 
 def checkpoint_layers(
-    table: ModelTable[Any], ckpt: Checkpoint, values: dict[str, int]
+    table: ModelTable[Any], ckpt: CheckpointDir, values: dict[str, int]
 ) -> tuple[list[LayerUse], dict[tuple[int, str], LayerQuant | None]]:
     """What a checkpoint holds, by layer and block, from names alone (problems refused), and
     each (layer, block)'s quantization as the checkpoint's own config declares it."""

@@ -17,7 +17,7 @@ from specbind.core.ir import FieldRule, TensorRule
 from specbind.generated import MODELS, dsa, kda
 from specbind.runtime.bind import BindResult, bind_checkpoint
 from specbind.runtime.binding import Array
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.layout import fill_slot
 from specbind.runtime.model import BlockEntry
 from specbind.runtime.source import DictSource, RawTensor
@@ -264,7 +264,7 @@ def cached_binds(ckpt: Path, table: Any) -> Callable[[int, int, int, int], BindR
     def get(tp: int, r: int, ep: int, e: int) -> BindResult:
         if (tp, r, ep, e) not in cache:
             cache[tp, r, ep, e] = bind_checkpoint(
-                Checkpoint(ckpt), table, tp_size=tp, tp_rank=r, ep_size=ep, ep_rank=e,
+                CheckpointDir(ckpt), table, tp_size=tp, tp_rank=r, ep_size=ep, ep_rank=e,
                 progress=False,
             )  # fmt: skip
         return cache[tp, r, ep, e]

@@ -20,7 +20,7 @@ from specbind.generated import MODELS
 from specbind.generated.dsa import DsaWeights
 from specbind.generated.kda import KdaWeights
 from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.synth import synth
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,7 +55,7 @@ def test_audit_and_plan_are_what_the_cli_prints(ckpt: Path) -> None:
 @pytest.mark.parametrize(("tp", "rank"), [(1, 0), (2, 1)])
 def test_a_numpy_bind_holds_the_bytes_the_binder_gives(ckpt: Path, tp: int, rank: int) -> None:
     m = specbind.open(ckpt).bind(tp_size=tp, tp_rank=rank)
-    want = bind_checkpoint(Checkpoint(ckpt), TABLE, tp_size=tp, tp_rank=rank, progress=False)
+    want = bind_checkpoint(CheckpointDir(ckpt), TABLE, tp_size=tp, tp_rank=rank, progress=False)
     got = m.tensors()
     assert got.keys() == want.fields().keys()
     for name, (_, a) in want.fields().items():
@@ -105,7 +105,7 @@ def test_a_writable_array_is_shared_with_torch_and_a_read_only_one_is_copied() -
 def test_a_write_to_a_bound_torch_tensor_never_reaches_the_checkpoint(ckpt: Path) -> None:
     shard = ckpt / "model-00001-of-00002.safetensors"
     before = shard.read_bytes()
-    raw = bind_checkpoint(Checkpoint(ckpt), TABLE, progress=False).layers[3].slots["attention"]
+    raw = bind_checkpoint(CheckpointDir(ckpt), TABLE, progress=False).layers[3].slots["attention"]
     assert not raw.weights.q_a_proj.flags.writeable, "verbatim fields map the file read-only"
     m = specbind.open(ckpt).bind(backend="torch")
     for t in m.tensors().values():

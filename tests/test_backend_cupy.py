@@ -19,7 +19,7 @@ from specbind.core.dtypes import within_one_bf16_ulp
 from specbind.core.errors import SpecbindError
 from specbind.runtime import backends
 from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.synth import synth
 
 
@@ -60,7 +60,7 @@ def test_the_device_path_gives_the_numpy_backends_bytes(
     fake_cupy: Any, tmp_path: Path, tp: int
 ) -> None:
     synth(TABLE, tmp_path / "ck", dict(TINY), layers=8, seed=5)
-    ck = Checkpoint(tmp_path / "ck")
+    ck = CheckpointDir(tmp_path / "ck")
     host = bind_checkpoint(ck, TABLE, tp_size=tp, progress=False)
     backend = backends.get("cupy", importlib.import_module("specbind.generated.kernels"))
     dev = bind_checkpoint(ck, TABLE, tp_size=tp, progress=False, backend=backend)

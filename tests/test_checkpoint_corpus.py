@@ -19,7 +19,7 @@ from helpers import TABLE, TINY, read_file
 
 from specbind.core.errors import SpecbindError
 from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"
@@ -190,7 +190,7 @@ def test_the_corpus_has_at_least_thirty_malformed_checkpoints() -> None:
 
 
 def test_the_unmodified_checkpoint_binds(good: Path) -> None:
-    assert len(bind_checkpoint(Checkpoint(good), TABLE, progress=False).layers) == 4
+    assert len(bind_checkpoint(CheckpointDir(good), TABLE, progress=False).layers) == 4
 
 
 @pytest.mark.parametrize(("name", "corrupt", "fragment"), CASES, ids=[c[0] for c in CASES])
@@ -201,7 +201,7 @@ def test_a_malformed_checkpoint_is_refused_with_a_specific_error(
     tracemalloc.start()
     try:
         with pytest.raises(SpecbindError) as e:
-            bind_checkpoint(Checkpoint(good), TABLE, progress=False)
+            bind_checkpoint(CheckpointDir(good), TABLE, progress=False)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -16,7 +16,7 @@ from safetensors.numpy import save_file
 
 from specbind.core.errors import CheckpointError
 from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import INDEX, SINGLE, Checkpoint
+from specbind.runtime.checkpoint import INDEX, SINGLE, CheckpointDir
 from specbind.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"
@@ -62,8 +62,8 @@ def test_a_sharded_checkpoint_in_the_hub_cache_layout_binds_like_the_plain_one(
 ) -> None:
     snap = hub_cache(plain, tmp_path / "hub")
     assert (snap / SHARD).is_symlink()
-    got = bind_checkpoint(Checkpoint(snap), TABLE, progress=False)
-    want = bind_checkpoint(Checkpoint(plain), TABLE, progress=False)
+    got = bind_checkpoint(CheckpointDir(snap), TABLE, progress=False)
+    want = bind_checkpoint(CheckpointDir(plain), TABLE, progress=False)
     assert got.as_dict()["layers"] == want.as_dict()["layers"]
     assert len(got.layers) == 4
 
@@ -73,7 +73,7 @@ def test_a_single_file_checkpoint_in_the_hub_cache_layout_binds(
 ) -> None:
     snap = hub_cache(single_file(plain, tmp_path / "single"), tmp_path / "hub")
     assert (snap / SINGLE).is_symlink() and not (snap / INDEX).exists()
-    assert len(bind_checkpoint(Checkpoint(snap), TABLE, progress=False).layers) == 4
+    assert len(bind_checkpoint(CheckpointDir(snap), TABLE, progress=False).layers) == 4
 
 
 def _to_outside(snap: Path, name: str) -> Path:
@@ -102,7 +102,7 @@ def test_a_hub_cache_symlink_that_escapes_its_repo_is_refused_naming_where_it_re
     snap = hub_cache(plain, tmp_path / "hub")
     where = escape(snap, name)
     with pytest.raises(CheckpointError) as e:
-        bind_checkpoint(Checkpoint(snap), TABLE, progress=False)  # config.json is read here
+        bind_checkpoint(CheckpointDir(snap), TABLE, progress=False)  # config.json is read here
     msg = str(e.value)
     assert f"resolves outside the checkpoint directory, to {where.resolve()}" in msg
     if name == SHARD:
@@ -121,7 +121,7 @@ def test_a_hub_cache_whose_blobs_folder_is_itself_a_symlink_is_refused(
     with pytest.raises(
         CheckpointError, match=f"^{INDEX} resolves outside .* to {tmp_path}/elsewhere/"
     ):
-        Checkpoint(snap)
+        CheckpointDir(snap)
 
 
 def test_a_single_file_symlink_out_of_the_hub_cache_shape_is_refused(
@@ -134,7 +134,7 @@ def test_a_single_file_symlink_out_of_the_hub_cache_shape_is_refused(
     with pytest.raises(
         CheckpointError, match=f"^{SINGLE} resolves outside the checkpoint directory, to "
     ):
-        Checkpoint(moved)
+        CheckpointDir(moved)
 
 
 @pytest.mark.parametrize("layout", ["sharded", "single"])
@@ -152,7 +152,7 @@ def test_a_link_out_of_a_plain_directory_is_refused_in_either_layout(
     with pytest.raises(
         CheckpointError, match=f"resolves outside the checkpoint directory, to {outside}$"
     ):
-        Checkpoint(d)
+        CheckpointDir(d)
 
 
 def test_a_symlink_inside_the_directory_is_followed(plain: Path, tmp_path: Path) -> None:
@@ -161,7 +161,7 @@ def test_a_symlink_inside_the_directory_is_followed(plain: Path, tmp_path: Path)
     (d / "store").mkdir()
     shutil.move(d / SHARD, d / "store" / "real.safetensors")
     os.symlink(Path("store", "real.safetensors"), d / SHARD)
-    assert len(bind_checkpoint(Checkpoint(d), TABLE, progress=False).layers) == 4
+    assert len(bind_checkpoint(CheckpointDir(d), TABLE, progress=False).layers) == 4
 
 
 @pytest.mark.parametrize(
@@ -188,7 +188,7 @@ def test_a_shard_entry_that_is_not_a_regular_file_or_a_link_to_one_is_refused(
     (d / SHARD).unlink()
     make(d)
     with pytest.raises(CheckpointError, match=re.escape(f"{INDEX}: ") + ".*" + re.escape(fragment)):
-        Checkpoint(d)
+        CheckpointDir(d)
 
 
 def test_a_subdirectory_symlink_that_escapes_is_refused(plain: Path, tmp_path: Path) -> None:
@@ -200,4 +200,4 @@ def test_a_subdirectory_symlink_that_escapes_is_refused(plain: Path, tmp_path: P
     idx = (d / INDEX).read_text().replace(f'"{SHARD}"', f'"sub/{SHARD}"')
     (d / INDEX).write_text(idx)
     with pytest.raises(CheckpointError, match=f"-> 'sub/{SHARD}' resolves outside"):
-        Checkpoint(d)
+        CheckpointDir(d)

@@ -35,7 +35,7 @@ from specbind.core.dtypes import within_one_bf16_ulp
 from specbind.core.errors import SpecbindError
 from specbind.generated import MODELS
 from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
 transformers = pytest.importorskip("transformers", exc_type=ImportError)
@@ -72,7 +72,7 @@ def bind_at(deepseek_ckpt: Path) -> Callable[[int, int, int, int], BindResult]:
 
 
 def test_audit_accounts_for_every_tensor_and_follows_the_layer_types(deepseek_ckpt: Path) -> None:
-    rep = audit(Checkpoint(deepseek_ckpt), TABLE, progress=False)
+    rep = audit(CheckpointDir(deepseek_ckpt), TABLE, progress=False)
     names = read_checkpoint(deepseek_ckpt)
     assert names["model.layers.0.self_attn.indexer.weights_proj.weight"].dtype == np.float32
     assert rep["coverage"] == {"bound": len(names), "declared_unbound": 0, "unaccounted": 0}
@@ -207,7 +207,7 @@ def test_an_fp8_block_checkpoint_binds_every_tensor_once_its_rope_rows_dequantiz
     path = tmp_path / "fp8"
     scheme = next(s for s in TABLE.schemes if s.name == "fp8-block")
     synth(TABLE, path, tiny_values(TABLE), seed=5, quant=scheme)
-    ck = Checkpoint(path)
+    ck = CheckpointDir(path)
     names = ck.names()
 
     def array(name: str, dtype: Any) -> Any:
@@ -218,11 +218,11 @@ def test_an_fp8_block_checkpoint_binds_every_tensor_once_its_rope_rows_dequantiz
     q_b = "layers.2.self_attn.q_b_proj.weight"
     weight = array(q_b, ml_dtypes.float8_e4m3fn)
     scale = array(q_b + "_scale_inv", np.float32)
-    rep = audit(Checkpoint(path), TABLE, progress=False)
+    rep = audit(CheckpointDir(path), TABLE, progress=False)
     assert rep["coverage"]["unaccounted"] == 0 and rep["problems"] == []
     for ep in (1, 3):
         got = [
-            bind_checkpoint(Checkpoint(path), TABLE, ep_size=ep, ep_rank=e, progress=False)
+            bind_checkpoint(CheckpointDir(path), TABLE, ep_size=ep, ep_rank=e, progress=False)
             for e in range(ep)
         ]  # fmt: skip
         assert sum(s.report.seen for _, s in got[0].slots()) == len(names)
@@ -232,5 +232,5 @@ def test_an_fp8_block_checkpoint_binds_every_tensor_once_its_rope_rows_dequantiz
     assert a["q_rope"].dtype == np.dtype(ml_dtypes.bfloat16)
     assert np.array_equal(a["q_rope"].astype(np.float32), want.astype(np.float32))
     with pytest.raises(SpecbindError) as e:
-        bind_checkpoint(Checkpoint(path), TABLE, tp_size=2, tp_rank=0, progress=False)  # fmt: skip
+        bind_checkpoint(CheckpointDir(path), TABLE, tp_size=2, tp_rank=0, progress=False)  # fmt: skip
     assert "whole 128-element units" in str(e.value) and "\n" not in str(e.value)

@@ -47,7 +47,7 @@ from specbind.core.dtypes import within_one_bf16_ulp
 from specbind.core.errors import GeometryError
 from specbind.generated import MODELS
 from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
 transformers = pytest.importorskip("transformers", exc_type=ImportError)
@@ -84,7 +84,7 @@ def bind_at(kimi_ckpt: Path) -> Callable[[int, int, int, int], BindResult]:
 
 
 def test_audit_accounts_for_every_tensor_and_follows_the_layer_types(kimi_ckpt: Path) -> None:
-    rep = audit(Checkpoint(kimi_ckpt), TABLE, progress=False)
+    rep = audit(CheckpointDir(kimi_ckpt), TABLE, progress=False)
     names = read_checkpoint(kimi_ckpt)
     assert any(".block_sparse_moe.experts.0.w1.weight" in n for n in names), "hub expert names"
     assert names["model.layers.0.self_attn.A_log"].shape == (1, 1, 8, 1)
@@ -122,7 +122,7 @@ def test_every_tensor_binds_at_every_tp_and_ep_and_the_shares_rejoin(
 def test_a_tp_past_what_the_geometry_allows_is_refused_in_one_line(kimi_ckpt: Path) -> None:
     """tp 8: KDA's scan tile (and MLA's 4 heads) do not split; refused before any read."""
     with pytest.raises(GeometryError) as e:
-        bind_checkpoint(Checkpoint(kimi_ckpt), TABLE, tp_size=8, tp_rank=0, progress=False)
+        bind_checkpoint(CheckpointDir(kimi_ckpt), TABLE, tp_size=8, tp_rank=0, progress=False)
     assert "tp=8" in str(e.value) and "\n" not in str(e.value)
 
 
@@ -280,7 +280,7 @@ def test_the_hub_dense_names_bind_to_the_same_fields(
     assert "model.layers.0.mlp.gate_proj.weight" in renamed
     write_safetensors(shard, renamed, {"format": "pt"})
     (hub / "model.safetensors.index.json").unlink(missing_ok=True)
-    got = bind_checkpoint(Checkpoint(hub), TABLE, progress=False).fields()
+    got = bind_checkpoint(CheckpointDir(hub), TABLE, progress=False).fields()
     want = bind_at(1, 0, 1, 0).fields()
     assert set(got) == set(want)
     for k, (_, a) in got.items():
@@ -291,4 +291,4 @@ def test_the_hub_dense_names_bind_to_the_same_fields(
     ]
     write_safetensors(shard, both, {"format": "pt"})
     with pytest.raises(Exception, match="refusing to guess"):
-        bind_checkpoint(Checkpoint(hub), TABLE, progress=False)
+        bind_checkpoint(CheckpointDir(hub), TABLE, progress=False)

@@ -248,12 +248,12 @@ def test_the_device_path_gives_the_numpy_backends_fields_for_the_new_families(
     from specbind.generated import MODELS
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
-    from specbind.runtime.checkpoint import Checkpoint
+    from specbind.runtime.checkpoint import CheckpointDir
     from specbind.synth import synth, tiny_values
 
     table = MODELS[name]
     synth(table, tmp_path / "ck", tiny_values(table), seed=4)
-    ck = Checkpoint(tmp_path / "ck")
+    ck = CheckpointDir(tmp_path / "ck")
     host = bind_checkpoint(ck, table, tp_size=2, tp_rank=1, progress=False).fields()
     backend = backends.get("cupy", importlib.import_module("specbind.generated.kernels"))
     dev = bind_checkpoint(ck, table, tp_size=2, tp_rank=1, progress=False, backend=backend)

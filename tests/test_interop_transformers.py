@@ -32,7 +32,7 @@ from specbind.core.dtypes import bf16_ulp
 from specbind.core.errors import BindError
 from specbind.generated import MODELS, SPECS_SHA256
 from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 
 # exc_type=ImportError: a present but broken install (not only a missing one) skips too.
 torch = pytest.importorskip("torch", exc_type=ImportError)
@@ -254,7 +254,7 @@ def on_disk(ckpt: Path) -> dict[str, tuple[str, Any]]:
 
 @pytest.fixture(scope="module")
 def bound(ckpt: Path) -> BindResult:
-    return bind_checkpoint(Checkpoint(ckpt), MODELS[MODEL], progress=False)
+    return bind_checkpoint(CheckpointDir(ckpt), MODELS[MODEL], progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -265,7 +265,7 @@ def bind_at(ckpt: Path, bound: BindResult) -> Callable[[int, int], BindResult]:
     def get(tp: int, rank: int) -> BindResult:
         if (tp, rank) not in cache:
             cache[tp, rank] = bind_checkpoint(
-                Checkpoint(ckpt), MODELS[MODEL], tp_size=tp, tp_rank=rank, progress=False
+                CheckpointDir(ckpt), MODELS[MODEL], tp_size=tp, tp_rank=rank, progress=False
             )
         return cache[tp, rank]
 
@@ -560,7 +560,7 @@ def test_wholesale_bf16_cast_of_gates_is_refused(wholesale_bf16_ckpt: Path) -> N
     assert on_disk[f"layers.{KDA_LAYERS[0]}.self_attn.A_log"][0] == "BF16"
     assert on_disk[f"layers.{KDA_LAYERS[0]}.self_attn.dt_bias"][0] == "BF16"
     with pytest.raises(BindError) as e:
-        bind_checkpoint(Checkpoint(wholesale_bf16_ckpt), MODELS[MODEL], progress=False)
+        bind_checkpoint(CheckpointDir(wholesale_bf16_ckpt), MODELS[MODEL], progress=False)
     msg = str(e.value)
     assert "A_log" in msg or "dt_bias" in msg
     assert "BF16" in msg

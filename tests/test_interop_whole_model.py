@@ -43,7 +43,7 @@ from specbind.audit import audit
 from specbind.core.errors import BindError
 from specbind.generated import MODELS
 from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
 transformers = pytest.importorskip("transformers", exc_type=ImportError)
@@ -75,7 +75,7 @@ def bind_at(ckpt: Path) -> Callable[[int, int, int, int], BindResult]:
 
 
 def test_audit_accounts_for_every_tensor_bound_or_declared_unbound(ckpt: Path) -> None:
-    rep = audit(Checkpoint(ckpt), TABLE, progress=False)
+    rep = audit(CheckpointDir(ckpt), TABLE, progress=False)
     names = set(read_checkpoint(ckpt))
     vision = {n for n in names if n.startswith("model.visual.")}
     assert vision, "the VL checkpoint carries a vision tower"
@@ -180,7 +180,7 @@ def test_a_checkpoint_resaved_by_transformers_binds_its_f32_conv_narrowed_exactl
     on_disk = read_checkpoint(resaved)
     conv = f"model.language_model.layers.{KDA_LAYERS[0]}.self_attn.q_conv1d.weight"
     assert on_disk[conv].dtype == np.float32, "transformers writes the conv back as F32"
-    again = bind_checkpoint(Checkpoint(resaved), TABLE, progress=False)
+    again = bind_checkpoint(CheckpointDir(resaved), TABLE, progress=False)
     first = bind_at(1, 0, 1, 0).fields()
     for name, (_, a) in again.fields().items():
         assert a.dtype == first[name][1].dtype and a.tobytes() == first[name][1].tobytes(), name
@@ -195,7 +195,7 @@ def test_a_checkpoint_resaved_by_transformers_binds_its_f32_conv_narrowed_exactl
     tensors[conv] = bad
     write_safetensors(shard, tensors, {"format": "pt"})
     with pytest.raises(BindError) as e:
-        bind_checkpoint(Checkpoint(resaved), TABLE, progress=False)
+        bind_checkpoint(CheckpointDir(resaved), TABLE, progress=False)
     msg = str(e.value)
     assert msg.startswith(f"layer {KDA_LAYERS[0]}: self_attn.q_conv1d.weight is stored as F32")
     assert "element [5, 0, 2]" in msg and "to BF16" in msg
@@ -225,9 +225,9 @@ def test_the_prefix_automodel_writes_is_accepted(tmp_path: Path) -> None:
     ``language_model.layers.N.``: the same layers bind, and its vision tower is declared."""
     names = write_whole_checkpoint(tmp_path, vision=True, seed=5, cls=transformers.Glm5NextModel)
     assert any(n.startswith("language_model.layers.0.") for n in names)
-    rep = audit(Checkpoint(tmp_path), TABLE, progress=False)
+    rep = audit(CheckpointDir(tmp_path), TABLE, progress=False)
     assert rep["layer_prefix"] == "language_model.layers.{index}."
     assert rep["coverage"]["unaccounted"] == 0 and rep["problems"] == []
-    got = bind_checkpoint(Checkpoint(tmp_path), TABLE, tp_size=2, tp_rank=1, progress=False)
+    got = bind_checkpoint(CheckpointDir(tmp_path), TABLE, tp_size=2, tp_rank=1, progress=False)
     assert len(got.layers) == TEXT_CONFIG["num_hidden_layers"]
     assert got.globals is not None and "lm_head" not in got.globals.weights.arrays()

@@ -73,7 +73,7 @@ from whole_model import (
 
 from specbind.generated import MODELS
 from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 
 # exc_type=ImportError: a present but broken install (not only a missing one) skips too.
 torch = pytest.importorskip("torch", exc_type=ImportError)
@@ -112,7 +112,7 @@ class Whole:
         key = (tp, r, ep, e)
         if key not in self.binds:
             self.binds[key] = bind_checkpoint(
-                Checkpoint(self.path), TABLE, tp_size=tp, tp_rank=r, ep_size=ep, ep_rank=e,
+                CheckpointDir(self.path), TABLE, tp_size=tp, tp_rank=r, ep_size=ep, ep_rank=e,
                 progress=False,
             )  # fmt: skip
         found = [x for x in self.binds[key].layers if x.index == layer]

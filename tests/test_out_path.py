@@ -19,7 +19,7 @@ from specbind.core.errors import OutputError
 from specbind.core.planning import Ranks
 from specbind.runtime.backends import NUMPY
 from specbind.runtime.bound_format import BoundMeta
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.out_path import check_out_path
 from specbind.runtime.stream_out import StreamWriter
 from specbind.synth import synth
@@ -70,17 +70,17 @@ def test_the_writer_itself_refuses_a_file_of_its_inputs(work: Path) -> None:
     head = BoundMeta("m", "0" * 64, Ranks(), {})
     with (
         pytest.raises(OutputError, match="is a file of the checkpoint being read"),
-        StreamWriter(shard, head, NUMPY, Checkpoint(work / "ck").files()) as w,
+        StreamWriter(shard, head, NUMPY, CheckpointDir(work / "ck").files()) as w,
     ):
         w.tensor("a", np.zeros(2, np.float32))
     assert shard.read_bytes() == before
     assert sorted(p.name for p in (work / "ck").iterdir()) == sorted(
-        p.name for p in Checkpoint(work / "ck").files()
+        p.name for p in CheckpointDir(work / "ck").files()
     ), "no temp file was made"
 
 
 def test_checkpoint_files_are_the_shards_the_index_and_the_config(work: Path) -> None:
-    assert [p.name for p in Checkpoint(work / "ck").files()] == [
+    assert [p.name for p in CheckpointDir(work / "ck").files()] == [
         "model-00001-of-00002.safetensors",
         "model-00002-of-00002.safetensors",
         "model.safetensors.index.json",
@@ -91,7 +91,7 @@ def test_checkpoint_files_are_the_shards_the_index_and_the_config(work: Path) ->
 def test_check_out_path_refuses_a_link_to_an_input_and_returns_a_symlinks_target(
     work: Path,
 ) -> None:
-    inputs = Checkpoint(work / "ck").files()
+    inputs = CheckpointDir(work / "ck").files()
     os.link(work / "ck" / SHARD, work / "hard")
     os.symlink(work / "ck" / "config.json", work / "soft")
     with pytest.raises(OutputError, match=f"is a hard link to {work / 'ck' / SHARD}"):

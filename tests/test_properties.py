@@ -28,7 +28,7 @@ from specbind.core.errors import BindError
 from specbind.core.planning import Ranks
 from specbind.generated import model_glm_5_3_flash as m
 from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.source import DictSource
 from specbind.synth import synth
 
@@ -66,7 +66,7 @@ def test_a_synthetic_checkpoint_binds_with_bytes_equal_to_the_source(
         ck = Path(tmp) / "ck"
         synth(TABLE, ck, values, layers=8, seed=seed, nested_config=nested)
         ref = reference_bytes(ck)
-        result = bind_checkpoint(Checkpoint(ck), TABLE, progress=False)
+        result = bind_checkpoint(CheckpointDir(ck), TABLE, progress=False)
     kinds = [layer.slots["attention"].block for layer in result.layers]
     assert kinds == ["kda", "kda", "kda", "dsa", "kda", "kda", "kda", "dsa", "dsa"]
     geometry = TABLE.make_geometry(TABLE.default_values() | values)

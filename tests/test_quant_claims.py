@@ -24,7 +24,7 @@ from helpers import TABLE, TINY, copy_with, read_file, rejoin
 from specbind.core.errors import BindError, CheckpointError, GeometryError, SpecbindError
 from specbind.runtime import backends
 from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.synth import synth
 
 # Every linear's input width (and its column shard up to tp 4) a multiple of 16, so the whole
@@ -48,7 +48,7 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def bind(path: Path, **kw: Any) -> BindResult:
-    return bind_checkpoint(Checkpoint(path), TABLE, progress=False, **kw)
+    return bind_checkpoint(CheckpointDir(path), TABLE, progress=False, **kw)
 
 
 def refused(path: Path, kind: type[Exception] = BindError, **kw: Any) -> str:
@@ -78,7 +78,7 @@ def test_every_tensor_of_a_quantized_checkpoint_is_bound_exactly_once(
 ) -> None:
     r = bind(ckpts[scheme])
     bound = sum(x.bound for x in r.layers) + (r.globals.report.bound if r.globals else 0)
-    assert bound == len(Checkpoint(ckpts[scheme]).names())
+    assert bound == len(CheckpointDir(ckpts[scheme]).names())
     want = {"U8": np.uint8, "F8_E4M3": ml_dtypes.float8_e4m3fn}[SCHEMES[scheme].weight.dtype]
     rule, w13 = r.fields()["layers.3.mlp.w13"]
     assert w13.dtype == want and rule.dtype == SCHEMES[scheme].weight.dtype
@@ -252,7 +252,7 @@ def test_a_quantization_config_no_scheme_describes_is_refused(
 def test_compressed_tensors_writes_the_packed_weight_as_weight_packed_and_it_binds_as_the_linear(
     ckpts: dict[str, Path],
 ) -> None:
-    names = Checkpoint(ckpts["nvfp4-compressed-tensors"]).names()
+    names = CheckpointDir(ckpts["nvfp4-compressed-tensors"]).names()
     assert L + "0.mlp.gate_proj.weight_packed" in names
     assert L + "0.mlp.gate_proj.weight" not in names
     f = bind(ckpts["nvfp4-compressed-tensors"]).fields()
@@ -288,7 +288,7 @@ def test_transformers_internal_names_bind_to_the_same_fields_as_the_hub_names(
         elif not n.endswith(("k_conv1d.weight", "v_conv1d.weight", "q_conv1d.weight")):
             edit[_internal(n)] = a
     d = edited(src, tmp_path / "internal", edit)
-    names = Checkpoint(d).names()
+    names = CheckpointDir(d).names()
     assert L + "0.self_attn.conv1d.weight" in names and L + "0.attn_hc.fn" in names
     for rank in range(2):
         want = bind(src, tp_size=2, tp_rank=rank).fields()
@@ -335,10 +335,10 @@ def test_packed_weights_and_fp8_scales_reach_the_device_and_come_back_byte_for_b
 ) -> None:
     path = ckpts["nvfp4-modelopt"]
     kinds = {"moe", "dense"}  # the MLPs: no transform reads a quantized linear there
-    host = bind_checkpoint(Checkpoint(path), TABLE, tp_size=2, progress=False, kinds=kinds)
+    host = bind_checkpoint(CheckpointDir(path), TABLE, tp_size=2, progress=False, kinds=kinds)
     backend = backends.get("cupy", importlib.import_module("specbind.generated.kernels"))
     dev = bind_checkpoint(
-        Checkpoint(path), TABLE, tp_size=2, progress=False, kinds=kinds, backend=backend
+        CheckpointDir(path), TABLE, tp_size=2, progress=False, kinds=kinds, backend=backend
     )
     on_device = dev.fields()
     assert on_device.keys() == host.fields().keys()

@@ -30,7 +30,7 @@ from quant_writers import TEXT_CONFIG
 from specbind.audit import audit
 from specbind.core.errors import BindError, GeometryError
 from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 
 WRITER = Path(__file__).with_name("quant_writers.py")
 TOOL = {
@@ -85,14 +85,14 @@ def ckpt(written: dict[str, Path], recipe: str) -> Path:
 def bind(path: Path, **kw: Any) -> BindResult:
     # llmcompressor calibrates each expert's down_proj input scale on its own (see below)
     kw.setdefault("allow_unshared_scales", path.name == "llmc_nvfp4")
-    return bind_checkpoint(Checkpoint(path), TABLE, progress=False, **kw)
+    return bind_checkpoint(CheckpointDir(path), TABLE, progress=False, **kw)
 
 
 @pytest.mark.parametrize("recipe", sorted(TOOL))
 def test_audit_accounts_for_every_tensor_a_real_tool_wrote(
     written: dict[str, Path], recipe: str
 ) -> None:
-    rep = audit(Checkpoint(ckpt(written, recipe)), TABLE, progress=False)
+    rep = audit(CheckpointDir(ckpt(written, recipe)), TABLE, progress=False)
     assert rep["problems"] == []
     cov = rep["coverage"]
     assert cov["unaccounted"] == 0
@@ -108,8 +108,8 @@ def test_a_real_checkpoint_binds_at_every_tp_and_ep_and_the_shares_rejoin(
     whole = bind(path)
     assert sum(x.bound for x in whole.layers) + sum(whole.unbound.values()) + (
         whole.globals.report.bound if whole.globals else 0
-    ) == len(Checkpoint(path).names()) + 2 * sum(  # a fused conv is read as three
-        1 for n in Checkpoint(path).names() if n.endswith("self_attn.conv1d.weight")
+    ) == len(CheckpointDir(path).names()) + 2 * sum(  # a fused conv is read as three
+        1 for n in CheckpointDir(path).names() if n.endswith("self_attn.conv1d.weight")
     )
     fields = whole.fields()
     for tp, ep in FP8_RANKS if recipe == "llmc_fp8_block" else RANKS:
@@ -142,7 +142,7 @@ def test_weight_only_checkpoints_bind_without_input_scales(
     f = bind(ckpt(written, recipe)).fields()
     assert any(k.endswith("w13_weight_scale") for k in f)
     assert not any(k.endswith(("_input_scale", "_input_global_scale")) for k in f)
-    stored = Checkpoint(ckpt(written, recipe)).names()
+    stored = CheckpointDir(ckpt(written, recipe)).names()
     assert not any(n.endswith(("input_scale", "input_global_scale")) for n in stored)
 
 

@@ -22,9 +22,9 @@ from helpers import TABLE
 from specbind.core.errors import DistributedError, GeometryError
 from specbind.core.planning import Ranks
 from specbind.generated import SPECS_SHA256
-from specbind.runtime import agreement, coverage, distributed
+from specbind.runtime import agreement, byte_coverage, distributed
 from specbind.runtime.backends import NUMPY
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.layout import layout
 from specbind.runtime.model import values_from_config
 from specbind.runtime.quant_layout import refuse_problems
@@ -41,17 +41,17 @@ def ck(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
-def pieces(ck: Path, tp: int, ep: int) -> tuple[list[list[coverage.Piece]], set[str]]:
+def pieces(ck: Path, tp: int, ep: int) -> tuple[list[list[byte_coverage.Piece]], set[str]]:
     """Every rank's planned pieces at tp x ep, in rank order, and the names to be covered."""
-    ckpt = Checkpoint(ck)
+    ckpt = CheckpointDir(ck)
     geometry = TABLE.make_geometry(values_from_config(TABLE, ckpt.config))
     lay = layout(TABLE, ckpt.names(), ckpt.config)
     refuse_problems(lay)
     by_rank = [
-        coverage.plan_pieces(ckpt, TABLE, lay, geometry, distributed.place(tp * ep, r, tp, ep))
+        byte_coverage.plan_pieces(ckpt, TABLE, lay, geometry, distributed.place(tp * ep, r, tp, ep))
         for r in range(tp * ep)
     ]
-    return by_rank, coverage.claimed_names(TABLE, lay)
+    return by_rank, byte_coverage.claimed_names(TABLE, lay)
 
 
 @pytest.mark.parametrize(("tp", "ep"), [(1, 1), (4, 1), (2, 3)])
@@ -59,22 +59,22 @@ def test_every_rank_plans_read_every_tensor_exactly_once_per_replica(
     ck: Path, tp: int, ep: int
 ) -> None:
     by_rank, claimed = pieces(ck, tp, ep)
-    assert coverage.check(by_rank, claimed) == []
-    got = coverage.summary(by_rank)
-    assert got["tensors"] == len(claimed) == len(Checkpoint(ck).names())
+    assert byte_coverage.check(by_rank, claimed) == []
+    got = byte_coverage.summary(by_rank)
+    assert got["tensors"] == len(claimed) == len(CheckpointDir(ck).names())
     assert (got["sharded"] > 0) == (tp > 1)
 
 
 def test_a_missing_tp_rank_leaves_each_sharded_tensor_with_a_gap(ck: Path) -> None:
     by_rank, claimed = pieces(ck, 4, 1)
-    problems = coverage.check([by_rank[0], by_rank[1], by_rank[3]], claimed)
+    problems = byte_coverage.check([by_rank[0], by_rank[1], by_rank[3]], claimed)
     assert problems and all("read by no rank" in p or "expected 4 rank(s)" in p for p in problems)
     assert any(p.endswith("of each row are read by no rank") for p in problems)
 
 
 def test_a_rank_reading_another_ranks_shard_is_refused_as_read_twice(ck: Path) -> None:
     by_rank, claimed = pieces(ck, 2, 1)
-    problems = coverage.check([by_rank[0], by_rank[0]], claimed)
+    problems = byte_coverage.check([by_rank[0], by_rank[0]], claimed)
     twice = [p for p in problems if p.endswith("are read by ranks 0,1, expected 1 rank(s)")]
     gaps = [p for p in problems if p.endswith("of each row are read by no rank")]
     assert twice and len(twice) == len(gaps)  # each sharded tensor: its first half twice, no second
@@ -82,7 +82,7 @@ def test_a_rank_reading_another_ranks_shard_is_refused_as_read_twice(ck: Path) -
 
 def test_an_ep_rank_that_is_missing_leaves_its_experts_read_by_no_rank(ck: Path) -> None:
     by_rank, claimed = pieces(ck, 1, 2)
-    problems = coverage.check([by_rank[0]], claimed)
+    problems = byte_coverage.check([by_rank[0]], claimed)
     unread = [p for p in problems if p.endswith(": no rank reads it")]
     assert unread and all(".experts." in p for p in unread)
 
@@ -92,7 +92,7 @@ def test_a_replicated_range_with_another_digest_is_named_with_both_ranks(ck: Pat
     i, victim = next((i, p) for i, p in enumerate(by_rank[1]) if p.name == "norm.weight")
     assert victim.digest and victim.width == victim.nbytes  # replicated: whole, compared
     by_rank[1][i] = replace(victim, digest="0" * 32)
-    problems = coverage.check(by_rank, claimed)
+    problems = byte_coverage.check(by_rank, claimed)
     assert len(problems) == 1
     assert problems[0].startswith(f"norm.weight: bytes [0, {victim.nbytes}) differ between ranks: ")
     assert problems[0].endswith("on rank 0 but 000000000000 on rank 1")
@@ -287,20 +287,20 @@ def test_a_quantized_checkpoint_is_covered_as_its_packed_weights_and_companions(
         ckpt=ck, table=TABLE, specs_sha256=SPECS_SHA256, overrides={}, tp_size=1, ep_size=ep,
         backend=NUMPY, out_dir=None,
     )  # fmt: skip
-    by_rank: list[list[coverage.Piece]] = []
+    by_rank: list[list[byte_coverage.Piece]] = []
     for r in range(ep):
         p = distributed._prepare(job, _Place(r, ep))  # type: ignore[arg-type]
-        by_rank.append(coverage.plan_pieces(
+        by_rank.append(byte_coverage.plan_pieces(
             p.view, TABLE, p.lay, p.geometry, p.ranks, lambda i, s, p=p: p.quant.get((i, s))
         ))  # fmt: skip
     names = {x.name for pieces in by_rank for x in pieces}
-    assert coverage.check(by_rank, names) == []
-    assert names == set(Checkpoint(ck).names())
+    assert byte_coverage.check(by_rank, names) == []
+    assert names == set(CheckpointDir(ck).names())
     assert any(n.endswith(".weight_scale") for n in names)
     if ep == 1:
         out = tmp_path / "out"
         assert main(["bind", str(ck), "--out-dir", str(out)]) == 0
         f = open_bound(out / "rank-00000-of-00001.safetensors")
-        mem = bind_checkpoint(Checkpoint(ck), TABLE, progress=False).fields()
+        mem = bind_checkpoint(CheckpointDir(ck), TABLE, progress=False).fields()
         assert sorted(f.tensors) == sorted(mem)
         assert any(n.endswith("_weight_scale") for n in f.tensors)

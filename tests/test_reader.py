@@ -16,7 +16,7 @@ from helpers import TABLE
 from safetensors.numpy import save_file
 
 from specbind.core.errors import CheckpointError
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.model import values_from_config
 from specbind.runtime.safetensors_file import MAX_HEADER_BYTES, SafetensorsFile
 
@@ -100,7 +100,7 @@ def _index(d: Path, weight_map: dict[str, str]) -> None:
 def test_a_sharded_checkpoint_reads_through_its_index(tmp_path: Path) -> None:
     d = _sharded(tmp_path)
     _index(d, {"a": "s1.safetensors", "b": "s2.safetensors"})
-    ck = Checkpoint(d)
+    ck = CheckpointDir(d)
     assert sorted(ck.names()) == ["a", "b"]
     t = ck.get("b")
     assert t is not None and bytes(t.data) == np.ones(2, np.float32).tobytes()
@@ -125,7 +125,7 @@ def test_an_unsafe_or_inconsistent_index_is_refused(
     d = _sharded(tmp_path)
     _index(d, weight_map)
     with pytest.raises(CheckpointError, match=fragment):
-        Checkpoint(d)
+        CheckpointDir(d)
 
 
 def test_a_shard_tensor_missing_from_the_index_is_refused_not_ignored(tmp_path: Path) -> None:
@@ -138,13 +138,13 @@ def test_a_shard_tensor_missing_from_the_index_is_refused_not_ignored(tmp_path: 
         CheckpointError,
         match=re.escape("s1.safetensors: tensor 'c' is not in model.safetensors.index.json"),
     ):
-        Checkpoint(d)
+        CheckpointDir(d)
 
 
 def test_a_shard_file_the_index_never_names_is_reported(tmp_path: Path) -> None:
     d = _sharded(tmp_path)
     _index(d, {"a": "s1.safetensors"})
-    assert Checkpoint(d).unindexed_files() == ["s2.safetensors"]
+    assert CheckpointDir(d).unindexed_files() == ["s2.safetensors"]
 
 
 def test_a_symlinked_shard_that_escapes_the_directory_is_refused(tmp_path: Path) -> None:
@@ -154,7 +154,7 @@ def test_a_symlinked_shard_that_escapes_the_directory_is_refused(tmp_path: Path)
     os.symlink(outside, d / "s2.safetensors")
     _index(d, {"a": "s1.safetensors", "b": "s2.safetensors"})
     with pytest.raises(CheckpointError, match="resolves outside"):
-        Checkpoint(d)
+        CheckpointDir(d)
 
 
 def test_the_same_tensor_in_two_shards_is_refused(tmp_path: Path) -> None:
@@ -167,7 +167,7 @@ def test_the_same_tensor_in_two_shards_is_refused(tmp_path: Path) -> None:
     with pytest.raises(
         CheckpointError, match=re.escape("'a' is in both s2.safetensors and s1.safetensors")
     ):
-        Checkpoint(d)
+        CheckpointDir(d)
 
 
 def test_an_index_mapping_a_tensor_to_the_wrong_shard_says_which_shard_stores_it(
@@ -184,24 +184,24 @@ def test_an_index_mapping_a_tensor_to_the_wrong_shard_says_which_shard_stores_it
         )
         + "$",
     ):
-        Checkpoint(d)
+        CheckpointDir(d)
 
 
 def test_a_missing_checkpoint_is_no_such_directory_and_a_file_is_not_a_directory(
     tmp_path: Path,
 ) -> None:
     with pytest.raises(CheckpointError, match=re.escape(f"{tmp_path / 'nope'}: no such directory")):
-        Checkpoint(tmp_path / "nope")
+        CheckpointDir(tmp_path / "nope")
     (tmp_path / "file").write_text("{}")
     with pytest.raises(CheckpointError, match=re.escape(f"{tmp_path / 'file'}: not a directory")):
-        Checkpoint(tmp_path / "file")
+        CheckpointDir(tmp_path / "file")
 
 
 def test_a_directory_without_weights_is_refused(tmp_path: Path) -> None:
     with pytest.raises(
         CheckpointError, match=re.escape("no model.safetensors and no model.safetensors.index.json")
     ):
-        Checkpoint(tmp_path)
+        CheckpointDir(tmp_path)
 
 
 def _config() -> dict[str, Any]:

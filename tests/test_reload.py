@@ -17,7 +17,7 @@ from specbind.cli import main
 from specbind.core.errors import ReloadError
 from specbind.generated import MODELS
 from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 
 TABLE = MODELS["glm-5.3-flash"]
 
@@ -61,7 +61,7 @@ def test_a_reloaded_rank_is_byte_for_byte_what_was_bound(
 ) -> None:
     ck, out = bound
     f = open_bound(out, tp_size=2, tp_rank=1, ep_size=2, ep_rank=0, copy=copy)
-    mem = bind_checkpoint(Checkpoint(ck), TABLE, tp_size=2, tp_rank=1, ep_size=2).fields()
+    mem = bind_checkpoint(CheckpointDir(ck), TABLE, tp_size=2, tp_rank=1, ep_size=2).fields()
     assert sorted(f.tensors) == sorted(mem)
     for name, (_, a) in mem.items():
         got = f.tensors[name]
@@ -146,7 +146,7 @@ def test_a_quantized_rank_streams_out_and_reloads_with_its_companions(tmp_path: 
     assert main([*args, "--quant-output", "swizzled", "--quant-output", "dequantized"]) == 0
     f = open_bound(out, ep_size=2, ep_rank=1)
     mem = bind_checkpoint(
-        Checkpoint(ck), TABLE, ep_size=2, ep_rank=1, quant_outputs=("swizzled", "dequantized")
+        CheckpointDir(ck), TABLE, ep_size=2, ep_rank=1, quant_outputs=("swizzled", "dequantized")
     ).fields()
     assert sorted(f.tensors) == sorted(mem)
     dtypes = {str(f.tensors[n].dtype) for n in f.tensors}
@@ -222,7 +222,7 @@ def test_the_reader_checks_against_the_tables_and_hash_its_caller_passes(
     """runtime.reload knows no generated code: a caller without this model, or with another
     spec hash, is refused; with the generated ones, the file opens."""
     from specbind.generated import SPECS_SHA256
-    from specbind.runtime.reload import open_bound as read
+    from specbind.runtime.reload import read_bound as read
 
     with pytest.raises(ReloadError, match=r"model glm-5\.3-flash, which these binders do not"):
         read(bound[1], models={}, specs_sha256=SPECS_SHA256)

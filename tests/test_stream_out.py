@@ -15,8 +15,8 @@ from safetensors.numpy import load_file
 
 from specbind.cli import main
 from specbind.generated import MODELS
-from specbind.runtime.bind import BoundSlot, Expected, bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.bind import Expected, SlotResult, bind_checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 
 TABLE = MODELS["glm-5.3-flash"]
 
@@ -31,7 +31,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_streamed_file_holds_exactly_the_in_memory_bind(ckpt: Path, tmp_path: Path) -> None:
     out = tmp_path / "r1.safetensors"
     assert main(["bind", str(ckpt), "--tp-size", "2", "--tp-rank", "1", "--out", str(out)]) == 0
-    mem = bind_checkpoint(Checkpoint(ckpt), TABLE, tp_size=2, tp_rank=1).fields()
+    mem = bind_checkpoint(CheckpointDir(ckpt), TABLE, tp_size=2, tp_rank=1).fields()
     got = load_file(out)
     assert sorted(got) == sorted(mem)
     for name, (_, a) in mem.items():
@@ -64,14 +64,14 @@ def test_a_streaming_bind_hands_each_slot_over_and_keeps_none(ckpt: Path) -> Non
         def start(self, expected: Expected) -> None:
             announced.extend(expected.names)
 
-        def slot(self, where: str, bound: BoundSlot) -> None:
+        def slot(self, where: str, bound: SlotResult) -> None:
             assert not seen or seen[-1] != where
             seen.extend(f"{where}.{n}" for n in bound.weights.arrays())
 
-    result = bind_checkpoint(Checkpoint(ckpt), TABLE, sink=Sink())
+    result = bind_checkpoint(CheckpointDir(ckpt), TABLE, sink=Sink())
     assert result.fields() == {}  # nothing kept in memory
     assert set(seen) <= set(announced) and len(seen) == len(set(seen))
-    assert sorted(seen) == sorted(bind_checkpoint(Checkpoint(ckpt), TABLE).fields())
+    assert sorted(seen) == sorted(bind_checkpoint(CheckpointDir(ckpt), TABLE).fields())
 
 
 def test_the_scale_bench_child_reports_every_phase_of_a_streamed_bind(
@@ -82,7 +82,7 @@ def test_the_scale_bench_child_reports_every_phase_of_a_streamed_bind(
     ck = tmp_path / "sparse"
     assert main(["synth", str(ck), "--sparse", "--layers", "4"]) == 0
     r = child(str(ck), str(tmp_path / "o.safetensors"), 2, 2, "all")
-    assert r["tensors"] == len(Checkpoint(ck).names())
+    assert r["tensors"] == len(CheckpointDir(ck).names())
     assert r["bytes"] == (tmp_path / "o.safetensors").stat().st_size
     assert 0 < r["largest_field_mb"] * 2**20 < r["bytes"]
     for k in ("index_open_s", "planning_s", "bind_s", "write_s", "fsync_s", "peak_rss_mb"):

@@ -14,7 +14,7 @@ from safetensors.numpy import save
 
 from specbind.cli import main
 from specbind.core.dtypes import DTYPES
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.synth.sparse import SHARD_BYTES
 
 
@@ -72,7 +72,7 @@ def test_the_real_geometry_is_hundreds_of_times_its_disk_use_in_5gb_shards(
     on_disk = sum(f.stat().st_blocks * 512 for f in shards)
     assert apparent > 15e9  # three dense layers, and one MoE layer of 288 experts (14.5 GB)
     assert on_disk < apparent / 1000
-    ckpt = Checkpoint(out)  # every header is valid and the index agrees with the shards
+    ckpt = CheckpointDir(out)  # every header is valid and the index agrees with the shards
     sizes = [f.stat().st_size for f in shards]
     assert len(shards) > 1 and max(sizes) <= SHARD_BYTES + (16 << 20)  # + its header
     assert len(ckpt.names()) == len(_census(out))

@@ -28,7 +28,7 @@ from specbind.core.planning import Ranks
 from specbind.generated import dsa, kda
 from specbind.generated import model_glm_5_3_flash as m
 from specbind.launcher import resolve_tp
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.source import DictSource, RawTensor
 from specbind.runtime.tp import ShardedSource, shard_raw
 from specbind.synth import synth
@@ -170,7 +170,7 @@ def test_a_file_backed_column_shard_reads_the_same_bytes_as_the_mapped_gather(
     tmp_path: Path,
 ) -> None:
     synth(TABLE, tmp_path / "ck", TINY, layers=4)
-    ck = Checkpoint(tmp_path / "ck")
+    ck = CheckpointDir(tmp_path / "ck")
     for name, rank in [
         ("layers.0.self_attn.o_proj.weight", 5),
         ("layers.3.self_attn.o_proj.weight", 2),

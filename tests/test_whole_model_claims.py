@@ -20,7 +20,7 @@ from safetensors.numpy import save_file
 from specbind.core.errors import BindError, GeometryError, SpecbindError
 from specbind.generated import moe
 from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.synth import synth
 
 E = TINY["experts"]  # 6
@@ -35,7 +35,7 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def refused(path: Path, **kw: Any) -> str:
     with pytest.raises(BindError) as e:
-        bind_checkpoint(Checkpoint(path), TABLE, progress=False, **kw)
+        bind_checkpoint(CheckpointDir(path), TABLE, progress=False, **kw)
     return str(e.value)
 
 
@@ -102,7 +102,7 @@ def test_a_zero_padded_layer_index_is_not_silently_outside_the_layers(
 def test_a_vision_tower_is_declared_unbound_and_never_read(ckpt: Path, tmp_path: Path) -> None:
     z = np.zeros(3, np.float32)
     ok = copy_with(ckpt, tmp_path / "ok", {"model.visual.blocks.0.attn.qkv.weight": z})
-    got = bind_checkpoint(Checkpoint(ok), TABLE, progress=False)
+    got = bind_checkpoint(CheckpointDir(ok), TABLE, progress=False)
     assert got.unbound == {"model.visual.": 1}
     msg = refused(copy_with(ckpt, tmp_path / "b", {"vision_tower.blocks.0.weight": z}))
     assert msg.startswith("model: 1 tensor(s) outside the layers")
@@ -129,7 +129,7 @@ def test_a_tied_head_binds_the_embedding_and_refuses_a_stored_copy(
     ckpt: Path, tmp_path: Path
 ) -> None:
     tied = copy_with(ckpt, tmp_path / "t", {"lm_head.weight": None}, {"tie_word_embeddings": True})
-    got = bind_checkpoint(Checkpoint(tied), TABLE, tp_size=2, tp_rank=1, progress=False)
+    got = bind_checkpoint(CheckpointDir(tied), TABLE, tp_size=2, tp_rank=1, progress=False)
     assert got.globals is not None
     g = got.globals.weights.arrays()
     assert g["lm_head"].tobytes() == g["embed_tokens"].tobytes()
@@ -144,7 +144,7 @@ def test_an_untied_base_model_without_a_head_binds_its_embedding_and_norm(
     ckpt: Path, tmp_path: Path
 ) -> None:
     base = copy_with(ckpt, tmp_path / "b", {"lm_head.weight": None})
-    got = bind_checkpoint(Checkpoint(base), TABLE, progress=False)
+    got = bind_checkpoint(CheckpointDir(base), TABLE, progress=False)
     assert got.globals is not None
     assert set(got.globals.weights.arrays()) == {"embed_tokens", "norm"}
 
@@ -157,7 +157,7 @@ def test_an_exact_bf16_mhc_fn_is_widened_and_a_bf16_base_refused(
     )
     fn = tensors["layers.1.hc_attn_fn"].astype(ml_dtypes.bfloat16)
     ok = copy_with(ckpt, tmp_path / "ok", {"layers.1.hc_attn_fn": fn})
-    got = bind_checkpoint(Checkpoint(ok), TABLE, progress=False)
+    got = bind_checkpoint(CheckpointDir(ok), TABLE, progress=False)
     arr = got.layers[1].slots["mhc"].weights.arrays()["attn_fn"]
     assert arr.dtype == np.float32 and np.array_equal(arr, fn.astype(np.float32))
     assert got.layers[1].slots["mhc"].report.cast == ["hc_attn_fn: BF16 -> F32"]
@@ -168,7 +168,7 @@ def test_an_exact_bf16_mhc_fn_is_widened_and_a_bf16_base_refused(
 
 def test_an_ep_rank_reads_only_its_own_experts(ckpt: Path) -> None:
     read: list[str] = []
-    ck = Checkpoint(ckpt)
+    ck = CheckpointDir(ckpt)
     real_get = ck.get
 
     def spy(name: str) -> Any:
@@ -184,7 +184,7 @@ def test_an_ep_rank_reads_only_its_own_experts(ckpt: Path) -> None:
 
 def test_an_ep_larger_than_the_experts_is_refused(ckpt: Path) -> None:
     with pytest.raises(GeometryError, match=r"ep size 7 is larger than the 6 experts"):
-        bind_checkpoint(Checkpoint(ckpt), TABLE, ep_size=7, ep_rank=0, progress=False)
+        bind_checkpoint(CheckpointDir(ckpt), TABLE, ep_size=7, ep_rank=0, progress=False)
 
 
 @st.composite
@@ -260,14 +260,14 @@ def test_the_top_level_tie_flag_wins_over_text_config_as_in_transformers(
     (tied / "config.json").write_text(
         json.dumps({"tie_word_embeddings": True, "text_config": inner})
     )
-    got = bind_checkpoint(Checkpoint(tied), TABLE, progress=False)
+    got = bind_checkpoint(CheckpointDir(tied), TABLE, progress=False)
     assert got.globals is not None and "lm_head" in got.globals.weights.arrays()
     untied = copy_with(ckpt, tmp_path / "u")
     inner = cfg | {"tie_word_embeddings": True}
     (untied / "config.json").write_text(
         json.dumps({"tie_word_embeddings": False, "text_config": inner})
     )
-    got = bind_checkpoint(Checkpoint(untied), TABLE, progress=False)
+    got = bind_checkpoint(CheckpointDir(untied), TABLE, progress=False)
     assert got.globals is not None
     g = got.globals.weights.arrays()
     assert g["lm_head"].tobytes() != g["embed_tokens"].tobytes(), "the stored head is bound"
@@ -285,7 +285,7 @@ def test_audit_counts_as_problems_what_bind_refuses(ckpt: Path, tmp_path: Path) 
         "layers.1.self_attn.A_log": a_log.astype(ml_dtypes.bfloat16),
         "layers.2.self_attn.extra.weight": np.zeros(2, np.float32),
     })  # fmt: skip
-    rep = audit(Checkpoint(bad), TABLE, progress=False)
+    rep = audit(CheckpointDir(bad), TABLE, progress=False)
     assert rep["layers"][4]["slots"]["mlp"]["missing"] == ["mlp.experts.3.up_proj.weight"]
     assert rep["layers"][5]["slots"]["mlp"]["unknown"] == [f"mlp.experts.{E}.up_proj.weight"]
     assert rep["layers"][1]["slots"]["attention"]["wrong_dtype"] == ["self_attn.A_log (BF16)"]
@@ -302,8 +302,8 @@ def test_bind_reports_the_bytes_it_read_at_their_on_disk_width(ckpt: Path, tmp_p
     )
     fn = tensors["layers.1.hc_attn_fn"]
     narrow = copy_with(ckpt, tmp_path / "n", {"layers.1.hc_attn_fn": fn.astype(ml_dtypes.bfloat16)})
-    wide = bind_checkpoint(Checkpoint(ckpt), TABLE, progress=False).layers[1].slots["mhc"]
-    got = bind_checkpoint(Checkpoint(narrow), TABLE, progress=False).layers[1].slots["mhc"]
+    wide = bind_checkpoint(CheckpointDir(ckpt), TABLE, progress=False).layers[1].slots["mhc"]
+    got = bind_checkpoint(CheckpointDir(narrow), TABLE, progress=False).layers[1].slots["mhc"]
     assert wide.report.bytes - got.report.bytes == fn.nbytes // 2, "BF16 on disk: half of F32"
     assert sum(a.nbytes for a in got.weights.arrays().values()) == wide.report.bytes
 
@@ -331,16 +331,16 @@ def test_audit_lists_the_model_level_problems_bind_refuses(ckpt: Path, tmp_path:
     }
     for name, (edit, config, fragment) in cases.items():
         d = copy_with(ckpt, tmp_path / name, edit, config)
-        problems = audit(Checkpoint(d), TABLE, progress=False)["problems"]
+        problems = audit(CheckpointDir(d), TABLE, progress=False)["problems"]
         assert any(fragment in p for p in problems), (name, problems)
         with pytest.raises(SpecbindError):
-            bind_checkpoint(Checkpoint(d), TABLE, progress=False)
+            bind_checkpoint(CheckpointDir(d), TABLE, progress=False)
 
 
 def test_an_implausible_layer_count_is_refused_in_one_line(ckpt: Path, tmp_path: Path) -> None:
     d = copy_with(ckpt, tmp_path / "b", config={"num_hidden_layers": 10**9})
     with pytest.raises(SpecbindError, match=r"num_hidden_layers is 1000000000, expected a whole"):
-        bind_checkpoint(Checkpoint(d), TABLE, progress=False)
+        bind_checkpoint(CheckpointDir(d), TABLE, progress=False)
 
 
 def test_audit_lists_every_bad_per_layer_config_value_rather_than_stopping_at_one(
@@ -352,6 +352,6 @@ def test_audit_lists_every_bad_per_layer_config_value_rather_than_stopping_at_on
     idx, types = list(cfg["indexer_types"]), list(cfg["layer_types"])
     idx[3], types[0] = "bogus", "bogus"
     d = copy_with(ckpt, tmp_path / "b", config={"indexer_types": idx, "layer_types": types})
-    problems = audit(Checkpoint(d), TABLE, progress=False)["problems"]
+    problems = audit(CheckpointDir(d), TABLE, progress=False)["problems"]
     assert any(p.startswith("layer 3: config.json: indexer_types[3] is 'bogus'") for p in problems)
     assert any(p.startswith("layer 0: config.json layer_types[0] is 'bogus'") for p in problems)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specbind.core.errors import SpecbindError
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.layout import layout
 from specbind.runtime.model import ModelTable
 
@@ -39,7 +39,7 @@ def parts(table: ModelTable[Any]) -> dict[str, frozenset[str]]:
 
 
 def filled(
-    ckpt: Checkpoint, table: ModelTable[Any], kinds: Collection[str]
+    ckpt: CheckpointDir, table: ModelTable[Any], kinds: Collection[str]
 ) -> Iterator[tuple[int, str, str]]:
     """(layer index, slot, block) of every slot the layout fills with one of ``kinds``."""
     lay = layout(table, ckpt.names(), ckpt.config)

@@ -47,7 +47,7 @@ from specbind.bench.common import filled, interleaved, parts, peak_rss_mb
 from specbind.core.dtypes import bf16_ulp
 from specbind.core.errors import SpecbindError
 from specbind.runtime.binding import Array
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.model import ModelTable
 
 REPO = (Path(__file__).resolve().parent.parent / "generated").resolve().parent
@@ -152,7 +152,7 @@ def specbind_load(
     from specbind.runtime.bind import bind_checkpoint
 
     result = bind_checkpoint(
-        Checkpoint(ckpt), table, tp_size=tp, tp_rank=rank, ep_size=ep, ep_rank=ep_rank,
+        CheckpointDir(ckpt), table, tp_size=tp, tp_rank=rank, ep_size=ep, ep_rank=ep_rank,
         progress=False, kinds=kinds,
     )  # fmt: skip
     return {
@@ -176,7 +176,7 @@ def baseline_load(
 
     loader = Loader(ckpt)
     out: dict[str, Array] = {}
-    for index, slot, block in filled(Checkpoint(ckpt), table, kinds):
+    for index, slot, block in filled(CheckpointDir(ckpt), table, kinds):
         fields = loader.load(block, index, tp, rank, ep, ep_rank)
         out |= {f"{index}.{slot}.{k}": v for k, v in fields.items()}
     return out
@@ -197,7 +197,7 @@ def shard_views(
     from specbind.runtime.model import values_from_config
     from specbind.runtime.tp import shard_view
 
-    ck = Checkpoint(ckpt)
+    ck = CheckpointDir(ckpt)
     geometry = table.make_geometry(values_from_config(table, ck.config))
     lay = layout(table, ck.names(), ck.config)
     views = []
@@ -289,7 +289,7 @@ def child(method: str, ckpt: str, tp: int, part: str = "attention", ep: int = 1)
     peak RSS."""
     from specbind.api import model_table
 
-    table = model_table(None, "--model", Checkpoint(Path(ckpt)).config)  # as the CLI picks
+    table = model_table(None, "--model", CheckpointDir(Path(ckpt)).config)  # as the CLI picks
     kinds = parts(table)[part]
     path = Path(ckpt)
     t0 = time.perf_counter()
@@ -416,7 +416,7 @@ def _members(
     from specbind.core.planning import member_range
     from specbind.runtime.model import values_from_config
 
-    geometry = table.make_geometry(values_from_config(table, Checkpoint(ckpt).config))
+    geometry = table.make_geometry(values_from_config(table, CheckpointDir(ckpt).config))
     count = max(c for b in sorted(kinds) for c in table.block(b).counts(geometry).values())
     return count, len(member_range(count, ep, 0))
 
@@ -489,7 +489,7 @@ def run(
     process_rows = [bench_process.row(ckpt, table, tp, max(5, repeat)) for tp in tps]
     if rss:
         add_rss(ckpt, rows + moe_rows)
-    values = values_from_config(table, Checkpoint(ckpt).config)
+    values = values_from_config(table, CheckpointDir(ckpt).config)
     absorb = absorb_rows(table, values, tps, repeat)
     result: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "memory_gb": _memory_gb()},

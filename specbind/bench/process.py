@@ -43,9 +43,9 @@ from pathlib import Path
 import numpy as np
 from specbind.generated import MODELS
 from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 table = MODELS[{model!r}]
-ck = Checkpoint(Path({ckpt!r}))
+ck = CheckpointDir(Path({ckpt!r}))
 r = bind_checkpoint(ck, table, tp_size={tp}, kinds={kinds!r}, progress=False)
 out = [a for _, a in r.fields().values()]
 arena = np.empty(sum(a.nbytes for a in out), dtype=np.uint8)
@@ -76,9 +76,9 @@ def _process(
 
 def row(ckpt: Path, table: Any, tp: int, repeat: int) -> dict[str, Any]:
     from specbind.bench.common import filled, interleaved, parts
-    from specbind.runtime.checkpoint import Checkpoint
+    from specbind.runtime.checkpoint import CheckpointDir
 
-    layers = [(i, b) for i, _, b in filled(Checkpoint(ckpt), table, parts(table)["attention"])]
+    layers = [(i, b) for i, _, b in filled(CheckpointDir(ckpt), table, parts(table)["attention"])]
     fns = {m: _process(m, ckpt, tp, layers, table) for m in ("specbind", "baseline")}
     t = interleaved(fns, repeat)
     s, b = t["specbind"], t["baseline"]

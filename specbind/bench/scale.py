@@ -4,7 +4,7 @@ For each size (1, 4 and 46 layers: 1 and 4 decoder layers, then all 45 plus the 
 ``synth --full --sparse`` writes the checkpoint once (headers only; the data are holes), and a
 fresh process per run binds one rank's share streaming to ``--out``: tp 8 x ep 8 rank (0, 0),
 every block; and tp 1, the attention slot only. Each run reports:
-- ``index_open_s``: ``Checkpoint(...)``: the index, every shard header, every path check;
+- ``index_open_s``: ``CheckpointDir(...)``: the index, every shard header, every path check;
 - ``planning_s`` and ``per_tensor_us``: the layout (names to layers, slots and blocks), the
   refusal of any problem, every block's plan and constraint checks, over every tensor of the
   checkpoint (the bind repeats this pass; it is timed on its own first);
@@ -61,16 +61,16 @@ def child(ckpt: str, out: str, tp: int, ep: int, part: str) -> dict[str, Any]:
     from specbind.runtime.backends import NUMPY
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.bound_format import BoundMeta
-    from specbind.runtime.checkpoint import Checkpoint
+    from specbind.runtime.checkpoint import CheckpointDir
     from specbind.runtime.layout import layout
     from specbind.runtime.model import values_from_config
     from specbind.runtime.quant_layout import refuse_problems
     from specbind.runtime.stream_out import StreamWriter
 
-    table = model_table(None, "--model", Checkpoint(Path(ckpt)).config)  # as the CLI picks
+    table = model_table(None, "--model", CheckpointDir(Path(ckpt)).config)  # as the CLI picks
     kinds = None if part == "all" else parts(table)[part]
     t0 = time.perf_counter()
-    ck = Checkpoint(Path(ckpt))
+    ck = CheckpointDir(Path(ckpt))
     t1 = time.perf_counter()
     values = values_from_config(table, ck.config)
     geometry = table.make_geometry(values)

@@ -13,7 +13,7 @@ from specbind.core.dtypes import within_one_bf16_ulp
 from specbind.generated import MODELS
 from specbind.runtime import backends
 from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import Checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
 from specbind.synth import synth, tiny_values
 
 
@@ -24,7 +24,7 @@ def test_the_cupy_backend_binds_the_new_families_as_numpy_does(
 ) -> None:
     table = MODELS[name]
     synth(table, tmp_path / "ck", tiny_values(table), seed=4)
-    ck = Checkpoint(tmp_path / "ck")
+    ck = CheckpointDir(tmp_path / "ck")
     backend = backends.get("cupy", importlib.import_module("specbind.generated.kernels"))
     for rank in range(tp):
         host = bind_checkpoint(ck, table, tp_size=tp, tp_rank=rank, progress=False).fields()

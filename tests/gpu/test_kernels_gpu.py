@@ -78,16 +78,16 @@ def test_the_cupy_backend_binds_the_numpy_backends_bytes(tmp_path: Path) -> None
     from specbind.generated import MODELS
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
-    from specbind.runtime.checkpoint import Checkpoint
+    from specbind.runtime.checkpoint import CheckpointDir
     from specbind.synth import synth, tiny_values
 
     table = MODELS["glm-5.3-flash"]
     synth(table, tmp_path / "ck", tiny_values(table), layers=8, seed=3)
     for tp in (1, 2, 4):
-        host = bind_checkpoint(Checkpoint(tmp_path / "ck"), table, tp_size=tp, progress=False)
+        host = bind_checkpoint(CheckpointDir(tmp_path / "ck"), table, tp_size=tp, progress=False)
         backend = backends.get("cupy", importlib.import_module("specbind.generated.kernels"))
         dev = bind_checkpoint(
-            Checkpoint(tmp_path / "ck"), table, tp_size=tp, progress=False, backend=backend
+            CheckpointDir(tmp_path / "ck"), table, tp_size=tp, progress=False, backend=backend
         )
         on_device = dev.fields()
         for name, (rule, want) in host.fields().items():
