@@ -213,7 +213,7 @@ def check_constraints(m: Geometry) -> None:
 
 
 def geometry(values: dict[str, int]) -> Geometry:
-    """Build the geometry from a symbol -> value mapping (see runtime.model.values_from_config)."""
+    """Build the geometry from a symbol -> value mapping (see runtime.config.values_from_config)."""
     return Geometry(
         hidden=values["hidden"],
         vocab=values["vocab"],

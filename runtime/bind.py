@@ -15,20 +15,19 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from specbind.core.errors import BindError, CheckpointError, SpecbindError
+from specbind.core.errors import BindError, SpecbindError
 from specbind.core.ir import FieldRule
 from specbind.core.planning import Ranks
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.binding import BindReport
 from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.config import config_flags, values_from_config
 from specbind.runtime.layers import LayerSource
 from specbind.runtime.layout import Layout
 from specbind.runtime.model import (
     BlockEntry,
     ModelTable,
     Weights,
-    config_lookup,
-    values_from_config,
 )
 from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.quant import OUTPUTS as QUANT_OUTPUTS
@@ -119,26 +118,6 @@ class BindResult:
             + (self.globals.report.bytes if self.globals else 0),
             "seconds": round(self.seconds, 6),
         }
-
-
-def config_flags(table: ModelTable[Any], config: Mapping[str, Any]) -> dict[str, bool]:
-    """The config.json booleans the blocks read (``tie_word_embeddings``); absent is false.
-
-    Trap: unlike geometry, a flag is read at the top level first: transformers ties a
-    multimodal model's head by the outer config's ``tie_word_embeddings``, whatever its
-    ``text_config`` says; only a file without the top-level field falls back to text_config.
-    """
-    out: dict[str, bool] = {}
-    for name in table.flags:
-        found = (config[name], name) if name in config else config_lookup(config, name)
-        if found is None:
-            out[name] = False
-            continue
-        value, where = found
-        if type(value) is not bool:
-            raise CheckpointError(f"config.json: {where} is {value!r}, expected true or false")
-        out[name] = value
-    return out
 
 
 class GlobalSource:

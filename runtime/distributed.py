@@ -54,8 +54,9 @@ from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.bound_format import BoundMeta
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.comm import Comm
+from specbind.runtime.config import values_from_config
 from specbind.runtime.layout import Layout
-from specbind.runtime.model import ModelTable, values_from_config
+from specbind.runtime.model import ModelTable
 from specbind.runtime.names import NamedView
 from specbind.runtime.out_path import check_out_path
 from specbind.runtime.quant import LayerQuant

@@ -23,10 +23,9 @@ from typing import Any
 
 from specbind.core.errors import CheckpointError
 from specbind.runtime.binding import family_regex
+from specbind.runtime.config import config_count, config_lookup, expected_groups
 from specbind.runtime.layers import LayerSplit, split_layers
-from specbind.runtime.model import BlockEntry, ModelTable, config_lookup, expected_groups
-
-MAX_LAYERS = 1 << 16  # a layer count past this is a broken config, not a model
+from specbind.runtime.model import BlockEntry, ModelTable
 
 
 @dataclass
@@ -68,20 +67,6 @@ def claims(block: BlockEntry[Any], name: str, suffixes: Collection[str] = ()) ->
     if tail in suffixes and any(r.linear and r.name == module + ".weight" for r in block.tensors):
         return True
     return any(rx.fullmatch(name) for rx, _ in family_regex(block.tensors).values())
-
-
-def config_count(config: Mapping[str, Any], name: str | None) -> int | None:
-    if name is None:
-        return None
-    found = config_lookup(config, name)
-    if found is None:
-        return None
-    value, where = found
-    if type(value) is not int or not 0 <= value <= MAX_LAYERS:
-        raise CheckpointError(
-            f"config.json: {where} is {value!r}, expected a whole number up to {MAX_LAYERS}"
-        )
-    return value
 
 
 def fill_slot(table: ModelTable[Any], slot: str, names: Collection[str]) -> SlotFill:

@@ -1,10 +1,9 @@
-"""What runtime code needs to know about a generated model table, and config.json geometry.
+"""What runtime code needs to know about a generated model table: its blocks and its layout.
 
-Invariants: a geometry symbol with a ``config`` field is read from config.json — under
-``text_config`` when the file nests it, else flat — and must be an integer (not a bool, not a
-float) no smaller than its ``min``; a symbol without one is an engine setting with a default;
-the model's own constraints hold for every geometry ``checked_values`` returns.
-Missing or ill-typed fields are refused by name; nothing falls back silently to a default.
+Invariants: a ``ModelTable`` is data the generator emitted (never built by hand outside tests);
+each ``BlockEntry`` is one generated block module with its binder and the map from the model's
+geometry to the block's, so every question about a block is one call into generated code.
+config.json is read in ``runtime.config``, not here.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
 
-from specbind.core.errors import CheckpointError, GeometryError
 from specbind.core.ir import (
     ConstraintRule,
     FieldRule,
@@ -53,6 +51,7 @@ class Binder(Protocol):
         ep_rank: int,
         flags: Mapping[str, bool],
         quant: LayerQuant | None,
+        /,
     ) -> tuple[Weights, BindReport]: ...
 
 
@@ -175,101 +174,3 @@ class ModelTable(Generic[G]):
     def slot_blocks(self, scope: str) -> list[SlotRule]:
         """The slots a layer of role ``scope`` ("decoder" or "mtp") is made of."""
         return [s for s in self.slots if s.scope in ("all", scope)]
-
-
-def values_from_config(
-    table: ModelTable[Any], config: Mapping[str, Any], overrides: Mapping[str, int] | None = None
-) -> dict[str, int]:
-    """Geometry values from a parsed config.json (HF field names), plus engine settings."""
-    values: dict[str, int] = {}
-    for f in table.geometry_fields:
-        if f.config is None:
-            values[f.name] = f.value
-            continue
-        hits = [h for p in (f.config, *f.also) if (h := config_lookup(config, p)) is not None]
-        if not hits:
-            paths = " or ".join(repr(p) for p in (f.config, *f.also))
-            raise CheckpointError(
-                f"config.json: missing field {paths} (flat or under text_config), "
-                f"needed for geometry symbol {f.name}"
-            )
-        raw, where = hits[0]
-        for other, at in hits[1:]:
-            if other != raw or type(other) is not type(raw):
-                raise CheckpointError(
-                    f"config.json: {where} is {raw!r} but {at} is {other!r}; both are geometry "
-                    f"symbol {f.name}"
-                )
-        if type(raw) is not int:
-            raise CheckpointError(
-                f"config.json: {where} is {raw!r} ({type(raw).__name__}), expected an integer"
-            )
-        values[f.name] = raw
-    return checked_values(table, values, overrides or {})
-
-
-def config_lookup(config: Mapping[str, Any], name: str) -> tuple[Any, str] | None:
-    """(value, where) of a config.json field: under ``text_config`` when the file nests it
-    there, else flat; None when it is in neither. A dotted name walks into nested objects
-    (``linear_attn_config.num_heads``)."""
-    nested = config.get("text_config")
-    if nested is not None and not isinstance(nested, dict):
-        raise CheckpointError(f"config.json: text_config is {type(nested).__name__}, not an object")
-    for scope, head in ((nested, "text_config."), (config, "")):
-        if scope is None:
-            continue
-        node: Any = scope
-        for key in name.split("."):
-            if not isinstance(node, dict) or key not in node:
-                break
-            node = node[key]
-        else:
-            return node, head + name
-    return None
-
-
-def expected_groups(
-    table: ModelTable[Any], config: Mapping[str, Any], layer: int
-) -> dict[str, tuple[bool, str]]:
-    """For each layer-group rule that covers ``layer``: (must be present, why)."""
-    out: dict[str, tuple[bool, str]] = {}
-    for rule in table.layer_groups:
-        found = config_lookup(config, rule.config)
-        if found is None:
-            continue  # the checkpoint does not say; nothing to cross-check
-        values = found[0]
-        if not isinstance(values, list):
-            raise CheckpointError(
-                f"config.json: {rule.config} is {type(values).__name__}, not a list"
-            )
-        if layer >= len(values):
-            continue
-        v = values[layer]
-        if v not in rule.present and v not in rule.absent:
-            known = ", ".join(map(repr, rule.present + rule.absent))
-            raise CheckpointError(
-                f"config.json: {rule.config}[{layer}] is {v!r}, expected one of {known}"
-            )
-        out[rule.group] = (v in rule.present, f"config.json {rule.config}[{layer}] is {v!r}")
-    return out
-
-
-def checked_values(
-    table: ModelTable[Any], values: Mapping[str, int], overrides: Mapping[str, int]
-) -> dict[str, int]:
-    """``values`` with ``overrides`` applied; every name known, every value in range."""
-    values = dict(values)
-    for k, v in overrides.items():
-        if k not in values:
-            raise GeometryError(f"unknown geometry symbol {k!r} (known: {', '.join(values)})")
-        values[k] = v
-    for f in table.geometry_fields:
-        if values[f.name] < f.min:
-            raise GeometryError(
-                f"geometry {f.name} = {values[f.name]} is below its minimum {f.min}"
-            )
-        if values[f.name] > 1 << 30:
-            raise GeometryError(f"geometry {f.name} = {values[f.name]} is implausibly large")
-    if table.check is not None:
-        table.check(table.make_geometry(values))  # the model's own constraints
-    return values

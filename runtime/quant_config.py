@@ -31,6 +31,7 @@ from typing import Any
 from specbind.core.errors import CheckpointError
 from specbind.core.quant import DetectRule, SchemeRule
 from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.config import quantization_config
 
 
 def lookup(doc: Any, dotted: str) -> list[Any]:
@@ -129,9 +130,7 @@ def detect(ckpt: CheckpointDir, schemes: Sequence[SchemeRule]) -> QuantConfig | 
             f"({', '.join(s.name for s in hits)}); refusing to guess"
         )
     if not hits:
-        qc = ckpt.config.get("quantization_config")
-        if qc is None and isinstance(ckpt.config.get("text_config"), dict):
-            qc = ckpt.config["text_config"].get("quantization_config")
+        qc = quantization_config(ckpt.config)
         if qc is not None:
             method = qc.get("quant_method") if isinstance(qc, dict) else qc
             raise CheckpointError(

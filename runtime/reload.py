@@ -36,7 +36,8 @@ from specbind.core.errors import CheckpointError, ReloadError, SpecbindError
 from specbind.core.planning import Ranks
 from specbind.runtime.binding import Array
 from specbind.runtime.bound_format import BoundMeta, Layers, QuantMeta, decode
-from specbind.runtime.model import ModelTable, checked_values
+from specbind.runtime.config import checked_values
+from specbind.runtime.model import ModelTable
 from specbind.runtime.quant import LayerQuant, quantized_fields
 from specbind.runtime.safetensors_file import SafetensorsFile
 

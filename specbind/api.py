@@ -105,7 +105,7 @@ class Checkpoint:
         overrides: Mapping[str, int] | None = None,
     ) -> None:
         from specbind.runtime.checkpoint import CheckpointDir
-        from specbind.runtime.model import values_from_config
+        from specbind.runtime.config import values_from_config
 
         self._raw: CheckpointDir = CheckpointDir(Path(path))
         self._table: ModelTable[Any] = model_table(model, "model=", self._raw.config)

@@ -25,8 +25,9 @@ from specbind.core.errors import SpecbindError
 from specbind.core.ir import TensorRule
 from specbind.runtime.binding import census, family_regex
 from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.config import values_from_config
 from specbind.runtime.layout import SlotFill, layout
-from specbind.runtime.model import BlockEntry, ModelTable, values_from_config
+from specbind.runtime.model import BlockEntry, ModelTable
 from specbind.runtime.names import NamedView
 from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.quant import layer_quant, quantized_rules
@@ -138,7 +139,7 @@ def _globals_problems(
 ) -> list[str]:
     """What ``bind`` would refuse among the model-level tensors: a missing one, a refused
     dtype, a stored copy of a tied tensor, a tie flag that is not a boolean."""
-    from specbind.runtime.bind import config_flags  # bind builds on the layout as audit does
+    from specbind.runtime.config import config_flags  # bind builds on the layout as audit does
 
     if table.globals is None or not present:
         return []  # none at all is a layout problem already

@@ -91,7 +91,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_synth(a: argparse.Namespace) -> int:
-    from specbind.runtime.model import checked_values
+    from specbind.runtime.config import checked_values
     from specbind.synth import synth, tiny_values
 
     table = _table(a.model)
@@ -192,7 +192,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.bound_format import BoundMeta
     from specbind.runtime.checkpoint import CheckpointDir
-    from specbind.runtime.model import values_from_config
+    from specbind.runtime.config import values_from_config
     from specbind.runtime.out_path import check_out_path
     from specbind.runtime.stream_out import StreamWriter
 
@@ -294,7 +294,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     if a.ckpt:
         from specbind.plan_report import checkpoint_layers
         from specbind.runtime.checkpoint import CheckpointDir
-        from specbind.runtime.model import values_from_config
+        from specbind.runtime.config import values_from_config
 
         if a.quant is not None:
             raise SpecbindError("--quant plans the spec's model; a checkpoint says its own")
@@ -304,7 +304,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
         source = str(ckpt.root)
     else:
         from specbind.core.planning import expand
-        from specbind.runtime.model import checked_values
+        from specbind.runtime.config import checked_values
         from specbind.runtime.quant import quantized_rules, storable
         from specbind.synth import schedule
 

@@ -186,7 +186,7 @@ def _kimi_config() -> dict[str, object]:
 def test_a_geometry_field_is_read_from_its_nested_path_when_the_flat_one_is_absent() -> None:
     """The hub's Kimi config.json has the KDA sizes only in linear_attn_config."""
     from specbind.generated import MODELS
-    from specbind.runtime.model import values_from_config
+    from specbind.runtime.config import values_from_config
 
     table = MODELS["kimi-linear"]
     flat = _kimi_config()
@@ -203,7 +203,7 @@ def test_a_geometry_field_is_read_from_its_nested_path_when_the_flat_one_is_abse
 def test_a_nested_path_that_disagrees_with_the_flat_field_is_refused() -> None:
     from specbind.core.errors import CheckpointError
     from specbind.generated import MODELS
-    from specbind.runtime.model import values_from_config
+    from specbind.runtime.config import values_from_config
 
     flat = _kimi_config()
     both = flat | {"linear_attn_config": {"num_heads": int(str(flat["linear_num_heads"])) * 2}}

@@ -25,8 +25,8 @@ from specbind.generated import SPECS_SHA256
 from specbind.runtime import agreement, byte_coverage, distributed
 from specbind.runtime.backends import NUMPY
 from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.config import values_from_config
 from specbind.runtime.layout import layout
-from specbind.runtime.model import values_from_config
 from specbind.runtime.quant_layout import refuse_problems
 
 

@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 
 from specbind.core.errors import CheckpointError
 from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.model import values_from_config
+from specbind.runtime.config import values_from_config
 from specbind.runtime.safetensors_file import MAX_HEADER_BYTES, SafetensorsFile
 
 

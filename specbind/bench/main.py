@@ -98,7 +98,7 @@ def slice_layers(table: ModelTable[Any]) -> int:
 
 def slice_values(table: ModelTable[Any], tiny: bool, sets: Mapping[str, int]) -> dict[str, int]:
     """The geometry the slice is written at: the spec's tiny or real one, with ``sets``."""
-    from specbind.runtime.model import checked_values
+    from specbind.runtime.config import checked_values
     from specbind.synth import tiny_values
 
     base = tiny_values(table) if tiny else table.default_values()
@@ -193,8 +193,8 @@ def shard_views(
 ) -> list[Array]:
     """This rank's bytes of every bound source tensor, as views of the memory map."""
     from specbind.core.planning import Ranks
+    from specbind.runtime.config import values_from_config
     from specbind.runtime.layout import layout
-    from specbind.runtime.model import values_from_config
     from specbind.runtime.tp import shard_view
 
     ck = CheckpointDir(ckpt)
@@ -414,7 +414,7 @@ def _members(
 ) -> tuple[int, int]:
     """(the largest family size among ``kinds``, how many of its members ep rank 0 holds)."""
     from specbind.core.planning import member_range
-    from specbind.runtime.model import values_from_config
+    from specbind.runtime.config import values_from_config
 
     geometry = table.make_geometry(values_from_config(table, CheckpointDir(ckpt).config))
     count = max(c for b in sorted(kinds) for c in table.block(b).counts(geometry).values())
@@ -472,7 +472,7 @@ def run(
     from specbind.bench import fixed as bench_fixed
     from specbind.bench import process as bench_process
     from specbind.bench import ranks as bench_ranks
-    from specbind.runtime.model import values_from_config
+    from specbind.runtime.config import values_from_config
 
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
     ckpt, synth_s = ensure_checkpoint(table, cache, tiny, sets)

@@ -34,7 +34,8 @@ from specbind.core.errors import SpecbindError
 from specbind.core.planning import Ranks
 from specbind.core.quant import SchemeRule
 from specbind.runtime.binding import Array
-from specbind.runtime.model import BlockEntry, ModelTable, checked_values
+from specbind.runtime.config import checked_values
+from specbind.runtime.model import BlockEntry, ModelTable
 from specbind.runtime.quant import LayerQuant, storable
 from specbind.runtime.safetensors_file import SafetensorsFile
 from specbind.runtime.source import RawTensor

@@ -62,8 +62,8 @@ def child(ckpt: str, out: str, tp: int, ep: int, part: str) -> dict[str, Any]:
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.bound_format import BoundMeta
     from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.runtime.config import values_from_config
     from specbind.runtime.layout import layout
-    from specbind.runtime.model import values_from_config
     from specbind.runtime.quant_layout import refuse_problems
     from specbind.runtime.stream_out import StreamWriter
 

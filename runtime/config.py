@@ -1,0 +1,161 @@
+"""Every read of config.json's fields: geometry, flags, per-layer lists, counts, quantization.
+
+Invariants: a geometry symbol with a ``config`` field is read from config.json — under
+``text_config`` when the file nests it, else flat — and must be an integer (not a bool, not a
+float) no smaller than its ``min``; a symbol without one is an engine setting with a default;
+the model's own constraints hold for every geometry ``checked_values`` returns. Missing or
+ill-typed fields are refused by name; nothing falls back silently to a default.
+Trap: a flag (``tie_word_embeddings``) is read at the top level first, unlike geometry (see
+``config_flags``); a per-layer list is a cross-check of the names, never a substitute.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from specbind.core.errors import CheckpointError, GeometryError
+from specbind.runtime.model import ModelTable
+
+MAX_LAYERS = 1 << 16  # a layer count past this is a broken config, not a model
+
+
+def values_from_config(
+    table: ModelTable[Any], config: Mapping[str, Any], overrides: Mapping[str, int] | None = None
+) -> dict[str, int]:
+    """Geometry values from a parsed config.json (HF field names), plus engine settings."""
+    values: dict[str, int] = {}
+    for f in table.geometry_fields:
+        if f.config is None:
+            values[f.name] = f.value
+            continue
+        hits = [h for p in (f.config, *f.also) if (h := config_lookup(config, p)) is not None]
+        if not hits:
+            paths = " or ".join(repr(p) for p in (f.config, *f.also))
+            raise CheckpointError(
+                f"config.json: missing field {paths} (flat or under text_config), "
+                f"needed for geometry symbol {f.name}"
+            )
+        raw, where = hits[0]
+        for other, at in hits[1:]:
+            if other != raw or type(other) is not type(raw):
+                raise CheckpointError(
+                    f"config.json: {where} is {raw!r} but {at} is {other!r}; both are geometry "
+                    f"symbol {f.name}"
+                )
+        if type(raw) is not int:
+            raise CheckpointError(
+                f"config.json: {where} is {raw!r} ({type(raw).__name__}), expected an integer"
+            )
+        values[f.name] = raw
+    return checked_values(table, values, overrides or {})
+
+
+def config_lookup(config: Mapping[str, Any], name: str) -> tuple[Any, str] | None:
+    """(value, where) of a config.json field: under ``text_config`` when the file nests it
+    there, else flat; None when it is in neither. A dotted name walks into nested objects
+    (``linear_attn_config.num_heads``)."""
+    nested = config.get("text_config")
+    if nested is not None and not isinstance(nested, dict):
+        raise CheckpointError(f"config.json: text_config is {type(nested).__name__}, not an object")
+    for scope, head in ((nested, "text_config."), (config, "")):
+        if scope is None:
+            continue
+        node: Any = scope
+        for key in name.split("."):
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+        else:
+            return node, head + name
+    return None
+
+
+def expected_groups(
+    table: ModelTable[Any], config: Mapping[str, Any], layer: int
+) -> dict[str, tuple[bool, str]]:
+    """For each layer-group rule that covers ``layer``: (must be present, why)."""
+    out: dict[str, tuple[bool, str]] = {}
+    for rule in table.layer_groups:
+        found = config_lookup(config, rule.config)
+        if found is None:
+            continue  # the checkpoint does not say; nothing to cross-check
+        values = found[0]
+        if not isinstance(values, list):
+            raise CheckpointError(
+                f"config.json: {rule.config} is {type(values).__name__}, not a list"
+            )
+        if layer >= len(values):
+            continue
+        v = values[layer]
+        if v not in rule.present and v not in rule.absent:
+            known = ", ".join(map(repr, rule.present + rule.absent))
+            raise CheckpointError(
+                f"config.json: {rule.config}[{layer}] is {v!r}, expected one of {known}"
+            )
+        out[rule.group] = (v in rule.present, f"config.json {rule.config}[{layer}] is {v!r}")
+    return out
+
+
+def checked_values(
+    table: ModelTable[Any], values: Mapping[str, int], overrides: Mapping[str, int]
+) -> dict[str, int]:
+    """``values`` with ``overrides`` applied; every name known, every value in range."""
+    values = dict(values)
+    for k, v in overrides.items():
+        if k not in values:
+            raise GeometryError(f"unknown geometry symbol {k!r} (known: {', '.join(values)})")
+        values[k] = v
+    for f in table.geometry_fields:
+        if values[f.name] < f.min:
+            raise GeometryError(
+                f"geometry {f.name} = {values[f.name]} is below its minimum {f.min}"
+            )
+        if values[f.name] > 1 << 30:
+            raise GeometryError(f"geometry {f.name} = {values[f.name]} is implausibly large")
+    if table.check is not None:
+        table.check(table.make_geometry(values))  # the model's own constraints
+    return values
+
+
+def config_flags(table: ModelTable[Any], config: Mapping[str, Any]) -> dict[str, bool]:
+    """The config.json booleans the blocks read (``tie_word_embeddings``); absent is false.
+
+    Trap: unlike geometry, a flag is read at the top level first: transformers ties a
+    multimodal model's head by the outer config's ``tie_word_embeddings``, whatever its
+    ``text_config`` says; only a file without the top-level field falls back to text_config.
+    """
+    out: dict[str, bool] = {}
+    for name in table.flags:
+        found = (config[name], name) if name in config else config_lookup(config, name)
+        if found is None:
+            out[name] = False
+            continue
+        value, where = found
+        if type(value) is not bool:
+            raise CheckpointError(f"config.json: {where} is {value!r}, expected true or false")
+        out[name] = value
+    return out
+
+
+def config_count(config: Mapping[str, Any], name: str | None) -> int | None:
+    if name is None:
+        return None
+    found = config_lookup(config, name)
+    if found is None:
+        return None
+    value, where = found
+    if type(value) is not int or not 0 <= value <= MAX_LAYERS:
+        raise CheckpointError(
+            f"config.json: {where} is {value!r}, expected a whole number up to {MAX_LAYERS}"
+        )
+    return value
+
+
+def quantization_config(config: Mapping[str, Any]) -> Any:
+    """config.json's ``quantization_config`` (flat, else under ``text_config``); None if absent."""
+    qc = config.get("quantization_config")
+    nested = config.get("text_config")
+    if qc is None and isinstance(nested, dict):
+        qc = nested.get("quantization_config")
+    return qc
