@@ -6,8 +6,8 @@ Invariants:
   of values is meant;
 - shapes and checks are carried as the spec's own text (for messages and comments); the
   generator evaluates them, the generated code holds them as Python expressions;
-- a tensor name may hold one family placeholder ``{e}``; ``concrete`` fills it in, so a rule
-  for 288 experts is one row, not 288.
+- a tensor name may hold one family placeholder ``{e}``; ``concrete`` fills it in (by the
+  digit rule of ``core.patterns``), so a rule for 288 experts is one row, not 288.
 Trap: ``ShardRule.axis`` is the axis as written (``cols`` is ``-1``); resolve it against the
 tensor's rank with ``ShardRule.resolved`` before indexing a shape.
 """
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from specbind.core.algebra import Expr
+from specbind.core.patterns import fill
 
 ShardKind = Literal["replicated", "rows", "cols", "axis"]
 FieldKind = Literal["verbatim", "concat", "transform", "stack", "tie"]
@@ -67,10 +68,9 @@ class TensorRule:
     def concrete(self, index: int) -> TensorRule:
         """This rule for one member of its family (``experts.{e}.w`` -> ``experts.7.w``)."""
         assert self.family is not None
-        name = self.name.replace("{" + self.family + "}", str(index))
         return TensorRule(
-            name, self.dtype, self.shape, self.shard, self.group, self.why_dtype, self.stored,
-            None, self.root, self.tie, self.linear, self.stored_singletons,
+            fill(self.name, index), self.dtype, self.shape, self.shard, self.group, self.why_dtype,
+            self.stored, None, self.root, self.tie, self.linear, self.stored_singletons,
         )  # fmt: skip
 
 

@@ -41,6 +41,7 @@ from specbind.core.ir import (
     TieRule,
     UnboundRule,
 )
+from specbind.core.patterns import placeholders
 from specbind.generator import transforms
 from specbind.generator.yamlio import Located, PathKey
 
@@ -183,7 +184,6 @@ def _expr(
 
 _TENSOR_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.]|\{[a-z]\}){0,127}")
 _PREFIX = re.compile(r"([A-Za-z0-9_]+\.)*")
-_PLACEHOLDER = re.compile(r"\{([a-z])\}")
 
 
 def _names_fullmatch(doc: Located) -> None:
@@ -201,7 +201,7 @@ def _names_fullmatch(doc: Located) -> None:
 def _family_of(
     doc: Located, path: PathKey, name: str, families: dict[str, FamilyRule]
 ) -> str | None:
-    found = _PLACEHOLDER.findall(name)
+    found = placeholders(name)
     if not found:
         return None
     if len(found) > 1:
@@ -654,7 +654,7 @@ def _names(doc: Located, raw: list[dict[str, Any]]) -> tuple[NameRule, ...]:
             )
         if len(to) == 1 and seg is not None:
             raise doc.error(("names", i, "segments"), "segments needs one name per segment")
-        held = (_PLACEHOLDER.findall(r["from"]), [p for t in to for p in _PLACEHOLDER.findall(t)])
+        held = (placeholders(r["from"]), [p for t in to for p in placeholders(t)])
         if held != ([], []):
             # one whole name with a member index, renamed member by member (Mixtral's w1 ->
             # gate_proj): the index must be carried over, once, and never by a prefix rule

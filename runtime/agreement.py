@@ -23,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from specbind.core.patterns import is_index
 from specbind.runtime.checkpoint import CheckpointDir
 
 SHOWN = 3  # disagreements named in the refusal; the rest are counted
@@ -37,7 +38,7 @@ def _group(name: str) -> str:
     """``model.layers.7.mlp.…`` -> ``model.layers.7``; ``lm_head.weight`` -> ``lm_head``."""
     parts = name.split(".")
     for i, p in enumerate(parts[:-1]):
-        if p.isdigit():
+        if is_index(p):  # the digit rule of core.patterns (``isdigit`` also takes '²')
             return ".".join(parts[: i + 1])
     return parts[0] if len(parts) > 1 else name
 

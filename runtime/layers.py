@@ -2,25 +2,20 @@
 
 Invariants: the layer prefix is found from the names (one of the model's allowed prefixes);
 names of two different prefixes in one checkpoint are refused as ambiguous; names outside any
-layer (embeddings, final norm, lm_head) are kept and counted, never dropped.
+layer (embeddings, final norm, lm_head) are kept and counted, never dropped; a layer index
+follows the digit rule of ``core.patterns`` (``layers.07.`` or ``layers.٣.`` is no layer: its
+names stay outside, where the layout refuses them as unclaimed).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from specbind.core.errors import CheckpointError
+from specbind.core.patterns import layer_pattern
 from specbind.runtime.model import ModelTable
 from specbind.runtime.source import RawTensor, TensorSource
-
-
-def _regex(prefix: str, pattern: str) -> re.Pattern[str]:
-    head, tail = pattern.split("{index}")
-    return re.compile(
-        "^" + re.escape(prefix + head) + r"(0|[1-9][0-9]{0,5})" + re.escape(tail) + "(.+)$"
-    )
 
 
 @dataclass
@@ -30,27 +25,27 @@ class LayerSplit:
     outside: list[str] = field(default_factory=list)
 
     def full_name(self, table: ModelTable[Any], index: int, rel: str) -> str:
-        return self.prefix + table.layer_pattern.format(index=index) + rel
+        return layer_pattern(table.layer_pattern, self.prefix).format(index) + rel
 
 
 def split_layers(table: ModelTable[Any], names: list[str]) -> LayerSplit:
     counts = {p: 0 for p in table.layer_prefixes}
-    regexes = {p: _regex(p, table.layer_pattern) for p in table.layer_prefixes}
+    matchers = {p: layer_pattern(table.layer_pattern, p) for p in table.layer_prefixes}
     for n in names:
-        for p, rx in regexes.items():
-            if rx.match(n):
+        for p, lp in matchers.items():
+            if lp.matches(n):
                 counts[p] += 1
     used = [p for p, c in counts.items() if c]
     if len(used) > 1:
         shown = ", ".join(repr(p + table.layer_pattern) for p in used)
         raise CheckpointError(f"layer names use more than one prefix ({shown}); refusing to guess")
     prefix = used[0] if used else table.layer_prefixes[0]
-    rx = regexes[prefix]
+    lp = matchers[prefix]
     split = LayerSplit(prefix)
     for n in names:
-        m = rx.match(n)
-        if m:
-            split.layers.setdefault(int(m.group(1)), []).append(m.group(2))
+        hit = lp.split(n)
+        if hit is not None:
+            split.layers.setdefault(hit[1], []).append(hit[2])
         else:
             split.outside.append(n)
     split.layers = dict(sorted(split.layers.items()))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specbind.core.errors import CheckpointError
-from specbind.runtime.binding import family_regex
+from specbind.runtime.binding import family_matcher
 from specbind.runtime.config import config_count, config_lookup, expected_groups
 from specbind.runtime.layers import LayerSplit, split_layers
 from specbind.runtime.model import BlockEntry, ModelTable
@@ -55,18 +55,27 @@ class Layout:
     problems: list[str]  # one line each, "layer N: ..." or "model: ..."
 
 
-def claims(block: BlockEntry[Any], name: str, suffixes: Collection[str] = ()) -> bool:
-    """Whether ``block`` owns a layer-relative name (see the module invariants); a block
+def claimed(
+    block: BlockEntry[Any], names: Collection[str], suffixes: Collection[str] = ()
+) -> list[str]:
+    """The layer-relative names ``block`` owns, sorted (see the module invariants); a block
     without a prefix also owns its linear weights' quantization companions (``suffixes``: every
     scheme's companion suffixes), which its binder then checks against the config."""
     if block.prefix:
-        return name.startswith(block.prefix)
-    if any(r.name == name for r in block.tensors):
-        return True
-    module, _, tail = name.rpartition(".")
-    if tail in suffixes and any(r.linear and r.name == module + ".weight" for r in block.tensors):
-        return True
-    return any(rx.fullmatch(name) for rx, _ in family_regex(block.tensors).values())
+        return sorted(n for n in names if n.startswith(block.prefix))
+    declared = {r.name for r in block.tensors}
+    linear = {r.name for r in block.tensors if r.linear}
+    families = family_matcher(block.tensors)
+
+    def owns(name: str) -> bool:
+        if name in declared:
+            return True
+        module, _, tail = name.rpartition(".")
+        if tail in suffixes and module + ".weight" in linear:
+            return True
+        return families.match(name) is not None
+
+    return sorted(n for n in names if owns(n))
 
 
 def fill_slot(table: ModelTable[Any], slot: str, names: Collection[str]) -> SlotFill:
@@ -75,7 +84,7 @@ def fill_slot(table: ModelTable[Any], slot: str, names: Collection[str]) -> Slot
     suffixes = {c.suffix for s in table.schemes for c in s.companions}
     for b in blocks:
         if b.matches(names):
-            return SlotFill(slot, b, sorted(n for n in names if claims(b, n, suffixes)))
+            return SlotFill(slot, b, claimed(b, names, suffixes))
     best = max(blocks, key=lambda b: sum(1 for r in b.tensors if r.name in names))
     missing = sorted(m for m in best.markers if m not in names)
     return SlotFill(slot, None, [], missing, best.name)

@@ -16,6 +16,8 @@ Invariants:
 - a rename that would give two tensors one name is refused, naming both;
 - the first rule that matches a name wins, so a placeholder rule listed before a prefix rule
   over the same prefix takes its members first;
+- a layer or member index follows the digit rule of ``core.patterns`` (``experts.07.w1`` is
+  not renamed: it passes through, and the block refuses it as unknown);
 - everything not renamed passes through untouched; ``on_disk`` gives a name's stored name
   (what a tool's config lists, e.g. ModelOpt's ``exclude_modules``).
 Trap: a stored row count that does not split into whole segments is refused, never rounded.
@@ -23,14 +25,13 @@ Trap: a stored row count that does not split into whole segments is refused, nev
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from specbind.core.errors import CheckpointError
 from specbind.core.ir import NameRule
+from specbind.core.patterns import LayerPattern, fill, index_of, layer_pattern, parts
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.source import MapSpan, RawTensor
 
@@ -47,10 +48,7 @@ class NamedView:
     ) -> None:
         self._ckpt = ckpt
         self.root: Path = ckpt.root
-        head, tail = pattern.split("{index}")
-        rx = re.compile(
-            "^(.*?" + re.escape(head) + r"(?:0|[1-9][0-9]{0,5})" + re.escape(tail) + ")(.+)$"
-        )
+        rx = layer_pattern(pattern)  # under any prefix: the view is made before the split
         self._rx, self._rules = rx, rules
         self._map: dict[str, tuple[str, int, int]] = {}  # name -> (stored, segment, of n)
         stored = ckpt.names()
@@ -82,10 +80,10 @@ class NamedView:
     def aliases(self, module: str) -> list[str]:
         """Other names of a module (full name) by the renames, read backwards: a tool's config
         may list transformers' own module names while its tensors carry the hub names."""
-        m = self._rx.match(module)
-        if m is None:
+        hit = self._rx.split(module)
+        if hit is None:
             return []
-        head, rel = m.group(1), m.group(2)
+        head, _, rel = hit
         return [
             head + r.source + rel[len(r.to[0]) :]
             for r in self._rules
@@ -111,32 +109,22 @@ class NamedView:
         return RawTensor(t.dtype, shape, t.data[seg * step : (seg + 1) * step], span)
 
 
-_PLACEHOLDER = re.compile(r"\{[a-z]\}")
-
-
-@cache
-def _member_rx(source: str) -> re.Pattern[str]:
-    """``experts.{e}.w1.weight`` as a regex capturing the member index (no leading zeros)."""
-    head, tail = _PLACEHOLDER.split(source)
-    return re.compile(re.escape(head) + r"(0|[1-9][0-9]{0,6})" + re.escape(tail))
-
-
 def _mapped(
-    name: str, rx: re.Pattern[str], rules: tuple[NameRule, ...], suffixes: Mapping[str, str]
+    name: str, rx: LayerPattern, rules: tuple[NameRule, ...], suffixes: Mapping[str, str]
 ) -> list[tuple[str, int, int]]:
     for old, new in suffixes.items():
         if name.endswith("." + old):
             name = name[: -len(old)] + new
             break
-    m = rx.match(name)
-    if m is None:
+    layer = rx.split(name)
+    if layer is None:
         return [(name, 0, 1)]
-    head, rel = m.group(1), m.group(2)
+    head, _, rel = layer
     for r in rules:
-        if "{" in r.source:  # one whole name with a member index: ``experts.{e}.w1.weight``
-            hit = _member_rx(r.source).fullmatch(rel)
-            if hit is not None:
-                return [(head + _PLACEHOLDER.sub(hit.group(1), r.to[0]), 0, 1)]
+        if parts(r.source)[1] is not None:  # one whole name with a member index
+            i = index_of(r.source, rel)  # ``experts.{e}.w1.weight``: by the digit rule
+            if i is not None:
+                return [(head + fill(r.to[0], i), 0, 1)]
             continue
         if len(r.to) > 1 and rel == r.source:
             return [(head + t, i, len(r.to)) for i, t in enumerate(r.to)]

@@ -30,6 +30,7 @@ from typing import Any, Protocol, cast
 
 from specbind.core.errors import BindError, GeometryError, at
 from specbind.core.ir import FieldRule, ShardRule, SharedScaleRule, TensorRule
+from specbind.core.patterns import fill, index_of, member_of, parts, placeholders
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.core.quant import CompanionRule, SchemeRule, window
 from specbind.runtime.binding import Array, members
@@ -238,13 +239,12 @@ def check_shared(
         groups: list[list[str]]
         if rule.across is not None:
             ms = plan.members[rule.across] if plan.members else range(0)
-            groups = [[n.replace("{" + rule.across + "}", str(i)) for i in ms for n in names]]
+            groups = [[fill(n, i) for i in ms for n in names]]
         else:
-            fams = {f for n in names for f in (plan.members or {}) if "{" + f + "}" in n}
+            fams = {f for n in names for f in placeholders(n) if f in (plan.members or {})}
             if fams:
-                f = fams.pop()
-                ms = (plan.members or {})[f]
-                groups = [[n.replace("{" + f + "}", str(i)) for n in names] for i in ms]
+                ms = (plan.members or {})[fams.pop()]
+                groups = [[fill(n, i) for n in names] for i in ms]
             else:
                 groups = [names]
         for g in groups:
@@ -277,24 +277,10 @@ def _names_of(patterns: Sequence[str], t: Mapping[str, Array]) -> list[str]:
     return [n for n in t if any(member_of(n, p) for p in patterns)]
 
 
-def member_of(name: str, pattern: str) -> bool:
-    """``name`` is ``pattern`` or a member of its family (``experts.{e}.w`` -> ``experts.7.w``)."""
-    if "{" not in pattern:
-        return name == pattern
-    head, rest = pattern.split("{", 1)
-    tail = rest.split("}", 1)[1]
-    mid = name[len(head) : len(name) - len(tail)]
-    return name.startswith(head) and name.endswith(tail) and mid.isascii() and mid.isdecimal()
-
-
 def _concrete(pattern: str, name: str, rule_pat: str) -> str:
     """The companion ``pattern`` of rule ``rule_pat`` for the member ``name`` is."""
-    if "{" not in rule_pat:
-        return pattern
-    head, rest = rule_pat.split("{", 1)
-    fam, tail = rest.split("}", 1)
-    index = name[len(head) : len(name) - len(tail)]
-    return pattern.replace("{" + fam + "}", index)
+    i = index_of(rule_pat, name) if parts(rule_pat)[1] is not None else None
+    return pattern if i is None else fill(pattern, i)
 
 
 def _dequant(

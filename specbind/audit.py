@@ -23,7 +23,7 @@ from typing import Any
 from specbind.core.dtypes import QUANT_DTYPES
 from specbind.core.errors import SpecbindError
 from specbind.core.ir import TensorRule
-from specbind.runtime.binding import census, family_regex
+from specbind.runtime.binding import census, family_matcher
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.config import values_from_config
 from specbind.runtime.layout import SlotFill, layout
@@ -75,9 +75,9 @@ def _declared(
 
 
 def _dtype_ok(rules: tuple[TensorRule, ...], name: str, dtype: str) -> bool:
-    rx = family_regex(rules)
+    hit = family_matcher(rules).match(name)
     for r in rules:
-        if r.name == name or (r.family is not None and rx[r.name][0].fullmatch(name)):
+        if r.name == name or (hit is not None and hit[0] == r.name):
             return dtype == r.dtype or dtype in r.stored
     return True  # not declared: reported as unknown instead
 
@@ -205,11 +205,11 @@ def audit(
         for slot, row in slots.items():
             problems += _row_problems(index, slot, row)
         for fill in lay_layer.slots.values():
-            rx = family_regex(fill.block.tensors) if fill.block is not None else {}
+            fam = family_matcher(fill.block.tensors if fill.block is not None else ())
             hashable += [
                 full + n
                 for n in fill.names
-                if not any(x.fullmatch(n) for x, _ in rx.values())
+                if fam.match(n) is None
                 and not n.endswith(scalars)  # shared scales are equal by design
             ]
         layers.append(

@@ -30,6 +30,7 @@ from safetensors.numpy import save_file
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import SpecbindError
+from specbind.core.patterns import fill
 from specbind.core.planning import Ranks, expand
 from specbind.core.quant import SchemeRule
 from specbind.runtime.binding import Array
@@ -162,7 +163,7 @@ def synth(
     entries: list[tuple[str, str, tuple[int, ...]]] = []
     excluded: list[str] = []  # full module names the scheme cannot store (I % 16 != 0)
     for p in plans:
-        pre = table.layer_pattern.format(index=p.index)
+        pre = fill(table.layer_pattern, p.index)
         for bname in p.blocks.values():
             block = table.block(bname)
             block.check(geometry, Ranks())

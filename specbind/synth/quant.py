@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from specbind.core.patterns import member_of
 from specbind.core.quant import DetectRule, SchemeRule
 from specbind.runtime.model import BlockEntry
-from specbind.runtime.quant import member_of
 
 
 def quantized_entries(
