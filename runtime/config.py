@@ -12,10 +12,12 @@ Trap: a flag (``tie_word_embeddings``) is read at the top level first, unlike ge
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specbind.core.errors import CheckpointError, GeometryError
-from specbind.runtime.model import ModelTable
+
+if TYPE_CHECKING:  # a type only: model -> quant -> quant_config -> config at run time
+    from specbind.runtime.model import ModelTable
 
 MAX_LAYERS = 1 << 16  # a layer count past this is a broken config, not a model
 

@@ -13,7 +13,8 @@ names. The layers:
 - ``generator``: imports ``core`` (and ``runtime.atomic`` for its file writes);
 - the tools (``specbind/*.py``, ``specbind/bench``, ``specbind/synth``): anything.
 
-and no two modules import each other, directly or through others (no cycle at all).
+and no two modules import each other, directly or through others (no cycle at all). An import
+under ``if TYPE_CHECKING:`` never runs: it counts for the layers, not for cycles.
 """
 
 from __future__ import annotations
@@ -73,9 +74,21 @@ def _code_imports(text: str) -> list[ast.AST]:
     return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
 
 
-def _import_nodes(tree: ast.AST, strings: bool = True) -> list[ast.AST]:
-    nodes: list[ast.AST] = []
+def _typing_only(tree: ast.AST) -> set[int]:
+    """ids of the import nodes under ``if TYPE_CHECKING:``."""
+    out: set[int] = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            out |= {id(n) for b in node.body for n in ast.walk(b)}
+    return out
+
+
+def _import_nodes(tree: ast.AST, strings: bool = True, typing: bool = True) -> list[ast.AST]:
+    nodes: list[ast.AST] = []
+    skip = set() if typing else _typing_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import | ast.ImportFrom):
             nodes.append(node)
         elif not strings:
@@ -91,12 +104,12 @@ def _import_nodes(tree: ast.AST, strings: bool = True) -> list[ast.AST]:
     return nodes
 
 
-def imported(path: Path, known: set[str], strings: bool = True) -> list[str]:
+def imported(path: Path, known: set[str], strings: bool = True, typing: bool = True) -> list[str]:
     """The names ``path`` imports, anywhere in it: ``from a.b import c`` is ``a.b.c`` when
     that is a module of the project, else ``a.b``. With ``strings``, code in string literals
     counts too (a ``python -c`` script runs as this module's child)."""
     out: list[str] = []
-    for node in _import_nodes(ast.parse(path.read_text()), strings):
+    for node in _import_nodes(ast.parse(path.read_text()), strings, typing):
         if isinstance(node, ast.Import):
             out += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -106,7 +119,7 @@ def imported(path: Path, known: set[str], strings: bool = True) -> list[str]:
     return out
 
 
-def edges() -> dict[str, set[str]]:
+def edges(typing: bool = True) -> dict[str, set[str]]:
     """module -> the project modules it imports (the package ``specbind`` itself excluded: its
     ``__init__`` is the public facade, a tool). The generator's strings are the code it emits
     (generated/'s imports, checked there), so they are not read as the generator's own."""
@@ -117,7 +130,7 @@ def edges() -> dict[str, set[str]]:
         strings = layer_of(name) != "generator"
         graph[name] = {
             n
-            for n in imported(path, known, strings)
+            for n in imported(path, known, strings, typing)
             if n in known and n != name and n != "specbind"
         }
     return graph
@@ -196,12 +209,20 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_two_modules_import_each_other_even_through_others() -> None:
-    assert _cycles(edges()) == []
+    assert _cycles(edges(typing=False)) == []
 
 
 def test_the_cycle_check_finds_a_cycle_when_there_is_one() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_a_typing_only_import_is_no_cycle_edge(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("if TYPE_CHECKING:\n    import specbind.api\nimport specbind.core\n")
+    known = {"specbind.api", "specbind.core"}
+    assert sorted(imported(src, known)) == ["specbind.api", "specbind.core"]
+    assert imported(src, known, typing=False) == ["specbind.core"]
 
 
 def test_a_lazy_import_is_an_edge(tmp_path: Path) -> None:
