@@ -29,7 +29,7 @@ from specbind.core.ir import (
 )
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.binding import BindReport, bind_tensors, check_dims, require
+from specbind.runtime.checks import BindReport, bind_tensors, check_dims, require
 from specbind.runtime.quant import (
     LayerQuant,
     QuantFields,

@@ -28,7 +28,7 @@ from specbind.core.ir import (
 )
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.binding import BindReport, bind_tensors, check_dims
+from specbind.runtime.checks import BindReport, bind_tensors, check_dims
 from specbind.runtime.quant import (
     LayerQuant,
     QuantFields,

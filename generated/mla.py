@@ -29,7 +29,7 @@ from specbind.core.ir import (
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.runtime import ops as numpy_ops
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.binding import Array, BindReport, bind_tensors, check_dims
+from specbind.runtime.checks import Array, BindReport, bind_tensors, check_dims
 from specbind.runtime.ops import Ops
 from specbind.runtime.quant import (
     LayerQuant,

@@ -26,7 +26,7 @@ from specbind.core.ir import (
 from specbind.core.planning import Ranks
 from specbind.generated import dense, dsa, kda, layer_norms, lm_globals, mhc, moe, mtp_head
 from specbind.generated.schemes import SCHEMES
-from specbind.runtime.binding import require
+from specbind.runtime.checks import require
 from specbind.runtime.model import BlockEntry, ModelTable
 
 MODEL = "glm-5.3-flash"

@@ -301,7 +301,7 @@ def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
         lines.append("from specbind.runtime import ops as numpy_ops")
     lines.append("from specbind.runtime.backends import NUMPY, Backend")
     lines.append(
-        f"from specbind.runtime.binding import {', '.join(sorted(binding, key=_isort_key))}"
+        f"from specbind.runtime.checks import {', '.join(sorted(binding, key=_isort_key))}"
     )
     if has_transform:
         lines.append("from specbind.runtime.ops import Ops")

@@ -20,7 +20,7 @@ import numpy as np
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import SpecbindError
 from specbind.runtime import ops as numpy_ops
-from specbind.runtime.binding import Array
+from specbind.runtime.checks import Array
 from specbind.runtime.ops import Ops
 
 F8 = tuple(

@@ -19,11 +19,10 @@ from specbind.core.errors import BindError, SpecbindError
 from specbind.core.ir import FieldRule
 from specbind.core.planning import Ranks
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.binding import BindReport
 from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.checks import BindReport
 from specbind.runtime.config import config_flags, values_from_config
-from specbind.runtime.layers import LayerSource
-from specbind.runtime.layout import Layout
+from specbind.runtime.layout import LayerSource, Layout
 from specbind.runtime.model import (
     BlockEntry,
     ModelTable,
@@ -32,8 +31,8 @@ from specbind.runtime.model import (
 from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.quant import OUTPUTS as QUANT_OUTPUTS
 from specbind.runtime.quant import LayerQuant, quant_metadata, quantized_names
-from specbind.runtime.quant_layout import open_layout, slot_quant
 from specbind.runtime.source import RawTensor, TensorSource
+from specbind.runtime.view import open_layout, slot_quant
 
 GLOBALS = -1  # the "layer" index the model-level tensors are reported under
 

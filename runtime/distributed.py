@@ -57,11 +57,10 @@ from specbind.runtime.comm import Comm
 from specbind.runtime.config import values_from_config
 from specbind.runtime.layout import Layout
 from specbind.runtime.model import ModelTable
-from specbind.runtime.names import NamedView
 from specbind.runtime.out_path import check_out_path
 from specbind.runtime.quant import LayerQuant
-from specbind.runtime.quant_layout import open_layout, slot_quant
 from specbind.runtime.stream_out import StreamWriter
+from specbind.runtime.view import NamedView, open_layout, slot_quant
 
 INDEX = "specbind-index.json"
 T = TypeVar("T")

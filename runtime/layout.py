@@ -12,6 +12,10 @@ Invariants:
 - the layout reports problems, it does not raise for them: ``audit`` lists them all, ``bind``
   refuses the first before reading a byte (only a config.json count that is not a plausible
   whole number is refused outright: nothing can be laid out against it).
+- the layer prefix is found from the names (one of the model's allowed prefixes); names of two
+  different prefixes in one checkpoint are refused as ambiguous; a layer index follows the digit
+  rule of ``core.patterns`` (``layers.07.`` or ``layers.٣.`` is no layer: its names stay
+  outside, where the layout refuses them as unclaimed).
 Trap: a config list is a cross-check, never a substitute: a layer is what its names are.
 """
 
@@ -22,10 +26,60 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specbind.core.errors import CheckpointError
-from specbind.runtime.binding import family_matcher
+from specbind.core.patterns import layer_pattern
+from specbind.runtime.checks import family_matcher
 from specbind.runtime.config import config_count, config_lookup, expected_groups
-from specbind.runtime.layers import LayerSplit, split_layers
 from specbind.runtime.model import BlockEntry, ModelTable
+from specbind.runtime.source import RawTensor, TensorSource
+
+
+@dataclass
+class LayerSplit:
+    prefix: str
+    layers: dict[int, list[str]] = field(default_factory=dict)  # index -> layer-relative names
+    outside: list[str] = field(default_factory=list)
+
+    def full_name(self, table: ModelTable[Any], index: int, rel: str) -> str:
+        return layer_pattern(table.layer_pattern, self.prefix).format(index) + rel
+
+
+def split_layers(table: ModelTable[Any], names: list[str]) -> LayerSplit:
+    counts = {p: 0 for p in table.layer_prefixes}
+    matchers = {p: layer_pattern(table.layer_pattern, p) for p in table.layer_prefixes}
+    for n in names:
+        for p, lp in matchers.items():
+            if lp.matches(n):
+                counts[p] += 1
+    used = [p for p, c in counts.items() if c]
+    if len(used) > 1:
+        shown = ", ".join(repr(p + table.layer_pattern) for p in used)
+        raise CheckpointError(f"layer names use more than one prefix ({shown}); refusing to guess")
+    prefix = used[0] if used else table.layer_prefixes[0]
+    lp = matchers[prefix]
+    split = LayerSplit(prefix)
+    for n in names:
+        hit = lp.split(n)
+        if hit is not None:
+            split.layers.setdefault(hit[1], []).append(hit[2])
+        else:
+            split.outside.append(n)
+    split.layers = dict(sorted(split.layers.items()))
+    return split
+
+
+class LayerSource:
+    """One decoder layer of a checkpoint, by layer-relative name."""
+
+    def __init__(self, ckpt: TensorSource, full_prefix: str, names: list[str]) -> None:
+        self._ckpt = ckpt
+        self._prefix = full_prefix
+        self._names = list(names)
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    def get(self, name: str) -> RawTensor | None:
+        return self._ckpt.get(self._prefix + name)
 
 
 @dataclass

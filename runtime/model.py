@@ -27,7 +27,7 @@ from specbind.core.ir import (
 from specbind.core.planning import BlockPlan, Ranks, expand
 from specbind.core.quant import SchemeRule
 from specbind.runtime.backends import Backend
-from specbind.runtime.binding import Array, BindReport
+from specbind.runtime.checks import Array, BindReport
 from specbind.runtime.quant import LayerQuant
 from specbind.runtime.source import TensorSource
 

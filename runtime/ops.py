@@ -33,7 +33,7 @@ from specbind.core.dtypes import DTYPES
 from specbind.core.einsum import Lowering, lower
 from specbind.core.errors import BindError, GeometryError
 from specbind.runtime import quant_numerics
-from specbind.runtime.binding import Array
+from specbind.runtime.checks import Array
 from specbind.runtime.quant_numerics import swizzle_blockscale as swizzle_blockscale
 
 F32 = np.dtype(np.float32)

@@ -33,7 +33,7 @@ from specbind.core.ir import FieldRule, ShardRule, SharedScaleRule, TensorRule
 from specbind.core.patterns import fill, index_of, member_of, parts, placeholders
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.core.quant import CompanionRule, SchemeRule, window
-from specbind.runtime.binding import Array, members
+from specbind.runtime.checks import Array, members
 from specbind.runtime.quant_config import QuantConfig
 
 OUTPUTS = ("swizzled", "dequantized")  # optional bound layouts a caller may ask for

@@ -34,8 +34,8 @@ import numpy as np
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import CheckpointError, ReloadError, SpecbindError
 from specbind.core.planning import Ranks
-from specbind.runtime.binding import Array
 from specbind.runtime.bound_format import BoundMeta, Layers, QuantMeta, decode
+from specbind.runtime.checks import Array
 from specbind.runtime.config import checked_values
 from specbind.runtime.model import ModelTable
 from specbind.runtime.quant import LayerQuant, quantized_fields

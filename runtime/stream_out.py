@@ -35,8 +35,8 @@ from specbind.core.dtypes import DTYPES, dtype_name
 from specbind.core.errors import OutputError
 from specbind.runtime.atomic import atomic_writer
 from specbind.runtime.backends import Backend
-from specbind.runtime.binding import Array
 from specbind.runtime.bound_format import BoundMeta, quant_of
+from specbind.runtime.checks import Array
 from specbind.runtime.out_path import check_out_path
 
 if TYPE_CHECKING:

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     import torch
 
     from specbind.runtime.bind import BindResult
-    from specbind.runtime.binding import BindReport
     from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.runtime.checks import BindReport
     from specbind.runtime.model import ModelTable
     from specbind.runtime.reload import BoundFile
 

@@ -23,16 +23,16 @@ from typing import Any
 from specbind.core.dtypes import QUANT_DTYPES
 from specbind.core.errors import SpecbindError
 from specbind.core.ir import TensorRule
-from specbind.runtime.binding import census, family_matcher
 from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.checks import census, family_matcher
 from specbind.runtime.config import values_from_config
 from specbind.runtime.layout import SlotFill, layout
 from specbind.runtime.model import BlockEntry, ModelTable
-from specbind.runtime.names import NamedView
 from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.quant import layer_quant, quantized_rules
 from specbind.runtime.quant_config import detect, packed_names
 from specbind.runtime.source import TensorSource
+from specbind.runtime.view import NamedView
 
 # Companions a quantisation tool writes beside a linear weight (ModelOpt, compressed-tensors,
 # FP8 block scales); flagged only when the block does not declare them.

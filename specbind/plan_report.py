@@ -27,7 +27,7 @@ def checkpoint_layers(
 ) -> tuple[list[LayerUse], dict[tuple[int, str], LayerQuant | None]]:
     """What a checkpoint holds, by layer and block, from names alone (problems refused), and
     each (layer, block)'s quantization as the checkpoint's own config declares it."""
-    from specbind.runtime.quant_layout import open_layout, slot_quant
+    from specbind.runtime.view import open_layout, slot_quant
 
     opened = open_layout(ckpt, table)
     lay = opened.lay

@@ -16,8 +16,8 @@ from specbind.core.dtypes import DTYPES, dtype_name
 from specbind.core.ir import FieldRule, TensorRule
 from specbind.generated import MODELS, dsa, kda
 from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.binding import Array
 from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.checks import Array
 from specbind.runtime.layout import fill_slot
 from specbind.runtime.model import BlockEntry
 from specbind.runtime.source import DictSource, RawTensor

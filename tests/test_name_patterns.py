@@ -27,10 +27,10 @@ from specbind.core.patterns import (
 )
 from specbind.generated import MODELS
 from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.binding import census
 from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.layers import split_layers
-from specbind.runtime.names import NamedView
+from specbind.runtime.checks import census
+from specbind.runtime.layout import split_layers
+from specbind.runtime.view import NamedView
 from specbind.synth import synth, tiny_values
 
 GOOD = ["0", "7", "10", "288", "999999"]

@@ -27,7 +27,7 @@ from specbind.runtime.backends import NUMPY
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.config import values_from_config
 from specbind.runtime.layout import layout
-from specbind.runtime.quant_layout import refuse_problems
+from specbind.runtime.view import refuse_problems
 
 
 @pytest.fixture(scope="module")

@@ -46,8 +46,8 @@ import numpy as np
 from specbind.bench.common import filled, interleaved, parts, peak_rss_mb
 from specbind.core.dtypes import bf16_ulp
 from specbind.core.errors import SpecbindError
-from specbind.runtime.binding import Array
 from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.checks import Array
 from specbind.runtime.model import ModelTable
 
 REPO = (Path(__file__).resolve().parent.parent / "generated").resolve().parent

@@ -33,7 +33,7 @@ from specbind.bench.common import interleaved
 from specbind.core.errors import SpecbindError
 from specbind.core.planning import Ranks
 from specbind.core.quant import SchemeRule
-from specbind.runtime.binding import Array
+from specbind.runtime.checks import Array
 from specbind.runtime.config import checked_values
 from specbind.runtime.model import BlockEntry, ModelTable
 from specbind.runtime.quant import LayerQuant, storable

@@ -64,8 +64,8 @@ def child(ckpt: str, out: str, tp: int, ep: int, part: str) -> dict[str, Any]:
     from specbind.runtime.checkpoint import CheckpointDir
     from specbind.runtime.config import values_from_config
     from specbind.runtime.layout import layout
-    from specbind.runtime.quant_layout import refuse_problems
     from specbind.runtime.stream_out import StreamWriter
+    from specbind.runtime.view import refuse_problems
 
     table = model_table(None, "--model", CheckpointDir(Path(ckpt)).config)  # as the CLI picks
     kinds = None if part == "all" else parts(table)[part]

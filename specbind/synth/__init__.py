@@ -33,7 +33,7 @@ from specbind.core.errors import SpecbindError
 from specbind.core.patterns import fill
 from specbind.core.planning import Ranks, expand
 from specbind.core.quant import SchemeRule
-from specbind.runtime.binding import Array
+from specbind.runtime.checks import Array
 from specbind.runtime.model import BlockEntry, ModelTable
 from specbind.synth.quant import quant_config_files, quantized_entries
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.planning import BlockPlan, Ranks
-from specbind.runtime.binding import Array
+from specbind.runtime.checks import Array
 from specbind.runtime.safetensors_file import SafetensorsFile
 
 

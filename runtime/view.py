@@ -1,8 +1,9 @@
-"""A checkpoint seen through the model's declared name map (and a scheme's packed-weight name).
+"""The checkpoint under the specs' names, its layout, and each slot's quantization: the
+names-only preamble that ``bind``, ``plan`` and the ranks under torchrun share.
 
-The model spec's ``names`` rules (like transformers' conversion mapping) say how other writers
-name the same tensors: a layer-relative prefix renamed (``self_attn.forget_gate.`` ->
-``self_attn.``, ``attn_hc.`` -> ``hc_attn_``), one whole name with a member index renamed
+Names (``NamedView``): the model spec's ``names`` rules (like transformers' conversion
+mapping) say how other writers name the same tensors: a layer-relative prefix renamed
+(``self_attn.forget_gate.`` -> ``self_attn.``, ``attn_hc.`` -> ``hc_attn_``), one whole name with a member index renamed
 member by member (``block_sparse_moe.experts.{e}.w1.weight`` ->
 ``mlp.experts.{e}.gate_proj.weight``), or one stored tensor read as N equal row
 segments (``self_attn.conv1d.weight`` [3Q, 1, K] -> q, k, v ``_conv1d.weight`` [Q, 1, K]).
@@ -21,18 +22,29 @@ Invariants:
 - everything not renamed passes through untouched; ``on_disk`` gives a name's stored name
   (what a tool's config lists, e.g. ModelOpt's ``exclude_modules``).
 Trap: a stored row count that does not split into whole segments is refused, never rounded.
+
+Opening (``open_layout``, ``slot_quant``): everything here reads names, headers and configs,
+never tensor bytes; a layout problem is refused (``refuse_problems``) before any slot's
+quantization is decided, and a quantization the config and the tensors disagree on is
+refused here, before any byte is read.
+Trap: ``audit`` does not use ``open_layout``: it reports these problems instead of refusing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specbind.core.errors import CheckpointError
+from specbind.core.errors import BindError, CheckpointError
 from specbind.core.ir import NameRule
 from specbind.core.patterns import LayerPattern, fill, index_of, layer_pattern, parts
 from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.layout import Layout, layout
+from specbind.runtime.model import ModelTable
+from specbind.runtime.quant import LayerQuant, layer_quant
+from specbind.runtime.quant_config import QuantConfig, detect, packed_names
 from specbind.runtime.source import MapSpan, RawTensor
 
 
@@ -131,3 +143,65 @@ def _mapped(
         if len(r.to) == 1 and rel.startswith(r.source):
             return [(head + r.to[0] + rel[len(r.source) :], 0, 1)]
     return [(name, 0, 1)]
+
+
+@dataclass(frozen=True)
+class OpenLayout:
+    qconf: QuantConfig | None  # the checkpoint's quantization, as its own config declares it
+    view: NamedView  # its tensors under the specs' names (the name map, packed names)
+    lay: Layout
+
+
+def open_layout(ckpt: CheckpointDir, table: ModelTable[Any]) -> OpenLayout:
+    """The checkpoint's quantization, named view and layout; a checkpoint with no layer the
+    model names, or a layout problem, is refused."""
+    qconf = detect(ckpt, table.schemes)
+    view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
+    lay = layout(table, view.names(), ckpt.config)
+    if not lay.layers:
+        raise BindError(
+            f"{ckpt.root}: no tensors named like {table.layer_pattern!r} under any of the "
+            f"prefixes {list(table.layer_prefixes)}; " + first_components(ckpt.names())
+        )
+    refuse_problems(lay)
+    return OpenLayout(qconf, view, lay)
+
+
+def slot_quant(
+    table: ModelTable[Any],
+    opened: OpenLayout,
+    geometry: Any,
+    outputs: Collection[str] = (),
+    allow_unshared: bool = False,
+) -> dict[tuple[int, str], LayerQuant | None]:
+    """Each (layer index, slot)'s quantization, decided from names and configs alone."""
+    lay, view = opened.lay, opened.view
+    out: dict[tuple[int, str], LayerQuant | None] = {}
+    for index, x in lay.layers.items():
+        full = lay.split.full_name(table, index, "")
+        for slot, sf in x.slots.items():
+            assert sf.block is not None  # refuse_problems ran first
+            out[(index, slot)] = layer_quant(
+                opened.qconf, sf.block.tensors, sf.names, full, sf.block.counts(geometry),
+                index, view.on_disk, frozenset(outputs), allow_unshared, view.aliases,
+            )  # fmt: skip
+    return out
+
+
+def refuse_problems(lay: Layout) -> None:
+    """Refuse a layout with problems, naming the first and how many more there are."""
+    if lay.problems:
+        more = len(lay.problems) - 1
+        tail = f" (and {more} more problem(s); `specbind audit` lists them all)" if more else ""
+        raise BindError(lay.problems[0] + tail)
+
+
+def first_components(names: list[str], most: int = 5) -> str:
+    """The most common leading name components, to show what the checkpoint does hold."""
+    counts: dict[str, int] = {}
+    for n in names:
+        head = ".".join(n.split(".")[:2])
+        counts[head] = counts.get(head, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:most]
+    shown = ", ".join(f"{k}.* ({v})" for k, v in top)
+    return f"its names start with {shown}" if top else "it holds no tensors"
