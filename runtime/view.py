@@ -3,8 +3,8 @@ names-only preamble that ``bind``, ``plan`` and the ranks under torchrun share.
 
 Names (``NamedView``): the model spec's ``names`` rules (like transformers' conversion
 mapping) say how other writers name the same tensors: a layer-relative prefix renamed
-(``self_attn.forget_gate.`` -> ``self_attn.``, ``attn_hc.`` -> ``hc_attn_``), one whole name with a member index renamed
-member by member (``block_sparse_moe.experts.{e}.w1.weight`` ->
+(``self_attn.forget_gate.`` -> ``self_attn.``, ``attn_hc.`` -> ``hc_attn_``), one whole
+name with a member index renamed member by member (``block_sparse_moe.experts.{e}.w1.weight`` ->
 ``mlp.experts.{e}.gate_proj.weight``), or one stored tensor read as N equal row
 segments (``self_attn.conv1d.weight`` [3Q, 1, K] -> q, k, v ``_conv1d.weight`` [Q, 1, K]).
 A quantization scheme whose packed weight is not stored as ``weight`` (compressed-tensors'
