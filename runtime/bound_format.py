@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specbind.core.errors import ReloadError
+from specbind.core.patterns import is_index
 from specbind.core.planning import Ranks
 from specbind.runtime.quant import OUTPUTS, quant_metadata
 
@@ -174,7 +175,7 @@ class _Decoder:
         out: dict[int, tuple[str, Mapping[str, str]]] = {}
         for key, x in doc.items():
             slots = x.get("slots") if isinstance(x, dict) else None
-            if not is_count(key) or not isinstance(slots, dict):
+            if not is_index(key) or not isinstance(slots, dict):  # the layer digit rule
                 raise self.fail(f"metadata layers[{key!r}] is not a layer")
             if not all(isinstance(b, str) for b in slots.values()):
                 raise self.fail(f"metadata layers[{key!r}] names a slot block that is not a name")

@@ -56,6 +56,16 @@ def test_a_file_written_before_the_newer_fields_decodes_them_as_absent() -> None
         ("overrides", '{"kda_chunk": "16"}', r"^f: metadata overrides is not an object of integ"),
         ("geometry", "[]", r"^f: metadata geometry is not an object of integers$"),
         ("layers", '{"x": {"slots": {}}}', r"^f: metadata layers\['x'\] is not a layer$"),
+        (
+            "layers",
+            '{"07": {"role": "decoder", "slots": {}}}',
+            r"^f: metadata layers\['07'\] is not a layer$",
+        ),
+        (
+            "layers",
+            '{"\\u0663": {"role": "decoder", "slots": {}}}',
+            r"^f: metadata layers\['٣'\] is not a layer$",
+        ),
         ("layers", '{"0": {"role": "mtp", "slots": {"a": 3}}}', r"layers\['0'\] names a slot"),
         ("quant", "{", r"^f: metadata quant is not JSON$"),
         ("quant", '{"scheme": "s", "weight_only": 1}', r"quant weight_only 1 is not true or"),
