@@ -161,3 +161,18 @@ def test_a_scalar_and_a_middle_axis_shard_generate_and_bind(
         assert w.mid.tobytes() == np.ascontiguousarray(mid[:, 2 * r : 2 * r + 2]).tobytes()
         assert w.mid.shape == (5, 2, 3) and rep.bound == 2
     assert probe.FIELDS["mid"].axis == 1 and probe.FIELDS["mid"].layout == "axis"
+
+
+def test_generate_without_ruff_says_in_one_line_to_install_the_generate_extra() -> None:
+    """ruff lives in the ``generate`` extra; an install without it refuses to write unformatted
+    files and names the extra. (``sys.modules['ruff'] = None`` makes ``import ruff`` fail.)"""
+    code = (
+        "import runpy, sys\n"
+        "sys.modules['ruff'] = None\n"
+        "sys.argv = ['specbind', 'generate', '--check', '--root', sys.argv[1]]\n"
+        "runpy.run_module('specbind', run_name='__main__', alter_sys=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert "pip install 'specbind[generate]'" in proc.stderr
