@@ -12,10 +12,11 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import re
 import subprocess
-import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -432,29 +433,44 @@ def ruff_format(files: dict[str, str]) -> dict[str, str]:
     """Format rendered Python with the pinned ruff, so generated/ passes ``ruff format --check``.
 
     Templates already emit near-final layout; ruff settles line wrapping that depends on the
-    lengths of spec names. The version is pinned in pyproject's dependencies, so the output is
+    lengths of spec names. The version is pinned in the ``generate`` extra, so the output is
     reproducible; without ruff, generation stops rather than writing unformatted files.
+    One ruff process formats every file, in a private temp folder laid out as ``generated/``
+    (each file named on the command line, so no exclude rule of ruff's can skip one).
     """
-    out = {}
-    for rel, text in files.items():
-        if not rel.endswith(".py"):
-            out[rel] = text
-            continue
+    py = {rel: text for rel, text in files.items() if rel.endswith(".py")}
+    if not py:
+        return dict(files)
+    ruff = _ruff_bin()
+    with tempfile.TemporaryDirectory(prefix="specbind-format-") as tmp:
+        base = Path(tmp) / "generated"
+        for rel, text in py.items():
+            (base / rel).parent.mkdir(parents=True, exist_ok=True)
+            (base / rel).write_bytes(text.encode("utf-8"))
         try:
             proc = subprocess.run(
-                [sys.executable, "-m", "ruff", "format", *RUFF_FORMAT,
-                 "--stdin-filename", f"generated/{rel}", "-"],
-                input=text, capture_output=True, text=True, timeout=60, check=False,
+                [ruff, "format", *RUFF_FORMAT, "--no-cache", "--", *(str(base / r) for r in py)],
+                capture_output=True, text=True, timeout=120, check=False, cwd=tmp,
             )  # fmt: skip
-        except OSError as e:
-            raise GenerateError(f"cannot run ruff to format generated/{rel}: {e}") from None
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise GenerateError(f"cannot run ruff ({ruff}) to format generated/: {e}") from None
         if proc.returncode != 0:
             why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise GenerateError(
-                f"ruff could not format generated/{rel} (is ruff installed?): {why}"
-            )
-        out[rel] = proc.stdout
-    return out
+            why = why.replace(f"{base}{os.sep}", "generated/")
+            raise GenerateError(f"ruff could not format generated/: {why}")
+        formatted = {rel: (base / rel).read_bytes().decode("utf-8") for rel in py}
+    return {rel: formatted.get(rel, text) for rel, text in files.items()}
+
+
+def _ruff_bin() -> str:
+    """The pinned ruff's executable; one clear line when the ``generate`` extra is missing."""
+    try:
+        found: str = importlib.import_module("ruff").find_ruff_bin()
+    except (ImportError, FileNotFoundError):
+        raise GenerateError(
+            "generate needs ruff to format generated/: pip install 'specbind[generate]'"
+        ) from None
+    return found
 
 
 def _existing(out: Path) -> set[str]:

@@ -1,5 +1,9 @@
 """pytest configuration: Hypothesis profiles (``HYPOTHESIS_PROFILE=ci`` is the default), and
-the CuPy stand-in fixture shared by the device-path tests."""
+the CuPy stand-in fixture shared by the device-path tests.
+
+Every property follows the loaded profile: none pins ``max_examples``; one that needs more (or
+fewer) examples than the rest asks for a multiple of the profile's (``budget.examples``). The
+profile is loaded here, before any test module is imported, so those multiples see it."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from budget import examples
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -18,12 +19,14 @@ from specbind.generator import spec, yamlio
 from specbind.generator.render import _block_context, _env
 from specbind.runtime.safetensors_file import SafetensorsFile, parse_header
 
+# Compiled once: compiling the template is most of the cost of one example.
+BLOCK_TEMPLATE = _env().get_template("block.py.j2")
 SCHEMA = json.loads(
     (Path(__file__).resolve().parent.parent / "specs/schema/block.schema.json").read_text()
 )
 
 
-@settings(max_examples=1000)
+@settings(max_examples=examples(10))
 @given(st.binary(max_size=512), st.integers(0, 1 << 20))
 def test_arbitrary_header_bytes_raise_only_checkpoint_errors(raw: bytes, data_len: int) -> None:
     try:
@@ -43,7 +46,7 @@ entry = st.fixed_dictionaries(
 headers = st.dictionaries(st.text(max_size=6), entry | st.integers() | st.none(), max_size=5)
 
 
-@settings(max_examples=1000)
+@settings(max_examples=examples(5))
 @given(headers, st.binary(max_size=600), st.integers(-5, 5))
 def test_structured_lying_headers_raise_only_checkpoint_errors(
     header: dict[str, Any], data: bytes, skew: int
@@ -62,7 +65,7 @@ def test_structured_lying_headers_raise_only_checkpoint_errors(
             assert len(t.data) == st_file.entries[name].nbytes
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(5))
 @given(st.text(max_size=300))
 def test_arbitrary_yaml_text_raises_only_spec_errors(text: str) -> None:
     try:
@@ -80,7 +83,7 @@ yamlish = st.recursive(
 )
 
 
-@settings(max_examples=500)
+@settings(max_examples=examples(2))
 @given(st.dictionaries(st.sampled_from(sorted(SCHEMA["properties"])), yamlish, max_size=8))
 def test_arbitrary_documents_raise_only_spec_errors(doc: dict[str, Any]) -> None:
     check_document(doc)
@@ -150,7 +153,7 @@ BLOCKS = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(3), deadline=None)
 @given(BLOCKS)
 def test_hostile_block_specs_fail_cleanly_or_render_to_compilable_python(
     doc: dict[str, Any],
@@ -214,7 +217,7 @@ OK_BLOCKS = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(5), deadline=None)
 @given(OK_BLOCKS)
 def test_plausible_block_specs_fail_cleanly_or_render_to_compilable_python(
     doc: dict[str, Any],
@@ -233,5 +236,5 @@ def check_document(doc: dict[str, Any]) -> None:
     kinds = {"verbatim" if isinstance(v, str) else "concat" if "concat" in v else "transform"
              for v in doc.get("outputs", {}).values()}  # fmt: skip
     event(f"accepted and rendered: {'+'.join(sorted(kinds))}")
-    source = _env().get_template("block.py.j2").render(header="# fuzz", **_block_context(block))
+    source = BLOCK_TEMPLATE.render(header="# fuzz", **_block_context(block))
     compile(source, "<generated>", "exec")  # compiles; never executed

@@ -8,6 +8,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernels_cpu import launch, library, ptr
@@ -58,7 +59,7 @@ def test_narrow_matches_ml_dtypes_at_every_tie_and_special_value(lib: Any) -> No
     assert bad.size == 0, [(hex(bits[i]), hex(out[i]), hex(want[i])) for i in bad[:5]]
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(3))
 @given(st.lists(st.integers(0, 2**32 - 1), max_size=700), BLOCKS, st.integers(1, 4))
 def test_narrow_matches_ml_dtypes_on_arbitrary_bits(
     lib: Any, raw: list[int], block: int, grid_cap: int
@@ -78,7 +79,7 @@ def launch_small(lib: Any, kernel: str, block: int, grid: int, *args: Any) -> No
     fn(ctypes.c_uint(grid), ctypes.c_uint(block), *args)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(3))
 @given(
     st.lists(st.integers(0, 2**16 - 1), max_size=700),
     st.floats(width=32, allow_nan=True),
@@ -107,7 +108,7 @@ def test_scale_equals_widen_multiply_narrow(
     assert np.array_equal(out[~both_nan], want[~both_nan])
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(3))
 @given(st.integers(0, 9), st.integers(1, 40), st.data(), BLOCKS, st.integers(1, 3))
 def test_gather_cols_equals_numpy_slicing(
     lib: Any, rows: int, cols: int, data: st.DataObject, block: int, grid: int
@@ -131,7 +132,7 @@ def test_gather_cols_equals_numpy_slicing(
     assert np.array_equal(out, x[:, col0 : col0 + width])
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(3))
 @given(
     st.lists(st.integers(0, 30), min_size=3, max_size=3),
     st.integers(1, 5),

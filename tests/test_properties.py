@@ -11,6 +11,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+from budget import examples
 from helpers import (
     TABLE,
     block_geometries,
@@ -57,7 +58,7 @@ def copied_bytes(module: Any, field: str, pre: str, ref: dict[str, bytes], g: An
     return b"".join(ref[pre + s.replace(marker, str(e))] for e in range(n) for s in srcs)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6), deadline=None)
 @given(model_values(), st.integers(0, 2**16), st.booleans())
 def test_a_synthetic_checkpoint_binds_with_bytes_equal_to_the_source(
     values: dict[str, int], seed: int, nested: bool
@@ -93,7 +94,7 @@ BLOCK_GEOMETRIES: dict[str, Any] = {
 FLOATS = {"BF16": ml_dtypes.bfloat16, "F16": np.float16, "F32": np.float32}
 
 
-@settings(max_examples=800)
+@settings(max_examples=examples(8))
 @given(st.data(), st.sampled_from(sorted(MODULES)), st.sampled_from(CORRUPTIONS))
 def test_one_corruption_is_refused_naming_the_tensor(
     data: st.DataObject, block: str, how: str

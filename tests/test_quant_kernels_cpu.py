@@ -96,7 +96,7 @@ GLOBAL = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(
     st.lists(st.integers(1, 3), max_size=2),
     st.integers(1, 6),
@@ -150,7 +150,7 @@ def test_fp8_block_kernel_equals_numpy_for_every_weight_byte(lib: Any) -> None:
     assert_same_bf16(fp8_kernel(lib, w, s, 128, 128), qn.dequant_fp8_block(w, s))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(
     st.lists(st.integers(1, 3), max_size=2),
     st.integers(1, 20),
@@ -179,7 +179,7 @@ def test_fp8_block_kernel_equals_numpy_for_any_shape_and_block(
     assert_same_bf16(got, qn.dequant_fp8_block(w, s, block=(bo, bi)))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(deadline=None)
 @given(
     st.lists(st.integers(1, 3), max_size=2),
     st.integers(1, 300),

@@ -10,6 +10,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -184,7 +185,7 @@ def vllm_swizzle_blockscale(scale: Any) -> Any:
     return swizzled.reshape(b, m_padded, k_padded)  # [B, M_pad, K_pad]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(0.6), deadline=None)
 @given(st.integers(0, 3), st.integers(1, 300), st.integers(1, 40), st.integers(0, 2**32 - 1))
 def test_swizzle_equals_vllms_swizzle_blockscale(b: int, m: int, k: int, seed: int) -> None:
     shape = (m, k) if b == 0 else (b, m, k)

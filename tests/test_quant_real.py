@@ -1,8 +1,10 @@
 """Checkpoints written by the real tools bind 100 %, at every tp and ep the geometry allows.
 
 nvidia-modelopt 0.47 (NVFP4 default, experts-only, weight-only W4A16) and llmcompressor 0.14
-(NVFP4 with calibration, NVFP4A16, FP8_BLOCK) each write one tiny checkpoint per session
-(``tests/quant_writers.py``, in subprocesses, all at once). ModelOpt writes transformers'
+(NVFP4 with calibration, NVFP4A16, FP8_BLOCK) each write one tiny checkpoint
+(``tests/quant_writers.py``, in subprocesses, at most one per core), cached outside the clone
+keyed by the tools' versions and the writer's source (``tests/quant_cache.py``), so a second
+run on the same machine reads what the first wrote. ModelOpt writes transformers'
 internal names (``forget_gate.*``, ``attn_hc.*``, one fused ``conv1d``), which the model spec's
 name map reads; llmcompressor writes the hub names.
 
@@ -15,7 +17,6 @@ and the fused conv's rank r is ``[q_r; k_r; v_r]``.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+import quant_cache
 from helpers import TABLE, read_file, rejoin
 from quant_writers import TEXT_CONFIG
 
@@ -32,7 +34,6 @@ from specbind.core.errors import BindError, GeometryError
 from specbind.runtime.bind import BindResult, bind_checkpoint
 from specbind.runtime.checkpoint import CheckpointDir
 
-WRITER = Path(__file__).with_name("quant_writers.py")
 TOOL = {
     "mo_nvfp4": "modelopt",
     "mo_nvfp4_experts": "modelopt",
@@ -53,27 +54,10 @@ def _has(module: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Every recipe whose tool is installed, written once, in parallel subprocesses."""
-    root = tmp_path_factory.mktemp("quant_real")
+def written() -> dict[str, Path]:
+    """Every recipe whose tool is installed: from the cache, or written now."""
     tools = {t: _has(t) for t in set(TOOL.values())}
-    env = os.environ | {"CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
-    procs = {
-        r: subprocess.Popen(
-            [sys.executable, str(WRITER), r, str(root / r)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-        for r, t in TOOL.items()
-        if tools[t]
-    }
-    out = {}
-    for r, p in procs.items():
-        log, _ = p.communicate(timeout=1200)
-        assert p.returncode == 0, f"{r} failed:\n{log.decode(errors='replace')[-3000:]}"
-        out[r] = root / r
-    return out
+    return quant_cache.written(r for r, t in sorted(TOOL.items()) if tools[t])
 
 
 def ckpt(written: dict[str, Path], recipe: str) -> Path:

@@ -20,7 +20,7 @@ from helpers import (
     raw,
     source,
 )
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from specbind.core.errors import BindError, GeometryError
@@ -252,7 +252,6 @@ def _geometries() -> st.SearchStrategy[tuple[str, Any]]:
     )
 
 
-@settings(max_examples=300)
 @given(_geometries(), st.integers(0, 999))
 def test_the_shards_of_every_tensor_partition_it_and_rejoin_in_order(
     bg: tuple[str, Any], seed: int
@@ -302,7 +301,6 @@ def test_an_o_proj_column_shard_differs_from_a_row_slice_of_the_same_size(
     assert not np.array_equal(row_slice.view(np.uint16), w.o_proj.reshape(-1).view(np.uint16))
 
 
-@settings(max_examples=300)
 @given(_geometries(), st.integers(0, 999))
 def test_sharded_projections_compute_the_unsharded_product(bg: tuple[str, Any], seed: int) -> None:
     """Row shards: concatenate the partial outputs. Column shards: sum the partial products."""

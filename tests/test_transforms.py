@@ -13,6 +13,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from budget import examples
 from helpers import TINY_DSA, dsa_tp_geometries, layer_arrays, raw, source
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -77,7 +78,7 @@ def test_ape_is_widened_to_f32_exactly() -> None:
     assert np.array_equal(w.ape, raw.astype(np.float64).astype(np.float32))
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(2))
 @given(dsa_tp_geometries(), st.integers(0, 999))
 def test_absorbed_scores_equal_the_unabsorbed_path(g: dsa.DsaGeometry, seed: int) -> None:
     """q·k per head from (q_b, kv_b_K) equals q_absorb·q_resid against the latent c."""
@@ -104,7 +105,7 @@ def test_absorbed_scores_equal_the_unabsorbed_path(g: dsa.DsaGeometry, seed: int
     assert np.all(np.abs(out_absorbed - out) <= bound)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(2))
 @given(dsa_tp_geometries(), st.integers(0, 999))
 def test_each_rank_absorbs_exactly_its_rows_and_columns_of_the_tp1_result(
     g: dsa.DsaGeometry, seed: int
@@ -187,7 +188,7 @@ def test_a_wrongly_sized_kv_b_is_refused_before_any_multiply() -> None:
     assert stats.flops == 0
 
 
-@settings(max_examples=60)
+@settings(max_examples=examples(0.6))
 @given(dsa_tp_geometries(), st.integers(2, 6), st.integers(0, 99))
 def test_the_thread_count_does_not_change_a_byte(
     g: dsa.DsaGeometry, threads: int, seed: int
@@ -216,7 +217,7 @@ for fields, seed in json.loads(sys.stdin.read()):
 """
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=examples(0.06), deadline=None)
 @given(st.lists(st.tuples(dsa_tp_geometries(), st.integers(0, 99)), min_size=1, max_size=8))
 def test_the_blas_thread_count_does_not_change_a_byte(
     cases: list[tuple[dsa.DsaGeometry, int]],

@@ -5,7 +5,8 @@ that has no access to the repository. Its dependencies (numpy, safetensors, ...)
 the test environment through a ``.pth`` line, so the test runs offline and in seconds; the
 editable install's import hook is not borrowed (a ``.pth`` path is not a site directory, so its
 own ``.pth`` files are never run). Every command runs outside the repository, so nothing can be
-imported from the checkout by accident.
+imported from the checkout by accident. ruff, which only ``generate`` needs (the ``generate``
+extra), is borrowed the same way, as installing ``specbind[generate]`` would provide it.
 """
 
 from __future__ import annotations
@@ -74,6 +75,18 @@ def test_the_wheel_carries_specs_templates_and_kernel_sources(venv: Path) -> Non
     assert (pkg / "generated" / "kernels" / "specbind.cu").is_file()
     assert (pkg / "generated" / "kernels" / "__init__.py").is_file()
     assert (pkg / "py.typed").is_file()
+
+
+def test_the_wheel_requires_ruff_only_through_the_generate_extra(venv: Path) -> None:
+    (meta,) = (venv / "lib").glob("python3*/site-packages/specbind-0.1.0.dist-info/METADATA")
+    requires = [
+        line.removeprefix("Requires-Dist: ")
+        for line in meta.read_text().splitlines()
+        if line.startswith("Requires-Dist: ")
+    ]
+    assert [r for r in requires if r.startswith("ruff")] == ['ruff==0.17.6; extra == "generate"']
+    assert 'specbind[generate]; extra == "test"' in requires
+    assert "Provides-Extra: generate" in meta.read_text().splitlines()
 
 
 def test_installed_specbind_checks_its_generated_code_against_its_specs(

@@ -199,7 +199,7 @@ def moe_cases(draw: st.DrawFn) -> tuple[Any, int, int]:
     return dataclasses.replace(g, ep=ep), tp, ep
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(moe_cases(), st.integers(0, 99))
 def test_moe_shares_over_tp_and_ep_partition_the_tensors_and_rejoin(
     case: tuple[Any, int, int], seed: int

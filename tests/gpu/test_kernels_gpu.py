@@ -9,6 +9,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -40,7 +41,7 @@ def test_narrow_matches_ml_dtypes_at_every_tie_and_special_value() -> None:
     assert np.array_equal(got, want)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2), deadline=None)
 @given(st.lists(st.integers(0, 2**16 - 1), max_size=5000), st.floats(width=32, allow_nan=False))
 def test_scale_equals_widen_multiply_narrow(raw: list[int], factor: float) -> None:
     bits = np.array(raw, dtype=U16)
@@ -54,7 +55,7 @@ def test_scale_equals_widen_multiply_narrow(raw: list[int], factor: float) -> No
     assert np.array_equal(got, want)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2), deadline=None)
 @given(st.integers(0, 300), st.integers(1, 700), st.data())
 def test_gather_cols_equals_numpy_slicing(rows: int, cols: int, data: st.DataObject) -> None:
     col0 = data.draw(st.integers(0, cols))
@@ -64,7 +65,7 @@ def test_gather_cols_equals_numpy_slicing(rows: int, cols: int, data: st.DataObj
     assert np.array_equal(got, x[:, col0 : col0 + width])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(2), deadline=None)
 @given(st.lists(st.integers(0, 3000), min_size=3, max_size=3), st.integers(1, 9))
 def test_concat_rows_equals_numpy_concatenate(lengths: list[int], width: int) -> None:
     rng = np.random.default_rng(sum(lengths))

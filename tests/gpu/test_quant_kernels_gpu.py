@@ -45,7 +45,7 @@ def test_nvfp4_kernel_equals_numpy_for_every_byte_under_every_scale_byte() -> No
         assert_same_bf16(got, want)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(deadline=None)
 @given(
     st.lists(st.integers(1, 4), max_size=2),
     st.integers(1, 300),
@@ -79,7 +79,7 @@ def test_nvfp4_kernel_equals_numpy_for_stacked_segmented_matrices_and_any_group(
     assert_same_bf16(got, want)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(deadline=None)
 @given(
     st.lists(st.integers(1, 3), max_size=2),
     st.integers(1, 400),
@@ -97,7 +97,7 @@ def test_fp8_block_kernel_equals_numpy_for_any_shape_and_block(
     assert_same_bf16(got, qn.dequant_fp8_block(w.view(E4M3), s, block=block))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(deadline=None)
 @given(
     st.lists(st.integers(1, 3), max_size=2),
     st.integers(1, 600),
