@@ -8,6 +8,7 @@ profile is loaded here, before any test module is imported, so those multiples s
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+REPO = Path(__file__).resolve().parent.parent
 
 settings.register_profile(
     "ci",
@@ -41,3 +44,22 @@ def fake_cupy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     yield cp
     sys.modules.pop("cupy", None)
     k.module.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def generated_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The specs and what they generate, rendered once per module (a test module that breaks
+    specs asks for ``root``, its own copy)."""
+    from specbind.generator.render import generate
+
+    base = tmp_path_factory.mktemp("generated_once")
+    shutil.copytree(REPO / "specs", base / "specs")
+    generate(base, base / "generated")
+    return base
+
+
+@pytest.fixture
+def root(generated_once: Path, tmp_path: Path) -> Path:
+    """A private copy of the specs and their generated/, for a test to break."""
+    shutil.copytree(generated_once, tmp_path, dirs_exist_ok=True)
+    return tmp_path

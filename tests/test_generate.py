@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,22 +14,6 @@ from specbind.core.errors import GeometryError
 from specbind.generator.render import generate, render_all, stale
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def generated_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The specs and what they generate, rendered once per module; tests get copies."""
-    base = tmp_path_factory.mktemp("generated_once")
-    shutil.copytree(REPO / "specs", base / "specs")
-    generate(base, base / "generated")
-    return base
-
-
-@pytest.fixture
-def root(generated_once: Path, tmp_path: Path) -> Path:
-    """A private copy of the specs and their generated/, for a test to break."""
-    shutil.copytree(generated_once, tmp_path, dirs_exist_ok=True)
-    return tmp_path
 
 
 @pytest.fixture(scope="module")

@@ -30,22 +30,6 @@ def expectation(path: Path) -> tuple[str, str, int | None]:
     return expect, where, marked[0] if marked else None
 
 
-@pytest.fixture(scope="module")
-def generated_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The specs and what they generate, rendered once per module; tests get copies."""
-    base = tmp_path_factory.mktemp("generated_once")
-    shutil.copytree(REPO / "specs", base / "specs")
-    generate(base, base / "generated")
-    return base
-
-
-@pytest.fixture
-def root(generated_once: Path, tmp_path: Path) -> Path:
-    """A private copy of the specs and their generated/, for a test to break."""
-    shutil.copytree(generated_once, tmp_path, dirs_exist_ok=True)
-    return tmp_path
-
-
 def test_the_corpus_has_at_least_forty_malformed_specs() -> None:
     assert len(CORPUS) >= 40
 
