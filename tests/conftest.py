@@ -63,3 +63,23 @@ def root(generated_once: Path, tmp_path: Path) -> Path:
     """A private copy of the specs and their generated/, for a test to break."""
     shutil.copytree(generated_once, tmp_path, dirs_exist_ok=True)
     return tmp_path
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With ``SPECBIND_CPU_REPORT=FILE``, each test's CPU seconds (user + sys, its children
+    included) are appended to FILE as ``nodeid<TAB>seconds``: where the suite's CPU goes."""
+    out = os.environ.get("SPECBIND_CPU_REPORT")
+    t0 = _cpu_seconds() if out else 0.0
+    yield
+    if out:
+        with open(out, "a") as f:
+            f.write(f"{item.nodeid}\t{_cpu_seconds() - t0:.3f}\n")
