@@ -11,7 +11,8 @@
 
 What this detects: corruption and accidental edits (a copy cut short, a tool that re-saves a
 tensor, a hand-edited header). Not a deliberate forger: anyone can recompute an XXH3 digest;
-there is no key. Measured at ~5 GB/s on one core (BENCHMARKS.md, "Reload digests").
+there is no key. Measured at ~6 GB/s on one core (BENCHMARKS.md, "Issue #22: reload
+digests").
 Invariant: one algorithm, named ``ALGORITHM`` in the record; a file naming another is refused.
 """
 

@@ -24,7 +24,8 @@ read into one fresh buffer with ``readinto`` (one kernel copy out of the page ca
 fault per 4 KiB as a copy from the map takes; measured in ``bench --reload``), each tensor a
 view of that buffer. Either way every tensor handed out has had its digest checked before
 ``read_bound`` returns: the copies are hashed in memory, the views are hashed through the
-map (which reads every page of the file once; BENCHMARKS.md "Reload digests" has the cost).
+map, which reads every page of the file once (the cost: BENCHMARKS.md, "Issue #22: reload
+digests").
 The digests catch corruption and accidental edits, not a forger: XXH3 has no key.
 Trap: views keep the map open; copies do not.
 """
