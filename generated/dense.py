@@ -239,8 +239,22 @@ def bind_dense(
     )
     check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    ops = backend.ops
-    weights = DenseWeights(
+    return assemble(g, layer, t, p, backend.ops, quant), report
+
+
+def assemble(
+    g: DenseGeometry,
+    layer: int,
+    t: Mapping[str, Any],
+    p: BlockPlan,
+    ops: Any,
+    quant: LayerQuant | None,
+) -> DenseWeights[Any]:
+    """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
+    the one place each field is made. ``bind_dense`` passes the uploaded arrays and its
+    backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
+    file must hold. An absent optional source leaves its field out."""
+    return DenseWeights(
         # 2 x [F_r, X] -> [2 * F_r, X]: gate_proj.weight, up_proj.weight in that order
         gate_up=ops.concat_squeeze(
             (
@@ -253,4 +267,3 @@ def bind_dense(
         down=t["mlp.down_proj.weight"],
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
-    return weights, report

@@ -501,9 +501,23 @@ def bind_dsa(
     )
     check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    ops = backend.ops
+    return assemble(g, layer, t, p, backend.ops, quant), report
+
+
+def assemble(
+    g: DsaGeometry,
+    layer: int,
+    t: Mapping[str, Any],
+    p: BlockPlan,
+    ops: Any,
+    quant: LayerQuant | None,
+) -> DsaWeights[Any]:
+    """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
+    the one place each field is made. ``bind_dsa`` passes the uploaded arrays and its
+    backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
+    file must hold. An absent optional source leaves its field out."""
     td = for_transforms(layer, FIELDS, SOURCES, t, ops, quant)  # transforms read BF16
-    weights = DsaWeights(
+    return DsaWeights(
         q_a_proj=t["self_attn.q_a_proj.weight"],
         q_a_layernorm=t["self_attn.q_a_layernorm.weight"],
         q_absorb=make_q_absorb(g, td, ops),
@@ -521,4 +535,3 @@ def bind_dsa(
         ape=make_ape(g, td, ops) if "self_attn.indexer.index_kpool_compress_ape" in td else None,
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
-    return weights, report

@@ -459,8 +459,22 @@ def bind_kda(
     )
     check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    ops = backend.ops
-    weights = KdaWeights(
+    return assemble(g, layer, t, p, backend.ops, quant), report
+
+
+def assemble(
+    g: KdaGeometry,
+    layer: int,
+    t: Mapping[str, Any],
+    p: BlockPlan,
+    ops: Any,
+    quant: LayerQuant | None,
+) -> KdaWeights[Any]:
+    """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
+    the one place each field is made. ``bind_kda`` passes the uploaded arrays and its
+    backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
+    file must hold. An absent optional source leaves its field out."""
+    return KdaWeights(
         q_proj=t["self_attn.q_proj.weight"],
         k_proj=t["self_attn.k_proj.weight"],
         v_proj=t["self_attn.v_proj.weight"],
@@ -485,4 +499,3 @@ def bind_kda(
         o_proj=t["self_attn.o_proj.weight"],
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
-    return weights, report

@@ -219,10 +219,23 @@ def bind_layer_norms(
     )
     check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    ops = backend.ops
-    weights = LayerNormsWeights(
+    return assemble(g, layer, t, p, backend.ops, quant), report
+
+
+def assemble(
+    g: LayerNormsGeometry,
+    layer: int,
+    t: Mapping[str, Any],
+    p: BlockPlan,
+    ops: Any,
+    quant: LayerQuant | None,
+) -> LayerNormsWeights[Any]:
+    """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
+    the one place each field is made. ``bind_layer_norms`` passes the uploaded arrays and its
+    backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
+    file must hold. An absent optional source leaves its field out."""
+    return LayerNormsWeights(
         input_norm=t["input_layernorm.weight"],
         post_attention_norm=t["post_attention_layernorm.weight"],
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
-    return weights, report

@@ -248,11 +248,24 @@ def bind_lm_globals(
     )
     check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    ops = backend.ops
-    weights = LmGlobalsWeights(
+    return assemble(g, layer, t, p, backend.ops, quant), report
+
+
+def assemble(
+    g: LmGlobalsGeometry,
+    layer: int,
+    t: Mapping[str, Any],
+    p: BlockPlan,
+    ops: Any,
+    quant: LayerQuant | None,
+) -> LmGlobalsWeights[Any]:
+    """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
+    the one place each field is made. ``bind_lm_globals`` passes the uploaded arrays and its
+    backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
+    file must hold. An absent optional source leaves its field out."""
+    return LmGlobalsWeights(
         embed_tokens=t["embed_tokens.weight"],
         norm=t["norm.weight"],
         lm_head=t.get("lm_head.weight"),
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
-    return weights, report

@@ -297,8 +297,22 @@ def bind_mhc(
     )
     check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    ops = backend.ops
-    weights = MhcWeights(
+    return assemble(g, layer, t, p, backend.ops, quant), report
+
+
+def assemble(
+    g: MhcGeometry,
+    layer: int,
+    t: Mapping[str, Any],
+    p: BlockPlan,
+    ops: Any,
+    quant: LayerQuant | None,
+) -> MhcWeights[Any]:
+    """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
+    the one place each field is made. ``bind_mhc`` passes the uploaded arrays and its
+    backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
+    file must hold. An absent optional source leaves its field out."""
+    return MhcWeights(
         attn_fn=t["hc_attn_fn"],
         attn_base=t["hc_attn_base"],
         attn_scale=t["hc_attn_scale"],
@@ -307,4 +321,3 @@ def bind_mhc(
         ffn_scale=t["hc_ffn_scale"],
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
-    return weights, report

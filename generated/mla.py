@@ -334,9 +334,23 @@ def bind_mla(
     )
     check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    ops = backend.ops
+    return assemble(g, layer, t, p, backend.ops, quant), report
+
+
+def assemble(
+    g: MlaGeometry,
+    layer: int,
+    t: Mapping[str, Any],
+    p: BlockPlan,
+    ops: Any,
+    quant: LayerQuant | None,
+) -> MlaWeights[Any]:
+    """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
+    the one place each field is made. ``bind_mla`` passes the uploaded arrays and its
+    backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
+    file must hold. An absent optional source leaves its field out."""
     td = for_transforms(layer, FIELDS, SOURCES, t, ops, quant)  # transforms read BF16
-    weights = MlaWeights(
+    return MlaWeights(
         q_absorb=make_q_absorb(g, td, ops),
         q_rope=make_q_rope(g, td, ops),
         kv_a_proj=t["self_attn.kv_a_proj_with_mqa.weight"],
@@ -344,4 +358,3 @@ def bind_mla(
         o_absorb=make_o_absorb(g, td, ops),
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
-    return weights, report

@@ -343,8 +343,22 @@ def bind_moe(
     )
     check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    ops = backend.ops
-    weights = MoeWeights(
+    return assemble(g, layer, t, p, backend.ops, quant), report
+
+
+def assemble(
+    g: MoeGeometry,
+    layer: int,
+    t: Mapping[str, Any],
+    p: BlockPlan,
+    ops: Any,
+    quant: LayerQuant | None,
+) -> MoeWeights[Any]:
+    """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
+    the one place each field is made. ``bind_moe`` passes the uploaded arrays and its
+    backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
+    file must hold. An absent optional source leaves its field out."""
+    return MoeWeights(
         router=t["mlp.gate.weight"],
         router_bias=t["mlp.gate.e_score_correction_bias"],
         # 2 x [Im_r, X] -> [E_r, 2 * Im_r, X]: experts.{e}.gate_proj.weight, experts.{e}.up_proj.weight in that order
@@ -374,4 +388,3 @@ def bind_moe(
         shared_down=t["mlp.shared_experts.down_proj.weight"],
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
-    return weights, report

@@ -9,7 +9,10 @@ its ``__metadata__`` (string to string) holds the fields of ``BoundMeta``:
 - ``layers``: JSON ``{"<index>": {"role": "decoder"|"mtp", "slots": {slot: block}}}``;
 - ``tensors``: how many tensors the bind wrote (a reload refuses a file missing one);
 - ``quant`` (a quantized bind only): JSON ``{"outputs": [...], "scheme": s, "weight_only": b}``;
-- ``world``, ``rank`` (``--out-dir`` only): the process-group place of the rank.
+- ``world``, ``rank`` (``--out-dir`` only): the process-group place of the rank;
+- ``digests``: JSON ``{"algorithm": "xxh3_128", "tensors": {name: hex}}``, each tensor's
+  content digest (``runtime.digest``), and ``record_digest``: the digest of every other key
+  here, so an edited rank, geometry or count is seen. Computed by ``encode``, never stored.
 
 Written by ``stream_out.StreamWriter`` (``encode``) and read by ``reload.read_bound``
 (``decode``), nowhere else. ``decode`` checks what the file alone can say — each field there,
@@ -20,11 +23,11 @@ Invariants: ``decode(encode(m)) == m``; ``encode`` is deterministic (sorted JSON
 spelling of each number), so two binds give byte-identical headers.
 Extending: a new key is a new field defaulting to None (older files lack it), added to
 ``encode`` and ``decode`` and nowhere else. The header is written after the data, so a value
-known only once every byte is out (``tensors`` today; per-tensor digests tomorrow, a
-``digests: Mapping[str, str] | None``) is a field like any other; the writer's header
-reservation must bound its size before the first byte (``StreamWriter.start``).
-Trap: files written before ``tensors``, ``overrides`` or ``world``/``rank`` existed lack them;
-those decode to None (``{}`` for overrides), never to a refusal.
+known only once every byte is out (``tensors``, ``digests``) is a field like any other; the
+writer's header reservation must bound its size before the first byte (``StreamWriter.start``).
+Trap: files written before ``tensors``, ``overrides``, ``world``/``rank`` or ``digests``
+existed lack them; those decode to None (``{}`` for overrides), never to a refusal here
+(``reload`` refuses a file without digests, asking for a new bind).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any
 from specbind.core.errors import ReloadError
 from specbind.core.patterns import is_index
 from specbind.core.planning import Ranks
+from specbind.runtime.digest import ALGORITHM, RECORD_KEY, is_digest, record_digest
 from specbind.runtime.quant import OUTPUTS, quant_metadata
 
 ROLES = ("decoder", "mtp")
@@ -72,6 +76,7 @@ class BoundMeta:
     quant: QuantMeta | None = None
     world: int | None = None
     rank: int | None = None
+    digests: Mapping[str, str] | None = None  # tensor name -> its content digest
 
     def encode(self) -> dict[str, str]:
         """The ``__metadata__`` strings, sorted by key."""
@@ -92,6 +97,10 @@ class BoundMeta:
         meta |= {k: str(v) for k, v in optional.items() if v is not None}
         if self.quant is not None:
             meta["quant"] = self.quant.encode()
+        if self.digests is not None:
+            doc = {"algorithm": ALGORITHM, "tensors": dict(self.digests)}
+            meta["digests"] = json.dumps(doc, sort_keys=True)
+            meta[RECORD_KEY] = record_digest(meta)
         return dict(sorted(meta.items()))
 
 
@@ -118,6 +127,7 @@ def decode(meta: Mapping[str, str], where: str) -> BoundMeta:
         quant=d.quant(),
         world=world,
         rank=rank,
+        digests=d.digests(),
     )
 
 
@@ -201,3 +211,17 @@ class _Decoder:
         if type(weight_only) is not bool:
             raise self.fail(f"metadata quant weight_only {weight_only!r} is not true or false")
         return QuantMeta(scheme, weight_only, tuple(sorted(outputs)))
+
+    def digests(self) -> dict[str, str] | None:
+        if "digests" not in self.meta:
+            return None
+        doc = self.json("digests")
+        algorithm = doc.get("algorithm") if isinstance(doc, dict) else None
+        if algorithm != ALGORITHM:
+            raise self.fail(f"metadata digests name algorithm {algorithm!r}, not {ALGORITHM!r}")
+        tensors = doc.get("tensors") if isinstance(doc, dict) else None
+        if not isinstance(tensors, dict) or not all(is_digest(v) for v in tensors.values()):
+            raise self.fail("metadata digests is not an object of 32-digit hex digests")
+        if not is_digest(self.meta.get(RECORD_KEY)):
+            raise self.fail(f"metadata {RECORD_KEY} is missing or not a 32-digit hex digest")
+        return dict(tensors)

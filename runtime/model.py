@@ -28,7 +28,8 @@ from specbind.core.planning import BlockPlan, Ranks, expand
 from specbind.core.quant import SchemeRule
 from specbind.runtime.backends import Backend
 from specbind.runtime.checks import Array, BindReport
-from specbind.runtime.quant import LayerQuant
+from specbind.runtime.quant import LayerQuant, quantize_rules
+from specbind.runtime.shapes import SHAPE_OPS, Shaped, planned
 from specbind.runtime.source import TensorSource
 
 G = TypeVar("G")
@@ -90,6 +91,17 @@ class BlockEntry(Generic[G]):
         fields: dict[str, FieldRule] = self.module.FIELDS
         return fields
 
+    @property
+    def sources(self) -> dict[str, tuple[str, ...]]:
+        """Each bound field's checkpoint tensors (rule names), in order."""
+        sources: dict[str, tuple[str, ...]] = self.module.SOURCES
+        return sources
+
+    @property
+    def optional_groups(self) -> tuple[str, ...]:
+        """The block's optional groups: tensors a checkpoint may leave out, all or none."""
+        return tuple(sorted(n for n, g in self.module.GROUPS.items() if g.optional))
+
     def matches(self, names: Collection[str]) -> bool:
         """True when every marker of the block is among ``names`` (layer-relative)."""
         return bool(self.module.matches(names))
@@ -123,6 +135,25 @@ class BlockEntry(Generic[G]):
         """Every tensor's local shape, offsets and bytes on this rank."""
         plan: BlockPlan = self.module.plan(self.geometry(g, ranks), ranks.tp_rank, ranks.ep_rank)
         return plan
+
+    def bound_shapes(
+        self,
+        g: G,
+        ranks: Ranks,
+        layer: int,
+        quant: LayerQuant | None,
+        absent: Collection[str] = (),
+    ) -> dict[str, Shaped]:
+        """Every field a bind of this rank holds, by name, with its shape and dtype: the
+        generated ``assemble`` run on shapes alone (``runtime.shapes``), so it is the binder's
+        own result; ``absent`` names optional groups the checkpoint did not carry."""
+        rules, plan = quantize_rules(self.name, self.tensors, self.plan(g, ranks), quant)
+        group = {r.name: r.group or "" for r in rules}
+        gone = frozenset(n for n, t in plan.tensors.items() if group.get(t.pattern, "") in absent)
+        geo = self.geometry(g, ranks)
+        weights = self.module.assemble(geo, layer, planned(plan, gone), plan, SHAPE_OPS, quant)
+        arrays: dict[str, Shaped] = weights.arrays()
+        return arrays
 
     def counts(self, g: G) -> dict[str, int]:
         """Each family's size."""

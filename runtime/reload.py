@@ -11,13 +11,22 @@ what differs, when it comes from:
   ``ep_rank`` the caller names that the file was not written for;
 - a geometry these binders refuse (``checked_values``), or a layer whose slot block the model
   does not have there, or a quantization scheme it does not know;
-- a tensor no announced (layer, slot, block, field) explains, or one whose dtype is not the
-  field's; a field of an announced slot that is missing; a tensor count other than recorded.
+- a tensor count other than recorded;
+- anything ``bound_check.check_fields`` refuses: a tensor no recorded (layer, slot) explains,
+  a field the spec requires there missing (whatever the counts say), a shape or dtype other
+  than the block's binder makes at the recorded geometry and ranks;
+- no content digests (written before they were recorded: bind it again), a record digest
+  that is not its metadata's (an edited rank, geometry, layer list or count), or a tensor
+  whose bytes are not what its bind wrote (``runtime.digest``).
 Then it maps the file (``SafetensorsFile``: header validated, entries tiling the data) and
 hands out read-only views of the map, or with ``copy=True`` copies: the whole data buffer
 read into one fresh buffer with ``readinto`` (one kernel copy out of the page cache, no page
 fault per 4 KiB as a copy from the map takes; measured in ``bench --reload``), each tensor a
-view of that buffer.
+view of that buffer. Either way every tensor handed out has had its digest checked before
+``read_bound`` returns: the copies are hashed in memory, the views are hashed through the
+map, which reads every page of the file once (the cost: BENCHMARKS.md, "Issue #22: reload
+digests").
+The digests catch corruption and accidental edits, not a forger: XXH3 has no key.
 Trap: views keep the map open; copies do not.
 """
 
@@ -34,11 +43,13 @@ import numpy as np
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import CheckpointError, ReloadError, SpecbindError
 from specbind.core.planning import Ranks
+from specbind.runtime.bound_check import Entry, check_fields
 from specbind.runtime.bound_format import BoundMeta, Layers, QuantMeta, decode
 from specbind.runtime.checks import Array
 from specbind.runtime.config import checked_values
+from specbind.runtime.digest import RECORD_KEY, record_digest, tensor_digest
 from specbind.runtime.model import ModelTable
-from specbind.runtime.quant import LayerQuant, quantized_fields
+from specbind.runtime.quant import LayerQuant
 from specbind.runtime.safetensors_file import SafetensorsFile
 
 
@@ -101,16 +112,48 @@ def read_bound(
                 f"holds tp rank {ranks.tp_rank} of {ranks.tp_size}, ep rank {ranks.ep_rank} of "
                 f"{ranks.ep_size})"
             )
+    if meta.digests is None:
+        raise ReloadError(
+            f"{p}: written before bound files recorded content digests, so its bytes cannot "
+            "be verified; bind it again"
+        )
     geometry = _geometry(p, table, meta.geometry)
     _check_blocks(p, table, meta.layers)
-    _check_names(p, table, f, meta.layers, _quant(p, table, meta.quant))
+    lq = _quant(p, table, meta.quant)
     if meta.tensors is not None and meta.tensors != len(f.entries):
         raise ReloadError(
             f"{p}: holds {len(f.entries)} tensor(s), its bind wrote {meta.tensors}: "
             "a field is missing or was added"
-        )  # a file written before the count was recorded lacks it
+        )
+    entries = {n: Entry(e.dtype, tuple(e.shape)) for n, e in f.entries.items()}
+    check_fields(str(p), table, geometry, ranks, meta.layers, lq, entries)
+    if f.metadata[RECORD_KEY] != record_digest(f.metadata):
+        raise ReloadError(
+            f"{p}: its metadata is not what its bind recorded (the record digest differs: a "
+            "rank, geometry, layer or count was edited); bind it again"
+        )
+    unsigned = sorted(set(f.entries) ^ set(meta.digests))
+    if unsigned:
+        raise ReloadError(
+            f"{p}: tensor {unsigned[0]} has no recorded digest, or no tensor a digest"
+        )
     tensors = _copies(f) if copy else _views(f)
+    _verify(p, f, tensors, meta.digests)
     return BoundFile(p, name, ranks, geometry, meta.layers, tensors, copy, meta)
+
+
+def _verify(
+    p: Path, f: SafetensorsFile, tensors: Mapping[str, Array], digests: Mapping[str, str]
+) -> None:
+    """Each tensor handed out hashes to its recorded digest (its bytes as the file holds them)."""
+    for name in sorted(tensors):
+        e = f.entries[name]
+        raw = tensors[name].reshape(-1).view(np.uint8).data  # [..] -> its bytes, no copy
+        if tensor_digest(name, e.dtype, tuple(e.shape), raw) != digests[name]:
+            raise ReloadError(
+                f"{p}: {name}: its bytes are not what its bind wrote (content digest differs): "
+                "the file is corrupt or was edited; bind it again"
+            )
 
 
 def _geometry(p: Path, table: ModelTable[Any], g: Mapping[str, int]) -> dict[str, int]:
@@ -142,39 +185,6 @@ def _quant(p: Path, table: ModelTable[Any], q: QuantMeta | None) -> LayerQuant |
     if q.scheme not in schemes:
         raise ReloadError(f"{p}: metadata quant names no scheme of {table.name} ({q.scheme!r})")
     return LayerQuant(schemes[q.scheme], q.weight_only, frozenset(), frozenset(q.outputs))
-
-
-def _check_names(
-    p: Path, table: ModelTable[Any], f: SafetensorsFile, layers: Layers, lq: LayerQuant | None
-) -> None:
-    want: dict[str, set[str]] = {}  # name -> the dtypes the field may have
-    packed: str | None = lq.scheme.weight.dtype if lq is not None else None
-
-    def add(pre: str, block: str) -> None:
-        for field, rule in table.block(block).fields.items():
-            want[pre + field] = {rule.dtype}
-            if packed is not None and rule.kind not in ("transform", "tie"):
-                want[pre + field].add(packed)
-                for name, dtype in quantized_fields(field, lq).items():
-                    want[pre + name] = {dtype}
-
-    for index, (_, slots) in layers.items():
-        for slot, block in slots.items():
-            add(f"layers.{index}.{slot}.", block)
-    if table.globals:
-        add("globals.", table.globals)
-    for name, e in f.entries.items():
-        if name not in want:
-            raise ReloadError(f"{p}: tensor {name} is no field of the layers its metadata names")
-        if e.dtype not in want[name]:
-            shown = " or ".join(sorted(str(d) for d in want[name]))
-            raise ReloadError(f"{p}: {name} is {e.dtype}; the field is {shown}")
-    have = set(f.entries)
-    for index, (_, slots) in layers.items():
-        for slot in slots:
-            pre = f"layers.{index}.{slot}."
-            if not any(n.startswith(pre) for n in have):
-                raise ReloadError(f"{p}: layer {index} slot {slot} is announced but holds nothing")
 
 
 def _np_dtype(dtype: str) -> np.dtype[Any]:

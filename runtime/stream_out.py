@@ -7,7 +7,10 @@ read, then each field's bytes in the order they are bound. The header — ``__me
 the fields sorted by name — is written into the reserved region at the end, padded with spaces
 (which the safetensors format allows) to its exact size. The reservation is a proven upper
 bound: every name that may come (``Expected``), each with the longest dtype, a rank-16 shape of
-15-digit dims and 19-digit offsets, plus the metadata with the largest tensor count.
+15-digit dims and 19-digit offsets, plus the metadata with the largest tensor count and a
+digest (fixed width) for every name that may come.
+Each tensor's content digest (``runtime.digest``) is computed from the bytes as they are
+written, so recording it costs one hash pass over memory already in hand, no read of the file.
 Written by hand rather than with ``safetensors.serialize_file``, which needs every tensor's
 bytes in memory at once (a full-geometry rank is many GB).
 Invariants: the path is checked again as the file is opened (``out_path.check_out_path``: never
@@ -37,6 +40,7 @@ from specbind.runtime.atomic import atomic_writer
 from specbind.runtime.backends import Backend
 from specbind.runtime.bound_format import BoundMeta, quant_of
 from specbind.runtime.checks import Array
+from specbind.runtime.digest import HEX, tensor_hasher
 from specbind.runtime.out_path import check_out_path
 
 if TYPE_CHECKING:
@@ -75,6 +79,7 @@ class StreamWriter:
         self._reserved = 0
         self._pos = 0
         self._entries: dict[str, tuple[str, list[int], int, int]] = {}
+        self._digests: dict[str, str] = {}
         self.bytes = 0
 
     def __enter__(self) -> StreamWriter:
@@ -100,7 +105,8 @@ class StreamWriter:
         count = len(expected.names)  # the most there can be: reserves room; _finish counts
         self._meta = replace(self._meta, layers=expected.layers, quant=quant, tensors=count)
         self._expected = set(expected.names)
-        meta = json.dumps({"__metadata__": self._meta.encode()})
+        most = replace(self._meta, digests=dict.fromkeys(expected.names, "0" * HEX))
+        meta = json.dumps({"__metadata__": most.encode()})
         names = sum(len(json.dumps(n)) for n in expected.names)
         reserve = len(meta) + names + _PER_ENTRY * len(expected.names) + 16
         self._reserved = reserve + (-reserve % 8)  # the data buffer starts 8-byte aligned
@@ -116,14 +122,19 @@ class StreamWriter:
         if name not in self._expected or name in self._entries:
             raise OutputError(f"{self._out}: field {name} was not announced to the writer (a bug)")
         flat = np.ascontiguousarray(host).reshape(-1)  # shape -> [n], row-major
-        self._f.write(flat.view(np.uint8).data)  # a view of the mmap: no copy for verbatim fields
+        data = flat.view(np.uint8).data  # a view of the mmap: no copy for verbatim fields
+        dtype, shape = dtype_name(host), list(host.shape)
+        h = tensor_hasher(name, dtype, shape)
+        h.update(data)  # the bytes in hand, hashed once as they go out
+        self._f.write(data)
         end = self._pos + flat.nbytes
-        self._entries[name] = (dtype_name(host), list(host.shape), self._pos, end)
+        self._entries[name] = (dtype, shape, self._pos, end)
+        self._digests[name] = h.hexdigest()
         self._pos = end
 
     def _finish(self) -> None:
         assert self._f is not None
-        meta = replace(self._meta, tensors=len(self._entries))  # a reload refuses one missing
+        meta = replace(self._meta, tensors=len(self._entries), digests=self._digests)
         header: dict[str, object] = {"__metadata__": meta.encode()}
         for name in sorted(self._entries):
             dtype, shape, b, e = self._entries[name]

@@ -20,6 +20,7 @@ FULL = BoundMeta(
     quant=QuantMeta("nvfp4-modelopt", False, ("dequantized", "swizzled")),
     world=8,
     rank=7,
+    digests={"layers.0.mlp.down": "0f" * 16, "globals.norm": "a1" * 16},
 )
 
 
@@ -33,16 +34,18 @@ def test_the_encoding_does_not_depend_on_the_order_of_a_records_mappings() -> No
     other = BoundMeta(
         FULL.model, FULL.specs_sha256, FULL.ranks, {"experts": 8, "hidden": 72}, FULL.overrides,
         dict(reversed(list(FULL.layers.items()))), FULL.tensors, FULL.quant, FULL.world, FULL.rank,
+        dict(reversed(list((FULL.digests or {}).items()))),
     )  # fmt: skip
     assert other.encode() == FULL.encode()
 
 
 def test_a_file_written_before_the_newer_fields_decodes_them_as_absent() -> None:
     meta = {k: v for k, v in FULL.encode().items()
-            if k not in ("tensors", "overrides", "world", "rank", "quant")}  # fmt: skip
+            if k not in ("tensors", "overrides", "world", "rank", "quant", "digests",
+                         "record_digest")}  # fmt: skip
     got = decode(meta, "f")
-    assert (got.tensors, got.overrides, got.world, got.rank, got.quant) == (None, {}, None, None,
-                                                                            None)  # fmt: skip
+    assert (got.tensors, got.overrides, got.world, got.rank, got.quant, got.digests) == (
+        None, {}, None, None, None, None)  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -192,6 +192,13 @@ def test_a_file_missing_a_field_is_refused_by_its_recorded_count(
             json.dumps({"scheme": "nvfp4-modelopt", "outputs": "swizzled"}),
             r"not a list of",
         ),
+        ("digests", json.dumps({"algorithm": "md5"}), r"name algorithm 'md5', not 'xxh3_128'"),
+        (
+            "digests",
+            json.dumps({"algorithm": "xxh3_128", "tensors": {"x": "00"}}),
+            r"metadata digests is not an object of 32-digit hex digests",
+        ),
+        ("record_digest", "0" * 31, r"metadata record_digest is missing or not a 32-digit hex"),
     ],
 )
 def test_malformed_metadata_is_refused_in_one_line(
