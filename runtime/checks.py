@@ -15,7 +15,7 @@ Invariants (the claims of a hand-written strict binder, made once for every bloc
 - one verdict at every rank layout: a conversion that may change a value is checked on the
   whole tensor, not this rank's slice, so every tp rank refuses the same element (named in the
   whole tensor's coordinates) or none does. The extra read is bounded: only a tensor of at most
-  ``WHOLE_CHECK_BYTES`` (4 MiB on disk) is read whole — a KDA conv is 64 KiB at full geometry —
+  ``WHOLE_CHECK_BYTES`` (4 MiB on disk) is read whole — a KDA conv is 64–128 KiB at real geometry —
   and it is counted in ``BindReport.verdict_bytes``, apart from ``bytes``; the rank's arrays
   still come from its own bytes. A bigger tensor is checked on this rank's slice only, and its
   refusal says so;

@@ -247,6 +247,7 @@ def check_shared(
     if lq is None or lq.allow_unshared:
         return
     by_pattern = {r.name: r for r in rules}
+    shapes = {tp.pattern: tp.full_shape for tp in plan.tensors.values()}  # one per pattern
     role = {"global": "global_scale", "input": "input_scale"}
     for rule in shared:
         pats = [lq.by_role(t, role[rule.scale]) for t in rule.tensors if t in lq.quantized]
@@ -265,7 +266,7 @@ def check_shared(
             else:
                 groups = [[(n, n) for n in names]]
         for g in groups:
-            vals = {n: _scale(n, pat, host, src, by_pattern, plan, block, layer, report)
+            vals = {n: _scale(n, pat, host, src, by_pattern, shapes, block, layer, report)
                     for n, pat in g}  # fmt: skip
             if len({v.reshape(-1).view("u4").tobytes() for v in vals.values()}) > 1:
                 raise BindError(
@@ -276,14 +277,15 @@ def check_shared(
 
 def _scale(
     name: str, pattern: str, host: Mapping[str, Array], src: TensorSource,
-    rules: Mapping[str, TensorRule], plan: BlockPlan, block: str, layer: int, report: BindReport,
+    rules: Mapping[str, TensorRule], shapes: Mapping[str, tuple[int, ...]], block: str,
+    layer: int, report: BindReport,
 ) -> Array:  # fmt: skip
-    """One member's scale: this rank's array, or read and checked as its owner checks it."""
+    """One member's scale: this rank's array, or read and checked as its owner checks it (a
+    scalar companion is replicated: every member's full shape is its plan's)."""
     if name in host:
         return host[name]
-    own = next(tp for tp in plan.tensors.values() if tp.pattern == pattern)  # a scalar: replicated
     scratch = BindReport(layer, block)
-    arr = check_one(block, layer, src, rules[pattern], name, own.full_shape, scratch)
+    arr = check_one(block, layer, src, rules[pattern], name, shapes[pattern], scratch)
     report.verdict_bytes += scratch.bytes
     return arr
 
