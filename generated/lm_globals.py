@@ -246,7 +246,10 @@ def bind_lm_globals(
         counts=counts(g),
         flags=flags,
     )
-    check_shared(BLOCK, layer, host, SHARED_SCALES, p, quant)
+    check_shared(
+        BLOCK, layer, host, SHARED_SCALES, p, quant,
+        src=sharded, rules=rules, counts=counts(g), report=report,
+    )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
     return assemble(g, layer, t, p, backend.ops, quant), report
 

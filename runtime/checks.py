@@ -12,6 +12,13 @@ Invariants (the claims of a hand-written strict binder, made once for every bloc
   byte-count mismatch is refused; nothing is padded or truncated;
 - an on-disk dtype the spec accepts as ``stored`` is converted exactly: a widening always, a
   narrowing only when every value survives, else the first value that would change is named;
+- one verdict at every rank layout: a conversion that may change a value is checked on the
+  whole tensor, not this rank's slice, so every tp rank refuses the same element (named in the
+  whole tensor's coordinates) or none does. The extra read is bounded: only a tensor of at most
+  ``WHOLE_CHECK_BYTES`` (4 MiB on disk) is read whole — a KDA conv is 64–128 KiB at real geometry —
+  and it is counted in ``BindReport.verdict_bytes``, apart from ``bytes``; the rank's arrays
+  still come from its own bytes. A bigger tensor is checked on this rank's slice only, and its
+  refusal says so;
 - a tied tensor (``tie``) is bound from its target when the config says so, and a stored copy
   is then refused;
 - arrays are zero-copy views of the source bytes; only a cast, concat or stack allocates.
@@ -33,9 +40,12 @@ from specbind.core.errors import BindError, GeometryError, at
 from specbind.core.ir import ConstraintRule, GroupRule, TensorRule
 from specbind.core.patterns import Matcher, fill, matcher
 from specbind.core.planning import BlockPlan
-from specbind.runtime.source import TensorSource
+from specbind.runtime.source import TensorSource, WholeSource
 
 Array = npt.NDArray[Any]
+# The largest stored tensor (on-disk bytes) a narrowing reads whole for its verdict; above it
+# the check is this rank's slice only (see the module docstring).
+WHOLE_CHECK_BYTES = 4 << 20
 
 
 @dataclass
@@ -46,6 +56,7 @@ class BindReport:
     seen: int = 0  # names under the block prefix
     other: int = 0  # names the block was given outside its prefix
     bytes: int = 0  # this rank's bytes read from the checkpoint
+    verdict_bytes: int = 0  # read beyond them for a whole-tensor or whole-layer verdict only
     slot: str = ""
     cast: list[str] = field(
         default_factory=list
@@ -58,6 +69,7 @@ class BindReport:
             "seen": self.seen,
             "other": self.other,
             "bytes": self.bytes,
+            "verdict_bytes": self.verdict_bytes,
             "cast": list(self.cast),
         }
 
@@ -225,7 +237,7 @@ def bind_tensors(
         r = by_name[tp.pattern]
         if r.name in tied or not (r.family is not None or r.name in present):
             continue
-        out[name] = _check_one(block, layer, src, r, name, tp.local_shape, rep)
+        out[name] = check_one(block, layer, src, r, name, tp.local_shape, rep)
         rep.bound += 1
     for r in rules:
         if r.name in tied and r.tie is not None:
@@ -235,7 +247,7 @@ def bind_tensors(
     return out, rep
 
 
-def _check_one(
+def check_one(
     block: str,
     layer: int,
     src: TensorSource,
@@ -244,6 +256,8 @@ def _check_one(
     want: tuple[int, ...],
     rep: BindReport,
 ) -> Array:
+    """One tensor of ``src`` checked against ``rule`` at this rank's shape ``want``, converted
+    exactly when stored in another accepted dtype; its bytes are counted in ``rep.bytes``."""
     t = src.get(name)
     if t is None:
         raise BindError(f"{at(layer)}: missing {name} (a {block} block requires it)")
@@ -275,13 +289,38 @@ def _check_one(
     if t.dtype == rule.dtype:
         return arr
     rep.cast.append(f"{name}: {t.dtype} -> {rule.dtype}")
-    return exact_cast(arr, t.dtype, rule.dtype, f"{at(layer)}: {name}")
+    return _converted(src, name, t.dtype, rule.dtype, arr, f"{at(layer)}: {name}", rep)
 
 
-def exact_cast(a: Array, stored: str, dtype: str, what: str) -> Array:
+def _converted(
+    src: TensorSource, name: str, stored: str, dtype: str, arr: Array, what: str, rep: BindReport
+) -> Array:
+    """``arr`` (this rank's slice) converted exactly, the verdict taken on the whole tensor when
+    the conversion may change a value and the whole is at most ``WHOLE_CHECK_BYTES``."""
+    np_dtype = DTYPES[dtype].numpy
+    assert np_dtype is not None
+    if np.can_cast(arr.dtype, np_dtype, casting="safe"):
+        return arr.astype(np_dtype)  # a widening: every value survives, on every rank
+    full = src.whole(name) if isinstance(src, WholeSource) else None
+    if full is None or len(full.data) == arr.nbytes:
+        return exact_cast(arr, stored, dtype, what)  # this rank reads the whole tensor
+    if len(full.data) > WHOLE_CHECK_BYTES:
+        return exact_cast(
+            arr, stored, dtype, what,
+            f" (checked on this rank's slice only: the whole tensor's {len(full.data)} B is "
+            f"over the {WHOLE_CHECK_BYTES} B bound of a whole-tensor check, so another rank "
+            "may bind its slice)",
+        )  # fmt: skip
+    whole = np.frombuffer(full.data, dtype=arr.dtype).reshape(full.shape)
+    exact_cast(whole, stored, dtype, what)  # refused in the whole tensor's coordinates
+    rep.verdict_bytes += len(full.data) - arr.nbytes
+    return arr.astype(np_dtype)  # exact: every value of the whole survives
+
+
+def exact_cast(a: Array, stored: str, dtype: str, what: str, scope: str = "") -> Array:
     """``a`` (on-disk dtype ``stored``) converted to ``dtype`` when every value survives the
-    round trip; else refused, naming the first element that would change. NaN stays NaN and
-    the sign of zero must survive."""
+    round trip; else refused, naming the first element that would change (``scope`` says
+    which part of the tensor was checked). NaN stays NaN and the sign of zero must survive."""
     np_dtype = DTYPES[dtype].numpy
     assert np_dtype is not None
     out = a.astype(np_dtype)
@@ -294,6 +333,6 @@ def exact_cast(a: Array, stored: str, dtype: str, what: str) -> Array:
         raise BindError(
             f"{what} is stored as {stored}; converting it to {dtype} would change element "
             f"{[int(i) for i in bad]} from {float(a[bad])!r} to {float(back[bad])!r} — refused "
-            "(a conversion is exact or not done)"
+            f"(a conversion is exact or not done){scope}"
         )
     return out

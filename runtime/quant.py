@@ -11,7 +11,9 @@ How a block binds quantized (every step generic; no model, block or tensor is na
    ``[O, I]`` plan: the rank's window on each axis divided by the companion's ``div`` — whole,
    or a ``GeometryError`` naming the constraint (``(I / tp) % 16 == 0``);
 3. after the census and reads, ``check_shared`` refuses scales the block declares shared that
-   differ (unless allowed);
+   differ (unless allowed). Its verdict is the layer's, not the rank's: it reads every
+   member's scalar scale (the rank's own from its arrays, the others' — 4 bytes each — from
+   the layer), so every tp and ep rank refuses with the same message or none does;
 4. ``companion_fields`` binds, for each field made of quantized sources, one field per
    companion made the same way as the field (verbatim, concat, stack): ``w13_weight_scale``
    [E_r, 2·Im/tp, X/16], ``w13_weight_scale_2`` [E_r, 2] (a scalar per joined source), and on
@@ -24,6 +26,7 @@ Trap: a concat of a quantized and an unquantized source has no one layout; it is
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
@@ -33,8 +36,9 @@ from specbind.core.ir import FieldRule, ShardRule, SharedScaleRule, TensorRule
 from specbind.core.patterns import fill, index_of, member_of, parts, placeholders
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.core.quant import CompanionRule, SchemeRule, window
-from specbind.runtime.checks import Array, members
+from specbind.runtime.checks import Array, BindReport, check_one, members
 from specbind.runtime.quant_config import QuantConfig
+from specbind.runtime.source import TensorSource
 
 OUTPUTS = ("swizzled", "dequantized")  # optional bound layouts a caller may ask for
 
@@ -226,35 +230,83 @@ def check_shared(
     shared: Sequence[SharedScaleRule],
     plan: BlockPlan,
     lq: LayerQuant | None,
+    *,
+    src: TensorSource,
+    rules: Sequence[TensorRule],
+    counts: Mapping[str, int],
+    report: BindReport,
 ) -> None:
-    """Refuse scales the block declares shared that differ (bit for bit), unless allowed."""
+    """Refuse scales the block declares shared that differ (bit for bit), unless allowed.
+
+    The verdict is the whole layer's, the same on every tp and ep rank: every member's scale
+    is compared, read from ``src`` (the layer, ``rules`` its quantized rules, ``counts`` the
+    family sizes) where this rank does not hold it in ``host``, and checked as its owner checks
+    it; those extra reads are one scalar per member and companion, counted in
+    ``report.verdict_bytes``. The refusal names the groups' values in member order, so every
+    rank words it the same."""
     if lq is None or lq.allow_unshared:
         return
+    by_pattern = {r.name: r for r in rules}
+    shapes = {tp.pattern: tp.full_shape for tp in plan.tensors.values()}  # one per pattern
     role = {"global": "global_scale", "input": "input_scale"}
     for rule in shared:
         pats = [lq.by_role(t, role[rule.scale]) for t in rule.tensors if t in lq.quantized]
         names = [p for p in pats if p is not None]
         if not names:
             continue
-        groups: list[list[str]]
+        groups: list[list[tuple[str, str]]]  # (member name, its pattern)
         if rule.across is not None:
-            ms = plan.members[rule.across] if plan.members else range(0)
-            groups = [[fill(n, i) for i in ms for n in names]]
+            ms = range(counts[rule.across])
+            groups = [[(fill(n, i), n) for i in ms for n in names]]
         else:
-            fams = {f for n in names for f in placeholders(n) if f in (plan.members or {})}
+            fams = {f for n in names for f in placeholders(n) if f in counts}
             if fams:
-                ms = (plan.members or {})[fams.pop()]
-                groups = [[fill(n, i) for n in names] for i in ms]
+                ms = range(counts[fams.pop()])
+                groups = [[(fill(n, i), n) for n in names] for i in ms]
             else:
-                groups = [names]
+                groups = [[(n, n) for n in names]]
         for g in groups:
-            vals = [host[n].reshape(-1).view("u4").tolist() for n in g if n in host]
-            if len({tuple(v) for v in vals}) > 1:
-                shown = {n: float(host[n].reshape(-1)[0]) for n in g if n in host}
+            vals = {n: _scale(n, pat, host, src, by_pattern, shapes, block, layer, report)
+                    for n, pat in g}  # fmt: skip
+            if len({v.reshape(-1).view("u4").tobytes() for v in vals.values()}) > 1:
                 raise BindError(
                     f"{at(layer)}: {rule.scale} scales that must be one value differ: "
-                    f"{shown} — {rule.why} (bind --allow-unshared-scales accepts them)"
+                    f"{_differ(vals)} — {rule.why} (bind --allow-unshared-scales accepts them)"
                 )
+
+
+def _scale(
+    name: str, pattern: str, host: Mapping[str, Array], src: TensorSource,
+    rules: Mapping[str, TensorRule], shapes: Mapping[str, tuple[int, ...]], block: str,
+    layer: int, report: BindReport,
+) -> Array:  # fmt: skip
+    """One member's scale: this rank's array, or read and checked as its owner checks it (a
+    scalar companion is replicated: every member's full shape is its plan's)."""
+    if name in host:
+        return host[name]
+    scratch = BindReport(layer, block)
+    arr = check_one(block, layer, src, rules[pattern], name, shapes[pattern], scratch)
+    report.verdict_bytes += scratch.bytes
+    return arr
+
+
+SHOWN = 3  # members named in a refusal beside the first holder of the common value
+
+
+def _differ(vals: Mapping[str, Array]) -> str:
+    """``k of n differ from A = a: B = b, …``: the common value (the first in member order on
+    a tie) and the first members that differ from it, in member order."""
+    bits = {n: v.reshape(-1).view("u4").tobytes() for n, v in vals.items()}
+    common = Counter(bits.values()).most_common(1)[0][0]
+    first = next(n for n, b in bits.items() if b == common)
+    odd = [n for n, b in bits.items() if b != common]
+    shown = ", ".join(f"{n} = {_value(vals[n])!r}" for n in odd[:SHOWN])
+    more = f" (and {len(odd) - SHOWN} more)" if len(odd) > SHOWN else ""
+    return f"{len(odd)} of {len(bits)} differ from {first} = {_value(vals[first])!r}: {shown}{more}"
+
+
+def _value(a: Array) -> float:
+    return float(a.reshape(-1)[0])
 
 
 def dequantized(

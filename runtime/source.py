@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,18 @@ class TensorSource(Protocol):
     def names(self) -> list[str]: ...
 
     def get(self, name: str) -> RawTensor | None: ...
+
+
+@runtime_checkable
+class WholeSource(Protocol):
+    """A source whose ``get`` yields a rank's slice, and ``whole`` the tensor as stored (checked
+    against the plan's full shape), for a verdict that must not depend on the rank's slice."""
+
+    def names(self) -> list[str]: ...
+
+    def get(self, name: str) -> RawTensor | None: ...
+
+    def whole(self, name: str) -> RawTensor | None: ...
 
 
 class DictSource:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -143,3 +144,13 @@ class ShardedSource:
         if t is None or p is None:
             return t  # not planned: pass through, so the binder's census still sees it
         return shard_raw(p, t, self._layer)
+
+    def whole(self, name: str) -> RawTensor | None:
+        """The whole tensor as stored (a zero-copy view of a mapped file), checked against the
+        plan's full shape as ``get`` checks it: what a rule about the whole tensor reads on
+        every rank. Its bytes are touched only by whoever reads them."""
+        t = self._inner.get(name)
+        p = self.plan.tensors.get(name)
+        if t is None or p is None:
+            return t
+        return shard_raw(replace(p, kind="replicated", local_shape=p.full_shape), t, self._layer)

@@ -96,7 +96,15 @@ def test_bind_json_reports_every_layer_bound_with_no_unknowns(ckpt: Path, tmp_pa
     for layer in rep["layers"]:
         assert set(layer) == {"index", "role", "bound", "bytes", "slots"}
         for slot in layer["slots"].values():
-            assert set(slot) == {"block", "bound", "seen", "other", "bytes", "cast"}
+            assert set(slot) == {
+                "block",
+                "bound",
+                "seen",
+                "other",
+                "bytes",
+                "verdict_bytes",
+                "cast",
+            }
             assert slot["other"] == 0, "each slot is given only the names it claims"
             tensors += slot["seen"]
     assert rep["globals"]["bound"] == 3
