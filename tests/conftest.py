@@ -13,7 +13,7 @@ import sys
 from collections import Counter
 from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import fuzz_tally
 import pytest
@@ -51,8 +51,8 @@ _fuzzed: Counter[str] = Counter()  # reader -> examples run this session (all wo
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[Any]:
-    outcome = yield
-    if call.when == "call":
+    outcome: Any = yield
+    if call.when == "call":  # the tally travels on the report: xdist carries it to the controller
         for reader, n in fuzz_tally.take().items():
             outcome.get_result().user_properties.append((fuzz_tally.PROPERTY, (reader, n)))
 
@@ -60,7 +60,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for key, value in report.user_properties:
         if key == fuzz_tally.PROPERTY:
-            reader, n = value
+            reader, n = cast("tuple[str, int]", value)
             _fuzzed[reader] += n
 
 

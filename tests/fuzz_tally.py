@@ -16,13 +16,13 @@ from collections import Counter
 from budget import examples
 
 PROPERTY = "reader fuzz examples"  # the user_properties key a report carries its tally under
-PLANNED: Counter[str] = Counter()  # reader -> multiples of the profile's max_examples
+PLANNED: dict[str, float] = {}  # reader -> multiples of the profile's max_examples
 _run: Counter[str] = Counter()
 
 
 def planned(reader: str, times: float) -> int:
     """``examples(times)``, recorded as ``reader``'s share of the plan."""
-    PLANNED[reader] += times
+    PLANNED[reader] = PLANNED.get(reader, 0) + times
     return examples(times)
 
 

@@ -204,8 +204,9 @@ def test_quant_configs_with_one_field_broken_raise_only_specbind_errors(
         (quant_dir / fn).write_bytes(data)
     try:
         q = detect(CheckpointDir(quant_dir), TABLE.schemes)
-        for module in MODULES if q is not None else ():
-            q.quantized(module, [module.replace("model.", "model.language_model.")])
-            q.why_excluded(module)
+        for module in MODULES:
+            if q is not None:
+                q.quantized(module, [module.replace("model.", "model.language_model.")])
+                q.why_excluded(module)
     except SpecbindError as e:
         assert "\n" not in str(e), str(e)
