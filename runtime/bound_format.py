@@ -137,8 +137,9 @@ def quant_of(text: str | None, where: str) -> QuantMeta | None:
 
 
 def is_count(text: str) -> bool:
-    """A non-negative integer in ASCII digits (``str.isdigit`` also takes '²')."""
-    return text.isascii() and text.isdecimal()
+    """A non-negative integer in ASCII digits (``str.isdigit`` also takes '²'), at most 18 of
+    them (``int()`` refuses a text of over 4,300 digits with a ValueError of its own)."""
+    return text.isascii() and text.isdecimal() and len(text) <= 18
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,9 @@ class _Decoder:
         if key not in self.meta:
             return None
         if not is_count(self.meta[key]):
-            raise self.fail(f"metadata {key}={self.meta[key]!r} is not a count")
+            text = self.meta[key]
+            shown = text if len(text) <= 40 else text[:40] + "…"
+            raise self.fail(f"metadata {key}={shown!r} is not a count")
         return int(self.meta[key])
 
     def ranks(self) -> Ranks:
@@ -169,7 +172,7 @@ class _Decoder:
         """The value as JSON, or None for a bad document."""
         try:
             return json.loads(self.meta[key])
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the limit
             return None
 
     def integers(self, key: str) -> dict[str, int]:

@@ -2,7 +2,7 @@
 
 Invariants:
 - an index entry's *name* stays inside the directory as written: no absolute path, no ``..``,
-  no backslash, no NUL;
+  no backslash, no NUL, nothing the file system cannot spell (a lone surrogate);
 - every file read (each shard the index names, ``model.safetensors``, the index itself and
   ``config.json``) must be in the directory as a regular file or a symlink; a symlink is
   followed and its final target must be a regular file, inside the directory — or, only when
@@ -58,6 +58,15 @@ def read_json(path: Path, what: str) -> Any:
         raise CheckpointError(f"{what}: not UTF-8") from None
     except (ValueError, RecursionError) as e:
         raise CheckpointError(f"{what}: not valid JSON: {e}") from None
+
+
+def _encodable(fn: str) -> bool:
+    """``fn`` has a file-system spelling (a lone surrogate from JSON ``"\\ud800"`` has none)."""
+    try:
+        os.fsencode(fn)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class CheckpointDir:
@@ -129,7 +138,7 @@ class CheckpointDir:
 
     def _check_name(self, fn: str, name: str) -> None:
         """An index entry's file name must stay inside the directory, as written."""
-        if "\0" in fn or len(fn) > 255:
+        if "\0" in fn or len(fn) > 255 or not _encodable(fn):
             shown = fn[:40].replace("\0", "\\0") + ("…" if len(fn) > 40 else "")
             raise CheckpointError(f"{INDEX}: {name[:80]!r} names an impossible file {shown!r}")
         p = Path(fn)

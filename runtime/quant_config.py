@@ -87,7 +87,7 @@ def _ct_match(pattern: str, module: str) -> bool:
     if pattern.startswith("re:"):
         try:
             return re.match(pattern[3:], module) is not None
-        except re.error as e:
+        except (re.error, OverflowError, RecursionError) as e:  # a{4294967296}; 1,000 '('
             raise CheckpointError(f"quantization_config: ignore/targets {pattern!r}: {e}") from None
     return pattern == module
 

@@ -1,5 +1,6 @@
-"""pytest configuration: Hypothesis profiles (``HYPOTHESIS_PROFILE=ci`` is the default), and
-the CuPy stand-in fixture shared by the device-path tests.
+"""pytest configuration: Hypothesis profiles (``HYPOTHESIS_PROFILE=ci`` is the default), the
+CuPy stand-in fixture shared by the device-path tests, and the reader fuzzers' example count in
+the summary (``fuzz_tally``).
 
 Every property follows the loaded profile: none pins ``max_examples``; one that needs more (or
 fewer) examples than the rest asks for a multiple of the profile's (``budget.examples``). The
@@ -10,10 +11,12 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import fuzz_tally
 import pytest
 from hypothesis import HealthCheck, settings
 
@@ -83,3 +86,28 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if out:
         with open(out, "a") as f:
             f.write(f"{item.nodeid}\t{_cpu_seconds() - t0:.3f}\n")
+
+
+_fuzzed: Counter[str] = Counter()  # reader -> examples run this session (all workers)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[Any]:
+    outcome: Any = yield
+    if call.when == "call":  # the tally travels on the report: xdist carries it to the controller
+        for reader, n in fuzz_tally.take().items():
+            outcome.get_result().user_properties.append((fuzz_tally.PROPERTY, (reader, n)))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for key, value in report.user_properties:
+        if key == fuzz_tally.PROPERTY:
+            reader, n = cast("tuple[str, int]", value)
+            _fuzzed[reader] += n
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _fuzzed and not hasattr(terminalreporter.config, "workerinput"):
+        each = ", ".join(f"{r} {n:,}" for r, n in sorted(_fuzzed.items()))
+        total = sum(_fuzzed.values())
+        terminalreporter.write_line(f"reader fuzzing: {total:,} generated examples ({each})")
