@@ -74,24 +74,18 @@ class NameMatcher:
             )
         self.where = where
         self.kind = kind
-        self._names: frozenset[str] = frozenset()
-        self._sources: list[tuple[str, str]] = []  # (entry as written, RE2 source)
-        names: set[str] = set()
-        for e in dict.fromkeys(entries):  # duplicates once, in order
-            src = _source(e, kind, where)
-            if src is None:
-                names.add(e)
-            else:
-                self._sources.append((e, src))
-        self._names = frozenset(names)
-        n_chars = sum(len(e) for e, _ in self._sources)
-        if len(self._sources) > MAX_COMPILED or n_chars > MAX_COMPILED_CHARS:
+        compiled = [e for e in dict.fromkeys(entries) if _compiled(e, kind)]  # once, in order
+        self._names = frozenset(entries) - set(compiled)
+        n_chars = sum(len(e) for e in compiled)
+        if len(compiled) > MAX_COMPILED or n_chars > MAX_COMPILED_CHARS:
             what = "wildcard globs" if kind == "glob" else "re: regexes"
             raise CheckpointError(
-                f"{where}: {len(self._sources)} {what} ({n_chars} characters), over the cap of "
+                f"{where}: {len(compiled)} {what} ({n_chars} characters), over the cap of "
                 f"{MAX_COMPILED} ({MAX_COMPILED_CHARS} characters); refusing a pattern list "
                 "this costly"
             )
+        # (entry as written, its RE2 source), each checked alone so a refusal names it
+        self._sources = [(e, _source(e, kind, where)) for e in compiled]
         self._rx: Any = None
         if self._sources:
             joined = "|".join(f"(?:{s})" for _, s in self._sources)
@@ -134,20 +128,23 @@ class NameMatcher:
         return None
 
 
-def _source(entry: str, kind: Kind, where: str) -> str | None:
-    """The RE2 source of one entry, or None when it names one module exactly."""
+def _compiled(entry: str, kind: Kind) -> bool:
+    """Whether an entry is a pattern (compiled), not one module's exact name (a set member)."""
+    if kind == "glob":
+        return any(c in entry for c in "*?[")
+    return entry.startswith("re:")
+
+
+def _source(entry: str, kind: Kind, where: str) -> str:
+    """The RE2 source of one pattern entry, refused naming it if RE2 cannot run it."""
     if len(entry) > MAX_ENTRY_CHARS:
         raise CheckpointError(
             f"{where}: an entry of {len(entry)} characters ({entry[:40]!r}…), over the cap of "
             f"{MAX_ENTRY_CHARS}"
         )
     if kind == "glob":
-        if not any(c in entry for c in "*?["):
-            return None
         src = glob_source(entry)
     else:
-        if not entry.startswith("re:"):
-            return None
         src = regex_source(entry[3:], f"{where} entry {entry!r}")
     try:
         re2.compile(src, _options())
