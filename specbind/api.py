@@ -276,9 +276,14 @@ def open_bound(
 def model_table(
     name: str | None, how: str = "model=", config: Mapping[str, Any] | None = None
 ) -> ModelTable[Any]:
-    """The generated table of model ``name``; without a name, the only model, else the one
-    whose ``model_types`` hold ``config``'s ``model_type`` (flat or under ``text_config``),
-    else the spec marked ``default``."""
+    """The generated table of model ``name``; without a name, the only model, else for a
+    checkpoint (``config``: its config.json) the one whose ``model_types`` hold its
+    ``model_type`` (flat or under ``text_config``), else — no checkpoint at all (``synth``,
+    ``bench``, ``plan`` of the spec) — the spec marked ``default``.
+
+    A checkpoint whose config names no model type, a non-string one, or one no generated model
+    claims is refused naming the known model types and ``how`` to choose one (``--model``,
+    ``model=``): a default model would only be refused later by a field it lacks."""
     from specbind.core.errors import SpecbindError
     from specbind.generated import MODELS
 
@@ -288,9 +293,9 @@ def model_table(
         return MODELS[name]
     if len(MODELS) == 1:
         return next(iter(MODELS.values()))
-    pick = _by_model_type(MODELS, config) if config is not None else None
-    if pick is None:
-        pick = next((t for t in MODELS.values() if t.default), None)
+    if config is not None:
+        return _by_model_type(MODELS, config, how)
+    pick = next((t for t in MODELS.values() if t.default), None)
     if pick is None:
         raise SpecbindError(
             f"several models are generated; pick one with {how} ({', '.join(MODELS)})"
@@ -299,16 +304,38 @@ def model_table(
 
 
 def _by_model_type(
-    models: Mapping[str, ModelTable[Any]], config: Mapping[str, Any]
-) -> ModelTable[Any] | None:
+    models: Mapping[str, ModelTable[Any]], config: Mapping[str, Any], how: str
+) -> ModelTable[Any]:
+    from specbind.core.errors import CheckpointError
+
     nested = config.get("text_config")
-    found = [
-        config.get("model_type"),
-        nested.get("model_type") if isinstance(nested, dict) else None,
-    ]
-    kinds = {k for k in found if isinstance(k, str)}
+    found = [("model_type", config["model_type"])] if "model_type" in config else []
+    if isinstance(nested, dict) and "model_type" in nested:
+        found.append(("text_config.model_type", nested["model_type"]))
+    known = "; ".join(
+        f"{', '.join(t.model_types) or '(none)'} -> {n}" for n, t in models.items()
+    )
+    choose = f"choose the model with {how}{'' if how.endswith('=') else ' '}NAME"
+    for where, kind in found:
+        if not isinstance(kind, str):
+            raise CheckpointError(
+                f"config.json: {where} is {kind!r} ({type(kind).__name__}), not a string; "
+                f"known model types: {known}; {choose}"
+            )
+    kinds = {k for _, k in found}
+    if not kinds:
+        raise CheckpointError(
+            f"config.json: no model_type (flat or under text_config), so no model is picked "
+            f"for it; known model types: {known}; {choose}"
+        )
     hits = [t for t in models.values() if kinds & set(t.model_types)]
-    return hits[0] if len(hits) == 1 else None
+    if len(hits) != 1:
+        said = " and ".join(repr(k) for k in sorted(kinds))
+        which = "no generated model claims" if not hits else "several generated models claim"
+        raise CheckpointError(
+            f"config.json: model_type {said}: {which} it; known model types: {known}; {choose}"
+        )
+    return hits[0]
 
 
 def _has_cupy() -> bool:
