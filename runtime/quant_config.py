@@ -32,7 +32,7 @@ from specbind.core.errors import CheckpointError
 from specbind.core.quant import DetectRule, SchemeRule
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.config import quantization_config
-from specbind.runtime.config_patterns import NameMatcher
+from specbind.runtime.config_patterns import Kind, NameMatcher
 
 
 def lookup(doc: Any, dotted: str) -> list[Any]:
@@ -67,7 +67,7 @@ class QuantConfig:
     def __post_init__(self) -> None:
         """Both fields checked and compiled once, here: a bad or costly pattern is refused
         before any module is matched."""
-        kind = "glob" if self.scheme.exclude_match == "glob" else "compressed_tensors"
+        kind: Kind = "glob" if self.scheme.exclude_match == "glob" else "compressed_tensors"
         object.__setattr__(self, "_exclude", NameMatcher(self.excluded, kind, self.source))
         targets = [t for t in self.targets if t != "Linear"]
         object.__setattr__(

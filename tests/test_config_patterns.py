@@ -28,10 +28,11 @@ from specbind.runtime.checkpoint import MAX_CONFIG_BYTES, CheckpointDir
 from specbind.runtime.config_patterns import MAX_COMPILED, MAX_ENTRIES, NameMatcher
 from specbind.synth import synth
 
+# every linear NVFP4, as in test_quant_claims
 GEO = TINY | {
     "hidden": 128, "intermediate": 128, "moe_intermediate": 64, "v_head_dim": 32,
     "q_lora_rank": 48, "kv_lora_rank": 32,
-}  # fmt: skip  (every linear NVFP4, as in test_quant_claims)
+}  # fmt: skip
 SCHEMES = {s.name: s for s in TABLE.schemes}
 CT = "nvfp4-compressed-tensors"
 MO = "nvfp4-modelopt"
