@@ -18,7 +18,11 @@ Invariants:
   is not read, and ``unindexed_files`` lists it so the audit can say so;
 - a tensor name appears in exactly one shard;
 - shards are opened lazily, each once, and read through memory maps;
-- ``config.json`` must be a JSON object.
+- ``config.json`` must be a JSON object;
+- a JSON file is read only up to a cap: ``MAX_JSON_BYTES`` (64 MiB) for the index, which names
+  every tensor; ``MAX_CONFIG_BYTES`` (16 MiB) for ``config.json`` and the side files beside it
+  (``hf_quant_config.json``), which hold settings and pattern lists — a real one is kilobytes,
+  and an explicit per-expert list of a 61-layer, 384-expert model about 4 MB.
 Trap: ``files()`` lists paths as named in the directory, not resolved; compare real paths (and
 inodes) when asking whether some other path is one of them, as ``out_path.check_out_path`` does.
 """
@@ -40,15 +44,16 @@ from specbind.runtime.source import RawTensor
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 MAX_JSON_BYTES = 64 * 1024 * 1024
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
 
 
-def read_json(path: Path, what: str) -> Any:
+def read_json(path: Path, what: str, cap: int = MAX_JSON_BYTES) -> Any:
     try:
         st = path.stat()
         if not stat.S_ISREG(st.st_mode):
             raise CheckpointError(f"{what}: not a regular file")
-        if st.st_size > MAX_JSON_BYTES:
-            raise CheckpointError(f"{what}: {st.st_size} B is over the {MAX_JSON_BYTES} B cap")
+        if st.st_size > cap:
+            raise CheckpointError(f"{what}: {st.st_size} B is over the {cap} B cap")
         raw = path.read_bytes()
     except OSError as e:
         raise CheckpointError(f"{what}: cannot read: {e.strerror}") from None
@@ -239,13 +244,15 @@ class CheckpointDir:
         as ``config.json``; None when the directory has no such entry."""
         if not os.path.lexists(self.root / fn):
             return None
-        return read_json(self._resolve(fn, fn), fn)
+        return read_json(self._resolve(fn, fn), fn, MAX_CONFIG_BYTES)
 
     @cached_property
     def config(self) -> dict[str, Any]:
         if not os.path.lexists(self.root / "config.json"):
             raise CheckpointError(f"{self.root}: no config.json")
-        doc = read_json(self._resolve("config.json", "config.json"), "config.json")
+        doc = read_json(
+            self._resolve("config.json", "config.json"), "config.json", MAX_CONFIG_BYTES
+        )
         if not isinstance(doc, dict):
             raise CheckpointError("config.json: must be a JSON object")
         return doc

@@ -5,12 +5,14 @@ A scheme (``specs/schemes/*.yaml``) says which config field announces it; at mos
 may claim a checkpoint. Which modules are quantized comes from the config, never from guessing
 by dtype:
 - ``glob`` (ModelOpt ``hf_quant_config.json`` ``quantization.exclude_modules``): a module is
-  quantized unless its full name matches one of the patterns (``*`` wildcards, fnmatch, case
+  quantized unless its full name matches one of the patterns (``*`` wildcards, as fnmatch, case
   sensitive);
 - ``compressed_tensors`` (``quantization_config.ignore`` and ``config_groups.*.targets``): a
   module is quantized when a target matches it (``Linear``: every linear; ``re:`` a regex
   matched from the start of the name, as compressed-tensors matches; else the exact name) and
   no ``ignore`` entry does.
+The patterns are untrusted: each field is compiled once by ``runtime.config_patterns`` into one
+linear-time matcher, under caps on count and size (never Python's backtracking ``re``).
 
 Invariants: a config that announces quantization no scheme describes is refused (a
 ``quantization_config`` with an unknown method is never bound as if it were BF16); an excluded
@@ -22,16 +24,15 @@ map), because that is what the tools wrote into their configs.
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specbind.core.errors import CheckpointError
 from specbind.core.quant import DetectRule, SchemeRule
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.config import quantization_config
+from specbind.runtime.config_patterns import Kind, NameMatcher
 
 
 def lookup(doc: Any, dotted: str) -> list[Any]:
@@ -59,37 +60,35 @@ class QuantConfig:
     excluded: tuple[str, ...]  # patterns or names, as the config writes them
     targets: tuple[str, ...]  # compressed-tensors targets; () for a glob scheme
     source: str  # "hf_quant_config.json quantization.exclude_modules", for messages
+    targets_source: str = "config.json"  # where the targets are, for messages
+    _exclude: NameMatcher = field(init=False, repr=False, compare=False)
+    _targets: NameMatcher = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """Both fields checked and compiled once, here: a bad or costly pattern is refused
+        before any module is matched."""
+        kind: Kind = "glob" if self.scheme.exclude_match == "glob" else "compressed_tensors"
+        object.__setattr__(self, "_exclude", NameMatcher(self.excluded, kind, self.source))
+        targets = [t for t in self.targets if t != "Linear"]
+        object.__setattr__(
+            self, "_targets", NameMatcher(targets, "compressed_tensors", self.targets_source)
+        )
 
     def quantized(self, module: str, aliases: Sequence[str] = ()) -> bool:
         """True when the config says the module (full checkpoint name, or one of its
         ``aliases``: the tool's own module names, which its config lists) is quantized."""
         names = [module, *aliases]
-        if any(_matches(self, p, n) for p in self.excluded for n in names):
+        if self._exclude.any(names):
             return False
-        if self.scheme.exclude_match == "glob":
+        if self.scheme.exclude_match == "glob" or "Linear" in self.targets:
             return True
-        return any(p == "Linear" or _ct_match(p, n) for p in self.targets for n in names)
+        return self._targets.any(names)
 
     def why_excluded(self, module: str) -> str:
-        hit = [p for p in self.excluded if _matches(self, p, module)]
-        if hit:
-            return f"{self.source} lists {hit[0]!r}"
+        hit = self._exclude.first(module)
+        if hit is not None:
+            return f"{self.source} lists {hit!r}"
         return f"no target of {self.scheme.exclude.file} config_groups matches it"
-
-
-def _matches(q: QuantConfig, pattern: str, module: str) -> bool:
-    if q.scheme.exclude_match == "glob":
-        return fnmatch.fnmatchcase(module, pattern)
-    return _ct_match(pattern, module)
-
-
-def _ct_match(pattern: str, module: str) -> bool:
-    if pattern.startswith("re:"):
-        try:
-            return re.match(pattern[3:], module) is not None
-        except (re.error, OverflowError, RecursionError) as e:  # a{4294967296}; 1,000 '('
-            raise CheckpointError(f"quantization_config: ignore/targets {pattern!r}: {e}") from None
-    return pattern == module
 
 
 def _read(ckpt: CheckpointDir, file: str, cache: dict[str, Any]) -> Any:
@@ -153,6 +152,7 @@ def detect(ckpt: CheckpointDir, schemes: Sequence[SchemeRule]) -> QuantConfig | 
         excluded=_strings(doc, s.exclude.file, s.exclude.field),
         targets=targets,
         source=f"{s.exclude.file} {s.exclude.field}",
+        targets_source=f"config.json {s.targets}",
     )
 
 

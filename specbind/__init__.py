@@ -8,6 +8,7 @@ The API::
     ck.audit()                                          # the census, as `specbind audit --json`
     ck.plan(tp_size=8, ep_size=8)                       # every rank's shapes and bytes
     m = ck.bind(tp_rank=0, tp_size=8, backend="torch")  # this rank's share, as torch tensors
+    ck.bind(quant_output="dequantized")                 # the `bind` flags, or options=BindOptions
     m.layers[3].slots["mlp"].tensors["w13"]             # [E/ep, 2·Im/tp, H] torch.bfloat16
     m.globals.tensors["lm_head"] if m.globals else None
     specbind.open_bound("rank-0.safetensors", tp_rank=0)  # a `bind --out` file loaded back
@@ -18,6 +19,22 @@ templates and kernel sources as package data. In the repository those folders si
 level and ``specbind/`` links to them; the wheel holds real copies.
 """
 
-from specbind.api import BoundLayer, BoundModel, BoundSlot, Checkpoint, open, open_bound
+from specbind.api import (
+    BoundLayer,
+    BoundModel,
+    BoundSlot,
+    Checkpoint,
+    open,
+    open_bound,
+)
+from specbind.runtime.bind_options import BindOptions
 
-__all__ = ["BoundLayer", "BoundModel", "BoundSlot", "Checkpoint", "open", "open_bound"]
+__all__ = [
+    "BindOptions",
+    "BoundLayer",
+    "BoundModel",
+    "BoundSlot",
+    "Checkpoint",
+    "open",
+    "open_bound",
+]

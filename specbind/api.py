@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
+
+from specbind.runtime.bind_options import BindOptions
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -152,7 +154,10 @@ class Checkpoint:
         ep_size: int = ...,
         backend: Literal["numpy"] = ...,
         device: str | None = ...,
-        progress: bool = ...,
+        progress: bool | None = ...,
+        options: BindOptions | None = ...,
+        quant_output: str | Sequence[str] | None = ...,
+        allow_unshared_scales: bool | None = ...,
     ) -> BoundModel[npt.NDArray[Any]]: ...
 
     @overload
@@ -165,7 +170,10 @@ class Checkpoint:
         ep_size: int = ...,
         backend: Literal["torch"],
         device: str | None = ...,
-        progress: bool = ...,
+        progress: bool | None = ...,
+        options: BindOptions | None = ...,
+        quant_output: str | Sequence[str] | None = ...,
+        allow_unshared_scales: bool | None = ...,
     ) -> BoundModel[torch.Tensor]: ...
 
     @overload
@@ -178,7 +186,10 @@ class Checkpoint:
         ep_size: int = ...,
         backend: Literal["cupy"],
         device: str | None = ...,
-        progress: bool = ...,
+        progress: bool | None = ...,
+        options: BindOptions | None = ...,
+        quant_output: str | Sequence[str] | None = ...,
+        allow_unshared_scales: bool | None = ...,
     ) -> BoundModel[Any]: ...
 
     def bind(
@@ -190,9 +201,18 @@ class Checkpoint:
         ep_size: int = 1,
         backend: BackendName = "numpy",
         device: str | None = None,
-        progress: bool = False,
+        progress: bool | None = None,
+        options: BindOptions | None = None,
+        quant_output: str | Sequence[str] | None = None,
+        allow_unshared_scales: bool | None = None,
     ) -> BoundModel[Any]:
         """Bind this rank's share of every tensor.
+
+        The binding options are the CLI's ``bind`` flags: ``options=BindOptions(...)``
+        (``specbind.BindOptions``), or the same names as keywords, not both —
+        ``quant_output`` (``"swizzled"``, ``"dequantized"``, or a list: ``--quant-output``),
+        ``allow_unshared_scales`` (``--allow-unshared-scales``), ``progress`` (a bar on
+        stderr; default none).
 
         ``device``: for ``cupy``, the CUDA device index as ``"cuda:N"`` (default: the current
         one); for ``torch``, where the tensors live: ``None``/``"cpu"`` binds with NumPy and
@@ -220,10 +240,11 @@ class Checkpoint:
                 raise SpecbindError(f"device {device!r}: torch sees no CUDA device here")
         engine = "cupy" if backend == "cupy" or (on_gpu and _has_cupy()) else "numpy"
         be = backends.get(engine, _kernels() if engine == "cupy" else None)
+        opts = _bind_options(options, quant_output, allow_unshared_scales, progress)
         with _cuda_device(device if engine == "cupy" else None):
             result = bind_checkpoint(
-                self._raw, self._table, self.overrides, tp_size, tp_rank, progress=progress,
-                backend=be, ep_size=ep_size, ep_rank=ep_rank,
+                self._raw, self._table, self.overrides, tp_size, tp_rank, backend=be,
+                ep_size=ep_size, ep_rank=ep_rank, **opts.bind_kwargs(),
             )  # fmt: skip
         convert = _converter(backend, device)
         layers = [
@@ -236,6 +257,34 @@ class Checkpoint:
             self._table.name, r.tp_size, r.tp_rank, r.ep_size, r.ep_rank, backend, layers, glob,
             result,
         )  # fmt: skip
+
+
+def _bind_options(
+    options: BindOptions | None,
+    quant_output: str | Sequence[str] | None,
+    allow_unshared_scales: bool | None,
+    progress: bool | None,
+) -> BindOptions:
+    """``options``, or one made of the keywords given; both at once is refused."""
+    from specbind.core.errors import SpecbindError
+    from specbind.runtime.bind_options import BindOptions
+
+    given: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("quant_output", quant_output),
+            ("allow_unshared_scales", allow_unshared_scales),
+            ("progress", progress),
+        )
+        if v is not None
+    }
+    if options is None:
+        return BindOptions(**given)
+    if not isinstance(options, BindOptions):
+        raise SpecbindError(f"options is {type(options).__name__}, expected a BindOptions")
+    if given:
+        raise SpecbindError(f"bind: give options= or the keyword(s) {', '.join(given)}, not both")
+    return options
 
 
 def open(
@@ -276,9 +325,14 @@ def open_bound(
 def model_table(
     name: str | None, how: str = "model=", config: Mapping[str, Any] | None = None
 ) -> ModelTable[Any]:
-    """The generated table of model ``name``; without a name, the only model, else the one
-    whose ``model_types`` hold ``config``'s ``model_type`` (flat or under ``text_config``),
-    else the spec marked ``default``."""
+    """The generated table of model ``name``; without a name, the only model, else for a
+    checkpoint (``config``: its config.json) the one whose ``model_types`` hold its
+    ``model_type`` (flat or under ``text_config``), else — no checkpoint at all (``synth``,
+    ``bench``, ``plan`` of the spec) — the spec marked ``default``.
+
+    A checkpoint whose config names no model type, a non-string one, or one no generated model
+    claims is refused naming the known model types and ``how`` to choose one (``--model``,
+    ``model=``): a default model would only be refused later by a field it lacks."""
     from specbind.core.errors import SpecbindError
     from specbind.generated import MODELS
 
@@ -288,9 +342,9 @@ def model_table(
         return MODELS[name]
     if len(MODELS) == 1:
         return next(iter(MODELS.values()))
-    pick = _by_model_type(MODELS, config) if config is not None else None
-    if pick is None:
-        pick = next((t for t in MODELS.values() if t.default), None)
+    if config is not None:
+        return _by_model_type(MODELS, config, how)
+    pick = next((t for t in MODELS.values() if t.default), None)
     if pick is None:
         raise SpecbindError(
             f"several models are generated; pick one with {how} ({', '.join(MODELS)})"
@@ -299,16 +353,36 @@ def model_table(
 
 
 def _by_model_type(
-    models: Mapping[str, ModelTable[Any]], config: Mapping[str, Any]
-) -> ModelTable[Any] | None:
+    models: Mapping[str, ModelTable[Any]], config: Mapping[str, Any], how: str
+) -> ModelTable[Any]:
+    from specbind.core.errors import CheckpointError
+
     nested = config.get("text_config")
-    found = [
-        config.get("model_type"),
-        nested.get("model_type") if isinstance(nested, dict) else None,
-    ]
-    kinds = {k for k in found if isinstance(k, str)}
+    found = [("model_type", config["model_type"])] if "model_type" in config else []
+    if isinstance(nested, dict) and "model_type" in nested:
+        found.append(("text_config.model_type", nested["model_type"]))
+    known = "; ".join(f"{', '.join(t.model_types) or '(none)'} -> {n}" for n, t in models.items())
+    choose = f"choose the model with {how}{'' if how.endswith('=') else ' '}NAME"
+    for where, kind in found:
+        if not isinstance(kind, str):
+            raise CheckpointError(
+                f"config.json: {where} is {kind!r} ({type(kind).__name__}), not a string; "
+                f"known model types: {known}; {choose}"
+            )
+    kinds = {k for _, k in found}
+    if not kinds:
+        raise CheckpointError(
+            f"config.json: no model_type (flat or under text_config), so no model is picked "
+            f"for it; known model types: {known}; {choose}"
+        )
     hits = [t for t in models.values() if kinds & set(t.model_types)]
-    return hits[0] if len(hits) == 1 else None
+    if len(hits) != 1:
+        said = " and ".join(repr(k) for k in sorted(kinds))
+        which = "no generated model claims" if not hits else "several generated models claim"
+        raise CheckpointError(
+            f"config.json: model_type {said}: {which} it; known model types: {known}; {choose}"
+        )
+    return hits[0]
 
 
 def _has_cupy() -> bool:

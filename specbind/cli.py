@@ -25,9 +25,12 @@ import sys
 import traceback
 from functools import partial
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from specbind.core.errors import SpecbindError
+
+if TYPE_CHECKING:
+    from specbind.runtime.bind_options import BindOptions
 
 # The folder that holds specs/ and generated/: the repository root in a checkout (specbind/
 # links to the top-level folders), the installed package in a wheel. Resolved through the
@@ -198,6 +201,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
 
     table = _table(a.model, a.ckpt)
     overrides = _sets(a.set)
+    opts = _options(a)
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
     backend = backends.get(a.backend, generated_kernels)
     ckpt = CheckpointDir(Path(a.ckpt))
@@ -205,9 +209,8 @@ def cmd_bind(a: argparse.Namespace) -> int:
     values = values_from_config(table, ckpt.config, overrides)  # refuse a bad --set first
     _note_overrides(overrides)
     run = partial(
-        bind_checkpoint, ckpt, table, overrides, tp_size, tp_rank, progress=a.progress,
-        backend=backend, ep_size=_or(a.ep_size, 1), ep_rank=_or(a.ep_rank, 0),
-        allow_unshared_scales=a.allow_unshared_scales, quant_outputs=a.quant_output or (),
+        bind_checkpoint, ckpt, table, overrides, tp_size, tp_rank, backend=backend,
+        ep_size=_or(a.ep_size, 1), ep_rank=_or(a.ep_rank, 0), **opts.bind_kwargs(),
     )  # fmt: skip
     if out is None:
         result = run()
@@ -244,6 +247,17 @@ def cmd_bind(a: argparse.Namespace) -> int:
     return 0
 
 
+def _options(a: argparse.Namespace) -> BindOptions:
+    """``bind``'s binding flags as the ``BindOptions`` the API takes too."""
+    from specbind.runtime.bind_options import BindOptions
+
+    return BindOptions(
+        quant_output=tuple(a.quant_output or ()),
+        allow_unshared_scales=a.allow_unshared_scales,
+        progress=a.progress,
+    )
+
+
 def cmd_bind_ranks(a: argparse.Namespace) -> int:
     """``bind`` under torchrun (every rank at once), or ``bind --out-dir`` (a world of one)."""
     from specbind.generated import SPECS_SHA256
@@ -263,12 +277,13 @@ def cmd_bind_ranks(a: argparse.Namespace) -> int:
             )
     if a.timeout <= 0:
         raise SpecbindError(f"--timeout {a.timeout:g}: must be > 0 seconds")
+    opts = _options(a)
     job = distributed.Job(
         ckpt=Path(a.ckpt), table=_table(a.model, a.ckpt), specs_sha256=SPECS_SHA256,
         overrides=_sets(a.set), tp_size=a.tp_size, ep_size=_or(a.ep_size, 1),
         backend=backends.get(a.backend, generated_kernels),
-        out_dir=None if a.out_dir is None else Path(a.out_dir), progress=a.progress,
-        allow_unshared_scales=a.allow_unshared_scales, quant_outputs=tuple(a.quant_output or ()),
+        out_dir=None if a.out_dir is None else Path(a.out_dir), progress=opts.progress,
+        allow_unshared_scales=opts.allow_unshared_scales, quant_outputs=opts.quant_output,
     )  # fmt: skip
     if a.backend == "cupy" and launched(os.environ):  # each rank binds on its own device
         importlib.import_module("cupy").cuda.Device(int(os.environ.get("LOCAL_RANK", "0"))).use()

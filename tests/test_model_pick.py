@@ -1,0 +1,94 @@
+"""A checkpoint names its model, or is told it: a config.json with no ``model_type``, a
+non-string one, or one no generated model claims is refused in one line naming the known model
+types and how to choose one (``--model``, ``model=``), never bound as the default model; the
+choice given by hand still works; with no checkpoint at all (``synth``) the default stays."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import TABLE, TINY
+
+import specbind
+from specbind.core.errors import CheckpointError
+from specbind.generated import MODELS
+from specbind.synth import synth
+
+KNOWN = [t for m in MODELS.values() for t in m.model_types]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("pick") / "ck"
+    synth(TABLE, out, dict(TINY), layers=2, seed=5)
+    return out
+
+
+def with_model_type(src: Path, dest: Path, value: Any) -> Path:
+    """A copy of ``src`` whose config.json ``model_type`` is ``value`` (dropped for ``...``)."""
+    dest.mkdir()
+    for f in src.iterdir():
+        if f.name != "config.json":
+            os.link(f, dest / f.name)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.pop("model_type", None)
+    if value is not ...:
+        cfg["model_type"] = value
+    (dest / "config.json").write_text(json.dumps(cfg))
+    return dest
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+CASES = [(..., "no model_type"), (5, "model_type is 5 (int), not a string"),
+         (None, "model_type is None (NoneType), not a string"), ("llama", "model_type 'llama': no generated model")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("value", "said"), CASES)
+@pytest.mark.parametrize("cmd", ["bind", "audit", "plan"])
+def test_a_checkpoint_naming_no_known_model_is_refused_naming_the_choices(
+    ckpt: Path, tmp_path: Path, value: Any, said: str, cmd: str
+) -> None:
+    d = with_model_type(ckpt, tmp_path / "c", value)
+    proc = cli(cmd, str(d))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specbind: error: config.json: "), lines
+    msg = lines[0]
+    assert said in msg and "choose the model with --model NAME" in msg
+    assert all(t in msg for t in KNOWN) and all(n in msg for n in MODELS)
+
+
+@pytest.mark.parametrize(("value", "said"), CASES)
+def test_the_api_refuses_it_too_naming_model_equals(
+    ckpt: Path, tmp_path: Path, value: Any, said: str
+) -> None:
+    d = with_model_type(ckpt, tmp_path / "c", value)
+    with pytest.raises(CheckpointError) as e:
+        specbind.open(d)
+    assert said in str(e.value) and "choose the model with model=NAME" in str(e.value)
+
+
+def test_choosing_the_model_by_hand_still_binds_it(ckpt: Path, tmp_path: Path) -> None:
+    d = with_model_type(ckpt, tmp_path / "c", ...)
+    assert cli("bind", "--model", TABLE.name, str(d)).returncode == 0
+    ck = specbind.open(d, model=TABLE.name)
+    assert ck.model == TABLE.name and ck.bind().tensors()
+
+
+def test_synth_without_a_checkpoint_still_writes_the_default_model(tmp_path: Path) -> None:
+    proc = cli("synth", str(tmp_path / "d"))
+    assert proc.returncode == 0, proc.stderr
+    default = next(t for t in MODELS.values() if t.default)
+    model_type = json.loads((tmp_path / "d" / "config.json").read_text())["model_type"]
+    assert model_type in default.model_types
