@@ -11,7 +11,7 @@ by dtype:
   module is quantized when a target matches it (``Linear``: every linear; ``re:`` a regex
   matched from the start of the name, as compressed-tensors matches; else the exact name) and
   no ``ignore`` entry does.
-The patterns are untrusted: each field is compiled once by ``runtime.config_patterns`` into one
+The patterns are untrusted: each field is compiled once by ``core.config_patterns`` into one
 linear-time matcher, under caps on count and size (never Python's backtracking ``re``).
 
 Invariants: a config that announces quantization no scheme describes is refused (a
@@ -28,11 +28,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specbind.core.config_patterns import Kind, NameMatcher
 from specbind.core.errors import CheckpointError
 from specbind.core.quant import DetectRule, SchemeRule
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.config import quantization_config
-from specbind.runtime.config_patterns import Kind, NameMatcher
 
 
 def lookup(doc: Any, dotted: str) -> list[Any]:

@@ -21,11 +21,11 @@ from helpers import TABLE, TINY
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specbind.core import config_patterns
+from specbind.core.config_patterns import MAX_COMPILED, MAX_ENTRIES, NameMatcher
 from specbind.core.errors import CheckpointError
-from specbind.runtime import config_patterns
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import MAX_CONFIG_BYTES, CheckpointDir
-from specbind.runtime.config_patterns import MAX_COMPILED, MAX_ENTRIES, NameMatcher
 from specbind.synth import synth
 
 # every linear NVFP4, as in test_quant_claims

@@ -104,7 +104,12 @@ class NameMatcher:
         if self._rx is None:
             return False
         t0 = time.perf_counter()
-        hit = self._rx.fullmatch(name) if self.kind == "glob" else self._rx.match(name)
+        try:
+            hit = self._rx.fullmatch(name) if self.kind == "glob" else self._rx.match(name)
+        except UnicodeEncodeError:  # RE2 matches UTF-8; a lone surrogate has none
+            raise CheckpointError(
+                f"{self.where}: the module name {name!r} is not text (a lone surrogate)"
+            ) from None
         self._spent += time.perf_counter() - t0
         if self._spent > MATCH_BUDGET_S:
             raise CheckpointError(
@@ -142,6 +147,10 @@ def _source(entry: str, kind: Kind, where: str) -> str:
             f"{where}: an entry of {len(entry)} characters ({entry[:40]!r}…), over the cap of "
             f"{MAX_ENTRY_CHARS}"
         )
+    try:
+        entry.encode("utf-8")
+    except UnicodeEncodeError:  # RE2 compiles UTF-8; a lone surrogate has none
+        raise CheckpointError(f"{where} entry {entry!r}: is not text (a lone surrogate)") from None
     if kind == "glob":
         src = glob_source(entry)
     else:
