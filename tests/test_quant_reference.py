@@ -16,19 +16,32 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", exc_type=ImportError)
-with warnings.catch_warnings():  # modelopt warns that this transformers is untested with it
-    warnings.simplefilter("ignore")
-    nvfp4_tensor = pytest.importorskip(
-        "modelopt.torch.quantization.qtensor.nvfp4_tensor", exc_type=ImportError
-    )
-ct_nvfp4 = pytest.importorskip("compressed_tensors.compressors.nvfp4.base", exc_type=ImportError)
-ct_naive = pytest.importorskip(
-    "compressed_tensors.compressors.naive_quantized.base", exc_type=ImportError
-)
-ct_quant = pytest.importorskip("compressed_tensors.quantization", exc_type=ImportError)
+from specbind.runtime import ops
 
-from specbind.runtime import ops  # noqa: E402
+
+class _Lazy:
+    """A tool's module, imported at first use (a test that uses it is skipped if the tool is
+    not installed, as ``importorskip`` at the top would): collecting this file on an xdist
+    worker that never runs it then costs nothing (modelopt alone is ~17 s of CPU to import)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._mod: Any = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._mod is None:
+            with warnings.catch_warnings():  # modelopt warns this transformers is untested
+                warnings.simplefilter("ignore")
+                self._mod = pytest.importorskip(self._name, exc_type=ImportError)
+        return getattr(self._mod, attr)
+
+
+torch = _Lazy("torch")
+nvfp4_tensor = _Lazy("modelopt.torch.quantization.qtensor.nvfp4_tensor")
+ct_nvfp4 = _Lazy("compressed_tensors.compressors.nvfp4.base")
+ct_naive = _Lazy("compressed_tensors.compressors.naive_quantized.base")
+ct_quant = _Lazy("compressed_tensors.quantization")
+
 
 U8, U16, F32 = np.uint8, np.uint16, np.float32
 E4M3, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16
