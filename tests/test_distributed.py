@@ -8,6 +8,7 @@ Budget: these tests start torch in 2-4 processes per run; all of them stay under
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -63,6 +64,7 @@ def torchrun(
          "-m", "specbind", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,  # its own process group: a hang is ended with its workers
     )  # fmt: skip
 
 
@@ -74,8 +76,10 @@ def finish(*procs: subprocess.Popen[str]) -> list[tuple[int, str, str]]:
         try:
             so, se = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
+            for q in procs:  # torchrun and its workers: killing torchrun alone orphans them
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(q.pid, signal.SIGKILL)
+                q.wait()
             pytest.fail(f"a torchrun run outlived {BOUND} s: nothing may hang")
         out.append((p.returncode, so, se))
     return out
