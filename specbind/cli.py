@@ -39,13 +39,14 @@ REPO = (Path(__file__).resolve().parent / "generated").resolve().parent
 
 
 def _table(name: str | None, ckpt: str | None = None) -> Any:
-    """The model named by --model; else as ``specbind.api.model_table`` picks it, by the
-    checkpoint's config.json ``model_type`` when several models are generated."""
+    """The model named by --model (refused when the checkpoint's config.json ``model_type``
+    belongs to another model); else as ``specbind.api.model_table`` picks it, by that
+    ``model_type`` when several models are generated."""
     from specbind.api import model_table
     from specbind.runtime.checkpoint import CheckpointDir
 
     config = None
-    if name is None and ckpt is not None:
+    if ckpt is not None:  # also with --model: a checkpoint naming another model is refused
         try:
             config = CheckpointDir(Path(ckpt)).config
         except SpecbindError:
@@ -418,7 +419,8 @@ def parser() -> argparse.ArgumentParser:
     def common(sp: argparse.ArgumentParser, sets: bool = True) -> None:
         sp.add_argument(
             "--model",
-            help="model spec name (default: by the checkpoint's model_type, else the default)",
+            help="model spec name (default: the one claiming the checkpoint's config.json "
+            "model_type; without a checkpoint, the spec marked default)",
         )
         if not sets:
             return  # the census reads names, dtypes and shapes: no geometry to override
