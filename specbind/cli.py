@@ -627,24 +627,29 @@ def main(argv: list[str] | None = None) -> int:
         rc: int = args.func(args)
         return rc
     except SpecbindError as e:
-        print(f"specbind: error: {e}", file=sys.stderr)
+        _say(f"specbind: error: {e}")
         return 2
     except BrokenPipeError:  # stdout closed early (`| head`): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
-        print("specbind: interrupted", file=sys.stderr)
+        _say("specbind: interrupted")
         return 130
     except OSError as e:  # a path the user gave that cannot be read or written as asked
         where = f"{e.filename}: " if e.filename else ""
-        print(f"specbind: error: {where}{e.strerror or e}", file=sys.stderr)
+        _say(f"specbind: error: {where}{e.strerror or e}")
         return 2
     except Exception as e:  # a bug in specbind: say so, in one line
         if os.environ.get("SPECBIND_DEBUG") == "1":
             traceback.print_exc()
-        print(
+        _say(
             f"specbind: internal error: {type(e).__name__}: {e} "
-            "(SPECBIND_DEBUG=1 shows the traceback)",
-            file=sys.stderr,
+            "(SPECBIND_DEBUG=1 shows the traceback)"
         )
         return 3
+
+
+def _say(line: str) -> None:
+    """``line`` and its newline on stderr in one ``write``: stderr writes through, so ``print``
+    makes two, and under torchrun every rank's copy of the same refusal would interleave."""
+    sys.stderr.write(line + "\n")
