@@ -148,7 +148,8 @@ def plan_report(
 
 def render_text(rep: dict[str, Any]) -> str:
     """The report as text: per block its tensors' full shape and the local shape on rank
-    (tp 0, ep 0) (a family by its first member there), then every rank's bytes and the totals.
+    (tp 0, ep 0) (a family by its first member there; a quantized weight's packed shape, while
+    ``dtype`` stays the spec's), then every rank's bytes and the totals.
     Trap: the model-level block's ``layers`` is ``[-1]`` in the JSON; the text says so in words."""
     lines = [
         f"plan for {rep['model']} at tp {rep['tp_size']} x ep {rep['ep_size']} ({rep['source']})"
@@ -160,7 +161,7 @@ def render_text(rep: dict[str, Any]) -> str:
         local = {t["name"]: str(t["local_shape"]) for t in first["tensors"].get(name, [])}
         lines.append(
             f"  {'tensor':<45} {'dtype':<5} {'shard':<11} {'full shape':<16} "
-            f"local on tp {first['tp_rank']} ep {first['ep_rank']}"
+            f"local on tp {first['tp_rank']} ep {first['ep_rank']} (a quantized weight: packed)"
         )
         for t in b["tensors"]:
             shown = _local_shape(t["name"], local)
