@@ -172,8 +172,11 @@ class CheckpointDir:
             raise CheckpointError(f"{what}: not a regular file")
         try:
             real = entry.resolve(strict=True)
-        except FileNotFoundError:
-            raise CheckpointError(f"{what}: a symlink whose target does not exist") from None
+        except FileNotFoundError:  # name the missing end (a Hub blob an interrupted download lacks)
+            gone = os.path.realpath(entry)
+            raise CheckpointError(
+                f"{what}: a symlink whose target does not exist (it resolves to {gone})"
+            ) from None
         except (OSError, RuntimeError):  # a symlink loop: RuntimeError before Python 3.13
             raise CheckpointError(f"{what}: a symlink that cannot be resolved (a loop?)") from None
         if not (real.is_relative_to(self._real_root) or self._in_hub_blobs(real)):

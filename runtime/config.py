@@ -107,6 +107,10 @@ def checked_values(
     for k, v in overrides.items():
         if k not in values:
             raise GeometryError(f"unknown geometry symbol {k!r} (known: {', '.join(values)})")
+        if type(v) is not int:  # the API's overrides are the caller's objects, not parsed text
+            raise GeometryError(
+                f"override {k}={v!r} is a {type(v).__name__}, not an integer (a geometry value)"
+            )
         values[k] = v
     for f in table.geometry_fields:
         if values[f.name] < f.min:

@@ -339,6 +339,8 @@ def model_table(
     if name is not None:
         if name not in MODELS:
             raise SpecbindError(f"unknown model {name!r} (generated: {', '.join(MODELS)})")
+        if config is not None:
+            _not_anothers(MODELS, name, config, how)
         return MODELS[name]
     if len(MODELS) == 1:
         return next(iter(MODELS.values()))
@@ -352,15 +354,44 @@ def model_table(
     return pick
 
 
+def _model_types(config: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """(where, value) of each ``model_type`` config.json holds, flat and under text_config."""
+    nested = config.get("text_config")
+    found = [("model_type", config["model_type"])] if "model_type" in config else []
+    if isinstance(nested, dict) and "model_type" in nested:
+        found.append(("text_config.model_type", nested["model_type"]))
+    return found
+
+
+def _not_anothers(
+    models: Mapping[str, ModelTable[Any]], name: str, config: Mapping[str, Any], how: str
+) -> None:
+    """Refuse a model chosen by hand for a checkpoint whose ``model_type`` another generated
+    model claims (and this one does not): bound as the wrong model, it would be refused later
+    by some geometry field, naming neither model. A type no model claims is the user's call."""
+    from specbind.core.errors import CheckpointError
+
+    kinds = {k for _, k in _model_types(config) if isinstance(k, str)}
+    if not kinds or kinds & set(models[name].model_types):
+        return
+    owners = sorted(n for n, t in models.items() if kinds & set(t.model_types))
+    if owners:
+        said = " and ".join(repr(k) for k in sorted(kinds))
+        given = f"{how}{'' if how.endswith('=') else ' '}{name}"
+        raise CheckpointError(
+            f"{given}: config.json model_type {said} {'are' if len(kinds) > 1 else 'is'} "
+            f"{' and '.join(owners)}'s, not "
+            f"{name}'s ({', '.join(models[name].model_types) or 'no model type'}); "
+            f"leave the model out to bind it as {owners[0]}"
+        )
+
+
 def _by_model_type(
     models: Mapping[str, ModelTable[Any]], config: Mapping[str, Any], how: str
 ) -> ModelTable[Any]:
     from specbind.core.errors import CheckpointError
 
-    nested = config.get("text_config")
-    found = [("model_type", config["model_type"])] if "model_type" in config else []
-    if isinstance(nested, dict) and "model_type" in nested:
-        found.append(("text_config.model_type", nested["model_type"]))
+    found = _model_types(config)
     known = "; ".join(f"{', '.join(t.model_types) or '(none)'} -> {n}" for n, t in models.items())
     choose = f"choose the model with {how}{'' if how.endswith('=') else ' '}NAME"
     for where, kind in found:

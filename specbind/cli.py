@@ -39,13 +39,14 @@ REPO = (Path(__file__).resolve().parent / "generated").resolve().parent
 
 
 def _table(name: str | None, ckpt: str | None = None) -> Any:
-    """The model named by --model; else as ``specbind.api.model_table`` picks it, by the
-    checkpoint's config.json ``model_type`` when several models are generated."""
+    """The model named by --model (refused when the checkpoint's config.json ``model_type``
+    belongs to another model); else as ``specbind.api.model_table`` picks it, by that
+    ``model_type`` when several models are generated."""
     from specbind.api import model_table
     from specbind.runtime.checkpoint import CheckpointDir
 
     config = None
-    if name is None and ckpt is not None:
+    if ckpt is not None:  # also with --model: a checkpoint naming another model is refused
         try:
             config = CheckpointDir(Path(ckpt)).config
         except SpecbindError:
@@ -418,7 +419,8 @@ def parser() -> argparse.ArgumentParser:
     def common(sp: argparse.ArgumentParser, sets: bool = True) -> None:
         sp.add_argument(
             "--model",
-            help="model spec name (default: by the checkpoint's model_type, else the default)",
+            help="model spec name (default: the one claiming the checkpoint's config.json "
+            "model_type; without a checkpoint, the spec marked default)",
         )
         if not sets:
             return  # the census reads names, dtypes and shapes: no geometry to override
@@ -625,24 +627,29 @@ def main(argv: list[str] | None = None) -> int:
         rc: int = args.func(args)
         return rc
     except SpecbindError as e:
-        print(f"specbind: error: {e}", file=sys.stderr)
+        _say(f"specbind: error: {e}")
         return 2
     except BrokenPipeError:  # stdout closed early (`| head`): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
-        print("specbind: interrupted", file=sys.stderr)
+        _say("specbind: interrupted")
         return 130
     except OSError as e:  # a path the user gave that cannot be read or written as asked
         where = f"{e.filename}: " if e.filename else ""
-        print(f"specbind: error: {where}{e.strerror or e}", file=sys.stderr)
+        _say(f"specbind: error: {where}{e.strerror or e}")
         return 2
     except Exception as e:  # a bug in specbind: say so, in one line
         if os.environ.get("SPECBIND_DEBUG") == "1":
             traceback.print_exc()
-        print(
+        _say(
             f"specbind: internal error: {type(e).__name__}: {e} "
-            "(SPECBIND_DEBUG=1 shows the traceback)",
-            file=sys.stderr,
+            "(SPECBIND_DEBUG=1 shows the traceback)"
         )
         return 3
+
+
+def _say(line: str) -> None:
+    """``line`` and its newline on stderr in one ``write``: stderr writes through, so ``print``
+    makes two, and under torchrun every rank's copy of the same refusal would interleave."""
+    sys.stderr.write(line + "\n")

@@ -8,6 +8,7 @@ sum so a reader (and the tests) can check it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -146,14 +147,27 @@ def plan_report(
 
 
 def render_text(rep: dict[str, Any]) -> str:
+    """The report as text: per block its tensors' full shape and the local shape on rank
+    (tp 0, ep 0) (a family by its first member there; a quantized weight's packed shape, while
+    ``dtype`` stays the spec's), then every rank's bytes and the totals.
+    Trap: the model-level block's ``layers`` is ``[-1]`` in the JSON; the text says so in words."""
     lines = [
         f"plan for {rep['model']} at tp {rep['tp_size']} x ep {rep['ep_size']} ({rep['source']})"
     ]
+    first = rep["ranks"][0]
     for name, b in rep["blocks"].items():
-        lines.append(f"{name}: layers {b['layers']}, all-reduce after the block: {b['all_reduce']}")
+        where = "model-level" if b["layers"] == [-1] else f"layers {b['layers']}"
+        lines.append(f"{name}: {where}, all-reduce after the block: {b['all_reduce']}")
+        local = {t["name"]: str(t["local_shape"]) for t in first["tensors"].get(name, [])}
+        lines.append(
+            f"  {'tensor':<45} {'dtype':<5} {'shard':<11} {'full shape':<16} "
+            f"local on tp {first['tp_rank']} ep {first['ep_rank']} (a quantized weight: packed)"
+        )
         for t in b["tensors"]:
+            shown = _local_shape(t["name"], local)
             lines.append(
-                f"  {t['name']:<45} {t['dtype']:<5} {t['shard']:<11} {t['full_shape']!s:<16}"
+                f"  {t['name']:<45} {t['dtype']:<5} {t['shard']:<11} {t['full_shape']!s:<16} "
+                f"{shown}"
             )
     for r in rep["ranks"]:
         lines.append(f"rank tp {r['tp_rank']} ep {r['ep_rank']}: {r['bytes']} B")
@@ -164,3 +178,15 @@ def render_text(rep: dict[str, Any]) -> str:
         f"ep rank); largest rank {tot['max_rank_bytes']} B"
     )
     return "\n".join(lines)
+
+
+def _local_shape(pattern: str, local: dict[str, str]) -> str:
+    """The local shape of ``pattern`` (a name, or a family's ``experts.{e}.…``: its first
+    member on the rank); ``-`` when the rank holds none of it."""
+    if pattern in local:
+        return local[pattern]
+    parts = re.split(r"\{[a-z]\}", pattern)
+    if len(parts) == 1:
+        return "-"
+    member = re.compile(r"\d+".join(re.escape(p) for p in parts))
+    return next((shape for n, shape in local.items() if member.fullmatch(n)), "-")

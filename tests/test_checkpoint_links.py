@@ -201,3 +201,15 @@ def test_a_subdirectory_symlink_that_escapes_is_refused(plain: Path, tmp_path: P
     (d / INDEX).write_text(idx)
     with pytest.raises(CheckpointError, match=f"-> 'sub/{SHARD}' resolves outside"):
         CheckpointDir(d)
+
+
+def test_a_hub_snapshot_whose_blob_is_gone_is_refused_naming_the_missing_blob(
+    plain: Path, tmp_path: Path
+) -> None:
+    snap = hub_cache(plain, tmp_path / "cache")
+    blob = (snap / SHARD).resolve()
+    blob.unlink()  # an interrupted download, or a cache cleaned by hand
+    with pytest.raises(CheckpointError) as e:
+        CheckpointDir(snap)
+    msg = str(e.value)
+    assert f"'{SHARD}'" in msg and str(blob) in msg and "does not exist" in msg, msg

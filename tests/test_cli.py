@@ -261,3 +261,32 @@ def test_rank_flags_win_over_a_broken_launcher_environment(ckpt: Path) -> None:
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert "tp rank 1 is outside [0, 1) (from WORLD_SIZE/RANK)" in refused(proc)
+
+
+class _Writes:
+    """A stderr that records each ``write`` call, as the kernel sees each one on a pipe."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.calls.append(s)
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    "args", [["bind", "/nonexistent/ckpt"], ["bind", "--from", "/nonexistent/f.safetensors"]]
+)
+def test_a_refusal_reaches_stderr_in_one_write_so_ranks_sharing_it_never_interleave(
+    args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specbind.cli import main
+
+    err = _Writes()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert main(args) == 2
+    assert len(err.calls) == 1 and err.calls[0].endswith("\n"), err.calls
+    assert err.calls[0].startswith("specbind: error: ") and err.calls[0].count("\n") == 1

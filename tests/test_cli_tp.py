@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import safetensors
-from helpers import TABLE, field_rules, read_file, rejoin
+from helpers import TABLE, TINY, field_rules, read_file, rejoin
 
 
 def specbind(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -197,3 +197,21 @@ def test_a_tp_that_does_not_divide_the_heads_is_refused_in_one_line(tmp_path: Pa
     proc = specbind("bind", str(ck), "--tp-size", "3", "--tp-rank", "0")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "which tp 3 does not divide" in proc.stderr
+
+
+def test_plan_text_shows_each_tensors_local_shape_and_names_the_model_level_tensors(
+    tmp_path: Path,
+) -> None:
+    """The text says what ``--json`` says: rank (tp 0, ep 0)'s local shape beside the full one
+    (a column-sliced down_proj [X, I] holds [X, I/tp]; an expert [Im/tp, X]), and the globals
+    as model-level, not as the internal layer -1."""
+    ck = tmp_path / "ck"
+    assert specbind("synth", str(ck)).returncode == 0
+    text = specbind("plan", str(ck), "--tp-size", "2", "--ep-size", "2").stdout
+    x, i, im = TINY["hidden"], TINY["intermediate"], TINY["moe_intermediate"]
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.startswith("  ")}
+    assert " ".join(rows["mlp.down_proj.weight"][-4:]) == f"[{x}, {i}] [{x}, {i // 2}]"
+    assert (
+        " ".join(rows["mlp.experts.{e}.gate_proj.weight"][-4:]) == f"[{im}, {x}] [{im // 2}, {x}]"
+    )
+    assert "lm_globals: model-level," in text and "[-1]" not in text

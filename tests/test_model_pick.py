@@ -16,7 +16,7 @@ import pytest
 from helpers import TABLE, TINY
 
 import specbind
-from specbind.core.errors import CheckpointError
+from specbind.core.errors import CheckpointError, SpecbindError
 from specbind.generated import MODELS
 from specbind.synth import synth
 
@@ -92,3 +92,39 @@ def test_synth_without_a_checkpoint_still_writes_the_default_model(tmp_path: Pat
     default = next(t for t in MODELS.values() if t.default)
     model_type = json.loads((tmp_path / "d" / "config.json").read_text())["model_type"]
     assert model_type in default.model_types
+
+
+def other_model(name: str) -> str:
+    """A generated model other than ``name`` that claims some model type."""
+    return next(n for n, t in MODELS.items() if n != name and t.model_types)
+
+
+@pytest.mark.parametrize("cmd", ["bind", "audit", "plan"])
+def test_a_model_chosen_by_hand_that_the_checkpoint_says_is_another_is_refused_naming_both(
+    ckpt: Path, cmd: str
+) -> None:
+    wrong = other_model(TABLE.name)
+    kind = json.loads((ckpt / "config.json").read_text())["model_type"]
+    proc = cli(cmd, "--model", wrong, str(ckpt))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert f"--model {wrong}" in lines[0] and repr(kind) in lines[0] and TABLE.name in lines[0]
+    with pytest.raises(CheckpointError, match=f"model={wrong}.*{kind}.*{TABLE.name}"):
+        specbind.open(ckpt, model=wrong)
+
+
+def test_a_model_chosen_by_hand_for_a_model_type_no_model_claims_still_binds(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    d = with_model_type(ckpt, tmp_path / "c", "my_finetune")
+    assert cli("bind", "--model", TABLE.name, str(d)).returncode == 0
+    assert specbind.open(d, model=TABLE.name).model == TABLE.name
+
+
+@pytest.mark.parametrize("value", ["48", 48.0, True, None])
+def test_an_api_override_that_is_not_an_integer_is_refused_naming_it(
+    ckpt: Path, value: Any
+) -> None:
+    with pytest.raises(SpecbindError, match=f"hidden={value!r}.*not an integer"):
+        specbind.open(ckpt, overrides={"hidden": value}).bind()
