@@ -21,6 +21,7 @@ import importlib
 import json
 import os
 import re
+import signal
 import sys
 import traceback
 from functools import partial
@@ -621,11 +622,27 @@ def entry() -> NoReturn:
     os._exit(rc)
 
 
+class Terminated(BaseException):
+    """SIGTERM (``kill``, a launcher tearing its ranks down): unwinds like Ctrl-C, so a
+    half-written ``--out`` temp file is removed and the previous file is left as it was. A
+    ``BaseException``, as ``KeyboardInterrupt`` is: no ``except Exception`` on the way may turn
+    it into an ordinary failure."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    with contextlib.suppress(ValueError):  # only the main thread may set a handler
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         rc: int = args.func(args)
         return rc
+    except Terminated:
+        _say("specbind: terminated")
+        return 143
     except SpecbindError as e:
         _say(f"specbind: error: {e}")
         return 2

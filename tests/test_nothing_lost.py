@@ -89,3 +89,37 @@ def test_the_same_arrays_always_write_the_same_bytes_whatever_the_metadata_order
     shuffled = BoundMeta("m", "0" * 64, Ranks(), {"a": 2, "x": 1})
     write_out(tmp_path / "2.safetensors", arrays, shuffled)
     assert (tmp_path / "1.safetensors").read_bytes() == (tmp_path / "2.safetensors").read_bytes()
+
+
+def test_a_terminated_bind_leaves_the_previous_out_file_intact_and_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM (``kill``, a launcher tearing its ranks down) mid-write unwinds like Ctrl-C:
+    exit 143, the temp file removed, the previous ``--out`` file exactly as it was."""
+    import os
+    import signal
+
+    from specbind.cli import main
+
+    ck, out = tmp_path / "ck", tmp_path / "out" / "bound.safetensors"
+    out.parent.mkdir()
+    assert main(["synth", str(ck), "--seed", "0"]) == 0
+    assert main(["bind", str(ck), "--out", str(out), "--no-progress"]) == 0
+    before = out.read_bytes()
+    real, calls = StreamWriter.tensor, []
+
+    def killed(self: StreamWriter, name: str, a: Any) -> None:
+        calls.append(name)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises at the next bytecode
+        real(self, name, a)
+
+    monkeypatch.setattr(StreamWriter, "tensor", killed)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        rc = main(["bind", str(ck), "--out", str(out), "--no-progress"])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert rc == 143 and len(calls) == 3
+    assert out.read_bytes() == before
+    assert [p.name for p in out.parent.iterdir()] == ["bound.safetensors"], "no temp file left"
