@@ -14,8 +14,10 @@ from safetensors.numpy import save_file
 
 from specbind.core.dtypes import DTYPES, dtype_name
 from specbind.core.ir import FieldRule, TensorRule
+from specbind.core.planning import Ranks
 from specbind.generated import MODELS, dsa, kda
 from specbind.runtime.bind import BindResult, bind_checkpoint
+from specbind.runtime.bound_format import BoundMeta, QuantMeta
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.checks import Array
 from specbind.runtime.layout import fill_slot
@@ -270,3 +272,19 @@ def cached_binds(ckpt: Path, table: Any) -> Callable[[int, int, int, int], BindR
         return cache[tp, r, ep, e]
 
     return get
+
+
+# A bound-file metadata record with every field set: the format's round trip and its fuzzer.
+FULL_META = BoundMeta(
+    model="glm-5.3-flash",
+    specs_sha256="ab" * 32,
+    ranks=Ranks(2, 1, 4, 3),
+    geometry={"hidden": 72, "experts": 8},
+    overrides={"kda_chunk": 16},
+    layers={0: ("decoder", {"attention": "kda", "mlp": "dense"}), 10: ("mtp", {"mtp": "mtp_head"})},
+    tensors=42,
+    quant=QuantMeta("nvfp4-modelopt", False, ("dequantized", "swizzled")),
+    world=8,
+    rank=7,
+    digests={"layers.0.mlp.down": "0f" * 16, "globals.norm": "a1" * 16},
+)

@@ -4,24 +4,10 @@ and a malformed field is refused in one line naming the file and the field."""
 from __future__ import annotations
 
 import pytest
+from helpers import FULL_META as FULL
 
 from specbind.core.errors import ReloadError
-from specbind.core.planning import Ranks
-from specbind.runtime.bound_format import BoundMeta, QuantMeta, decode
-
-FULL = BoundMeta(
-    model="glm-5.3-flash",
-    specs_sha256="ab" * 32,
-    ranks=Ranks(2, 1, 4, 3),
-    geometry={"hidden": 72, "experts": 8},
-    overrides={"kda_chunk": 16},
-    layers={0: ("decoder", {"attention": "kda", "mlp": "dense"}), 10: ("mtp", {"mtp": "mtp_head"})},
-    tensors=42,
-    quant=QuantMeta("nvfp4-modelopt", False, ("dequantized", "swizzled")),
-    world=8,
-    rank=7,
-    digests={"layers.0.mlp.down": "0f" * 16, "globals.norm": "a1" * 16},
-)
+from specbind.runtime.bound_format import BoundMeta, decode
 
 
 def test_every_field_survives_encode_then_decode() -> None:

@@ -16,30 +16,19 @@ from typing import Any
 import pytest
 from fuzz_docs import ANY, DELETE, HOSTILE, VALUES, edited, paths
 from fuzz_tally import planned, tally
+from helpers import FULL_META
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from specbind.cli import main
 from specbind.core.errors import SpecbindError
-from specbind.core.planning import Ranks
 from specbind.generated import MODELS, SPECS_SHA256
-from specbind.runtime.bound_format import BoundMeta, QuantMeta, decode
+from specbind.runtime.bound_format import decode
 from specbind.runtime.reload import read_bound
 
 RELOAD = "reload metadata"
 
-FULL = BoundMeta(
-    model="glm-5.3-flash",
-    specs_sha256="ab" * 32,
-    ranks=Ranks(2, 1, 4, 3),
-    geometry={"hidden": 72, "experts": 8},
-    overrides={"kda_chunk": 16},
-    layers={0: ("decoder", {"attention": "kda", "mlp": "dense"}), 10: ("mtp", {"mtp": "mtp_head"})},
-    tensors=42,
-    quant=QuantMeta("nvfp4-modelopt", False, ("dequantized", "swizzled")),
-    world=8,
-    rank=7,
-).encode()
+FULL = FULL_META.encode()
 KEYS = st.sampled_from([*sorted(FULL), "unknown"])
 JSON_KEYS = ("geometry", "overrides", "layers", "quant")
 COUNTS = st.sampled_from(
