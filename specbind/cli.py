@@ -393,12 +393,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if a.fixed_cost:
         from specbind.bench import fixed as bench_fixed
 
-        fixed = bench_fixed.run(max(5, a.repeat))
+        fixed = bench_fixed.run(bench.process_repeats(a.repeat, a.quick))
         print(json.dumps(fixed, indent=2) if a.json else bench_fixed.render(fixed))
         return 0
     result = bench.run(
         table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), a.tiny,
         rss=not a.no_rss, overrides=_sets(a.set), ranks=a.ranks or [], loaders=a.loaders,
+        quick=a.quick,
     )  # fmt: skip
     print(json.dumps(result, indent=2) if a.json else bench.render(result))
     return 0
@@ -563,6 +564,12 @@ def parser() -> argparse.ArgumentParser:
         "--cache", help="where the checkpoint slice is kept (default: ~/.cache/specbind/bench)"
     )
     be.add_argument("--tiny", action="store_true", help="tiny geometry (a smoke run)")
+    be.add_argument(
+        "--quick",
+        action="store_true",
+        help="one round of each whole-process row instead of at least 5 (a smoke run: every "
+        "figure once, none worth quoting)",
+    )
     be.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
     be.add_argument(
         "--ranks",

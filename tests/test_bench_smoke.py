@@ -13,7 +13,7 @@ import pytest
 
 def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "specbind", "bench", "--tiny", "--repeat", "1", "--json",
+        [sys.executable, "-m", "specbind", "bench", "--tiny", "--quick", "--repeat", "1", "--json",
          "--tp-size", "1", "--tp-size", "2", "--no-rss", "--cache", str(tmp_path)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
@@ -36,10 +36,18 @@ def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     assert [x["tp"] for x in r["process_rows"]] == [1, 2]
     assert all(x["specbind_min_s"] > 0 and x["baseline_min_s"] > 0 for x in r["process_rows"])
     fixed = r["fixed_cost"]
-    assert fixed["specbind_min_s"] > 0 and fixed["floor_min_s"] > 0 and fixed["repeat"] >= 5
+    assert fixed["specbind_min_s"] > 0 and fixed["floor_min_s"] > 0 and fixed["repeat"] == 1
+    assert r["quick"] is True
     from specbind.bench import main as bench
 
     assert "| 1 | 2 | " in bench.render(r)  # the text table has the ep row
+
+
+def test_whole_process_rows_run_at_least_five_rounds_unless_quick() -> None:
+    from specbind.bench import main as bench
+
+    assert [bench.process_repeats(n) for n in (1, 3, 5, 9)] == [5, 5, 5, 9]
+    assert bench.process_repeats(9, quick=True) == 1
 
 
 def test_bench_measures_peak_rss_of_each_method_in_its_own_process(tmp_path: Path) -> None:

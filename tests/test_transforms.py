@@ -217,12 +217,14 @@ for fields, seed in json.loads(sys.stdin.read()):
 """
 
 
-@settings(max_examples=examples(0.06), deadline=None)
-@given(st.lists(st.tuples(dsa_tp_geometries(), st.integers(0, 99)), min_size=1, max_size=8))
+@settings(max_examples=examples(0.01), deadline=None)
+@given(st.lists(st.tuples(dsa_tp_geometries(), st.integers(0, 99)), min_size=24, max_size=48))
 def test_the_blas_thread_count_does_not_change_a_byte(
     cases: list[tuple[dsa.DsaGeometry, int]],
 ) -> None:
-    """The same drawn layers absorbed by a process with 1 BLAS thread and one with 2."""
+    """The same drawn layers absorbed by a process with 1 BLAS thread and one with 2. Each
+    example is one pair of processes over 24-48 drawn layers: the processes' start, not the
+    layers, is the cost, so many layers ride on each start."""
     payload = json.dumps([(dataclasses.asdict(g), seed) for g, seed in cases])
     digests = []
     for blas in ("1", "2"):

@@ -454,6 +454,13 @@ def absorb_rows(
     return rows
 
 
+def process_repeats(repeat: int, quick: bool = False) -> int:
+    """Rounds of each whole-process row (start to exit, fixed cost): at least 5, so a min and
+    a median mean something on a shared machine; one with ``quick`` (a smoke run: every figure
+    once, none worth quoting)."""
+    return 1 if quick else max(5, repeat)
+
+
 def run(
     table: ModelTable[Any],
     tps: list[int],
@@ -464,6 +471,7 @@ def run(
     overrides: Mapping[str, int] | None = None,
     ranks: Collection[int] = (),
     loaders: bool = False,
+    quick: bool = False,
 ) -> dict[str, Any]:
     """Every row at every size in ``tps``: attention at each tp; MoE at each tp (ep 1) and at
     each ep > 1 of the same sizes (tp 1). ``overrides`` (``--set``) go over ``DEFAULT_SETS``
@@ -486,7 +494,8 @@ def run(
     moe_rows = [
         measure(ckpt, table, "experts", tp, ep, repeat) for tp, ep in sizes if ep <= experts
     ]
-    process_rows = [bench_process.row(ckpt, table, tp, max(5, repeat)) for tp in tps]
+    n = process_repeats(repeat, quick)
+    process_rows = [bench_process.row(ckpt, table, tp, n) for tp in tps]
     if rss:
         add_rss(ckpt, rows + moe_rows)
     values = values_from_config(table, CheckpointDir(ckpt).config)
@@ -508,7 +517,8 @@ def run(
         "generate_s": generate_seconds(),
         "ranks": [bench_ranks.ranks_row(ckpt, n, repeat) for n in ranks],
         "loaders": bench_ranks.loader_rows(ckpt, table, repeat) if loaders else None,
-        "fixed_cost": bench_fixed.run(max(5, repeat)),
+        "fixed_cost": bench_fixed.run(n),
+        "quick": quick,
     }
     by_tp = {r["tp"]: r for r in rows if "rss_specbind_mb" in r}
     if 1 in by_tp and 8 in by_tp:
