@@ -642,8 +642,9 @@ def _terminated(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    previous: Any = None
     with contextlib.suppress(ValueError):  # only the main thread may set a handler
-        signal.signal(signal.SIGTERM, _terminated)
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         rc: int = args.func(args)
         return rc
@@ -671,6 +672,9 @@ def main(argv: list[str] | None = None) -> int:
             "(SPECBIND_DEBUG=1 shows the traceback)"
         )
         return 3
+    finally:  # main() called in-process (tests, an engine's tool) leaves no handler behind
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _say(line: str) -> None:

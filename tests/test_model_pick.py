@@ -5,10 +5,11 @@ choice given by hand still works; with no checkpoint at all (``synth``) the defa
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from helpers import TABLE, TINY
 
 import specbind
+from specbind.cli import main
 from specbind.core.errors import CheckpointError, SpecbindError
 from specbind.generated import MODELS
 from specbind.synth import synth
@@ -45,9 +47,12 @@ def with_model_type(src: Path, dest: Path, value: Any) -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, timeout=120
-    )
+    """``specbind ARGS`` in this process (the CLI's ``main``: its exit status and its stderr):
+    a Python start per case would cost more than the case."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(list(args))
+    return subprocess.CompletedProcess(list(args), rc, out.getvalue(), err.getvalue())
 
 
 CASES = [(..., "no model_type"), (5, "model_type is 5 (int), not a string"),
