@@ -177,20 +177,21 @@ def test_an_invalid_regex_is_refused_naming_the_entry(
     assert msg.startswith(f"{IGNORE} entry 're:layers.(0': not a valid regular expression")
 
 
-def test_too_many_entries_are_refused_naming_the_file_and_field(
-    ckpts: dict[str, Path], tmp_path: Path
+@pytest.mark.parametrize(
+    ("field", "entries", "said"),
+    [
+        ("ignore", [f"m.{i}" for i in range(MAX_ENTRIES + 1)],
+         f"{IGNORE}: {MAX_ENTRIES + 1} entries, over the cap"),
+        ("targets", [f"re:layers.{i}.mlp" for i in range(MAX_COMPILED + 1)],
+         f"{TARGETS}: {MAX_COMPILED + 1} re: regexes"),
+    ],
+    ids=["entries", "regexes"],
+)  # fmt: skip
+def test_a_field_over_its_cap_is_refused_naming_the_file_and_field(
+    ckpts: dict[str, Path], tmp_path: Path, field: str, entries: list[str], said: str
 ) -> None:
-    names = [f"m.{i}" for i in range(MAX_ENTRIES + 1)]
-    d = with_ct(ckpts[CT], tmp_path / "c", ignore=names)
-    assert refused(d).startswith(f"{IGNORE}: {MAX_ENTRIES + 1} entries, over the cap")
-
-
-def test_too_many_regexes_are_refused_naming_the_file_and_field(
-    ckpts: dict[str, Path], tmp_path: Path
-) -> None:
-    regexes = [f"re:layers.{i}.mlp" for i in range(MAX_COMPILED + 1)]
-    d = with_ct(ckpts[CT], tmp_path / "c", targets=regexes)
-    assert refused(d).startswith(f"{TARGETS}: {MAX_COMPILED + 1} re: regexes")
+    d = with_ct(ckpts[CT], tmp_path / "c", **{field: entries})
+    assert refused(d).startswith(said)
 
 
 @pytest.mark.parametrize("file", ["config.json", "hf_quant_config.json"])
