@@ -29,7 +29,7 @@ def main(path: str, tp_size: int, tp_rank: int) -> None:
         attention = layer.slots["attention"]
         if attention.block == "dsa":
             w: DsaWeights[torch.Tensor] = attention.weights_as(DsaWeights)
-            q: torch.Tensor = w.q_absorb  # [H/tp * KVL, QL] torch.bfloat16
+            q: torch.Tensor = w.q_absorb  # [heads/tp * kv_lora_rank, q_lora_rank] bf16
             print(f"layer {layer.index}: q_absorb {tuple(q.shape)} {q.dtype}")
         mlp = layer.slots["mlp"]
         if mlp.block == "moe":

@@ -52,47 +52,47 @@ T = TypeVar("T")
 class DenseGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
-    X: int  # hidden size
-    F: int  # intermediate size
+    hidden: int  # hidden size
+    intermediate: int  # intermediate size
     tp: int = 1
     ep: int = 1
 
     def values(self) -> dict[str, int]:
         """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
-            "X": self.X,
-            "F": self.F,
+            "hidden": self.hidden,
+            "intermediate": self.intermediate,
             "tp": self.tp,
             "ep": self.ep,
         }
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   F_r = F/tp: this rank's share of F (intermediate size)
+#   intermediate_r = intermediate/tp: this rank's share of intermediate (intermediate size)
 
 TENSORS: tuple[TensorRule, ...] = (
-    # mlp.gate_proj.weight [F, X] BF16 on disk; rank r reads [F_r, X], block r of the rows (whole F)
+    # mlp.gate_proj.weight [intermediate, hidden] BF16 on disk; rank r reads [intermediate_r, hidden], block r of the rows (whole intermediate)
     TensorRule(
         name="mlp.gate_proj.weight",
         dtype="BF16",
-        shape="[F, X]",
-        shard=ShardRule(kind="rows", unit="F", axis=0),
+        shape="[intermediate, hidden]",
+        shard=ShardRule(kind="rows", unit="intermediate", axis=0),
         linear=True,
     ),
-    # mlp.up_proj.weight [F, X] BF16 on disk; rank r reads [F_r, X], block r of the rows (whole F)
+    # mlp.up_proj.weight [intermediate, hidden] BF16 on disk; rank r reads [intermediate_r, hidden], block r of the rows (whole intermediate)
     TensorRule(
         name="mlp.up_proj.weight",
         dtype="BF16",
-        shape="[F, X]",
-        shard=ShardRule(kind="rows", unit="F", axis=0),
+        shape="[intermediate, hidden]",
+        shard=ShardRule(kind="rows", unit="intermediate", axis=0),
         linear=True,
     ),
-    # mlp.down_proj.weight [X, F] BF16 on disk; rank r reads [X, F_r], block r of the cols (whole F)
+    # mlp.down_proj.weight [hidden, intermediate] BF16 on disk; rank r reads [hidden, intermediate_r], block r of the cols (whole intermediate)
     TensorRule(
         name="mlp.down_proj.weight",
         dtype="BF16",
-        shape="[X, F]",
-        shard=ShardRule(kind="cols", unit="F", axis=-1),
+        shape="[hidden, intermediate]",
+        shard=ShardRule(kind="cols", unit="intermediate", axis=-1),
         linear=True,
     ),
 )
@@ -147,9 +147,9 @@ def matches(names: Collection[str]) -> bool:
 def expected_shapes(g: DenseGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
     return {
-        "mlp.gate_proj.weight": (g.F, g.X),  # [F, X]
-        "mlp.up_proj.weight": (g.F, g.X),  # [F, X]
-        "mlp.down_proj.weight": (g.X, g.F),  # [X, F]
+        "mlp.gate_proj.weight": (g.intermediate, g.hidden),  # [intermediate, hidden]
+        "mlp.up_proj.weight": (g.intermediate, g.hidden),  # [intermediate, hidden]
+        "mlp.down_proj.weight": (g.hidden, g.intermediate),  # [hidden, intermediate]
     }
 
 
@@ -188,9 +188,9 @@ class DenseWeights(Generic[T]):
     """The bound weights of one ``dense`` block, in the layout the kernels read."""
 
     # concat of 2 on axis 0
-    gate_up: T  # [2 * F_r, X]
-    # down_proj.weight [X, F] BF16, verbatim
-    down: T  # [X, F_r]
+    gate_up: T  # [2 * intermediate_r, hidden]
+    # down_proj.weight [hidden, intermediate] BF16, verbatim
+    down: T  # [hidden, intermediate_r]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 
@@ -258,7 +258,7 @@ def assemble(
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
     file must hold. An absent optional source leaves its field out."""
     return DenseWeights(
-        # 2 x [F_r, X] -> [2 * F_r, X]: gate_proj.weight, up_proj.weight in that order
+        # 2 x [intermediate_r, hidden] -> [2 * intermediate_r, hidden]: gate_proj.weight, up_proj.weight in that order
         gate_up=ops.concat_squeeze(
             (
                 t["mlp.gate_proj.weight"],

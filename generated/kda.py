@@ -53,149 +53,149 @@ T = TypeVar("T")
 class KdaGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
-    X: int  # hidden size
-    H: int  # linear-attention heads
-    D: int  # linear-attention head dim
-    K: int  # short-conv kernel width
-    C: int  # chunk width of the scan kernel (engine setting, not a checkpoint field)
+    hidden: int  # hidden size
+    linear_heads: int  # linear-attention heads
+    linear_head_dim: int  # linear-attention head dim
+    conv_kernel: int  # short-conv kernel width
+    scan_chunk: int  # chunk width of the scan kernel (engine setting, not a checkpoint field)
     tp: int = 1
     ep: int = 1
 
     def values(self) -> dict[str, int]:
         """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
-            "X": self.X,
-            "H": self.H,
-            "D": self.D,
-            "K": self.K,
-            "C": self.C,
+            "hidden": self.hidden,
+            "linear_heads": self.linear_heads,
+            "linear_head_dim": self.linear_head_dim,
+            "conv_kernel": self.conv_kernel,
+            "scan_chunk": self.scan_chunk,
             "tp": self.tp,
             "ep": self.ep,
         }
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   H_r = H/tp: this rank's share of H (linear-attention heads)
+#   linear_heads_r = linear_heads/tp: this rank's share of linear_heads (linear-attention heads)
 
 TENSORS: tuple[TensorRule, ...] = (
-    # self_attn.q_proj.weight [Q, X] BF16 on disk; rank r reads [H_r * D, X], block r of the rows (whole H)
+    # self_attn.q_proj.weight [proj_dim, hidden] BF16 on disk; rank r reads [linear_heads_r * linear_head_dim, hidden], block r of the rows (whole linear_heads)
     TensorRule(
         name="self_attn.q_proj.weight",
         dtype="BF16",
-        shape="[Q, X]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[proj_dim, hidden]",
+        shard=ShardRule(kind="rows", unit="linear_heads", axis=0),
         linear=True,
     ),
-    # self_attn.k_proj.weight [Q, X] BF16 on disk; rank r reads [H_r * D, X], block r of the rows (whole H)
+    # self_attn.k_proj.weight [proj_dim, hidden] BF16 on disk; rank r reads [linear_heads_r * linear_head_dim, hidden], block r of the rows (whole linear_heads)
     TensorRule(
         name="self_attn.k_proj.weight",
         dtype="BF16",
-        shape="[Q, X]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[proj_dim, hidden]",
+        shard=ShardRule(kind="rows", unit="linear_heads", axis=0),
         linear=True,
     ),
-    # self_attn.v_proj.weight [Q, X] BF16 on disk; rank r reads [H_r * D, X], block r of the rows (whole H)
+    # self_attn.v_proj.weight [proj_dim, hidden] BF16 on disk; rank r reads [linear_heads_r * linear_head_dim, hidden], block r of the rows (whole linear_heads)
     TensorRule(
         name="self_attn.v_proj.weight",
         dtype="BF16",
-        shape="[Q, X]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[proj_dim, hidden]",
+        shard=ShardRule(kind="rows", unit="linear_heads", axis=0),
         linear=True,
     ),
-    # self_attn.q_conv1d.weight [Q, 1, K] BF16 on disk; rank r reads [H_r * D, 1, K], block r of the rows (whole H)
+    # self_attn.q_conv1d.weight [proj_dim, 1, conv_kernel] BF16 on disk; rank r reads [linear_heads_r * linear_head_dim, 1, conv_kernel], block r of the rows (whole linear_heads)
     TensorRule(
         name="self_attn.q_conv1d.weight",
         dtype="BF16",
-        shape="[Q, 1, K]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[proj_dim, 1, conv_kernel]",
+        shard=ShardRule(kind="rows", unit="linear_heads", axis=0),
         stored=("F32",),
     ),
-    # self_attn.k_conv1d.weight [Q, 1, K] BF16 on disk; rank r reads [H_r * D, 1, K], block r of the rows (whole H)
+    # self_attn.k_conv1d.weight [proj_dim, 1, conv_kernel] BF16 on disk; rank r reads [linear_heads_r * linear_head_dim, 1, conv_kernel], block r of the rows (whole linear_heads)
     TensorRule(
         name="self_attn.k_conv1d.weight",
         dtype="BF16",
-        shape="[Q, 1, K]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[proj_dim, 1, conv_kernel]",
+        shard=ShardRule(kind="rows", unit="linear_heads", axis=0),
         stored=("F32",),
     ),
-    # self_attn.v_conv1d.weight [Q, 1, K] BF16 on disk; rank r reads [H_r * D, 1, K], block r of the rows (whole H)
+    # self_attn.v_conv1d.weight [proj_dim, 1, conv_kernel] BF16 on disk; rank r reads [linear_heads_r * linear_head_dim, 1, conv_kernel], block r of the rows (whole linear_heads)
     TensorRule(
         name="self_attn.v_conv1d.weight",
         dtype="BF16",
-        shape="[Q, 1, K]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[proj_dim, 1, conv_kernel]",
+        shard=ShardRule(kind="rows", unit="linear_heads", axis=0),
         stored=("F32",),
     ),
-    # self_attn.f_a_proj.weight [D, X] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.f_a_proj.weight [linear_head_dim, hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.f_a_proj.weight",
         dtype="BF16",
-        shape="[D, X]",
+        shape="[linear_head_dim, hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # self_attn.f_b_proj.weight [Q, D] BF16 on disk; rank r reads [H_r * D, D], block r of the rows (whole H)
+    # self_attn.f_b_proj.weight [proj_dim, linear_head_dim] BF16 on disk; rank r reads [linear_heads_r * linear_head_dim, linear_head_dim], block r of the rows (whole linear_heads)
     TensorRule(
         name="self_attn.f_b_proj.weight",
         dtype="BF16",
-        shape="[Q, D]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[proj_dim, linear_head_dim]",
+        shard=ShardRule(kind="rows", unit="linear_heads", axis=0),
         linear=True,
     ),
-    # self_attn.g_a_proj.weight [D, X] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.g_a_proj.weight [linear_head_dim, hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.g_a_proj.weight",
         dtype="BF16",
-        shape="[D, X]",
+        shape="[linear_head_dim, hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # self_attn.g_b_proj.weight [Q, D] BF16 on disk; rank r reads [H_r * D, D], block r of the rows (whole H)
+    # self_attn.g_b_proj.weight [proj_dim, linear_head_dim] BF16 on disk; rank r reads [linear_heads_r * linear_head_dim, linear_head_dim], block r of the rows (whole linear_heads)
     TensorRule(
         name="self_attn.g_b_proj.weight",
         dtype="BF16",
-        shape="[Q, D]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[proj_dim, linear_head_dim]",
+        shard=ShardRule(kind="rows", unit="linear_heads", axis=0),
         linear=True,
     ),
-    # self_attn.b_proj.weight [H, X] BF16 on disk; rank r reads [H_r, X], block r of the rows (whole H)
+    # self_attn.b_proj.weight [linear_heads, hidden] BF16 on disk; rank r reads [linear_heads_r, hidden], block r of the rows (whole linear_heads)
     TensorRule(
         name="self_attn.b_proj.weight",
         dtype="BF16",
-        shape="[H, X]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[linear_heads, hidden]",
+        shard=ShardRule(kind="rows", unit="linear_heads", axis=0),
         linear=True,
     ),
-    # self_attn.A_log [H] F32 on disk; rank r reads [H_r], block r of the rows (whole H)
+    # self_attn.A_log [linear_heads] F32 on disk; rank r reads [linear_heads_r], block r of the rows (whole linear_heads)
     TensorRule(
         name="self_attn.A_log",
         dtype="F32",
-        shape="[H]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[linear_heads]",
+        shard=ShardRule(kind="rows", unit="linear_heads", axis=0),
         why_dtype="A_log is the per-head decay exponent; casting it to BF16 would change the gate",
         stored_singletons=True,
     ),
-    # self_attn.dt_bias [Q] F32 on disk; rank r reads [H_r * D], block r of the rows (whole H)
+    # self_attn.dt_bias [proj_dim] F32 on disk; rank r reads [linear_heads_r * linear_head_dim], block r of the rows (whole linear_heads)
     TensorRule(
         name="self_attn.dt_bias",
         dtype="F32",
-        shape="[Q]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[proj_dim]",
+        shard=ShardRule(kind="rows", unit="linear_heads", axis=0),
         why_dtype="dt_bias is the per-channel gate bias; casting it to BF16 would change the gate",
     ),
-    # self_attn.o_norm.weight [D] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.o_norm.weight [linear_head_dim] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.o_norm.weight",
         dtype="BF16",
-        shape="[D]",
+        shape="[linear_head_dim]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # self_attn.o_proj.weight [X, Q] BF16 on disk; rank r reads [X, H_r * D], block r of the cols (whole H)
+    # self_attn.o_proj.weight [hidden, proj_dim] BF16 on disk; rank r reads [hidden, linear_heads_r * linear_head_dim], block r of the cols (whole linear_heads)
     TensorRule(
         name="self_attn.o_proj.weight",
         dtype="BF16",
-        shape="[X, Q]",
-        shard=ShardRule(kind="cols", unit="H", axis=-1),
+        shape="[hidden, proj_dim]",
+        shard=ShardRule(kind="cols", unit="linear_heads", axis=-1),
         linear=True,
     ),
 )
@@ -208,13 +208,13 @@ FAMILIES: dict[str, str] = {}
 CONSTRAINTS: tuple[ConstraintRule, ...] = (
     ConstraintRule(
         name="scan_tile",
-        check="(2 * (H / tp) * D) % 256 == 0",
+        check="(2 * (linear_heads / tp) * linear_head_dim) % 256 == 0",
         why="the scan kernel tiles 256 channels at a time",
     ),
     ConstraintRule(
         name="scan_shared_memory",
-        check="8 * C * D + 4 * C * C <= 49152",
-        why="the chunked scan keeps four BF16 C x D tiles and one F32 C x C tile in static shared memory, capped at 48 KiB per block; a wider chunk must be refused, not truncated",
+        check="8 * scan_chunk * linear_head_dim + 4 * scan_chunk * scan_chunk <= 49152",
+        why="the chunked scan keeps four BF16 scan_chunk x linear_head_dim tiles and one F32 scan_chunk x scan_chunk tile in static shared memory, capped at 48 KiB per block; a wider chunk must be refused, not truncated",
     ),
 )
 
@@ -302,32 +302,32 @@ def matches(names: Collection[str]) -> bool:
 
 def expected_shapes(g: KdaGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
-    Q = algebra_ops.bounded(g.H * g.D)
+    proj_dim = algebra_ops.bounded(g.linear_heads * g.linear_head_dim)
     return {
-        "self_attn.q_proj.weight": (Q, g.X),  # [Q, X]
-        "self_attn.k_proj.weight": (Q, g.X),  # [Q, X]
-        "self_attn.v_proj.weight": (Q, g.X),  # [Q, X]
-        "self_attn.q_conv1d.weight": (Q, 1, g.K),  # [Q, 1, K]
-        "self_attn.k_conv1d.weight": (Q, 1, g.K),  # [Q, 1, K]
-        "self_attn.v_conv1d.weight": (Q, 1, g.K),  # [Q, 1, K]
-        "self_attn.f_a_proj.weight": (g.D, g.X),  # [D, X]
-        "self_attn.f_b_proj.weight": (Q, g.D),  # [Q, D]
-        "self_attn.g_a_proj.weight": (g.D, g.X),  # [D, X]
-        "self_attn.g_b_proj.weight": (Q, g.D),  # [Q, D]
-        "self_attn.b_proj.weight": (g.H, g.X),  # [H, X]
-        "self_attn.A_log": (g.H,),  # [H]
-        "self_attn.dt_bias": (Q,),  # [Q]
-        "self_attn.o_norm.weight": (g.D,),  # [D]
-        "self_attn.o_proj.weight": (g.X, Q),  # [X, Q]
+        "self_attn.q_proj.weight": (proj_dim, g.hidden),  # [proj_dim, hidden]
+        "self_attn.k_proj.weight": (proj_dim, g.hidden),  # [proj_dim, hidden]
+        "self_attn.v_proj.weight": (proj_dim, g.hidden),  # [proj_dim, hidden]
+        "self_attn.q_conv1d.weight": (proj_dim, 1, g.conv_kernel),  # [proj_dim, 1, conv_kernel]
+        "self_attn.k_conv1d.weight": (proj_dim, 1, g.conv_kernel),  # [proj_dim, 1, conv_kernel]
+        "self_attn.v_conv1d.weight": (proj_dim, 1, g.conv_kernel),  # [proj_dim, 1, conv_kernel]
+        "self_attn.f_a_proj.weight": (g.linear_head_dim, g.hidden),  # [linear_head_dim, hidden]
+        "self_attn.f_b_proj.weight": (proj_dim, g.linear_head_dim),  # [proj_dim, linear_head_dim]
+        "self_attn.g_a_proj.weight": (g.linear_head_dim, g.hidden),  # [linear_head_dim, hidden]
+        "self_attn.g_b_proj.weight": (proj_dim, g.linear_head_dim),  # [proj_dim, linear_head_dim]
+        "self_attn.b_proj.weight": (g.linear_heads, g.hidden),  # [linear_heads, hidden]
+        "self_attn.A_log": (g.linear_heads,),  # [linear_heads]
+        "self_attn.dt_bias": (proj_dim,),  # [proj_dim]
+        "self_attn.o_norm.weight": (g.linear_head_dim,),  # [linear_head_dim]
+        "self_attn.o_proj.weight": (g.hidden, proj_dim),  # [hidden, proj_dim]
     }
 
 
 def env(g: KdaGeometry) -> dict[str, int]:
     """``g.values()`` and every derived symbol at ``g`` (shard units are looked up here)."""
-    Q = algebra_ops.bounded(g.H * g.D)
+    proj_dim = algebra_ops.bounded(g.linear_heads * g.linear_head_dim)
     return {
         **g.values(),
-        "Q": Q,
+        "proj_dim": proj_dim,
     }
 
 
@@ -353,19 +353,23 @@ def plan(g: KdaGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
 
 def check_constraints(g: KdaGeometry) -> None:
     """Refuse a geometry that breaks a declared constraint, naming it and its reason."""
-    # (2 * (H / tp) * D) % 256 == 0
+    # (2 * (linear_heads / tp) * linear_head_dim) % 256 == 0
     require(
         block=BLOCK,
         rule=CONSTRAINTS[0],
         values=g.values(),
-        check=lambda: algebra_ops.mod(2 * algebra_ops.div(g.H, g.tp) * g.D, 256) == 0,
+        check=lambda: (
+            algebra_ops.mod(2 * algebra_ops.div(g.linear_heads, g.tp) * g.linear_head_dim, 256) == 0
+        ),
     )
-    # 8 * C * D + 4 * C * C <= 49152
+    # 8 * scan_chunk * linear_head_dim + 4 * scan_chunk * scan_chunk <= 49152
     require(
         block=BLOCK,
         rule=CONSTRAINTS[1],
         values=g.values(),
-        check=lambda: 8 * g.C * g.D + 4 * g.C * g.C <= 49152,
+        check=lambda: (
+            8 * g.scan_chunk * g.linear_head_dim + 4 * g.scan_chunk * g.scan_chunk <= 49152
+        ),
     )
     check_dims(block=BLOCK, shapes=expected_shapes(g))
 
@@ -374,32 +378,32 @@ def check_constraints(g: KdaGeometry) -> None:
 class KdaWeights(Generic[T]):
     """The bound weights of one ``kda`` block, in the layout the kernels read."""
 
-    # q_proj.weight [Q, X] BF16, verbatim
-    q_proj: T  # [H_r * D, X]
-    # k_proj.weight [Q, X] BF16, verbatim
-    k_proj: T  # [H_r * D, X]
-    # v_proj.weight [Q, X] BF16, verbatim
-    v_proj: T  # [H_r * D, X]
+    # q_proj.weight [proj_dim, hidden] BF16, verbatim
+    q_proj: T  # [linear_heads_r * linear_head_dim, hidden]
+    # k_proj.weight [proj_dim, hidden] BF16, verbatim
+    k_proj: T  # [linear_heads_r * linear_head_dim, hidden]
+    # v_proj.weight [proj_dim, hidden] BF16, verbatim
+    v_proj: T  # [linear_heads_r * linear_head_dim, hidden]
     # concat of 3 on axis 0, dim 1 squeezed
-    conv: T  # [3 * H_r * D, K]
-    # f_a_proj.weight [D, X] BF16, verbatim
-    f_a: T  # [D, X], replicated
-    # f_b_proj.weight [Q, D] BF16, verbatim
-    f_b: T  # [H_r * D, D]
-    # dt_bias [Q] F32, verbatim
-    dt_bias: T  # [H_r * D]
-    # A_log [H] F32, verbatim
-    a_log: T  # [H_r]
-    # b_proj.weight [H, X] BF16, verbatim
-    b_proj: T  # [H_r, X]
-    # g_a_proj.weight [D, X] BF16, verbatim
-    g_a: T  # [D, X], replicated
-    # g_b_proj.weight [Q, D] BF16, verbatim
-    g_b: T  # [H_r * D, D]
-    # o_norm.weight [D] BF16, verbatim
-    o_norm: T  # [D], replicated
-    # o_proj.weight [X, Q] BF16, verbatim
-    o_proj: T  # [X, H_r * D]
+    conv: T  # [3 * linear_heads_r * linear_head_dim, conv_kernel]
+    # f_a_proj.weight [linear_head_dim, hidden] BF16, verbatim
+    f_a: T  # [linear_head_dim, hidden], replicated
+    # f_b_proj.weight [proj_dim, linear_head_dim] BF16, verbatim
+    f_b: T  # [linear_heads_r * linear_head_dim, linear_head_dim]
+    # dt_bias [proj_dim] F32, verbatim
+    dt_bias: T  # [linear_heads_r * linear_head_dim]
+    # A_log [linear_heads] F32, verbatim
+    a_log: T  # [linear_heads_r]
+    # b_proj.weight [linear_heads, hidden] BF16, verbatim
+    b_proj: T  # [linear_heads_r, hidden]
+    # g_a_proj.weight [linear_head_dim, hidden] BF16, verbatim
+    g_a: T  # [linear_head_dim, hidden], replicated
+    # g_b_proj.weight [proj_dim, linear_head_dim] BF16, verbatim
+    g_b: T  # [linear_heads_r * linear_head_dim, linear_head_dim]
+    # o_norm.weight [linear_head_dim] BF16, verbatim
+    o_norm: T  # [linear_head_dim], replicated
+    # o_proj.weight [hidden, proj_dim] BF16, verbatim
+    o_proj: T  # [hidden, linear_heads_r * linear_head_dim]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 
@@ -481,7 +485,7 @@ def assemble(
         q_proj=t["self_attn.q_proj.weight"],
         k_proj=t["self_attn.k_proj.weight"],
         v_proj=t["self_attn.v_proj.weight"],
-        # 3 x [H_r * D, 1, K] -> [3 * H_r * D, K]: q_conv1d.weight, k_conv1d.weight, v_conv1d.weight in that order
+        # 3 x [linear_heads_r * linear_head_dim, 1, conv_kernel] -> [3 * linear_heads_r * linear_head_dim, conv_kernel]: q_conv1d.weight, k_conv1d.weight, v_conv1d.weight in that order
         conv=ops.concat_squeeze(
             (
                 t["self_attn.q_conv1d.weight"],

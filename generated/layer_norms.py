@@ -52,14 +52,14 @@ T = TypeVar("T")
 class LayerNormsGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
-    X: int  # hidden size
+    hidden: int  # hidden size
     tp: int = 1
     ep: int = 1
 
     def values(self) -> dict[str, int]:
         """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
-            "X": self.X,
+            "hidden": self.hidden,
             "tp": self.tp,
             "ep": self.ep,
         }
@@ -68,18 +68,18 @@ class LayerNormsGeometry:
 # Every tensor of this block is replicated: each rank holds it whole, in its global shape.
 
 TENSORS: tuple[TensorRule, ...] = (
-    # input_layernorm.weight [X] BF16 on disk; replicated: every rank reads all of it
+    # input_layernorm.weight [hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="input_layernorm.weight",
         dtype="BF16",
-        shape="[X]",
+        shape="[hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # post_attention_layernorm.weight [X] BF16 on disk; replicated: every rank reads all of it
+    # post_attention_layernorm.weight [hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="post_attention_layernorm.weight",
         dtype="BF16",
-        shape="[X]",
+        shape="[hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
 )
@@ -128,8 +128,8 @@ def matches(names: Collection[str]) -> bool:
 def expected_shapes(g: LayerNormsGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
     return {
-        "input_layernorm.weight": (g.X,),  # [X]
-        "post_attention_layernorm.weight": (g.X,),  # [X]
+        "input_layernorm.weight": (g.hidden,),  # [hidden]
+        "post_attention_layernorm.weight": (g.hidden,),  # [hidden]
     }
 
 
@@ -167,10 +167,10 @@ def check_constraints(g: LayerNormsGeometry) -> None:
 class LayerNormsWeights(Generic[T]):
     """The bound weights of one ``layer_norms`` block, in the layout the kernels read."""
 
-    # input_layernorm.weight [X] BF16, verbatim
-    input_norm: T  # [X], replicated
-    # post_attention_layernorm.weight [X] BF16, verbatim
-    post_attention_norm: T  # [X], replicated
+    # input_layernorm.weight [hidden] BF16, verbatim
+    input_norm: T  # [hidden], replicated
+    # post_attention_layernorm.weight [hidden] BF16, verbatim
+    post_attention_norm: T  # [hidden], replicated
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 

@@ -53,45 +53,45 @@ T = TypeVar("T")
 class LmGlobalsGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
-    X: int  # hidden size
-    V: int  # vocabulary size
+    hidden: int  # hidden size
+    vocab: int  # vocabulary size
     tp: int = 1
     ep: int = 1
 
     def values(self) -> dict[str, int]:
         """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
-            "X": self.X,
-            "V": self.V,
+            "hidden": self.hidden,
+            "vocab": self.vocab,
             "tp": self.tp,
             "ep": self.ep,
         }
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   V_r = V/tp: this rank's share of V (vocabulary size)
+#   vocab_r = vocab/tp: this rank's share of vocab (vocabulary size)
 
 TENSORS: tuple[TensorRule, ...] = (
-    # embed_tokens.weight [V, X] BF16 on disk; rank r reads [V_r, X], block r of the rows (whole V)
+    # embed_tokens.weight [vocab, hidden] BF16 on disk; rank r reads [vocab_r, hidden], block r of the rows (whole vocab)
     TensorRule(
         name="embed_tokens.weight",
         dtype="BF16",
-        shape="[V, X]",
-        shard=ShardRule(kind="rows", unit="V", axis=0),
+        shape="[vocab, hidden]",
+        shard=ShardRule(kind="rows", unit="vocab", axis=0),
     ),
-    # norm.weight [X] BF16 on disk; replicated: every rank reads all of it
+    # norm.weight [hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="norm.weight",
         dtype="BF16",
-        shape="[X]",
+        shape="[hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # lm_head.weight [V, X] BF16 on disk; rank r reads [V_r, X], block r of the rows (whole V)
+    # lm_head.weight [vocab, hidden] BF16 on disk; rank r reads [vocab_r, hidden], block r of the rows (whole vocab)
     TensorRule(
         name="lm_head.weight",
         dtype="BF16",
-        shape="[V, X]",
-        shard=ShardRule(kind="rows", unit="V", axis=0),
+        shape="[vocab, hidden]",
+        shard=ShardRule(kind="rows", unit="vocab", axis=0),
         group="head",
         root=True,
         tie=TieRule(to="embed_tokens.weight", config="tie_word_embeddings"),
@@ -152,9 +152,9 @@ def matches(names: Collection[str]) -> bool:
 def expected_shapes(g: LmGlobalsGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
     return {
-        "embed_tokens.weight": (g.V, g.X),  # [V, X]
-        "norm.weight": (g.X,),  # [X]
-        "lm_head.weight": (g.V, g.X),  # [V, X]
+        "embed_tokens.weight": (g.vocab, g.hidden),  # [vocab, hidden]
+        "norm.weight": (g.hidden,),  # [hidden]
+        "lm_head.weight": (g.vocab, g.hidden),  # [vocab, hidden]
     }
 
 
@@ -192,12 +192,12 @@ def check_constraints(g: LmGlobalsGeometry) -> None:
 class LmGlobalsWeights(Generic[T]):
     """The bound weights of one ``lm_globals`` block, in the layout the kernels read."""
 
-    # embed_tokens.weight [V, X] BF16, verbatim
-    embed_tokens: T  # [V_r, X]
-    # norm.weight [X] BF16, verbatim
-    norm: T  # [X], replicated
-    # lm_head.weight [V, X] BF16, verbatim
-    lm_head: T | None  # [V_r, X]
+    # embed_tokens.weight [vocab, hidden] BF16, verbatim
+    embed_tokens: T  # [vocab_r, hidden]
+    # norm.weight [hidden] BF16, verbatim
+    norm: T  # [hidden], replicated
+    # lm_head.weight [vocab, hidden] BF16, verbatim
+    lm_head: T | None  # [vocab_r, hidden]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 

@@ -53,16 +53,16 @@ T = TypeVar("T")
 class MhcGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
-    X: int  # hidden size
-    N: int  # hyper-connection streams (hc_mult)
+    hidden: int  # hidden size
+    hc_mult: int  # hyper-connection streams
     tp: int = 1
     ep: int = 1
 
     def values(self) -> dict[str, int]:
         """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
-            "X": self.X,
-            "N": self.N,
+            "hidden": self.hidden,
+            "hc_mult": self.hc_mult,
             "tp": self.tp,
             "ep": self.ep,
         }
@@ -71,19 +71,19 @@ class MhcGeometry:
 # Every tensor of this block is replicated: each rank holds it whole, in its global shape.
 
 TENSORS: tuple[TensorRule, ...] = (
-    # hc_attn_fn [M, N * X] F32 on disk; replicated: every rank reads all of it
+    # hc_attn_fn [hc_mix, hc_mult * hidden] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="hc_attn_fn",
         dtype="F32",
-        shape="[M, N * X]",
+        shape="[hc_mix, hc_mult * hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         stored=("BF16",),
     ),
-    # hc_attn_base [M] F32 on disk; replicated: every rank reads all of it
+    # hc_attn_base [hc_mix] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="hc_attn_base",
         dtype="F32",
-        shape="[M]",
+        shape="[hc_mix]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         why_dtype="mHC base is F32 in the mixing kernel; narrowing it would change the stream weights",
     ),
@@ -95,19 +95,19 @@ TENSORS: tuple[TensorRule, ...] = (
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         why_dtype="mHC scale is F32 in the mixing kernel; narrowing it would change the stream weights",
     ),
-    # hc_ffn_fn [M, N * X] F32 on disk; replicated: every rank reads all of it
+    # hc_ffn_fn [hc_mix, hc_mult * hidden] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="hc_ffn_fn",
         dtype="F32",
-        shape="[M, N * X]",
+        shape="[hc_mix, hc_mult * hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         stored=("BF16",),
     ),
-    # hc_ffn_base [M] F32 on disk; replicated: every rank reads all of it
+    # hc_ffn_base [hc_mix] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="hc_ffn_base",
         dtype="F32",
-        shape="[M]",
+        shape="[hc_mix]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         why_dtype="mHC base is F32 in the mixing kernel; narrowing it would change the stream weights",
     ),
@@ -184,23 +184,23 @@ def matches(names: Collection[str]) -> bool:
 
 def expected_shapes(g: MhcGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
-    M = algebra_ops.bounded((2 + g.N) * g.N)
+    hc_mix = algebra_ops.bounded((2 + g.hc_mult) * g.hc_mult)
     return {
-        "hc_attn_fn": (M, g.N * g.X),  # [M, N * X]
-        "hc_attn_base": (M,),  # [M]
+        "hc_attn_fn": (hc_mix, g.hc_mult * g.hidden),  # [hc_mix, hc_mult * hidden]
+        "hc_attn_base": (hc_mix,),  # [hc_mix]
         "hc_attn_scale": (3,),  # [3]
-        "hc_ffn_fn": (M, g.N * g.X),  # [M, N * X]
-        "hc_ffn_base": (M,),  # [M]
+        "hc_ffn_fn": (hc_mix, g.hc_mult * g.hidden),  # [hc_mix, hc_mult * hidden]
+        "hc_ffn_base": (hc_mix,),  # [hc_mix]
         "hc_ffn_scale": (3,),  # [3]
     }
 
 
 def env(g: MhcGeometry) -> dict[str, int]:
     """``g.values()`` and every derived symbol at ``g`` (shard units are looked up here)."""
-    M = algebra_ops.bounded((2 + g.N) * g.N)
+    hc_mix = algebra_ops.bounded((2 + g.hc_mult) * g.hc_mult)
     return {
         **g.values(),
-        "M": M,
+        "hc_mix": hc_mix,
     }
 
 
@@ -233,16 +233,16 @@ def check_constraints(g: MhcGeometry) -> None:
 class MhcWeights(Generic[T]):
     """The bound weights of one ``mhc`` block, in the layout the kernels read."""
 
-    # hc_attn_fn [M, N * X] F32, verbatim
-    attn_fn: T  # [M, N * X], replicated
-    # hc_attn_base [M] F32, verbatim
-    attn_base: T  # [M], replicated
+    # hc_attn_fn [hc_mix, hc_mult * hidden] F32, verbatim
+    attn_fn: T  # [hc_mix, hc_mult * hidden], replicated
+    # hc_attn_base [hc_mix] F32, verbatim
+    attn_base: T  # [hc_mix], replicated
     # hc_attn_scale [3] F32, verbatim
     attn_scale: T  # [3], replicated
-    # hc_ffn_fn [M, N * X] F32, verbatim
-    ffn_fn: T  # [M, N * X], replicated
-    # hc_ffn_base [M] F32, verbatim
-    ffn_base: T  # [M], replicated
+    # hc_ffn_fn [hc_mix, hc_mult * hidden] F32, verbatim
+    ffn_fn: T  # [hc_mix, hc_mult * hidden], replicated
+    # hc_ffn_base [hc_mix] F32, verbatim
+    ffn_base: T  # [hc_mix], replicated
     # hc_ffn_scale [3] F32, verbatim
     ffn_scale: T  # [3], replicated
     # the companions of quantized fields (scales, and any requested optional layouts)

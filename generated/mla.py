@@ -55,70 +55,72 @@ T = TypeVar("T")
 class MlaGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
-    X: int  # hidden size
-    H: int  # attention heads
-    N: int  # qk_nope_head_dim
-    R: int  # qk_rope_head_dim (the query and shared-key dims outside the absorb)
-    V: int  # v_head_dim
-    KVL: int  # kv_lora_rank
+    hidden: int  # hidden size
+    heads: int  # attention heads
+    qk_nope_head_dim: int  # per-head query/key dims without rotary embedding
+    qk_rope_head_dim: (
+        int  # per-head query dims and shared-key dims with rotary embedding (outside the absorb)
+    )
+    v_head_dim: int  # per-head value dims
+    kv_lora_rank: int  # rank of the compressed KV latent
     tp: int = 1
     ep: int = 1
 
     def values(self) -> dict[str, int]:
         """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
-            "X": self.X,
-            "H": self.H,
-            "N": self.N,
-            "R": self.R,
-            "V": self.V,
-            "KVL": self.KVL,
+            "hidden": self.hidden,
+            "heads": self.heads,
+            "qk_nope_head_dim": self.qk_nope_head_dim,
+            "qk_rope_head_dim": self.qk_rope_head_dim,
+            "v_head_dim": self.v_head_dim,
+            "kv_lora_rank": self.kv_lora_rank,
             "tp": self.tp,
             "ep": self.ep,
         }
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   H_r = H/tp: this rank's share of H (attention heads)
+#   heads_r = heads/tp: this rank's share of heads (attention heads)
 
 TENSORS: tuple[TensorRule, ...] = (
-    # self_attn.q_proj.weight [H * (N + R), X] BF16 on disk; rank r reads [H_r * (N + R), X], block r of the rows (whole H)
+    # self_attn.q_proj.weight [heads * (qk_nope_head_dim + qk_rope_head_dim), hidden] BF16 on disk; rank r reads [heads_r * (qk_nope_head_dim + qk_rope_head_dim), hidden], block r of the rows (whole heads)
     TensorRule(
         name="self_attn.q_proj.weight",
         dtype="BF16",
-        shape="[H * (N + R), X]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[heads * (qk_nope_head_dim + qk_rope_head_dim), hidden]",
+        shard=ShardRule(kind="rows", unit="heads", axis=0),
         linear=True,
     ),
-    # self_attn.kv_a_proj_with_mqa.weight [KVL + R, X] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.kv_a_proj_with_mqa.weight [kv_lora_rank + qk_rope_head_dim, hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.kv_a_proj_with_mqa.weight",
         dtype="BF16",
-        shape="[KVL + R, X]",
+        shape="[kv_lora_rank + qk_rope_head_dim, hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # self_attn.kv_a_layernorm.weight [KVL] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.kv_a_layernorm.weight [kv_lora_rank] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.kv_a_layernorm.weight",
         dtype="BF16",
-        shape="[KVL]",
+        shape="[kv_lora_rank]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # self_attn.kv_b_proj.weight [H * (N + V), KVL] BF16 on disk; rank r reads [H_r * (N + V), KVL], block r of the rows (whole H)
+    # self_attn.kv_b_proj.weight [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank] BF16 on disk; rank r reads [heads_r * (qk_nope_head_dim + v_head_dim), kv_lora_rank], block r of the rows (whole heads)
     TensorRule(
         name="self_attn.kv_b_proj.weight",
         dtype="BF16",
-        shape="[H * (N + V), KVL]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]",
+        shard=ShardRule(kind="rows", unit="heads", axis=0),
         linear=True,
     ),
-    # self_attn.o_proj.weight [X, H * V] BF16 on disk; rank r reads [X, H_r * V], block r of the cols (whole H)
+    # self_attn.o_proj.weight [hidden, heads * v_head_dim] BF16 on disk; rank r reads [hidden, heads_r * v_head_dim], block r of the cols (whole heads)
     TensorRule(
         name="self_attn.o_proj.weight",
         dtype="BF16",
-        shape="[X, H * V]",
-        shard=ShardRule(kind="cols", unit="H", axis=-1),
+        shape="[hidden, heads * v_head_dim]",
+        shard=ShardRule(kind="cols", unit="heads", axis=-1),
         linear=True,
     ),
 )
@@ -179,11 +181,23 @@ def matches(names: Collection[str]) -> bool:
 def expected_shapes(g: MlaGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
     return {
-        "self_attn.q_proj.weight": (g.H * (g.N + g.R), g.X),  # [H * (N + R), X]
-        "self_attn.kv_a_proj_with_mqa.weight": (g.KVL + g.R, g.X),  # [KVL + R, X]
-        "self_attn.kv_a_layernorm.weight": (g.KVL,),  # [KVL]
-        "self_attn.kv_b_proj.weight": (g.H * (g.N + g.V), g.KVL),  # [H * (N + V), KVL]
-        "self_attn.o_proj.weight": (g.X, g.H * g.V),  # [X, H * V]
+        "self_attn.q_proj.weight": (
+            g.heads * (g.qk_nope_head_dim + g.qk_rope_head_dim),
+            g.hidden,
+        ),  # [heads * (qk_nope_head_dim + qk_rope_head_dim), hidden]
+        "self_attn.kv_a_proj_with_mqa.weight": (
+            g.kv_lora_rank + g.qk_rope_head_dim,
+            g.hidden,
+        ),  # [kv_lora_rank + qk_rope_head_dim, hidden]
+        "self_attn.kv_a_layernorm.weight": (g.kv_lora_rank,),  # [kv_lora_rank]
+        "self_attn.kv_b_proj.weight": (
+            g.heads * (g.qk_nope_head_dim + g.v_head_dim),
+            g.kv_lora_rank,
+        ),  # [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
+        "self_attn.o_proj.weight": (
+            g.hidden,
+            g.heads * g.v_head_dim,
+        ),  # [hidden, heads * v_head_dim]
     }
 
 
@@ -214,53 +228,81 @@ def plan(g: MlaGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
 
 def make_q_absorb(g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
-    H_r = g.H // g.tp  # this rank's share of H (attention heads)
+    heads_r = g.heads // g.tp  # this rank's share of heads (attention heads)
     a = t["self_attn.kv_b_proj.weight"]
-    # [H_r * (N + V), KVL] -> [H_r, N + V, KVL]
-    a = ops.view(a, shape=(H_r, g.N + g.V, g.KVL), what="q_absorb: kv_b_proj.weight")
-    # [H_r, N + V, KVL], axis 1 [0:N] -> [H_r, N, KVL]
-    a = ops.take(a, axis=1, start=0, stop=g.N, what="q_absorb: kv_b_proj.weight")
+    # [heads_r * (qk_nope_head_dim + v_head_dim), kv_lora_rank] -> [heads_r, qk_nope_head_dim + v_head_dim, kv_lora_rank]
+    a = ops.view(
+        a,
+        shape=(heads_r, g.qk_nope_head_dim + g.v_head_dim, g.kv_lora_rank),
+        what="q_absorb: kv_b_proj.weight",
+    )
+    # [heads_r, qk_nope_head_dim + v_head_dim, kv_lora_rank], axis 1 [0:qk_nope_head_dim] -> [heads_r, qk_nope_head_dim, kv_lora_rank]
+    a = ops.take(a, axis=1, start=0, stop=g.qk_nope_head_dim, what="q_absorb: kv_b_proj.weight")
     b = t["self_attn.q_proj.weight"]
-    # [H_r * (N + R), X] -> [H_r, N + R, X]
-    b = ops.view(b, shape=(H_r, g.N + g.R, g.X), what="q_absorb: q_proj.weight")
-    # [H_r, N + R, X], axis 1 [0:N] -> [H_r, N, X]
-    b = ops.take(b, axis=1, start=0, stop=g.N, what="q_absorb: q_proj.weight")
+    # [heads_r * (qk_nope_head_dim + qk_rope_head_dim), hidden] -> [heads_r, qk_nope_head_dim + qk_rope_head_dim, hidden]
+    b = ops.view(
+        b,
+        shape=(heads_r, g.qk_nope_head_dim + g.qk_rope_head_dim, g.hidden),
+        what="q_absorb: q_proj.weight",
+    )
+    # [heads_r, qk_nope_head_dim + qk_rope_head_dim, hidden], axis 1 [0:qk_nope_head_dim] -> [heads_r, qk_nope_head_dim, hidden]
+    b = ops.take(b, axis=1, start=0, stop=g.qk_nope_head_dim, what="q_absorb: q_proj.weight")
     # einsum hrc,hrk->hck: one matmul per h, summing r: [h, c, r] @ [h, r, k] -> [h, c, k]
     y = ops.contract(a, b, einsum="hrc,hrk->hck", dtype="BF16")
-    # [h, c, k] -> [H_r * KVL, X]
-    y = ops.view(y, shape=(H_r * g.KVL, g.X), what="q_absorb")
+    # [h, c, k] -> [heads_r * kv_lora_rank, hidden]
+    y = ops.view(y, shape=(heads_r * g.kv_lora_rank, g.hidden), what="q_absorb")
     return y
 
 
 def make_q_rope(g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_rope``: one tensor, as BF16."""
-    H_r = g.H // g.tp  # this rank's share of H (attention heads)
+    heads_r = g.heads // g.tp  # this rank's share of heads (attention heads)
     x = t["self_attn.q_proj.weight"]
-    # [H_r * (N + R), X] -> [H_r, N + R, X]
-    x = ops.view(x, shape=(H_r, g.N + g.R, g.X), what="q_rope: q_proj.weight")
-    # [H_r, N + R, X], axis 1 [N:N + R] -> [H_r, R, X]
-    x = ops.take(x, axis=1, start=g.N, stop=g.N + g.R, what="q_rope: q_proj.weight")
+    # [heads_r * (qk_nope_head_dim + qk_rope_head_dim), hidden] -> [heads_r, qk_nope_head_dim + qk_rope_head_dim, hidden]
+    x = ops.view(
+        x,
+        shape=(heads_r, g.qk_nope_head_dim + g.qk_rope_head_dim, g.hidden),
+        what="q_rope: q_proj.weight",
+    )
+    # [heads_r, qk_nope_head_dim + qk_rope_head_dim, hidden], axis 1 [qk_nope_head_dim:qk_nope_head_dim + qk_rope_head_dim] -> [heads_r, qk_rope_head_dim, hidden]
+    x = ops.take(
+        x,
+        axis=1,
+        start=g.qk_nope_head_dim,
+        stop=g.qk_nope_head_dim + g.qk_rope_head_dim,
+        what="q_rope: q_proj.weight",
+    )
     x = ops.cast(x, dtype="BF16")
-    # [H_r, R, X] -> [H_r * R, X]
-    x = ops.view(x, shape=(H_r * g.R, g.X), what="q_rope")
+    # [heads_r, qk_rope_head_dim, hidden] -> [heads_r * qk_rope_head_dim, hidden]
+    x = ops.view(x, shape=(heads_r * g.qk_rope_head_dim, g.hidden), what="q_rope")
     return x
 
 
 def make_o_absorb(g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
-    H_r = g.H // g.tp  # this rank's share of H (attention heads)
+    heads_r = g.heads // g.tp  # this rank's share of heads (attention heads)
     a = t["self_attn.o_proj.weight"]
-    # [X, H_r * V] -> [X, H_r, V]
-    a = ops.view(a, shape=(g.X, H_r, g.V), what="o_absorb: o_proj.weight")
+    # [hidden, heads_r * v_head_dim] -> [hidden, heads_r, v_head_dim]
+    a = ops.view(a, shape=(g.hidden, heads_r, g.v_head_dim), what="o_absorb: o_proj.weight")
     b = t["self_attn.kv_b_proj.weight"]
-    # [H_r * (N + V), KVL] -> [H_r, N + V, KVL]
-    b = ops.view(b, shape=(H_r, g.N + g.V, g.KVL), what="o_absorb: kv_b_proj.weight")
-    # [H_r, N + V, KVL], axis 1 [N:N + V] -> [H_r, V, KVL]
-    b = ops.take(b, axis=1, start=g.N, stop=g.N + g.V, what="o_absorb: kv_b_proj.weight")
+    # [heads_r * (qk_nope_head_dim + v_head_dim), kv_lora_rank] -> [heads_r, qk_nope_head_dim + v_head_dim, kv_lora_rank]
+    b = ops.view(
+        b,
+        shape=(heads_r, g.qk_nope_head_dim + g.v_head_dim, g.kv_lora_rank),
+        what="o_absorb: kv_b_proj.weight",
+    )
+    # [heads_r, qk_nope_head_dim + v_head_dim, kv_lora_rank], axis 1 [qk_nope_head_dim:qk_nope_head_dim + v_head_dim] -> [heads_r, v_head_dim, kv_lora_rank]
+    b = ops.take(
+        b,
+        axis=1,
+        start=g.qk_nope_head_dim,
+        stop=g.qk_nope_head_dim + g.v_head_dim,
+        what="o_absorb: kv_b_proj.weight",
+    )
     # einsum ihr,hrc->ihc: one matmul per h, summing r: [h, i, r] @ [h, r, c] -> [i, h, c]
     y = ops.contract(a, b, einsum="ihr,hrc->ihc", dtype="BF16")
-    # [i, h, c] -> [X, H_r * KVL]
-    y = ops.view(y, shape=(g.X, H_r * g.KVL), what="o_absorb")
+    # [i, h, c] -> [hidden, heads_r * kv_lora_rank]
+    y = ops.view(y, shape=(g.hidden, heads_r * g.kv_lora_rank), what="o_absorb")
     return y
 
 
@@ -274,15 +316,15 @@ class MlaWeights(Generic[T]):
     """The bound weights of one ``mla`` block, in the layout the kernels read."""
 
     # q_absorb: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16
-    q_absorb: T  # [H_r * KVL, X]
+    q_absorb: T  # [heads_r * kv_lora_rank, hidden]
     # q_rope: one tensor, as BF16
-    q_rope: T  # [H_r * R, X]
-    # kv_a_proj_with_mqa.weight [KVL + R, X] BF16, verbatim
-    kv_a_proj: T  # [KVL + R, X], replicated
-    # kv_a_layernorm.weight [KVL] BF16, verbatim
-    kv_a_layernorm: T  # [KVL], replicated
+    q_rope: T  # [heads_r * qk_rope_head_dim, hidden]
+    # kv_a_proj_with_mqa.weight [kv_lora_rank + qk_rope_head_dim, hidden] BF16, verbatim
+    kv_a_proj: T  # [kv_lora_rank + qk_rope_head_dim, hidden], replicated
+    # kv_a_layernorm.weight [kv_lora_rank] BF16, verbatim
+    kv_a_layernorm: T  # [kv_lora_rank], replicated
     # o_absorb: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16
-    o_absorb: T  # [X, H_r * KVL]
+    o_absorb: T  # [hidden, heads_r * kv_lora_rank]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 

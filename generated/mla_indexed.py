@@ -56,128 +56,128 @@ T = TypeVar("T")
 class MlaIndexedGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
-    X: int  # hidden size
-    H: int  # attention heads
-    QL: int  # q_lora_rank
-    KVL: int  # kv_lora_rank
-    N: int  # qk_nope_head_dim
-    R: int  # qk_rope_head_dim
-    V: int  # v_head_dim
-    IH: int  # indexer heads
-    ID: int  # indexer head dim
+    hidden: int  # hidden size
+    heads: int  # attention heads
+    q_lora_rank: int  # rank of the low-rank query (q_a_proj's rows)
+    kv_lora_rank: int  # rank of the compressed KV latent
+    qk_nope_head_dim: int  # per-head query/key dims without rotary embedding
+    qk_rope_head_dim: int  # per-head query dims and shared-key dims with rotary embedding
+    v_head_dim: int  # per-head value dims
+    index_heads: int  # indexer heads
+    index_head_dim: int  # indexer head dim
     tp: int = 1
     ep: int = 1
 
     def values(self) -> dict[str, int]:
         """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
-            "X": self.X,
-            "H": self.H,
-            "QL": self.QL,
-            "KVL": self.KVL,
-            "N": self.N,
-            "R": self.R,
-            "V": self.V,
-            "IH": self.IH,
-            "ID": self.ID,
+            "hidden": self.hidden,
+            "heads": self.heads,
+            "q_lora_rank": self.q_lora_rank,
+            "kv_lora_rank": self.kv_lora_rank,
+            "qk_nope_head_dim": self.qk_nope_head_dim,
+            "qk_rope_head_dim": self.qk_rope_head_dim,
+            "v_head_dim": self.v_head_dim,
+            "index_heads": self.index_heads,
+            "index_head_dim": self.index_head_dim,
             "tp": self.tp,
             "ep": self.ep,
         }
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   H_r = H/tp: this rank's share of H (attention heads)
+#   heads_r = heads/tp: this rank's share of heads (attention heads)
 
 TENSORS: tuple[TensorRule, ...] = (
-    # self_attn.q_a_proj.weight [QL, X] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.q_a_proj.weight [q_lora_rank, hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.q_a_proj.weight",
         dtype="BF16",
-        shape="[QL, X]",
+        shape="[q_lora_rank, hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # self_attn.q_a_layernorm.weight [QL] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.q_a_layernorm.weight [q_lora_rank] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.q_a_layernorm.weight",
         dtype="BF16",
-        shape="[QL]",
+        shape="[q_lora_rank]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # self_attn.q_b_proj.weight [H * (N + R), QL] BF16 on disk; rank r reads [H_r * (N + R), QL], block r of the rows (whole H)
+    # self_attn.q_b_proj.weight [heads * (qk_nope_head_dim + qk_rope_head_dim), q_lora_rank] BF16 on disk; rank r reads [heads_r * (qk_nope_head_dim + qk_rope_head_dim), q_lora_rank], block r of the rows (whole heads)
     TensorRule(
         name="self_attn.q_b_proj.weight",
         dtype="BF16",
-        shape="[H * (N + R), QL]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[heads * (qk_nope_head_dim + qk_rope_head_dim), q_lora_rank]",
+        shard=ShardRule(kind="rows", unit="heads", axis=0),
         linear=True,
     ),
-    # self_attn.kv_a_proj_with_mqa.weight [KVL + R, X] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.kv_a_proj_with_mqa.weight [kv_lora_rank + qk_rope_head_dim, hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.kv_a_proj_with_mqa.weight",
         dtype="BF16",
-        shape="[KVL + R, X]",
+        shape="[kv_lora_rank + qk_rope_head_dim, hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # self_attn.kv_a_layernorm.weight [KVL] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.kv_a_layernorm.weight [kv_lora_rank] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.kv_a_layernorm.weight",
         dtype="BF16",
-        shape="[KVL]",
+        shape="[kv_lora_rank]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # self_attn.kv_b_proj.weight [H * (N + V), KVL] BF16 on disk; rank r reads [H_r * (N + V), KVL], block r of the rows (whole H)
+    # self_attn.kv_b_proj.weight [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank] BF16 on disk; rank r reads [heads_r * (qk_nope_head_dim + v_head_dim), kv_lora_rank], block r of the rows (whole heads)
     TensorRule(
         name="self_attn.kv_b_proj.weight",
         dtype="BF16",
-        shape="[H * (N + V), KVL]",
-        shard=ShardRule(kind="rows", unit="H", axis=0),
+        shape="[heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]",
+        shard=ShardRule(kind="rows", unit="heads", axis=0),
         linear=True,
     ),
-    # self_attn.o_proj.weight [X, H * V] BF16 on disk; rank r reads [X, H_r * V], block r of the cols (whole H)
+    # self_attn.o_proj.weight [hidden, heads * v_head_dim] BF16 on disk; rank r reads [hidden, heads_r * v_head_dim], block r of the cols (whole heads)
     TensorRule(
         name="self_attn.o_proj.weight",
         dtype="BF16",
-        shape="[X, H * V]",
-        shard=ShardRule(kind="cols", unit="H", axis=-1),
+        shape="[hidden, heads * v_head_dim]",
+        shard=ShardRule(kind="cols", unit="heads", axis=-1),
         linear=True,
     ),
-    # self_attn.indexer.wq_b.weight [IH * ID, QL] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.indexer.wq_b.weight [index_heads * index_head_dim, q_lora_rank] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.indexer.wq_b.weight",
         dtype="BF16",
-        shape="[IH * ID, QL]",
+        shape="[index_heads * index_head_dim, q_lora_rank]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # self_attn.indexer.wk.weight [ID, X] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.indexer.wk.weight [index_head_dim, hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.indexer.wk.weight",
         dtype="BF16",
-        shape="[ID, X]",
+        shape="[index_head_dim, hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # self_attn.indexer.k_norm.weight [ID] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.indexer.k_norm.weight [index_head_dim] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.indexer.k_norm.weight",
         dtype="BF16",
-        shape="[ID]",
+        shape="[index_head_dim]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # self_attn.indexer.k_norm.bias [ID] BF16 on disk; replicated: every rank reads all of it
+    # self_attn.indexer.k_norm.bias [index_head_dim] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.indexer.k_norm.bias",
         dtype="BF16",
-        shape="[ID]",
+        shape="[index_head_dim]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # self_attn.indexer.weights_proj.weight [IH, X] F32 on disk; replicated: every rank reads all of it
+    # self_attn.indexer.weights_proj.weight [index_heads, hidden] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="self_attn.indexer.weights_proj.weight",
         dtype="F32",
-        shape="[IH, X]",
+        shape="[index_heads, hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         why_dtype="the index-head weights are kept F32; narrowing them would change the top-k",
         stored=("BF16",),
@@ -192,8 +192,8 @@ FAMILIES: dict[str, str] = {}
 CONSTRAINTS: tuple[ConstraintRule, ...] = (
     ConstraintRule(
         name="indexer_rope",
-        check="ID >= R",
-        why="the indexer rotates the first R dims of each of its heads, so a head needs R dims",
+        check="index_head_dim >= qk_rope_head_dim",
+        why="the indexer rotates the first qk_rope_head_dim dims of each of its heads, so a head needs qk_rope_head_dim dims",
     ),
 )
 
@@ -286,18 +286,33 @@ def matches(names: Collection[str]) -> bool:
 def expected_shapes(g: MlaIndexedGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
     return {
-        "self_attn.q_a_proj.weight": (g.QL, g.X),  # [QL, X]
-        "self_attn.q_a_layernorm.weight": (g.QL,),  # [QL]
-        "self_attn.q_b_proj.weight": (g.H * (g.N + g.R), g.QL),  # [H * (N + R), QL]
-        "self_attn.kv_a_proj_with_mqa.weight": (g.KVL + g.R, g.X),  # [KVL + R, X]
-        "self_attn.kv_a_layernorm.weight": (g.KVL,),  # [KVL]
-        "self_attn.kv_b_proj.weight": (g.H * (g.N + g.V), g.KVL),  # [H * (N + V), KVL]
-        "self_attn.o_proj.weight": (g.X, g.H * g.V),  # [X, H * V]
-        "self_attn.indexer.wq_b.weight": (g.IH * g.ID, g.QL),  # [IH * ID, QL]
-        "self_attn.indexer.wk.weight": (g.ID, g.X),  # [ID, X]
-        "self_attn.indexer.k_norm.weight": (g.ID,),  # [ID]
-        "self_attn.indexer.k_norm.bias": (g.ID,),  # [ID]
-        "self_attn.indexer.weights_proj.weight": (g.IH, g.X),  # [IH, X]
+        "self_attn.q_a_proj.weight": (g.q_lora_rank, g.hidden),  # [q_lora_rank, hidden]
+        "self_attn.q_a_layernorm.weight": (g.q_lora_rank,),  # [q_lora_rank]
+        "self_attn.q_b_proj.weight": (
+            g.heads * (g.qk_nope_head_dim + g.qk_rope_head_dim),
+            g.q_lora_rank,
+        ),  # [heads * (qk_nope_head_dim + qk_rope_head_dim), q_lora_rank]
+        "self_attn.kv_a_proj_with_mqa.weight": (
+            g.kv_lora_rank + g.qk_rope_head_dim,
+            g.hidden,
+        ),  # [kv_lora_rank + qk_rope_head_dim, hidden]
+        "self_attn.kv_a_layernorm.weight": (g.kv_lora_rank,),  # [kv_lora_rank]
+        "self_attn.kv_b_proj.weight": (
+            g.heads * (g.qk_nope_head_dim + g.v_head_dim),
+            g.kv_lora_rank,
+        ),  # [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank]
+        "self_attn.o_proj.weight": (
+            g.hidden,
+            g.heads * g.v_head_dim,
+        ),  # [hidden, heads * v_head_dim]
+        "self_attn.indexer.wq_b.weight": (
+            g.index_heads * g.index_head_dim,
+            g.q_lora_rank,
+        ),  # [index_heads * index_head_dim, q_lora_rank]
+        "self_attn.indexer.wk.weight": (g.index_head_dim, g.hidden),  # [index_head_dim, hidden]
+        "self_attn.indexer.k_norm.weight": (g.index_head_dim,),  # [index_head_dim]
+        "self_attn.indexer.k_norm.bias": (g.index_head_dim,),  # [index_head_dim]
+        "self_attn.indexer.weights_proj.weight": (g.index_heads, g.hidden),  # [index_heads, hidden]
     }
 
 
@@ -328,43 +343,63 @@ def plan(g: MlaIndexedGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
 
 def make_q_absorb(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
-    H_r = g.H // g.tp  # this rank's share of H (attention heads)
+    heads_r = g.heads // g.tp  # this rank's share of heads (attention heads)
     a = t["self_attn.kv_b_proj.weight"]
-    # [H_r * (N + V), KVL] -> [H_r, N + V, KVL]
-    a = ops.view(a, shape=(H_r, g.N + g.V, g.KVL), what="q_absorb: kv_b_proj.weight")
-    # [H_r, N + V, KVL], axis 1 [0:N] -> [H_r, N, KVL]
-    a = ops.take(a, axis=1, start=0, stop=g.N, what="q_absorb: kv_b_proj.weight")
+    # [heads_r * (qk_nope_head_dim + v_head_dim), kv_lora_rank] -> [heads_r, qk_nope_head_dim + v_head_dim, kv_lora_rank]
+    a = ops.view(
+        a,
+        shape=(heads_r, g.qk_nope_head_dim + g.v_head_dim, g.kv_lora_rank),
+        what="q_absorb: kv_b_proj.weight",
+    )
+    # [heads_r, qk_nope_head_dim + v_head_dim, kv_lora_rank], axis 1 [0:qk_nope_head_dim] -> [heads_r, qk_nope_head_dim, kv_lora_rank]
+    a = ops.take(a, axis=1, start=0, stop=g.qk_nope_head_dim, what="q_absorb: kv_b_proj.weight")
     b = t["self_attn.q_b_proj.weight"]
-    # [H_r * (N + R), QL] -> [H_r, N + R, QL]
-    b = ops.view(b, shape=(H_r, g.N + g.R, g.QL), what="q_absorb: q_b_proj.weight")
-    # [H_r, N + R, QL], axis 1 [0:N] -> [H_r, N, QL]
-    b = ops.take(b, axis=1, start=0, stop=g.N, what="q_absorb: q_b_proj.weight")
+    # [heads_r * (qk_nope_head_dim + qk_rope_head_dim), q_lora_rank] -> [heads_r, qk_nope_head_dim + qk_rope_head_dim, q_lora_rank]
+    b = ops.view(
+        b,
+        shape=(heads_r, g.qk_nope_head_dim + g.qk_rope_head_dim, g.q_lora_rank),
+        what="q_absorb: q_b_proj.weight",
+    )
+    # [heads_r, qk_nope_head_dim + qk_rope_head_dim, q_lora_rank], axis 1 [0:qk_nope_head_dim] -> [heads_r, qk_nope_head_dim, q_lora_rank]
+    b = ops.take(b, axis=1, start=0, stop=g.qk_nope_head_dim, what="q_absorb: q_b_proj.weight")
     # einsum hrc,hrk->hck: one matmul per h, summing r: [h, c, r] @ [h, r, k] -> [h, c, k]
     y = ops.contract(a, b, einsum="hrc,hrk->hck", dtype="BF16")
-    # [h, c, k] -> [H_r * KVL, QL]
-    y = ops.view(y, shape=(H_r * g.KVL, g.QL), what="q_absorb")
+    # [h, c, k] -> [heads_r * kv_lora_rank, q_lora_rank]
+    y = ops.view(y, shape=(heads_r * g.kv_lora_rank, g.q_lora_rank), what="q_absorb")
     return y
 
 
 def make_q_rope(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_rope``: one tensor, as BF16."""
-    H_r = g.H // g.tp  # this rank's share of H (attention heads)
+    heads_r = g.heads // g.tp  # this rank's share of heads (attention heads)
     x = t["self_attn.q_b_proj.weight"]
-    # [H_r * (N + R), QL] -> [H_r, N + R, QL]
-    x = ops.view(x, shape=(H_r, g.N + g.R, g.QL), what="q_rope: q_b_proj.weight")
-    # [H_r, N + R, QL], axis 1 [N:N + R] -> [H_r, R, QL]
-    x = ops.take(x, axis=1, start=g.N, stop=g.N + g.R, what="q_rope: q_b_proj.weight")
+    # [heads_r * (qk_nope_head_dim + qk_rope_head_dim), q_lora_rank] -> [heads_r, qk_nope_head_dim + qk_rope_head_dim, q_lora_rank]
+    x = ops.view(
+        x,
+        shape=(heads_r, g.qk_nope_head_dim + g.qk_rope_head_dim, g.q_lora_rank),
+        what="q_rope: q_b_proj.weight",
+    )
+    # [heads_r, qk_nope_head_dim + qk_rope_head_dim, q_lora_rank], axis 1 [qk_nope_head_dim:qk_nope_head_dim + qk_rope_head_dim] -> [heads_r, qk_rope_head_dim, q_lora_rank]
+    x = ops.take(
+        x,
+        axis=1,
+        start=g.qk_nope_head_dim,
+        stop=g.qk_nope_head_dim + g.qk_rope_head_dim,
+        what="q_rope: q_b_proj.weight",
+    )
     x = ops.cast(x, dtype="BF16")
-    # [H_r, R, QL] -> [H_r * R, QL]
-    x = ops.view(x, shape=(H_r * g.R, g.QL), what="q_rope")
+    # [heads_r, qk_rope_head_dim, q_lora_rank] -> [heads_r * qk_rope_head_dim, q_lora_rank]
+    x = ops.view(x, shape=(heads_r * g.qk_rope_head_dim, g.q_lora_rank), what="q_rope")
     return x
 
 
 def make_kv_a_latent(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``kv_a_latent``: one tensor, as BF16."""
     x = t["self_attn.kv_a_proj_with_mqa.weight"]
-    # [KVL + R, X], axis 0 [0:KVL] -> [KVL, X]
-    x = ops.take(x, axis=0, start=0, stop=g.KVL, what="kv_a_latent: kv_a_proj_with_mqa.weight")
+    # [kv_lora_rank + qk_rope_head_dim, hidden], axis 0 [0:kv_lora_rank] -> [kv_lora_rank, hidden]
+    x = ops.take(
+        x, axis=0, start=0, stop=g.kv_lora_rank, what="kv_a_latent: kv_a_proj_with_mqa.weight"
+    )
     x = ops.cast(x, dtype="BF16")
     return x
 
@@ -372,42 +407,63 @@ def make_kv_a_latent(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = n
 def make_k_rope(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``k_rope``: one tensor, as BF16."""
     x = t["self_attn.kv_a_proj_with_mqa.weight"]
-    # [KVL + R, X], axis 0 [KVL:KVL + R] -> [R, X]
-    x = ops.take(x, axis=0, start=g.KVL, stop=g.KVL + g.R, what="k_rope: kv_a_proj_with_mqa.weight")
+    # [kv_lora_rank + qk_rope_head_dim, hidden], axis 0 [kv_lora_rank:kv_lora_rank + qk_rope_head_dim] -> [qk_rope_head_dim, hidden]
+    x = ops.take(
+        x,
+        axis=0,
+        start=g.kv_lora_rank,
+        stop=g.kv_lora_rank + g.qk_rope_head_dim,
+        what="k_rope: kv_a_proj_with_mqa.weight",
+    )
     x = ops.cast(x, dtype="BF16")
     return x
 
 
 def make_o_absorb(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
-    H_r = g.H // g.tp  # this rank's share of H (attention heads)
+    heads_r = g.heads // g.tp  # this rank's share of heads (attention heads)
     a = t["self_attn.o_proj.weight"]
-    # [X, H_r * V] -> [X, H_r, V]
-    a = ops.view(a, shape=(g.X, H_r, g.V), what="o_absorb: o_proj.weight")
+    # [hidden, heads_r * v_head_dim] -> [hidden, heads_r, v_head_dim]
+    a = ops.view(a, shape=(g.hidden, heads_r, g.v_head_dim), what="o_absorb: o_proj.weight")
     b = t["self_attn.kv_b_proj.weight"]
-    # [H_r * (N + V), KVL] -> [H_r, N + V, KVL]
-    b = ops.view(b, shape=(H_r, g.N + g.V, g.KVL), what="o_absorb: kv_b_proj.weight")
-    # [H_r, N + V, KVL], axis 1 [N:N + V] -> [H_r, V, KVL]
-    b = ops.take(b, axis=1, start=g.N, stop=g.N + g.V, what="o_absorb: kv_b_proj.weight")
+    # [heads_r * (qk_nope_head_dim + v_head_dim), kv_lora_rank] -> [heads_r, qk_nope_head_dim + v_head_dim, kv_lora_rank]
+    b = ops.view(
+        b,
+        shape=(heads_r, g.qk_nope_head_dim + g.v_head_dim, g.kv_lora_rank),
+        what="o_absorb: kv_b_proj.weight",
+    )
+    # [heads_r, qk_nope_head_dim + v_head_dim, kv_lora_rank], axis 1 [qk_nope_head_dim:qk_nope_head_dim + v_head_dim] -> [heads_r, v_head_dim, kv_lora_rank]
+    b = ops.take(
+        b,
+        axis=1,
+        start=g.qk_nope_head_dim,
+        stop=g.qk_nope_head_dim + g.v_head_dim,
+        what="o_absorb: kv_b_proj.weight",
+    )
     # einsum ihr,hrc->ihc: one matmul per h, summing r: [h, i, r] @ [h, r, c] -> [i, h, c]
     y = ops.contract(a, b, einsum="ihr,hrc->ihc", dtype="BF16")
-    # [i, h, c] -> [X, H_r * KVL]
-    y = ops.view(y, shape=(g.X, H_r * g.KVL), what="o_absorb")
+    # [i, h, c] -> [hidden, heads_r * kv_lora_rank]
+    y = ops.view(y, shape=(g.hidden, heads_r * g.kv_lora_rank), what="o_absorb")
     return y
 
 
 def make_weights_proj(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
-    """``weights_proj``: one tensor, scaled by IH ** (-0.5), as F32."""
+    """``weights_proj``: one tensor, scaled by index_heads ** (-0.5), as F32."""
     x = t["self_attn.indexer.weights_proj.weight"]
-    # x (IH ** (-0.5)) in F32, then F32, in one pass
-    x = ops.scale(x, factor=algebra_ops.rpow(g.IH, -0.5), dtype="F32")
+    # x (index_heads ** (-0.5)) in F32, then F32, in one pass
+    x = ops.scale(x, factor=algebra_ops.rpow(g.index_heads, -0.5), dtype="F32")
     return x
 
 
 def check_constraints(g: MlaIndexedGeometry) -> None:
     """Refuse a geometry that breaks a declared constraint, naming it and its reason."""
-    # ID >= R
-    require(block=BLOCK, rule=CONSTRAINTS[0], values=g.values(), check=lambda: g.ID >= g.R)
+    # index_head_dim >= qk_rope_head_dim
+    require(
+        block=BLOCK,
+        rule=CONSTRAINTS[0],
+        values=g.values(),
+        check=lambda: g.index_head_dim >= g.qk_rope_head_dim,
+    )
     check_dims(block=BLOCK, shapes=expected_shapes(g))
 
 
@@ -415,32 +471,32 @@ def check_constraints(g: MlaIndexedGeometry) -> None:
 class MlaIndexedWeights(Generic[T]):
     """The bound weights of one ``mla_indexed`` block, in the layout the kernels read."""
 
-    # q_a_proj.weight [QL, X] BF16, verbatim
-    q_a_proj: T  # [QL, X], replicated
-    # q_a_layernorm.weight [QL] BF16, verbatim
-    q_a_layernorm: T  # [QL], replicated
+    # q_a_proj.weight [q_lora_rank, hidden] BF16, verbatim
+    q_a_proj: T  # [q_lora_rank, hidden], replicated
+    # q_a_layernorm.weight [q_lora_rank] BF16, verbatim
+    q_a_layernorm: T  # [q_lora_rank], replicated
     # q_absorb: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16
-    q_absorb: T  # [H_r * KVL, QL]
+    q_absorb: T  # [heads_r * kv_lora_rank, q_lora_rank]
     # q_rope: one tensor, as BF16
-    q_rope: T  # [H_r * R, QL]
+    q_rope: T  # [heads_r * qk_rope_head_dim, q_lora_rank]
     # kv_a_latent: one tensor, as BF16
-    kv_a_latent: T  # [KVL, X], replicated
+    kv_a_latent: T  # [kv_lora_rank, hidden], replicated
     # k_rope: one tensor, as BF16
-    k_rope: T  # [R, X], replicated
-    # kv_a_layernorm.weight [KVL] BF16, verbatim
-    kv_a_layernorm: T  # [KVL], replicated
+    k_rope: T  # [qk_rope_head_dim, hidden], replicated
+    # kv_a_layernorm.weight [kv_lora_rank] BF16, verbatim
+    kv_a_layernorm: T  # [kv_lora_rank], replicated
     # o_absorb: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16
-    o_absorb: T  # [X, H_r * KVL]
-    # indexer.wq_b.weight [IH * ID, QL] BF16, verbatim
-    wq_b: T  # [IH * ID, QL], replicated
-    # indexer.wk.weight [ID, X] BF16, verbatim
-    wk: T  # [ID, X], replicated
-    # indexer.k_norm.weight [ID] BF16, verbatim
-    k_norm_weight: T  # [ID], replicated
-    # indexer.k_norm.bias [ID] BF16, verbatim
-    k_norm_bias: T  # [ID], replicated
-    # weights_proj: one tensor, scaled by IH ** (-0.5), as F32
-    weights_proj: T  # [IH, X], replicated
+    o_absorb: T  # [hidden, heads_r * kv_lora_rank]
+    # indexer.wq_b.weight [index_heads * index_head_dim, q_lora_rank] BF16, verbatim
+    wq_b: T  # [index_heads * index_head_dim, q_lora_rank], replicated
+    # indexer.wk.weight [index_head_dim, hidden] BF16, verbatim
+    wk: T  # [index_head_dim, hidden], replicated
+    # indexer.k_norm.weight [index_head_dim] BF16, verbatim
+    k_norm_weight: T  # [index_head_dim], replicated
+    # indexer.k_norm.bias [index_head_dim] BF16, verbatim
+    k_norm_bias: T  # [index_head_dim], replicated
+    # weights_proj: one tensor, scaled by index_heads ** (-0.5), as F32
+    weights_proj: T  # [index_heads, hidden], replicated
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 

@@ -180,15 +180,15 @@ def geometry(values: dict[str, int]) -> Geometry:
 def mla_indexed_geometry(m: Geometry, ranks: Ranks) -> mla_indexed.MlaIndexedGeometry:
     """The ``mla_indexed`` block's symbols from the model's geometry."""
     return mla_indexed.MlaIndexedGeometry(
-        X=m.hidden,
-        H=m.heads,
-        QL=m.q_lora_rank,
-        KVL=m.kv_lora_rank,
-        N=m.qk_nope_head_dim,
-        R=m.qk_rope_head_dim,
-        V=m.v_head_dim,
-        IH=m.index_heads,
-        ID=m.index_head_dim,
+        hidden=m.hidden,
+        heads=m.heads,
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        qk_nope_head_dim=m.qk_nope_head_dim,
+        qk_rope_head_dim=m.qk_rope_head_dim,
+        v_head_dim=m.v_head_dim,
+        index_heads=m.index_heads,
+        index_head_dim=m.index_head_dim,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -197,10 +197,10 @@ def mla_indexed_geometry(m: Geometry, ranks: Ranks) -> mla_indexed.MlaIndexedGeo
 def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
     """The ``moe`` block's symbols from the model's geometry."""
     return moe.MoeGeometry(
-        X=m.hidden,
-        E=m.experts,
-        Im=m.moe_intermediate,
-        S=m.shared_experts,
+        hidden=m.hidden,
+        experts=m.experts,
+        expert_intermediate=m.moe_intermediate,
+        shared_experts=m.shared_experts,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -209,8 +209,8 @@ def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
 def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
     """The ``dense`` block's symbols from the model's geometry."""
     return dense.DenseGeometry(
-        X=m.hidden,
-        F=m.intermediate,
+        hidden=m.hidden,
+        intermediate=m.intermediate,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -219,7 +219,7 @@ def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
 def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeometry:
     """The ``layer_norms`` block's symbols from the model's geometry."""
     return layer_norms.LayerNormsGeometry(
-        X=m.hidden,
+        hidden=m.hidden,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -228,8 +228,8 @@ def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeo
 def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeometry:
     """The ``lm_globals`` block's symbols from the model's geometry."""
     return lm_globals.LmGlobalsGeometry(
-        X=m.hidden,
-        V=m.vocab,
+        hidden=m.hidden,
+        vocab=m.vocab,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )

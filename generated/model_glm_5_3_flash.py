@@ -285,16 +285,16 @@ def geometry(values: dict[str, int]) -> Geometry:
 def dsa_geometry(m: Geometry, ranks: Ranks) -> dsa.DsaGeometry:
     """The ``dsa`` block's symbols from the model's geometry."""
     return dsa.DsaGeometry(
-        X=m.hidden,
-        H=m.heads,
-        QL=m.q_lora_rank,
-        KVL=m.kv_lora_rank,
-        N=m.qk_nope_head_dim,
-        R=m.qk_rope_head_dim,
-        V=m.v_head_dim,
-        IH=m.index_heads,
-        ID=m.index_head_dim,
-        KP=m.index_kpool,
+        hidden=m.hidden,
+        heads=m.heads,
+        q_lora_rank=m.q_lora_rank,
+        kv_lora_rank=m.kv_lora_rank,
+        qk_nope_head_dim=m.qk_nope_head_dim,
+        qk_rope_head_dim=m.qk_rope_head_dim,
+        v_head_dim=m.v_head_dim,
+        index_heads=m.index_heads,
+        index_head_dim=m.index_head_dim,
+        index_kpool=m.index_kpool,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -303,11 +303,11 @@ def dsa_geometry(m: Geometry, ranks: Ranks) -> dsa.DsaGeometry:
 def kda_geometry(m: Geometry, ranks: Ranks) -> kda.KdaGeometry:
     """The ``kda`` block's symbols from the model's geometry."""
     return kda.KdaGeometry(
-        X=m.hidden,
-        H=m.linear_heads,
-        D=m.linear_head_dim,
-        K=m.linear_conv,
-        C=m.kda_chunk,
+        hidden=m.hidden,
+        linear_heads=m.linear_heads,
+        linear_head_dim=m.linear_head_dim,
+        conv_kernel=m.linear_conv,
+        scan_chunk=m.kda_chunk,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -316,10 +316,10 @@ def kda_geometry(m: Geometry, ranks: Ranks) -> kda.KdaGeometry:
 def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
     """The ``moe`` block's symbols from the model's geometry."""
     return moe.MoeGeometry(
-        X=m.hidden,
-        E=m.experts,
-        Im=m.moe_intermediate,
-        S=m.shared_experts,
+        hidden=m.hidden,
+        experts=m.experts,
+        expert_intermediate=m.moe_intermediate,
+        shared_experts=m.shared_experts,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -328,8 +328,8 @@ def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
 def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
     """The ``dense`` block's symbols from the model's geometry."""
     return dense.DenseGeometry(
-        X=m.hidden,
-        F=m.intermediate,
+        hidden=m.hidden,
+        intermediate=m.intermediate,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -338,7 +338,7 @@ def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
 def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeometry:
     """The ``layer_norms`` block's symbols from the model's geometry."""
     return layer_norms.LayerNormsGeometry(
-        X=m.hidden,
+        hidden=m.hidden,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -347,8 +347,8 @@ def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeo
 def mhc_geometry(m: Geometry, ranks: Ranks) -> mhc.MhcGeometry:
     """The ``mhc`` block's symbols from the model's geometry."""
     return mhc.MhcGeometry(
-        X=m.hidden,
-        N=m.hc_mult,
+        hidden=m.hidden,
+        hc_mult=m.hc_mult,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -357,7 +357,7 @@ def mhc_geometry(m: Geometry, ranks: Ranks) -> mhc.MhcGeometry:
 def mtp_head_geometry(m: Geometry, ranks: Ranks) -> mtp_head.MtpHeadGeometry:
     """The ``mtp_head`` block's symbols from the model's geometry."""
     return mtp_head.MtpHeadGeometry(
-        X=m.hidden,
+        hidden=m.hidden,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -366,8 +366,8 @@ def mtp_head_geometry(m: Geometry, ranks: Ranks) -> mtp_head.MtpHeadGeometry:
 def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeometry:
     """The ``lm_globals`` block's symbols from the model's geometry."""
     return lm_globals.LmGlobalsGeometry(
-        X=m.hidden,
-        V=m.vocab,
+        hidden=m.hidden,
+        vocab=m.vocab,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )

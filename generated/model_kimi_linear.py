@@ -236,12 +236,12 @@ def geometry(values: dict[str, int]) -> Geometry:
 def mla_geometry(m: Geometry, ranks: Ranks) -> mla.MlaGeometry:
     """The ``mla`` block's symbols from the model's geometry."""
     return mla.MlaGeometry(
-        X=m.hidden,
-        H=m.heads,
-        N=m.qk_nope_head_dim,
-        R=m.qk_rope_head_dim,
-        V=m.v_head_dim,
-        KVL=m.kv_lora_rank,
+        hidden=m.hidden,
+        heads=m.heads,
+        qk_nope_head_dim=m.qk_nope_head_dim,
+        qk_rope_head_dim=m.qk_rope_head_dim,
+        v_head_dim=m.v_head_dim,
+        kv_lora_rank=m.kv_lora_rank,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -250,11 +250,11 @@ def mla_geometry(m: Geometry, ranks: Ranks) -> mla.MlaGeometry:
 def kda_geometry(m: Geometry, ranks: Ranks) -> kda.KdaGeometry:
     """The ``kda`` block's symbols from the model's geometry."""
     return kda.KdaGeometry(
-        X=m.hidden,
-        H=m.linear_heads,
-        D=m.linear_head_dim,
-        K=m.linear_conv,
-        C=m.kda_chunk,
+        hidden=m.hidden,
+        linear_heads=m.linear_heads,
+        linear_head_dim=m.linear_head_dim,
+        conv_kernel=m.linear_conv,
+        scan_chunk=m.kda_chunk,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -263,10 +263,10 @@ def kda_geometry(m: Geometry, ranks: Ranks) -> kda.KdaGeometry:
 def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
     """The ``moe`` block's symbols from the model's geometry."""
     return moe.MoeGeometry(
-        X=m.hidden,
-        E=m.experts,
-        Im=m.moe_intermediate,
-        S=m.shared_experts,
+        hidden=m.hidden,
+        experts=m.experts,
+        expert_intermediate=m.moe_intermediate,
+        shared_experts=m.shared_experts,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -275,8 +275,8 @@ def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
 def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
     """The ``dense`` block's symbols from the model's geometry."""
     return dense.DenseGeometry(
-        X=m.hidden,
-        F=m.intermediate,
+        hidden=m.hidden,
+        intermediate=m.intermediate,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -285,7 +285,7 @@ def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
 def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeometry:
     """The ``layer_norms`` block's symbols from the model's geometry."""
     return layer_norms.LayerNormsGeometry(
-        X=m.hidden,
+        hidden=m.hidden,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )
@@ -294,8 +294,8 @@ def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeo
 def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeometry:
     """The ``lm_globals`` block's symbols from the model's geometry."""
     return lm_globals.LmGlobalsGeometry(
-        X=m.hidden,
-        V=m.vocab,
+        hidden=m.hidden,
+        vocab=m.vocab,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )

@@ -42,7 +42,7 @@ from specbind.runtime.tp import ShardedSource
 
 BLOCK = "moe"
 PREFIX = "mlp."
-DOC = "Sigmoid top-k router with e_score_correction_bias, E routed SwiGLU experts stacked into w13/w2, and S shared experts merged into one column-parallel gate_up and a row-parallel down."
+DOC = "Sigmoid top-k router with e_score_correction_bias, the routed SwiGLU experts stacked into w13/w2, and the shared experts merged into one column-parallel gate_up and a row-parallel down."
 
 # The array type the weights hold: numpy.ndarray (numpy backend), cupy.ndarray (cupy) or
 # torch.Tensor (the API's torch backend); a bind returns ``MoeWeights[Any]``.
@@ -53,94 +53,94 @@ T = TypeVar("T")
 class MoeGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
-    X: int  # hidden size
-    E: int  # routed experts
-    Im: int  # intermediate size of one expert
-    S: int  # shared experts
+    hidden: int  # hidden size
+    experts: int  # routed experts
+    expert_intermediate: int  # intermediate size of one expert
+    shared_experts: int  # shared experts
     tp: int = 1
     ep: int = 1
 
     def values(self) -> dict[str, int]:
         """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
-            "X": self.X,
-            "E": self.E,
-            "Im": self.Im,
-            "S": self.S,
+            "hidden": self.hidden,
+            "experts": self.experts,
+            "expert_intermediate": self.expert_intermediate,
+            "shared_experts": self.shared_experts,
             "tp": self.tp,
             "ep": self.ep,
         }
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   E_r: this ep rank's members of E (routed experts), E/ep and one more on the first E % ep ranks
-#   Im_r = Im/tp: this rank's share of Im (intermediate size of one expert)
+#   expert_intermediate_r = expert_intermediate/tp: this rank's share of expert_intermediate (intermediate size of one expert)
+#   experts_r: this ep rank's members of experts (routed experts), experts/ep and one more on the first experts % ep ranks
 
 TENSORS: tuple[TensorRule, ...] = (
-    # mlp.gate.weight [E, X] BF16 on disk; replicated: every rank reads all of it
+    # mlp.gate.weight [experts, hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="mlp.gate.weight",
         dtype="BF16",
-        shape="[E, X]",
+        shape="[experts, hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # mlp.gate.e_score_correction_bias [E] F32 on disk; replicated: every rank reads all of it
+    # mlp.gate.e_score_correction_bias [experts] F32 on disk; replicated: every rank reads all of it
     TensorRule(
         name="mlp.gate.e_score_correction_bias",
         dtype="F32",
-        shape="[E]",
+        shape="[experts]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         why_dtype="the correction bias decides which experts are chosen; rounding it to BF16 would change the top-k",
     ),
-    # mlp.experts.{e}.gate_proj.weight [Im, X] BF16 on disk; rank r reads [Im_r, X], block r of the rows (whole Im); only this ep rank's e members
+    # mlp.experts.{e}.gate_proj.weight [expert_intermediate, hidden] BF16 on disk; rank r reads [expert_intermediate_r, hidden], block r of the rows (whole expert_intermediate); only this ep rank's e members
     TensorRule(
         name="mlp.experts.{e}.gate_proj.weight",
         dtype="BF16",
-        shape="[Im, X]",
-        shard=ShardRule(kind="rows", unit="Im", axis=0),
+        shape="[expert_intermediate, hidden]",
+        shard=ShardRule(kind="rows", unit="expert_intermediate", axis=0),
         linear=True,
         family="e",
     ),
-    # mlp.experts.{e}.up_proj.weight [Im, X] BF16 on disk; rank r reads [Im_r, X], block r of the rows (whole Im); only this ep rank's e members
+    # mlp.experts.{e}.up_proj.weight [expert_intermediate, hidden] BF16 on disk; rank r reads [expert_intermediate_r, hidden], block r of the rows (whole expert_intermediate); only this ep rank's e members
     TensorRule(
         name="mlp.experts.{e}.up_proj.weight",
         dtype="BF16",
-        shape="[Im, X]",
-        shard=ShardRule(kind="rows", unit="Im", axis=0),
+        shape="[expert_intermediate, hidden]",
+        shard=ShardRule(kind="rows", unit="expert_intermediate", axis=0),
         linear=True,
         family="e",
     ),
-    # mlp.experts.{e}.down_proj.weight [X, Im] BF16 on disk; rank r reads [X, Im_r], block r of the cols (whole Im); only this ep rank's e members
+    # mlp.experts.{e}.down_proj.weight [hidden, expert_intermediate] BF16 on disk; rank r reads [hidden, expert_intermediate_r], block r of the cols (whole expert_intermediate); only this ep rank's e members
     TensorRule(
         name="mlp.experts.{e}.down_proj.weight",
         dtype="BF16",
-        shape="[X, Im]",
-        shard=ShardRule(kind="cols", unit="Im", axis=-1),
+        shape="[hidden, expert_intermediate]",
+        shard=ShardRule(kind="cols", unit="expert_intermediate", axis=-1),
         linear=True,
         family="e",
     ),
-    # mlp.shared_experts.gate_proj.weight [S * Im, X] BF16 on disk; rank r reads [S * Im_r, X], block r of the rows (whole Im)
+    # mlp.shared_experts.gate_proj.weight [shared_experts * expert_intermediate, hidden] BF16 on disk; rank r reads [shared_experts * expert_intermediate_r, hidden], block r of the rows (whole expert_intermediate)
     TensorRule(
         name="mlp.shared_experts.gate_proj.weight",
         dtype="BF16",
-        shape="[S * Im, X]",
-        shard=ShardRule(kind="rows", unit="Im", axis=0),
+        shape="[shared_experts * expert_intermediate, hidden]",
+        shard=ShardRule(kind="rows", unit="expert_intermediate", axis=0),
         linear=True,
     ),
-    # mlp.shared_experts.up_proj.weight [S * Im, X] BF16 on disk; rank r reads [S * Im_r, X], block r of the rows (whole Im)
+    # mlp.shared_experts.up_proj.weight [shared_experts * expert_intermediate, hidden] BF16 on disk; rank r reads [shared_experts * expert_intermediate_r, hidden], block r of the rows (whole expert_intermediate)
     TensorRule(
         name="mlp.shared_experts.up_proj.weight",
         dtype="BF16",
-        shape="[S * Im, X]",
-        shard=ShardRule(kind="rows", unit="Im", axis=0),
+        shape="[shared_experts * expert_intermediate, hidden]",
+        shard=ShardRule(kind="rows", unit="expert_intermediate", axis=0),
         linear=True,
     ),
-    # mlp.shared_experts.down_proj.weight [X, S * Im] BF16 on disk; rank r reads [X, S * Im_r], block r of the cols (whole Im)
+    # mlp.shared_experts.down_proj.weight [hidden, shared_experts * expert_intermediate] BF16 on disk; rank r reads [hidden, shared_experts * expert_intermediate_r], block r of the cols (whole expert_intermediate)
     TensorRule(
         name="mlp.shared_experts.down_proj.weight",
         dtype="BF16",
-        shape="[X, S * Im]",
-        shard=ShardRule(kind="cols", unit="Im", axis=-1),
+        shape="[hidden, shared_experts * expert_intermediate]",
+        shard=ShardRule(kind="cols", unit="expert_intermediate", axis=-1),
         linear=True,
     ),
 )
@@ -149,7 +149,7 @@ GROUPS: dict[str, GroupRule] = {}
 
 # Each family's size symbol; a family split by `experts` is divided whole across ep ranks.
 FAMILIES: dict[str, str] = {
-    "e": "E",
+    "e": "experts",
 }
 
 CONSTRAINTS: tuple[ConstraintRule, ...] = ()
@@ -232,14 +232,32 @@ def matches(names: Collection[str]) -> bool:
 def expected_shapes(g: MoeGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
     return {
-        "mlp.gate.weight": (g.E, g.X),  # [E, X]
-        "mlp.gate.e_score_correction_bias": (g.E,),  # [E]
-        "mlp.experts.{e}.gate_proj.weight": (g.Im, g.X),  # [Im, X]
-        "mlp.experts.{e}.up_proj.weight": (g.Im, g.X),  # [Im, X]
-        "mlp.experts.{e}.down_proj.weight": (g.X, g.Im),  # [X, Im]
-        "mlp.shared_experts.gate_proj.weight": (g.S * g.Im, g.X),  # [S * Im, X]
-        "mlp.shared_experts.up_proj.weight": (g.S * g.Im, g.X),  # [S * Im, X]
-        "mlp.shared_experts.down_proj.weight": (g.X, g.S * g.Im),  # [X, S * Im]
+        "mlp.gate.weight": (g.experts, g.hidden),  # [experts, hidden]
+        "mlp.gate.e_score_correction_bias": (g.experts,),  # [experts]
+        "mlp.experts.{e}.gate_proj.weight": (
+            g.expert_intermediate,
+            g.hidden,
+        ),  # [expert_intermediate, hidden]
+        "mlp.experts.{e}.up_proj.weight": (
+            g.expert_intermediate,
+            g.hidden,
+        ),  # [expert_intermediate, hidden]
+        "mlp.experts.{e}.down_proj.weight": (
+            g.hidden,
+            g.expert_intermediate,
+        ),  # [hidden, expert_intermediate]
+        "mlp.shared_experts.gate_proj.weight": (
+            g.shared_experts * g.expert_intermediate,
+            g.hidden,
+        ),  # [shared_experts * expert_intermediate, hidden]
+        "mlp.shared_experts.up_proj.weight": (
+            g.shared_experts * g.expert_intermediate,
+            g.hidden,
+        ),  # [shared_experts * expert_intermediate, hidden]
+        "mlp.shared_experts.down_proj.weight": (
+            g.hidden,
+            g.shared_experts * g.expert_intermediate,
+        ),  # [hidden, shared_experts * expert_intermediate]
     }
 
 
@@ -251,7 +269,7 @@ def env(g: MoeGeometry) -> dict[str, int]:
 def counts(g: MoeGeometry) -> dict[str, int]:
     """Each family's size at ``g``."""
     return {
-        "e": g.E,
+        "e": g.experts,
     }
 
 
@@ -279,18 +297,18 @@ def check_constraints(g: MoeGeometry) -> None:
 class MoeWeights(Generic[T]):
     """The bound weights of one ``moe`` block, in the layout the kernels read."""
 
-    # gate.weight [E, X] BF16, verbatim
-    router: T  # [E, X], replicated
-    # gate.e_score_correction_bias [E] F32, verbatim
-    router_bias: T  # [E], replicated
+    # gate.weight [experts, hidden] BF16, verbatim
+    router: T  # [experts, hidden], replicated
+    # gate.e_score_correction_bias [experts] F32, verbatim
+    router_bias: T  # [experts], replicated
     # stack over this rank's e of: experts.{e}.gate_proj.weight, experts.{e}.up_proj.weight
-    w13: T  # [E_r, 2 * Im_r, X]
+    w13: T  # [experts_r, 2 * expert_intermediate_r, hidden]
     # stack over this rank's e of: experts.{e}.down_proj.weight
-    w2: T  # [E_r, X, Im_r]
+    w2: T  # [experts_r, hidden, expert_intermediate_r]
     # concat of 2 on axis 0
-    shared_gate_up: T  # [2 * S * Im_r, X]
-    # shared_experts.down_proj.weight [X, S * Im] BF16, verbatim
-    shared_down: T  # [X, S * Im_r]
+    shared_gate_up: T  # [2 * shared_experts * expert_intermediate_r, hidden]
+    # shared_experts.down_proj.weight [hidden, shared_experts * expert_intermediate] BF16, verbatim
+    shared_down: T  # [hidden, shared_experts * expert_intermediate_r]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 
@@ -364,7 +382,7 @@ def assemble(
     return MoeWeights(
         router=t["mlp.gate.weight"],
         router_bias=t["mlp.gate.e_score_correction_bias"],
-        # 2 x [Im_r, X] -> [E_r, 2 * Im_r, X]: experts.{e}.gate_proj.weight, experts.{e}.up_proj.weight in that order
+        # 2 x [expert_intermediate_r, hidden] -> [experts_r, 2 * expert_intermediate_r, hidden]: experts.{e}.gate_proj.weight, experts.{e}.up_proj.weight in that order
         w13=ops.stack(
             (
                 members(t, pattern="mlp.experts.{e}.gate_proj.weight", family="e", plan=p),
@@ -373,13 +391,13 @@ def assemble(
             axis=0,
             squeeze=None,
         ),
-        # 1 x [X, Im_r] -> [E_r, X, Im_r]: experts.{e}.down_proj.weight in that order
+        # 1 x [hidden, expert_intermediate_r] -> [experts_r, hidden, expert_intermediate_r]: experts.{e}.down_proj.weight in that order
         w2=ops.stack(
             (members(t, pattern="mlp.experts.{e}.down_proj.weight", family="e", plan=p),),
             axis=0,
             squeeze=None,
         ),
-        # 2 x [S * Im_r, X] -> [2 * S * Im_r, X]: shared_experts.gate_proj.weight, shared_experts.up_proj.weight in that order
+        # 2 x [shared_experts * expert_intermediate_r, hidden] -> [2 * shared_experts * expert_intermediate_r, hidden]: shared_experts.gate_proj.weight, shared_experts.up_proj.weight in that order
         shared_gate_up=ops.concat_squeeze(
             (
                 t["mlp.shared_experts.gate_proj.weight"],

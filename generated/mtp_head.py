@@ -52,14 +52,14 @@ T = TypeVar("T")
 class MtpHeadGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
-    X: int  # hidden size
+    hidden: int  # hidden size
     tp: int = 1
     ep: int = 1
 
     def values(self) -> dict[str, int]:
         """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
-            "X": self.X,
+            "hidden": self.hidden,
             "tp": self.tp,
             "ep": self.ep,
         }
@@ -68,33 +68,33 @@ class MtpHeadGeometry:
 # Every tensor of this block is replicated: each rank holds it whole, in its global shape.
 
 TENSORS: tuple[TensorRule, ...] = (
-    # enorm.weight [X] BF16 on disk; replicated: every rank reads all of it
+    # enorm.weight [hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="enorm.weight",
         dtype="BF16",
-        shape="[X]",
+        shape="[hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # hnorm.weight [X] BF16 on disk; replicated: every rank reads all of it
+    # hnorm.weight [hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="hnorm.weight",
         dtype="BF16",
-        shape="[X]",
+        shape="[hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
-    # eh_proj.weight [X, 2 * X] BF16 on disk; replicated: every rank reads all of it
+    # eh_proj.weight [hidden, 2 * hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="eh_proj.weight",
         dtype="BF16",
-        shape="[X, 2 * X]",
+        shape="[hidden, 2 * hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
         linear=True,
     ),
-    # shared_head.norm.weight [X] BF16 on disk; replicated: every rank reads all of it
+    # shared_head.norm.weight [hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
         name="shared_head.norm.weight",
         dtype="BF16",
-        shape="[X]",
+        shape="[hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
 )
@@ -153,10 +153,10 @@ def matches(names: Collection[str]) -> bool:
 def expected_shapes(g: MtpHeadGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
     return {
-        "enorm.weight": (g.X,),  # [X]
-        "hnorm.weight": (g.X,),  # [X]
-        "eh_proj.weight": (g.X, 2 * g.X),  # [X, 2 * X]
-        "shared_head.norm.weight": (g.X,),  # [X]
+        "enorm.weight": (g.hidden,),  # [hidden]
+        "hnorm.weight": (g.hidden,),  # [hidden]
+        "eh_proj.weight": (g.hidden, 2 * g.hidden),  # [hidden, 2 * hidden]
+        "shared_head.norm.weight": (g.hidden,),  # [hidden]
     }
 
 
@@ -194,14 +194,14 @@ def check_constraints(g: MtpHeadGeometry) -> None:
 class MtpHeadWeights(Generic[T]):
     """The bound weights of one ``mtp_head`` block, in the layout the kernels read."""
 
-    # enorm.weight [X] BF16, verbatim
-    enorm: T  # [X], replicated
-    # hnorm.weight [X] BF16, verbatim
-    hnorm: T  # [X], replicated
-    # eh_proj.weight [X, 2 * X] BF16, verbatim
-    eh_proj: T  # [X, 2 * X], replicated
-    # shared_head.norm.weight [X] BF16, verbatim
-    shared_head_norm: T  # [X], replicated
+    # enorm.weight [hidden] BF16, verbatim
+    enorm: T  # [hidden], replicated
+    # hnorm.weight [hidden] BF16, verbatim
+    hnorm: T  # [hidden], replicated
+    # eh_proj.weight [hidden, 2 * hidden] BF16, verbatim
+    eh_proj: T  # [hidden, 2 * hidden], replicated
+    # shared_head.norm.weight [hidden] BF16, verbatim
+    shared_head_norm: T  # [hidden], replicated
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 

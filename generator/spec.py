@@ -220,8 +220,8 @@ def parse_block(doc: Located) -> Block:
     prefix: str = d["prefix"]
     symbols: dict[str, str] = {}
     for s, text in d["symbols"].items():
-        if s in algebra.RESERVED or s.endswith("_rank"):
-            # generated transforms name a rank's share of unit U `U_rank`
+        if s in algebra.RESERVED or s in {f"{r}_rank" for r in algebra.RESERVED}:
+            # the generated planners take `tp_rank` and `ep_rank` as arguments
             raise doc.error(("symbols", s), f"symbol {s!r} is reserved (a parallel size or rank)")
         check_ident(doc, ("symbols", s), s, "symbol")
         symbols[s] = text
@@ -543,8 +543,10 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
             raise doc.error((*path, "block"), f"block {b['block']!r} listed twice")
         seen.add(b["block"])
         block = blocks[b["block"]]
-        missing = sorted(set(block.symbols) - set(b["symbols"]))
-        extra = sorted(set(b["symbols"]) - set(block.symbols))
+        # A block symbol the map leaves out binds the geometry symbol of the same name.
+        bound = {s: s for s in block.symbols if s in gnames} | dict(b.get("symbols") or {})
+        missing = sorted(set(block.symbols) - set(bound))
+        extra = sorted(set(bound) - set(block.symbols))
         if missing:
             raise doc.error(
                 (*path, "symbols"), f"block {block.name} symbols not bound: {', '.join(missing)}"
@@ -553,10 +555,10 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
             raise doc.error(
                 (*path, "symbols"), f"block {block.name} has no symbol(s) {', '.join(extra)}"
             )
-        for s, gname in b["symbols"].items():
+        for s, gname in bound.items():
             if gname not in gnames:
                 raise doc.error((*path, "symbols", s), f"unknown geometry symbol {gname!r}")
-        uses.append(BlockUse(block.name, dict(b["symbols"])))
+        uses.append(BlockUse(block.name, {s: bound[s] for s in block.symbols}))
     layers = d["layers"]
     optional = {g for u in uses for g, grp in blocks[u.block].groups.items() if grp.optional}
     rules = []

@@ -9,7 +9,7 @@ The API::
     ck.plan(tp_size=8, ep_size=8)                       # every rank's shapes and bytes
     m = ck.bind(tp_rank=0, tp_size=8, backend="torch")  # this rank's share, as torch tensors
     ck.bind(quant_output="dequantized")                 # the `bind` flags, or options=BindOptions
-    m.layers[3].slots["mlp"].tensors["w13"]             # [E/ep, 2·Im/tp, H] torch.bfloat16
+    m.layers[3].slots["mlp"].tensors["w13"]  # [experts_r, 2·expert_intermediate_r, hidden]
     m.globals.tensors["lm_head"] if m.globals else None
     specbind.open_bound("rank-0.safetensors", tp_rank=0)  # a `bind --out` file loaded back
 

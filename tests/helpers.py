@@ -46,9 +46,24 @@ def classify(names: list[str], slot: str = "attention") -> BlockEntry[Any] | Non
     return fill_slot(TABLE, slot, names).block
 
 
-REAL_KDA = kda.KdaGeometry(X=4096, H=64, D=128, K=4, C=32)
-TINY_KDA = kda.KdaGeometry(X=8, H=2, D=64, K=4, C=16)
-TINY_DSA = dsa.DsaGeometry(X=8, H=2, QL=6, KVL=4, N=3, R=0, V=2, IH=2, ID=4, KP=3)
+REAL_KDA = kda.KdaGeometry(
+    hidden=4096, linear_heads=64, linear_head_dim=128, conv_kernel=4, scan_chunk=32
+)
+TINY_KDA = kda.KdaGeometry(
+    hidden=8, linear_heads=2, linear_head_dim=64, conv_kernel=4, scan_chunk=16
+)
+TINY_DSA = dsa.DsaGeometry(
+    hidden=8,
+    heads=2,
+    q_lora_rank=6,
+    kv_lora_rank=4,
+    qk_nope_head_dim=3,
+    qk_rope_head_dim=0,
+    v_head_dim=2,
+    index_heads=2,
+    index_head_dim=4,
+    index_kpool=3,
+)
 
 
 def raw(a: Array) -> RawTensor:
@@ -119,16 +134,22 @@ def kda_geometries(draw: st.DrawFn) -> kda.KdaGeometry:
     d = draw(st.sampled_from([16, 32, 64, 128]))
     h = (128 // d) * draw(st.integers(1, 3)) if d < 128 else draw(st.integers(1, 3))
     c = draw(st.integers(1, 32))
-    return kda.KdaGeometry(X=draw(st.integers(1, 24)), H=h, D=d, K=draw(st.integers(1, 5)), C=c)
+    return kda.KdaGeometry(
+        hidden=draw(st.integers(1, 24)),
+        linear_heads=h,
+        linear_head_dim=d,
+        conv_kernel=draw(st.integers(1, 5)),
+        scan_chunk=c,
+    )
 
 
 @st.composite
 def dsa_geometries(draw: st.DrawFn) -> dsa.DsaGeometry:
     small = st.integers(1, 6)
     return dsa.DsaGeometry(
-        X=draw(small), H=draw(st.integers(1, 4)), QL=draw(small), KVL=draw(small),
-        N=draw(small), R=0, V=draw(small), IH=draw(st.integers(1, 3)),
-        ID=draw(small), KP=draw(st.integers(1, 4)),
+        hidden=draw(small), heads=draw(st.integers(1, 4)), q_lora_rank=draw(small), kv_lora_rank=draw(small),
+        qk_nope_head_dim=draw(small), qk_rope_head_dim=0, v_head_dim=draw(small), index_heads=draw(st.integers(1, 3)),
+        index_head_dim=draw(small), index_kpool=draw(st.integers(1, 4)),
     )  # fmt: skip
 
 
@@ -146,19 +167,19 @@ def model_values(draw: st.DrawFn) -> dict[str, int]:
         "experts": draw(st.integers(1, 5)),
         "shared_experts": draw(st.integers(1, 2)),
         "hc_mult": draw(st.integers(1, 3)),
-        "linear_heads": k.H,
-        "linear_head_dim": k.D,
-        "linear_conv": k.K,
-        "kda_chunk": k.C,
-        "heads": d.H,
-        "q_lora_rank": d.QL,
-        "kv_lora_rank": d.KVL,
-        "qk_nope_head_dim": d.N,
-        "qk_rope_head_dim": d.R,
-        "v_head_dim": d.V,
-        "index_heads": d.IH,
-        "index_head_dim": d.ID,
-        "index_kpool": d.KP,
+        "linear_heads": k.linear_heads,
+        "linear_head_dim": k.linear_head_dim,
+        "linear_conv": k.conv_kernel,
+        "kda_chunk": k.scan_chunk,
+        "heads": d.heads,
+        "q_lora_rank": d.q_lora_rank,
+        "kv_lora_rank": d.kv_lora_rank,
+        "qk_nope_head_dim": d.qk_nope_head_dim,
+        "qk_rope_head_dim": d.qk_rope_head_dim,
+        "v_head_dim": d.v_head_dim,
+        "index_heads": d.index_heads,
+        "index_head_dim": d.index_head_dim,
+        "index_kpool": d.index_kpool,
     }
 
 
@@ -172,8 +193,8 @@ def kda_tp_geometries(draw: st.DrawFn) -> kda.KdaGeometry:
     d = draw(st.sampled_from([16, 32, 64, 128]))
     local_heads = max(1, 128 // d) * draw(st.integers(1, 2))  # 2·(H/tp)·D % 256 == 0
     return kda.KdaGeometry(
-        X=draw(st.integers(1, 12)), H=tp * local_heads, D=d, K=draw(st.integers(1, 4)),
-        C=draw(st.integers(1, 16)), tp=tp,
+        hidden=draw(st.integers(1, 12)), linear_heads=tp * local_heads, linear_head_dim=d, conv_kernel=draw(st.integers(1, 4)),
+        scan_chunk=draw(st.integers(1, 16)), tp=tp,
     )  # fmt: skip
 
 
@@ -181,7 +202,7 @@ def kda_tp_geometries(draw: st.DrawFn) -> kda.KdaGeometry:
 def dsa_tp_geometries(draw: st.DrawFn) -> dsa.DsaGeometry:
     tp = draw(TPS)
     g = draw(dsa_geometries())
-    return dsa.DsaGeometry(**{**g.__dict__, "H": tp * draw(st.integers(1, 2)), "tp": tp})
+    return dsa.DsaGeometry(**{**g.__dict__, "heads": tp * draw(st.integers(1, 2)), "tp": tp})
 
 
 def read_file(path: Any) -> dict[str, Array]:

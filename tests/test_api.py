@@ -152,7 +152,7 @@ def test_bad_api_calls_are_refused_in_one_line(ckpt: Path) -> None:
         specbind.open(ckpt, model="llama")
     with pytest.raises(
         SpecbindError,
-        match=r"kda: self_attn.q_proj.weight shards rows on H = 16 units, which tp 3 does not divide",
+        match=r"kda: self_attn.q_proj.weight shards rows on linear_heads = 16 units, which tp 3 does not divide",
     ):
         ck.bind(tp_size=3)
     with pytest.raises(SpecbindError, match=r"device 'cuda:x': expected 'cpu', 'cuda' or 'cuda:N'"):

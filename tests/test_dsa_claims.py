@@ -80,10 +80,13 @@ def test_the_mtp_layer_with_extra_non_attention_tensors_binds_as_dsa() -> None:
 def test_a_rope_dim_is_in_the_shapes_but_the_nope_absorb_refuses_it() -> None:
     """The block itself cannot absorb a rope section: its q_b_proj view [H, N, QL] no longer
     fits, so the rope rows are refused, never dropped. (GLM's spec says R = 0 up front.)"""
-    g = dataclasses.replace(TINY_DSA, R=2)
+    g = dataclasses.replace(TINY_DSA, qk_rope_head_dim=2)
     shapes = dsa.expected_shapes(g)
-    assert shapes["self_attn.q_b_proj.weight"] == (g.H * (g.N + 2), g.QL)
-    assert shapes["self_attn.kv_a_proj_with_mqa.weight"] == (g.KVL + 2, g.X)
+    assert shapes["self_attn.q_b_proj.weight"] == (
+        g.heads * (g.qk_nope_head_dim + 2),
+        g.q_lora_rank,
+    )
+    assert shapes["self_attn.kv_a_proj_with_mqa.weight"] == (g.kv_lora_rank + 2, g.hidden)
     arrays = layer_arrays(dsa, g)
     with pytest.raises(BindError, match=r"q_absorb: q_b_proj.weight: cannot view"):
         dsa.bind_dsa(g, 3, source(arrays))

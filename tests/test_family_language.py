@@ -97,8 +97,10 @@ def test_a_bad_member_rename_is_refused_naming_the_rule(
 
 
 def test_a_reshape_that_does_not_merge_consecutive_axes_is_refused(root: Path) -> None:
-    """[H, R, X] read as [H, R * X]... is fine; as [H * X, R] it would interleave heads."""
-    edit(root, "blocks/mla.yaml", "reshape: [H * R, X]", "reshape: [H * X, R]")
+    """[heads, rope, hidden] read as [heads * rope, hidden] is fine; as [heads * hidden, rope]
+    it would interleave heads."""
+    edit(root, "blocks/mla.yaml", "reshape: [heads * qk_rope_head_dim, hidden]",
+         "reshape: [heads * hidden, qk_rope_head_dim]")  # fmt: skip
     with pytest.raises(SpecError) as e:
         load_specs(root)
     assert e.value.path == "outputs.q_rope.reshape"
@@ -179,8 +181,8 @@ def test_a_model_constraint_that_fails_at_its_own_geometry_is_refused_at_generat
 
 
 def test_a_model_constraint_over_an_unknown_symbol_is_refused(root: Path) -> None:
-    edit(root, "models/glm-5.3-flash.yaml", "check: qk_rope_head_dim == 0", "check: R == 0")
-    with pytest.raises(SpecError, match=r"unknown symbol\(s\) R"):
+    edit(root, "models/glm-5.3-flash.yaml", "check: qk_rope_head_dim == 0", "check: rope == 0")
+    with pytest.raises(SpecError, match=r"unknown symbol\(s\) rope"):
         load_specs(root)
 
 
@@ -301,13 +303,13 @@ def _drop_output(root: Path, rel: str, field: str) -> None:
             "q_rope",
             "q_proj.weight",
             "1536 of 3840 elements",
-        ),  # H·R·X of H·(N+R)·X
+        ),  # heads·rope·hidden of heads·(nope+rope)·hidden
         (
             "blocks/mla_indexed.yaml",
             "k_rope",
             "kv_a_proj_with_mqa.weight",
             "448 of 1456",
-        ),  # R·X of (KVL+R)·X
+        ),  # rope·hidden of (kv_lora_rank+rope)·hidden
     ],
     ids=["kimi-q-rope", "deepseek-k-rope"],
 )

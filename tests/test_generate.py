@@ -83,12 +83,18 @@ def test_a_spec_change_reaches_the_binder(root: Path, monkeypatch: pytest.Monkey
     monkeypatch.setitem(sys.modules, "kda_regenerated", kda)  # dataclasses look their module up
     spec_.loader.exec_module(kda)
     # C = 36, D = 128 needs 8·36·128 + 4·36·36 = 42048 B: inside the old 49152, over the new 40960.
-    g = kda.KdaGeometry(X=4096, H=64, D=128, K=4, C=36)
+    g = kda.KdaGeometry(
+        hidden=4096, linear_heads=64, linear_head_dim=128, conv_kernel=4, scan_chunk=36
+    )
     with pytest.raises(GeometryError, match="scan_shared_memory"):
         kda.check_constraints(g)
     from specbind.generated import kda as committed
 
-    committed.check_constraints(committed.KdaGeometry(X=4096, H=64, D=128, K=4, C=36))
+    committed.check_constraints(
+        committed.KdaGeometry(
+            hidden=4096, linear_heads=64, linear_head_dim=128, conv_kernel=4, scan_chunk=36
+        )
+    )
 
 
 SCALAR_AND_AXIS = """\

@@ -73,18 +73,18 @@ def test_a_kda_block_missing_one_tensor_is_unknown_never_kda(dropped: str) -> No
 
 
 def test_chunk_width_is_bounded_by_the_shared_memory_ceiling() -> None:
-    kda.check_constraints(REAL_KDA)  # C = 32 fits
+    kda.check_constraints(REAL_KDA)  # scan_chunk = 32 fits
     lhs, _, ceiling = kda.CONSTRAINTS[1].check.partition("<=")
-    need = algebra.evaluate(algebra.parse(lhs), {"C": 64, "D": 128})
-    assert need == 81920, "C=64 needs 81920 B of shared memory"
+    need = algebra.evaluate(algebra.parse(lhs), {"scan_chunk": 64, "linear_head_dim": 128})
+    assert need == 81920, "scan_chunk=64 needs 81920 B of shared memory"
     assert int(ceiling) < 81920
     with pytest.raises(GeometryError, match=r"scan_shared_memory.*refused, not truncated"):
-        kda.check_constraints(dataclasses.replace(REAL_KDA, C=64))
+        kda.check_constraints(dataclasses.replace(REAL_KDA, scan_chunk=64))
 
 
 def test_scan_tile_constraint_names_itself_and_its_reason() -> None:
     with pytest.raises(GeometryError, match=r"scan_tile .*tiles 256 channels"):
-        kda.check_constraints(dataclasses.replace(REAL_KDA, H=3, D=16))
+        kda.check_constraints(dataclasses.replace(REAL_KDA, linear_heads=3, linear_head_dim=16))
 
 
 def test_every_unknown_self_attn_tensor_is_listed_in_one_error() -> None:
@@ -158,8 +158,8 @@ def test_a_byte_count_mismatch_is_refused() -> None:
 def test_conv_is_q_k_v_concatenated_in_that_order_and_squeezed_once() -> None:
     arrays = layer_arrays(kda, TINY_KDA)
     w, _ = kda.bind_kda(TINY_KDA, 0, source(arrays))
-    q = TINY_KDA.H * TINY_KDA.D
-    assert w.conv.shape == (3 * q, TINY_KDA.K)
+    q = TINY_KDA.linear_heads * TINY_KDA.linear_head_dim
+    assert w.conv.shape == (3 * q, TINY_KDA.conv_kernel)
     for i, part in enumerate(["q", "k", "v"]):
         want = arrays[f"self_attn.{part}_conv1d.weight"][:, 0, :]  # [Q, 1, K] -> [Q, K]
         assert np.array_equal(w.conv[i * q : (i + 1) * q].view(np.uint16), want.view(np.uint16))

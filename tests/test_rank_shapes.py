@@ -1,6 +1,6 @@
 """Claims about the shape comments of generated code: they are the shapes a rank holds.
 
-A bound field's comment (``q_absorb: T  # [H_r * KVL, QL]``) is read back from the generated
+A bound field's comment (``q_absorb: T  # [heads_r * kv_lora_rank, q_lora_rank]``) is read back from the generated
 source, evaluated with each legend name defined independently of the planner (``U_r = U /
 tp``; ``E_r`` from vLLM's map), and compared with what that rank actually binds. The einsum
 lowering the generated ``ops.contract`` calls name is checked against each letter's role.
@@ -103,7 +103,7 @@ def test_each_generated_module_defines_every_rank_local_name_its_comments_use() 
         used = set(re.findall(r"\b[A-Za-z]\w*_r\b", comments))
         assert used <= defined, (path.name, used - defined)
         seen |= used
-    assert {"H_r", "E_r", "Im_r"} <= seen
+    assert {"heads_r", "experts_r", "expert_intermediate_r"} <= seen
 
 
 def _block(name: str) -> Any:
@@ -113,21 +113,27 @@ def _block(name: str) -> Any:
 
 def test_a_sharded_dim_reads_as_this_ranks_units_even_through_a_derived_symbol() -> None:
     rs = RankShapes(_block("kda"))
-    dt_bias = next(t for t in rs.block.tensors if t.name.endswith("dt_bias"))  # [Q], Q = H * D
-    assert rs.tensor_dims(dt_bias) == ["H_r * D"]
-    assert rs.legend() == ["H_r = H/tp: this rank's share of H (linear-attention heads)"]
+    dt_bias = next(
+        t for t in rs.block.tensors if t.name.endswith("dt_bias")
+    )  # [proj_dim], proj_dim = linear_heads * linear_head_dim
+    assert rs.tensor_dims(dt_bias) == ["linear_heads_r * linear_head_dim"]
+    assert rs.legend() == [
+        "linear_heads_r = linear_heads/tp: this rank's share of linear_heads (linear-attention heads)"
+    ]
 
 
 def test_a_dim_without_the_unit_as_a_factor_reads_as_divided_by_tp() -> None:
     rs = RankShapes(_block("mla"))
-    assert rs.share(algebra.parse("KVL + H"), "H") == "(KVL + H) / tp"
+    assert rs.share(algebra.parse("kv_lora_rank + heads"), "heads") == "(kv_lora_rank + heads) / tp"
     assert rs.legend() == []
 
 
 def test_a_symbol_spelled_like_a_rank_local_name_is_refused() -> None:
     b = _block("mla")
-    clash = dataclasses.replace(b, symbols={**b.symbols, "H_r": "a clash"})
-    with pytest.raises(GenerateError, match=r"'H_r' clashes with the rank-local name of 'H'"):
+    clash = dataclasses.replace(b, symbols={**b.symbols, "heads_r": "a clash"})
+    with pytest.raises(
+        GenerateError, match=r"'heads_r' clashes with the rank-local name of 'heads'"
+    ):
         RankShapes(clash)
 
 

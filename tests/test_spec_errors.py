@@ -47,51 +47,51 @@ MOE = "blocks/moe.yaml"
 CASES = [
     (
         KDA,
-        "dtype: BF16, shape: [Q, X],    shard: {rows: H}, linear: true}",
-        "dtype: BF61, shape: [Q, X], shard: {rows: H}, linear: true}",
-        "q_proj.weight:",
+        "  q_proj.weight:\n    dtype: BF16\n",
+        "  q_proj.weight:\n    dtype: BF61\n",
+        "dtype: BF61",
         "tensors.q_proj.weight.dtype",
         "schema",
     ),
     (
         KDA,
-        "shape: [D, X],    shard: replicated, linear: true}",
-        "shape: [D, Y],    shard: replicated, linear: true}",
-        "f_a_proj.weight:",
+        "shape: [linear_head_dim, hidden]\n",
+        "shape: [linear_head_dim, Y]\n",
+        "shape: [linear_head_dim, Y]",
         "tensors.f_a_proj.weight.shape[1]",
         "unknown symbol(s) Y",
     ),
     (
         KDA,
-        "shape: [H, X],    shard: {rows: H}, linear: true}",
-        "shape: [H, __import__('os')], shard: {rows: H}, linear: true}",
-        "  b_proj.weight:",
+        "shape: [linear_heads, hidden]\n",
+        "shape: [linear_heads, __import__('os')]\n",
+        "__import__",
         "tensors.b_proj.weight.shape[1]",
         "schema",
     ),
     (
         KDA,
-        "shape: [H, X],    shard: {rows: H}, linear: true}",
-        "shape: [H, X / 0], shard: {rows: H}, linear: true}",
-        "  b_proj.weight:",
+        "shape: [linear_heads, hidden]\n",
+        "shape: [linear_heads, hidden / 0]\n",
+        "hidden / 0",
         "tensors.b_proj.weight.shape[1]",
         "division by zero",
     ),
     (
         KDA,
-        "shape: [H, X],    shard: {rows: H}, linear: true}",
-        "shape: [H, X - X], shard: {rows: H}, linear: true}",
-        "  b_proj.weight:",
+        "shape: [linear_heads, hidden]\n",
+        "shape: [linear_heads, hidden - hidden]\n",
+        "hidden - hidden",
         "tensors.b_proj.weight.shape[1]",
         "evaluates to 0",
     ),
     (
         KDA,
-        "shape: [H, X],    shard: {rows: H}, linear: true}",
-        "shape: [H, X],    shard: {rows: D}, linear: true}",
-        "  b_proj.weight:",
+        "shape: [linear_heads, hidden]\n    shard: {rows: linear_heads}\n",
+        "shape: [linear_heads, hidden]\n    shard: {rows: linear_head_dim}\n",
+        "shard: {rows: linear_head_dim}",
         "tensors.b_proj.weight.shard",
-        "does not split into whole D units",
+        "does not split into whole linear_head_dim units",
     ),
     (
         KDA,
@@ -143,17 +143,17 @@ CASES = [
     ),
     (
         KDA,
-        "check: 8 * C * D + 4 * C * C <= 49152",
-        "check: 8 * C * D + 4 * C * C <= 4915",
+        "check: 8 * scan_chunk * linear_head_dim + 4 * scan_chunk * scan_chunk <= 49152",
+        "check: 8 * scan_chunk * linear_head_dim + 4 * scan_chunk * scan_chunk <= 4915",
         "<= 4915",
         "constraints[1].check",
         "constraint scan_shared_memory fails",
     ),
     (
         KDA,
-        "check: 8 * C * D + 4 * C * C <= 49152",
-        "check: open(C) <= 49152",
-        "open(C)",
+        "check: 8 * scan_chunk * linear_head_dim + 4 * scan_chunk * scan_chunk <= 49152",
+        "check: open(scan_chunk) <= 49152",
+        "open(scan_chunk)",
         "constraints[1].check",
         "Call is not allowed",
     ),
@@ -183,9 +183,9 @@ CASES = [
     ),
     (
         DSA,
-        "group: indexer, linear: true}\n  indexer.wk.weight",
-        "group: indexr, linear: true}\n  indexer.wk.weight",
-        "indexer.wq_b.weight:",
+        "    group: indexer\n    linear: true\n  indexer.wk.weight",
+        "    group: indexr\n    linear: true\n  indexer.wk.weight",
+        "group: indexr",
         "tensors.indexer.wq_b.weight.group",
         "not declared",
     ),
@@ -215,57 +215,57 @@ CASES = [
     ),
     (
         DSA,
-        "        view: [H, N, QL]\n",
-        "        view: [H, N, 2 * QL]\n",
-        "view: [H, N, 2 * QL]",
+        "        view: [heads, qk_nope_head_dim, q_lora_rank]\n",
+        "        view: [heads, qk_nope_head_dim, 2 * q_lora_rank]\n",
+        "view: [heads, qk_nope_head_dim, 2 * q_lora_rank]",
         "outputs.q_absorb.operands[1].view",
         "has 50331648 elements",
     ),
     (
         DSA,
-        "        slice: {axis: 1, start: 0, stop: N}",
-        "        slice: {axis: 1, start: 0, stop: N + V + 1}",
-        "stop: N + V + 1",
+        "        slice: {axis: 1, start: 0, stop: qk_nope_head_dim}",
+        "        slice: {axis: 1, start: 0, stop: qk_nope_head_dim + v_head_dim + 1}",
+        "stop: qk_nope_head_dim + v_head_dim + 1",
         "outputs.q_absorb.operands[0].slice",
         "slice [0:1025] does not fit dim 1024",
     ),
     (
         DSA,
-        "        view: [X, H, V]\n",
-        "        view: [H, X, V]\n",
-        "view: [H, X, V]",
+        "        view: [hidden, heads, v_head_dim]\n",
+        "        view: [heads, hidden, v_head_dim]\n",
+        "view: [heads, hidden, v_head_dim]",
         "outputs.o_absorb.operands[0].view",
-        "must put the shard unit 'H' alone at axis 1",
+        "must put the shard unit 'heads' alone at axis 1",
     ),
     (
         DSA,
-        "    scale: IH ** -0.5\n",
-        "    scale: IHX ** -0.5\n",
-        "scale: IHX",
+        "    scale: index_heads ** -0.5\n",
+        "    scale: index_headsX ** -0.5\n",
+        "scale: index_headsX",
         "outputs.weights_proj.scale",
-        "unknown symbol(s) IHX",
+        "unknown symbol(s) index_headsX",
     ),
     (
         DSA,
-        "    scale: IH ** -0.5\n",
-        "    scale: IH ** -0.5 if IH else 1\n",
-        "scale: IH ** -0.5 if",
+        "    scale: index_heads ** -0.5\n",
+        "    scale: index_heads ** -0.5 if index_heads else 1\n",
+        "scale: index_heads ** -0.5 if",
         "outputs.weights_proj.scale",
         "IfExp is not allowed in a scale",
     ),
     (
         DSA,
-        "    shard: {cols: H}\n",
-        "    shard: {rows: H}  # was cols\n",
+        "    dtype: BF16\n    shard: {cols: heads}\n",
+        "    dtype: BF16\n    shard: {rows: heads}  # was cols\n",
         "# was cols",
         "outputs.o_absorb.shard",
         "needs the unit's letter first",
     ),
     (
         DSA,
-        "    view: [X, H * KVL]\n",
-        "    view: [H * KVL, X]\n",
-        "view: [H * KVL, X]",
+        "    view: [hidden, heads * kv_lora_rank]\n",
+        "    view: [heads * kv_lora_rank, hidden]\n",
+        "view: [heads * kv_lora_rank, hidden]",
         "outputs.o_absorb.view",
         "does not merge consecutive axes of [i, h, c]",
     ),
@@ -273,40 +273,42 @@ CASES = [
         DSA,
         "    einsum: ihr,hrc->ihc\n",
         "    einsum: ihr,hrc->hic\n",
-        "view: [X, H * KVL]",
+        "view: [hidden, heads * kv_lora_rank]",
         "outputs.o_absorb.view",
         "does not merge consecutive axes of [h, i, c]",
     ),
     (
         MOE,
-        "  e: {count: E, shard: experts}\n",
-        "  e: {count: E, shard: replicated}\n",
-        "  e: {count: E, shard: replicated}",
+        "  e: {count: experts, shard: experts}\n",
+        "  e: {count: experts, shard: replicated}\n",
+        "  e: {count: experts, shard: replicated}",
         "families.e.shard",
         "schema:",
     ),
     (
-        # N and V swapped in the K-half slice: both are 256 at the real geometry, so only a
+        # qk_nope_head_dim and v_head_dim swapped in the K-half slice: both are 256 at the real geometry, so only a
         # geometry where no two symbols are equal shows the einsum's r letters disagree.
         DSA,
-        "        slice: {axis: 1, start: 0, stop: N}      # the K half of each head's block\n",
-        "        slice: {axis: 1, start: 0, stop: V}      # the K half of each head's block\n",
+        "        slice: {axis: 1, start: 0, stop: qk_nope_head_dim}      # the K half of each head's block\n",
+        "        slice: {axis: 1, start: 0, stop: v_head_dim}      # the K half of each head's block\n",
         "    einsum: hrc,hrk->hck",
         "outputs.q_absorb.einsum",
         "at a geometry where no two symbols are equal",
     ),
     (
         KDA,
-        "  k_conv1d.weight:     {dtype: BF16, stored: [F32], shape: [Q, 1, K], shard: {rows: H}}",
-        "  k_conv1d.weight:     {dtype: BF16, stored: [F32], shape: [Q, 1, K], shard: replicated}",
+        "  k_conv1d.weight:\n    dtype: BF16\n    stored: [F32]\n    shape: [proj_dim, 1, conv_kernel]\n"
+        "    shard: {rows: linear_heads}",
+        "  k_conv1d.weight:\n    dtype: BF16\n    stored: [F32]\n    shape: [proj_dim, 1, conv_kernel]\n"
+        "    shard: replicated",
         "concat: [q_conv1d.weight",
         "outputs.conv.concat",
         "concat joins tensors of different shard rules",
     ),
     (
         KDA,
-        "  k_conv1d.weight:     {dtype: BF16, stored: [F32], shape: [Q, 1, K], shard: {rows: H}}",
-        "  k_conv1d.weight:     {dtype: BF16, stored: [F32], shape: [Q, 1, K + 1], shard: {rows: H}}",
+        "  k_conv1d.weight:\n    dtype: BF16\n    stored: [F32]\n    shape: [proj_dim, 1, conv_kernel]\n",
+        "  k_conv1d.weight:\n    dtype: BF16\n    stored: [F32]\n    shape: [proj_dim, 1, conv_kernel + 1]\n",
         "concat: [q_conv1d.weight",
         "outputs.conv.concat",
         "differ off that axis",
@@ -315,8 +317,8 @@ CASES = [
         MODEL,
         "  linear_conv:      {config: linear_conv_kernel_dim, value: 4}\n",
         "",
-        "symbols: {X: hidden, H: linear_heads",
-        "blocks[1].symbols.K",
+        "symbols: {conv_kernel: linear_conv",
+        "blocks[1].symbols.conv_kernel",
         "unknown geometry symbol 'linear_conv'",
     ),
     (
@@ -386,10 +388,15 @@ def test_structural_problems_are_refused(
 
 
 def test_a_cols_layout_whose_unit_does_not_lead_the_split_axis_is_refused(root: Path) -> None:
-    """o_absorb as [X, KVL * H]: the same shapes at every tp, but rank r's columns would not be
+    """o_absorb as [hidden, kv_lora_rank * heads]: the same shapes at every tp, but rank r's columns would not be
     its heads' columns of the TP=1 result."""
     edit(root, DSA, "    einsum: ihr,hrc->ihc\n", "    einsum: ihr,hrc->ich\n")
-    edit(root, DSA, "    view: [X, H * KVL]\n", "    view: [X, KVL * H]\n")
+    edit(
+        root,
+        DSA,
+        "    view: [hidden, heads * kv_lora_rank]\n",
+        "    view: [hidden, kv_lora_rank * heads]\n",
+    )
     with pytest.raises(SpecError) as e:
         load_specs(root)
     assert e.value.path == "outputs.o_absorb.shard"
@@ -403,10 +410,26 @@ def test_a_scale_that_is_not_finite_at_the_model_geometry_is_refused(root: Path)
     edit(
         root,
         DSA,
-        "    scale: IH ** -0.5\n",
-        "    scale: IH ** 60 * IH ** 60 * IH ** 60 * IH ** 60\n",
+        "    scale: index_heads ** -0.5\n",
+        "    scale: index_heads ** 60 * index_heads ** 60 * index_heads ** 60 * index_heads ** 60\n",
     )
     with pytest.raises(SpecError) as e:
         load_specs(root)
     assert e.value.path == "outputs.weights_proj.scale"
     assert "scale is inf, not finite" in e.value.message
+
+
+def test_a_block_symbol_left_out_of_the_map_binds_the_geometry_symbol_of_its_own_name(
+    root: Path,
+) -> None:
+    uses = {u.block: u.symbols for u in load_specs(root).models["glm-5.3-flash"].blocks}
+    assert uses["dsa"]["kv_lora_rank"] == "kv_lora_rank"
+    assert uses["moe"]["expert_intermediate"] == "moe_intermediate"
+
+
+def test_a_block_symbol_with_no_geometry_symbol_of_its_name_must_be_mapped(root: Path) -> None:
+    edit(root, MODEL, "    symbols: {expert_intermediate: moe_intermediate}\n", "")
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert e.value.path == "blocks[2].symbols"
+    assert "block moe symbols not bound: expert_intermediate" in e.value.message

@@ -18,7 +18,18 @@ from specbind.core.errors import GeometryError
 from specbind.generated import dsa
 from specbind.runtime import ops
 
-SIX_HEADS = dsa.DsaGeometry(X=16, H=6, QL=8, KVL=8, N=4, R=0, V=4, IH=2, ID=4, KP=3)
+SIX_HEADS = dsa.DsaGeometry(
+    hidden=16,
+    heads=6,
+    q_lora_rank=8,
+    kv_lora_rank=8,
+    qk_nope_head_dim=4,
+    qk_rope_head_dim=0,
+    v_head_dim=4,
+    index_heads=2,
+    index_head_dim=4,
+    index_kpool=3,
+)
 
 
 def _blas_threads() -> list[int]:

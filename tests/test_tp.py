@@ -34,7 +34,9 @@ from specbind.runtime.tp import ShardedSource, shard_raw
 from specbind.synth import synth
 
 MODULES: dict[str, Any] = {"kda": kda, "dsa": dsa}
-SMALL_KDA = kda.KdaGeometry(X=4, H=4, D=64, K=2, C=8, tp=2)
+SMALL_KDA = kda.KdaGeometry(
+    hidden=4, linear_heads=4, linear_head_dim=64, conv_kernel=2, scan_chunk=8, tp=2
+)
 
 
 def bind_all_ranks(module: Any, g: Any, arrays: dict[str, Any]) -> list[dict[str, Any]]:
@@ -144,7 +146,7 @@ def test_the_sharded_source_passes_unplanned_names_through_so_unknowns_are_still
 def test_the_per_rank_conv_is_q_local_k_local_v_local_not_a_slice_of_the_global_concat() -> None:
     arrays = layer_arrays(kda, SMALL_KDA)
     w1, _ = kda.bind_kda(SMALL_KDA, 0, source(arrays), rank=1)
-    q_local = SMALL_KDA.H * SMALL_KDA.D // 2
+    q_local = SMALL_KDA.linear_heads * SMALL_KDA.linear_head_dim // 2
     parts = [arrays[f"self_attn.{p}_conv1d.weight"][q_local:, 0, :] for p in "qkv"]  # rank 1's rows
     assert np.array_equal(w1.conv.view(np.uint16), np.concatenate(parts).view(np.uint16))
     w_tp1, _ = kda.bind_kda(dataclasses.replace(SMALL_KDA, tp=1), 0, source(arrays))
@@ -187,7 +189,9 @@ def test_a_file_backed_column_shard_reads_the_same_bytes_as_the_mapped_gather(
 
 
 def test_binding_at_tp8_allocates_about_one_eighth_of_the_layer() -> None:
-    g = kda.KdaGeometry(X=512, H=64, D=64, K=4, C=16, tp=8)
+    g = kda.KdaGeometry(
+        hidden=512, linear_heads=64, linear_head_dim=64, conv_kernel=4, scan_chunk=16, tp=8
+    )
     arrays = layer_arrays(kda, dataclasses.replace(g, tp=1))
     src = source(arrays)
     full_bytes = sum(a.nbytes for a in arrays.values())
@@ -204,13 +208,15 @@ def test_binding_at_tp8_allocates_about_one_eighth_of_the_layer() -> None:
 def test_a_tp_the_heads_do_not_divide_is_refused_naming_the_tensor() -> None:
     with pytest.raises(
         GeometryError,
-        match=r"self_attn\.q_b_proj\.weight shards rows on H = 64 units, which tp 3 does not divide",
+        match=r"self_attn\.q_b_proj\.weight shards rows on heads = 64 units, which tp 3 does not divide",
     ):
         TABLE.block("dsa").plan(REAL, Ranks(3, 0))
 
 
 def test_the_kda_tile_constraint_is_checked_at_the_planned_tp() -> None:
-    g = dataclasses.replace(REAL_KDA, tp=128, H=128, D=64)  # 2 · 1 · 64 = 128 channels
+    g = dataclasses.replace(
+        REAL_KDA, tp=128, linear_heads=128, linear_head_dim=64
+    )  # 2 · 1 · 64 = 128 channels
     with pytest.raises(GeometryError, match=r"constraint scan_tile .* tiles 256 channels"):
         kda.bind_kda(g, 0, DictSource({}))
 
@@ -285,10 +291,13 @@ def test_dt_bias_offset_is_head_dim_times_a_log_offset(
     g: kda.KdaGeometry, data: st.DataObject
 ) -> None:
     p = kda.plan(g, data.draw(st.integers(0, g.tp - 1)))
-    assert p.tensors["self_attn.dt_bias"].offset == g.D * p.tensors["self_attn.A_log"].offset
+    assert (
+        p.tensors["self_attn.dt_bias"].offset
+        == g.linear_head_dim * p.tensors["self_attn.A_log"].offset
+    )
 
 
-@given(kda_tp_geometries().filter(lambda g: g.tp > 1 and g.X > 1), st.data())
+@given(kda_tp_geometries().filter(lambda g: g.tp > 1 and g.hidden > 1), st.data())
 def test_an_o_proj_column_shard_differs_from_a_row_slice_of_the_same_size(
     g: kda.KdaGeometry, data: st.DataObject
 ) -> None:
@@ -332,7 +341,9 @@ def test_sharded_projections_compute_the_unsharded_product(bg: tuple[str, Any], 
 def test_a_geometry_that_breaks_a_constraint_is_refused_never_bound(
     tp: int, heads: int, d: int
 ) -> None:
-    g = kda.KdaGeometry(X=2, H=heads, D=d, K=2, C=4, tp=tp)
+    g = kda.KdaGeometry(
+        hidden=2, linear_heads=heads, linear_head_dim=d, conv_kernel=2, scan_chunk=4, tp=tp
+    )
     ok = heads % tp == 0 and (2 * (heads // tp) * d) % 256 == 0
     arrays = layer_arrays(kda, dataclasses.replace(g, tp=1))
     if ok:

@@ -33,7 +33,14 @@ def f64(a: Any) -> np.ndarray[Any, Any]:
 
 def reference(g: dsa.DsaGeometry, arrays: dict[str, Any]) -> dict[str, np.ndarray[Any, Any]]:
     """The absorbed weights over all heads, in float64, straight from their definitions."""
-    h, n, v, kvl, ql, x = g.H, g.N, g.V, g.KVL, g.QL, g.X
+    h, n, v, kvl, ql, x = (
+        g.heads,
+        g.qk_nope_head_dim,
+        g.v_head_dim,
+        g.kv_lora_rank,
+        g.q_lora_rank,
+        g.hidden,
+    )
     kv_b = f64(arrays["self_attn.kv_b_proj.weight"]).reshape(
         h, n + v, kvl
     )  # [H(N+V), KVL] -> [H, N+V, KVL]
@@ -49,7 +56,9 @@ def reference(g: dsa.DsaGeometry, arrays: dict[str, Any]) -> dict[str, np.ndarra
 
 
 def test_absorbed_weights_are_within_one_bf16_ulp_of_the_f64_definition() -> None:
-    g = dataclasses.replace(TINY_DSA, H=4, N=5, V=3, KVL=6, QL=7, X=9)
+    g = dataclasses.replace(
+        TINY_DSA, heads=4, qk_nope_head_dim=5, v_head_dim=3, kv_lora_rank=6, q_lora_rank=7, hidden=9
+    )
     arrays = layer_arrays(dsa, g, seed=4)
     w, _ = dsa.bind_dsa(g, 3, source(arrays))
     ref = reference(g, arrays)
@@ -60,7 +69,7 @@ def test_absorbed_weights_are_within_one_bf16_ulp_of_the_f64_definition() -> Non
 
 
 def test_weights_proj_is_scaled_by_index_heads_to_the_minus_half_and_rounded_once() -> None:
-    g = dataclasses.replace(TINY_DSA, IH=3)
+    g = dataclasses.replace(TINY_DSA, index_heads=3)
     arrays = layer_arrays(dsa, g, seed=2)
     w, _ = dsa.bind_dsa(g, 3, source(arrays))
     raw = arrays["self_attn.indexer.weights_proj.weight"]
@@ -87,19 +96,25 @@ def test_absorbed_scores_equal_the_unabsorbed_path(g: dsa.DsaGeometry, seed: int
     w, _ = dsa.bind_dsa(g1, 0, source(arrays))
     ref = reference(g1, arrays)
     rng = np.random.default_rng(seed)
-    q_resid, c = rng.standard_normal(g.QL), rng.standard_normal(g.KVL)
+    q_resid, c = rng.standard_normal(g.q_lora_rank), rng.standard_normal(g.kv_lora_rank)
     q = np.einsum("hrk,k->hr", ref["q_b"], q_resid)  # [H, N]: the unabsorbed query
-    k = np.einsum("hrc,c->hr", ref["kv_b"][:, : g.N], c)  # [H, N]: the key from the latent
+    k = np.einsum(
+        "hrc,c->hr", ref["kv_b"][:, : g.qk_nope_head_dim], c
+    )  # [H, N]: the key from the latent
     scores = np.einsum("hr,hr->h", q, k)
-    qa = f64(w.q_absorb).reshape(g.H, g.KVL, g.QL)  # [H·KVL, QL] -> [H, KVL, QL]
+    qa = f64(w.q_absorb).reshape(
+        g.heads, g.kv_lora_rank, g.q_lora_rank
+    )  # [H·KVL, QL] -> [H, KVL, QL]
     absorbed = np.einsum("hck,k,c->h", qa, q_resid, c)
     # Each absorbed weight is within half a BF16 ulp (2^-9 relative) of its exact value.
     bound = 2.0**-8 * np.einsum("hck,k,c->h", np.abs(qa), np.abs(q_resid), np.abs(c)) + 1e-12
     assert np.all(np.abs(absorbed - scores) <= bound)
 
-    v = np.einsum("hrc,c->hr", ref["kv_b"][:, g.N :], c)  # [H, V]: values from the latent
+    v = np.einsum(
+        "hrc,c->hr", ref["kv_b"][:, g.qk_nope_head_dim :], c
+    )  # [H, V]: values from the latent
     out = np.einsum("ihr,hr->i", ref["o"], v)
-    oa = f64(w.o_absorb).reshape(g.X, g.H, g.KVL)  # [X, H·KVL] -> [X, H, KVL]
+    oa = f64(w.o_absorb).reshape(g.hidden, g.heads, g.kv_lora_rank)  # [X, H·KVL] -> [X, H, KVL]
     out_absorbed = np.einsum("ihc,c->i", oa, c)
     bound = 2.0**-8 * np.einsum("ihc,c->i", np.abs(oa), np.abs(c)) + 1e-12
     assert np.all(np.abs(out_absorbed - out) <= bound)
@@ -112,7 +127,7 @@ def test_each_rank_absorbs_exactly_its_rows_and_columns_of_the_tp1_result(
 ) -> None:
     arrays = layer_arrays(dsa, dataclasses.replace(g, tp=1), seed=seed)
     full, _ = dsa.bind_dsa(dataclasses.replace(g, tp=1), 0, source(arrays))
-    rows, cols = g.H // g.tp * g.KVL, g.H // g.tp * g.KVL
+    rows, cols = g.heads // g.tp * g.kv_lora_rank, g.heads // g.tp * g.kv_lora_rank
     for r in range(g.tp):
         w, _ = dsa.bind_dsa(g, 0, source(arrays), r)
         assert w.q_absorb.tobytes() == full.q_absorb[r * rows : (r + 1) * rows].tobytes()
@@ -123,7 +138,15 @@ def test_each_rank_absorbs_exactly_its_rows_and_columns_of_the_tp1_result(
 
 
 def test_at_tp8_a_rank_reads_and_multiplies_one_eighth_of_the_heads() -> None:
-    g = dataclasses.replace(TINY_DSA, H=16, N=8, V=8, KVL=16, QL=32, X=24)
+    g = dataclasses.replace(
+        TINY_DSA,
+        heads=16,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        kv_lora_rank=16,
+        q_lora_rank=32,
+        hidden=24,
+    )
     arrays = layer_arrays(dsa, g, seed=1)
     with ops.counting() as full:
         dsa.bind_dsa(g, 0, source(arrays))
@@ -149,7 +172,7 @@ def test_at_tp8_a_rank_reads_and_multiplies_one_eighth_of_the_heads() -> None:
 def test_the_seed_order_of_work_would_multiply_every_head() -> None:
     """The hand-written loader computes q_absorb over all heads and then slices; specbind's
     per-rank op costs 1/tp of that. Shown by the generated op's cost at tp=1 and tp=4."""
-    g = dataclasses.replace(TINY_DSA, H=8)
+    g = dataclasses.replace(TINY_DSA, heads=8)
     arrays = layer_arrays(dsa, g, seed=1)
     with ops.counting() as all_heads:
         dsa.make_q_absorb(g, arrays)

@@ -192,10 +192,10 @@ def moe_cases(draw: st.DrawFn) -> tuple[Any, int, int]:
     """A MoE geometry with a tp that divides Im and an ep no larger than E."""
     tp = draw(st.sampled_from([1, 2, 4]))
     g = moe.MoeGeometry(
-        X=draw(st.integers(1, 5)), E=draw(st.integers(1, 9)),
-        Im=tp * draw(st.integers(1, 3)), S=draw(st.integers(1, 2)), tp=tp,
+        hidden=draw(st.integers(1, 5)), experts=draw(st.integers(1, 9)),
+        expert_intermediate=tp * draw(st.integers(1, 3)), shared_experts=draw(st.integers(1, 2)), tp=tp,
     )  # fmt: skip
-    ep = draw(st.integers(1, g.E))
+    ep = draw(st.integers(1, g.experts))
     return dataclasses.replace(g, ep=ep), tp, ep
 
 

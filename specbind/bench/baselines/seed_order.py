@@ -19,23 +19,25 @@ F32 = np.float32
 def dsa_q_absorb(t: Mapping[str, Arr], g: Any) -> tuple[Callable[[], Arr], int]:
     """The seed's q_absorb on the operands ``t`` (this rank's), and its multiply-add count x 2:
     per output row (h, c), Σ_r kv_b[h, r, c] · q_b[h, r, :]."""
-    heads = g.H // g.tp
+    heads = g.heads // g.tp
     kv = (
-        t["self_attn.kv_b_proj.weight"].astype(F32).reshape(heads, g.N + g.V, g.KVL)
+        t["self_attn.kv_b_proj.weight"]
+        .astype(F32)
+        .reshape(heads, g.qk_nope_head_dim + g.v_head_dim, g.kv_lora_rank)
     )  # [H(N+V), KVL] -> [H, N+V, KVL]
     qb = (
-        t["self_attn.q_b_proj.weight"].astype(F32).reshape(heads, g.N, g.QL)
+        t["self_attn.q_b_proj.weight"].astype(F32).reshape(heads, g.qk_nope_head_dim, g.q_lora_rank)
     )  # [HN, QL] -> [H, N, QL]
 
     def run() -> Arr:
-        out = np.empty((heads * g.KVL, g.QL), dtype=F32)
+        out = np.empty((heads * g.kv_lora_rank, g.q_lora_rank), dtype=F32)
         for h in range(heads):
-            k_half = kv[h, : g.N]  # [N, KVL]
-            for c in range(g.KVL):
-                out[h * g.KVL + c] = k_half[:, c] @ qb[h]  # one row: Σ_r w_r · q_row_r
+            k_half = kv[h, : g.qk_nope_head_dim]  # [N, KVL]
+            for c in range(g.kv_lora_rank):
+                out[h * g.kv_lora_rank + c] = k_half[:, c] @ qb[h]  # one row: Σ_r w_r · q_row_r
         return out
 
-    return run, 2 * heads * g.KVL * g.N * g.QL
+    return run, 2 * heads * g.kv_lora_rank * g.qk_nope_head_dim * g.q_lora_rank
 
 
 # block -> the seed order of its first absorb
