@@ -14,7 +14,7 @@ from typing import Any
 from specbind.generated import model_deepseek_v3_2, model_glm_5_3_flash, model_kimi_linear
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "b45afd57ca1371ed1bc254865c2b89acfab1d9f42504f6bd42160b63406c1a01"
+SPECS_SHA256 = "67337471c172726317e26c4af50704ab35eadac37babd37b4707f78f8db23898"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,

@@ -166,6 +166,7 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
         ctx = f"at {model.name} geometry"
         env = block_env(block, real)
         _check_shapes(block, env, ctx)
+        check_whole_units(block, real, ctx)
         check_transforms(block, real, ctx)
         if model.synth is not None:  # every element read by some output, at the tiny geometry
             tiny = model.values() | dict(model.synth.tiny)
@@ -184,6 +185,38 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
             if not ok:
                 raise block.located.error(
                     ("constraints", i, "check"), f"{ctx}: constraint {c.name} fails: {c.why}"
+                )
+
+
+def check_whole_units(block: Block, values: dict[str, int], ctx: str) -> None:
+    """Every sharded dim is a whole number of its unit at every geometry, not only at this
+    one: scaling the unit by k scales the dim by k. ``[H * D + 2 * KV * D, X]`` on ``{rows:
+    H}`` divides by H at many geometries, yet rank r's contiguous rows would cross from q into
+    k and v (right shape, wrong rows); it is refused here, naming the tensor, so the author
+    declares its sections (model ``names:`` sections), each with its own unit."""
+    env = block_env(block, values)
+    for t in block.tensors:
+        if t.shard.kind == "replicated" or t.shard.unit is None or not t.dims:
+            continue
+        axis = t.shard.resolved(len(t.dims))
+        unit = t.shard.unit
+        dim = int(algebra.evaluate(t.dims[axis], env))
+        for k in (2, 3):
+            try:
+                scaled = int(
+                    algebra.evaluate(
+                        t.dims[axis], block_env(block, values | {unit: values[unit] * k})
+                    )
+                )
+            except SpecbindError:  # a derived symbol that no longer divides: no verdict at k
+                continue
+            if scaled != k * dim:
+                raise block.located.error(
+                    ("tensors", block.rel(t.name), "shard"),
+                    f"{ctx}: {block.rel(t.name)} shards {t.shard.kind} on {unit}, but dim "
+                    f"{axis} ({t.dims[axis].text}) is not a whole number of {unit} units at "
+                    f"every geometry ({unit} x {k} gives {scaled}, not {k} x {dim}): rank r's "
+                    f"rows would cross sections; declare its sections, each with its own unit",
                 )
 
 

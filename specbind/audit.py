@@ -32,7 +32,7 @@ from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.quant import layer_quant, quantized_rules
 from specbind.runtime.quant_config import detect, packed_names
 from specbind.runtime.source import TensorSource
-from specbind.runtime.view import NamedView
+from specbind.runtime.view import NamedView, geometry_of
 
 # Companions a quantisation tool writes beside a linear weight (ModelOpt, compressed-tensors,
 # FP8 block scales); flagged only when the block does not declare them.
@@ -173,7 +173,9 @@ def audit(
     except SpecbindError as e:  # audited as unquantized, and said so
         qconf = None
         problems.append(f"model: {e}")
-    view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
+    view = NamedView(
+        ckpt, table.layer_pattern, table.names, packed_names(qconf), geometry_of(ckpt, table)
+    )
     scalars = tuple("." + c.suffix for c in (qconf.scheme.companions if qconf else ()) if c.scalar)
     lay = layout(table, view.names(), ckpt.config)
     split = lay.split
