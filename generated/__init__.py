@@ -11,13 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbind.generated import model_deepseek_v3_2, model_glm_5_3_flash, model_kimi_linear
+from specbind.generated import (
+    model_deepseek_v3_2,
+    model_glm_5_3_flash,
+    model_kimi_linear,
+    model_nemotron_h,
+)
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "67337471c172726317e26c4af50704ab35eadac37babd37b4707f78f8db23898"
+SPECS_SHA256 = "05361bdcb943b83dab82eee55bc81aa387dccc3009d73de10fe33f2640ab33d2"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
     model_kimi_linear.MODEL: model_kimi_linear.TABLE,
+    model_nemotron_h.MODEL: model_nemotron_h.TABLE,
 }
