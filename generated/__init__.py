@@ -16,14 +16,16 @@ from specbind.generated import (
     model_glm_5_3_flash,
     model_kimi_linear,
     model_nemotron_h,
+    model_phi3,
 )
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "05361bdcb943b83dab82eee55bc81aa387dccc3009d73de10fe33f2640ab33d2"
+SPECS_SHA256 = "5d65019dbe6b7d0fc408de7252ef02ae4e6adb3b25f4c5f3a2722de6a2a8349b"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
     model_kimi_linear.MODEL: model_kimi_linear.TABLE,
     model_nemotron_h.MODEL: model_nemotron_h.TABLE,
+    model_phi3.MODEL: model_phi3.TABLE,
 }

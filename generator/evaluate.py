@@ -202,14 +202,16 @@ def check_whole_units(block: Block, values: dict[str, int], ctx: str) -> None:
         unit = t.shard.unit
         dim = int(algebra.evaluate(t.dims[axis], env))
         for k in (2, 3):
+            # derived symbols recomputed from the scaled unit (Q = H * D scales with H), or
+            # held as they are (a head dim derived as hidden / H does not shrink with H)
             try:
-                scaled = int(
-                    algebra.evaluate(
-                        t.dims[axis], block_env(block, values | {unit: values[unit] * k})
-                    )
-                )
-            except SpecbindError:  # a derived symbol that no longer divides: no verdict at k
-                continue
+                again = block_env(block, values | {unit: values[unit] * k})
+                scaled = int(algebra.evaluate(t.dims[axis], again))
+            except SpecbindError:  # a derived symbol that no longer divides
+                scaled = k * dim + 1
+            if scaled != k * dim:
+                held = env | {unit: env[unit] * k}
+                scaled = int(algebra.evaluate(t.dims[axis], held))
             if scaled != k * dim:
                 raise block.located.error(
                     ("tensors", block.rel(t.name), "shard"),
