@@ -154,6 +154,8 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
                     ("constraints", i, "check"),
                     f"at the {what} geometry of {model.name}: constraint {c.name} fails: {c.why}",
                 )
+    for what, values in geometries:
+        check_section_sizes(model, blocks, values, f"at the {what} geometry of {model.name}")
     for use in model.blocks:
         block = blocks[use.block]
         real = block_values(model, block)
@@ -186,6 +188,29 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
                 raise block.located.error(
                     ("constraints", i, "check"), f"{ctx}: constraint {c.name} fails: {c.why}"
                 )
+
+
+def check_section_sizes(
+    model: Model, blocks: dict[str, Block], values: dict[str, int], ctx: str
+) -> None:
+    """Each section's size is the rows its block declares for it, so a size written in the
+    wrong order or over the wrong symbol fails here, not at the first bind."""
+    for i, r in enumerate(model.names):
+        for k, (to, size) in enumerate(zip(r.to, r.sizes, strict=False)):
+            rows = int(algebra.evaluate(algebra.parse(size), values))
+            for use in model.blocks:
+                block = blocks[use.block]
+                t = next((x for x in block.tensors if x.name == to), None)
+                if t is None or not t.dims:
+                    continue
+                local = {s: values[g] for s, g in use.symbols.items()}
+                want = int(algebra.evaluate(t.dims[0], block_env(block, local)))
+                if rows != want:
+                    raise model.located.error(
+                        ("names", i, "sections", k),
+                        f"{ctx}: section {to} is {size} = {rows} rows, but block "
+                        f"{block.name!r} declares {block.rel(to)} with {want} ({t.dims[0].text})",
+                    )
 
 
 def check_whole_units(block: Block, values: dict[str, int], ctx: str) -> None:

@@ -154,6 +154,17 @@ def test_a_concat_across_units_off_their_shard_axis_is_refused(root: Path) -> No
     assert "must join on their shard axis 0, not 2" in e.value.message
 
 
+def test_a_section_size_that_is_not_the_rows_its_block_declares_is_refused(root: Path) -> None:
+    """B and dt swapped in the sizes: the sum is right, the rows are not."""
+    edit(root, MODEL, "mamba_groups * ssm_state, mamba_groups * ssm_state, mamba_heads]",
+         "mamba_heads, mamba_groups * ssm_state, mamba_groups * ssm_state]")  # fmt: skip
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert e.value.path == "names[0].sections[2]"
+    assert "section mixer.in_proj_B.weight is mamba_heads = " in e.value.message
+    assert "block 'mamba2' declares in_proj_B.weight with" in e.value.message
+
+
 @pytest.mark.parametrize(
     ("old", "new", "fragment"),
     [
