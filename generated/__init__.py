@@ -11,13 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbind.generated import model_deepseek_v3_2, model_glm_5_3_flash, model_kimi_linear
+from specbind.generated import (
+    model_deepseek_v3_2,
+    model_glm_5_3_flash,
+    model_kimi_linear,
+    model_nemotron_h,
+    model_phi3,
+)
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "54dc26c207dbbfa3ac7a8099d52fdbc561b906b2f76faf6b1121ee3440e414e0"
+SPECS_SHA256 = "8965b829cbfc0c177cb57e5110d04832e2297a52f3f005778b45718ccc511b43"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
     model_kimi_linear.MODEL: model_kimi_linear.TABLE,
+    model_nemotron_h.MODEL: model_nemotron_h.TABLE,
+    model_phi3.MODEL: model_phi3.TABLE,
 }

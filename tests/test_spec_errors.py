@@ -363,8 +363,17 @@ def test_the_real_specs_load(root: Path) -> None:
         "lm_globals",
         "mla",
         "mla_indexed",
+        "mamba2",
+        "mixer_attention",
+        "mixer_mlp",
+        "mixer_moe",
+        "pre_norm",
+        "backbone_globals",
+        "gqa_attention",
     }
-    assert set(specs.models) == {"glm-5.3-flash", "kimi-linear", "deepseek-v3.2"}
+    assert set(specs.models) == {
+        "glm-5.3-flash", "kimi-linear", "deepseek-v3.2", "nemotron-h", "phi3"
+    }  # fmt: skip
 
 
 def _no_markers(root: Path) -> None:
