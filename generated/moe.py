@@ -74,7 +74,7 @@ class MoeGeometry:
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
 #   E_r: this ep rank's members of E (routed experts), E/ep and one more on the first E % ep ranks
-#   Im_r = Im/tp: this rank's share of Im (intermediate size of one expert)
+#   Im_r = Im/tp (1 when tp > Im): this rank's share of Im (intermediate size of one expert)
 
 TENSORS: tuple[TensorRule, ...] = (
     # mlp.gate.weight [E, X] BF16 on disk; replicated: every rank reads all of it

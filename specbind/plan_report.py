@@ -105,7 +105,7 @@ def plan_report(
         for t in plan_of(i, b, None).tensors.values():
             if t.name in present:
                 tp1 += t.full_bytes
-                copies = tp_size if t.kind == "replicated" else 1
+                copies = tp_size if t.kind == "replicated" else t.replicas
                 copies *= 1 if t.pattern != t.name else ep_size  # an expert lives on one ep rank
                 expected += t.full_bytes * copies
     ranks: list[dict[str, Any]] = []
