@@ -129,6 +129,8 @@ class GeometryField:
     min: int
     doc: str
     also: tuple[str, ...] = ()  # other config.json paths (dotted) of the same value
+    default: str | None = None  # expression over other symbols when config.json lacks `config`
+    expr: str | None = None  # always computed from other symbols (no config field)
 
 
 @dataclass(frozen=True)

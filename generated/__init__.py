@@ -11,13 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbind.generated import model_deepseek_v3_2, model_glm_5_3_flash, model_kimi_linear
+from specbind.generated import (
+    model_deepseek_v3_2,
+    model_glm_5_3_flash,
+    model_kimi_linear,
+    model_llama,
+    model_qwen3_moe,
+)
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "b45afd57ca1371ed1bc254865c2b89acfab1d9f42504f6bd42160b63406c1a01"
+SPECS_SHA256 = "cb82422f5b7ae8fc38a70ed14b0df5a01d9a1ff3c2fbc13ccf235a04506fa247"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
     model_kimi_linear.MODEL: model_kimi_linear.TABLE,
+    model_llama.MODEL: model_llama.TABLE,
+    model_qwen3_moe.MODEL: model_qwen3_moe.TABLE,
 }

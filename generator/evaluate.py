@@ -11,6 +11,7 @@ import math
 
 from specbind.core import algebra, algebra_ops
 from specbind.core.errors import AlgebraError, GeometryError, SpecbindError
+from specbind.core.geometry import computed
 from specbind.core.planning import plan_block, rank_units
 from specbind.generator import transforms
 from specbind.generator.coverage import check_coverage
@@ -140,6 +141,15 @@ def distinct_values(values: dict[str, int]) -> dict[str, int]:
     return out
 
 
+def tiny_geometry(model: Model) -> dict[str, int]:
+    """The synth tiny geometry over the real one, its computed symbols recomputed."""
+    assert model.synth is not None
+    try:
+        return computed(model.geometry, model.values() | dict(model.synth.tiny))
+    except SpecbindError as e:
+        raise model.located.error(("synth", "tiny"), f"at the synth tiny geometry: {e}") from None
+
+
 def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
     """Refuse a spec pair whose real geometry breaks a shape, shard or constraint, or whose
     transforms do not fit at a geometry where no two symbols are equal; or whose own
@@ -148,7 +158,7 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
     real_values = model.values()
     geometries = [("real", real_values)]
     if model.synth is not None:
-        geometries.append(("synth tiny", real_values | dict(model.synth.tiny)))
+        geometries.append(("synth tiny", tiny_geometry(model)))
     for i, c in enumerate(model.constraints):
         assert c.expr is not None
         for what, values in geometries:
@@ -171,7 +181,7 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
         _check_shapes(block, env, ctx)
         check_transforms(block, real, ctx)
         if model.synth is not None:  # every element read by some output, at the tiny geometry
-            tiny = model.values() | dict(model.synth.tiny)
+            tiny = tiny_geometry(model)
             values = {s: tiny[g] for s, g in use.symbols.items()}
             tctx = f"at the synth tiny geometry of {model.name}"
             tenv = block_env(block, values)
