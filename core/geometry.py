@@ -39,7 +39,7 @@ def resolve(known: Mapping[str, int], pending: Mapping[str, str]) -> dict[str, i
             e = todo.pop(n)
             try:
                 values[n] = algebra_ops.bounded(int(algebra.evaluate(e, values)))
-            except AlgebraError as exc:
+            except (AlgebraError, GeometryError) as exc:
                 shown = ", ".join(f"{s}={values[s]}" for s in sorted(e.names))
                 raise GeometryError(f"geometry {n} = {e.text} ({shown}): {exc}") from None
     return values
