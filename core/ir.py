@@ -135,10 +135,14 @@ class GeometryField:
 
 @dataclass(frozen=True)
 class LayerGroupRule:
+    """An optional group's presence per layer: by a per-layer config list (``config``, the
+    values meaning ``present`` / ``absent``), or ``required`` in every layer of this model."""
+
     group: str
-    config: str
-    present: tuple[str, ...]
-    absent: tuple[str, ...]
+    config: str = ""
+    present: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+    required: bool = False
 
 
 @dataclass(frozen=True)

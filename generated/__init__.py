@@ -20,7 +20,7 @@ from specbind.generated import (
 )
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "cb82422f5b7ae8fc38a70ed14b0df5a01d9a1ff3c2fbc13ccf235a04506fa247"
+SPECS_SHA256 = "4afa1293f64f72e8828312c7da2cd65e4c0edb8f0193e1ff8563893fdc53e06a"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,

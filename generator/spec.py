@@ -573,6 +573,9 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
     for g, r in (layers.get("groups") or {}).items():
         if g not in optional:
             raise doc.error(("layers", "groups", g), f"{g!r} is not an optional group of any block")
+        if r.get("required"):
+            rules.append(LayerGroupRule(g, required=True))
+            continue
         if set(r["present"]) & set(r["absent"]):
             raise doc.error(("layers", "groups", g), "a value cannot mean both present and absent")
         rules.append(LayerGroupRule(g, r["config"], tuple(r["present"]), tuple(r["absent"])))

@@ -94,6 +94,9 @@ def expected_groups(
     """For each layer-group rule that covers ``layer``: (must be present, why)."""
     out: dict[str, tuple[bool, str]] = {}
     for rule in table.layer_groups:
+        if rule.required:
+            out[rule.group] = (True, f"model {table.name} requires the {rule.group} group")
+            continue
         found = config_lookup(config, rule.config)
         if found is None:
             continue  # the checkpoint does not say; nothing to cross-check
