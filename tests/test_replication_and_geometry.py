@@ -240,3 +240,21 @@ def test_a_required_group_missing_from_a_layer_is_refused_by_bind_and_audit(
     with pytest.raises((BindError, CheckpointError, GeometryError)) as e:
         bind_checkpoint(CheckpointDir(ck), TABLE, progress=False)
     assert want in str(e.value)
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+def test_the_plan_report_expects_each_replica_in_the_sum_over_ranks(
+    tp: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Llama-3 geometry: 8 KV heads, replicated on 2 ranks at tp 16."""
+    import json
+
+    from specbind.cli import main
+
+    assert main(["plan", "--model", "llama", "--tp-size", str(tp), "--json"]) == 0
+    totals = json.loads(capsys.readouterr().out)["totals"]
+    assert totals["sum_rank_bytes"] == totals["expected_sum"]
+    norms = (2 * 32 + 1) * 4096 * 2  # two RMSNorms per layer and the final one, BF16, on every rank
+    kv = 2 * 32 * 1024 * 4096 * 2  # k and v of 32 layers, BF16 [8 * 128, 4096], on 2 ranks each
+    extra = (tp - 1) * norms + (kv if tp == 16 else 0)
+    assert totals["expected_sum"] - totals["tp1_bytes"] == extra
