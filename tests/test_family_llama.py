@@ -202,3 +202,22 @@ def test_a_tp_that_neither_divides_nor_is_a_multiple_of_a_unit_is_refused(ckpt: 
     with pytest.raises(GeometryError) as e:
         bind_checkpoint(CheckpointDir(ckpt), TABLE, tp_size=3, tp_rank=0, progress=False)
     assert "which tp 3 does not divide" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_four_torchrun_ranks_prove_coverage_with_kv_heads_on_two_ranks_each(
+    ckpt: Path, tmp_path: Path, bind_at: Callable[[int, int, int, int], BindResult]
+) -> None:
+    """The coverage proof under torchrun expects each KV head's bytes on exactly 2 of the 4
+    ranks (with equal digests), and each rank's file holds its KV head r // 2."""
+    from test_distributed import finish, load_dir, torchrun
+
+    out = tmp_path / "four"
+    ((rc, so, se),) = finish(torchrun(4, "bind", str(ckpt), "--out-dir", str(out), "--json"))
+    assert rc == 0, se
+    cov = json.loads(so)["coverage"]
+    assert cov["tensors"] == len(read_checkpoint(ckpt)) and cov["digests_compared"] > 0
+    _, ranks, _ = load_dir(out)
+    whole = bind_at(1, 0, 1, 0).fields()["layers.1.attention.v_proj"][1]
+    for r, fields in enumerate(ranks):
+        got = fields["layers.1.attention.v_proj"]
+        assert got.tobytes() == whole[r // 2 * D : (r // 2 + 1) * D].tobytes(), r
