@@ -645,6 +645,7 @@ def _geometry_expressions(doc: Located, geometry: tuple[GeometryField, ...]) -> 
     """``default`` and ``expr`` name only geometry symbols, form no cycle, and an ``expr``
     symbol's ``value`` is what its expression gives at the real geometry."""
     gnames = {g.name for g in geometry}
+    deps: dict[str, frozenset[str]] = {}
     for g in geometry:
         path: PathKey = ("geometry", g.name)
         if g.expr is not None and g.config is not None:
@@ -658,6 +659,14 @@ def _geometry_expressions(doc: Located, geometry: tuple[GeometryField, ...]) -> 
                 e = _expr(doc, (*path, key), text, gnames - {g.name}, False)
                 if not e.names:
                     raise doc.error((*path, key), f"{text!r} names no symbol: give `value` instead")
+                deps[g.name] = e.names
+    while deps:  # a default or expression may not depend on itself through others
+        free = [n for n, d in deps.items() if not d & deps.keys()]
+        if not free:
+            cycle = ", ".join(sorted(deps))
+            raise doc.error(("geometry",), f"geometry expressions depend on each other: {cycle}")
+        for n in free:
+            del deps[n]
     try:
         got = geometry_computed(geometry, {g.name: g.value for g in geometry})
     except SpecbindError as e:

@@ -205,6 +205,11 @@ def test_a_ratio_of_two_fields_is_a_symbol_in_views_of_a_tensor_sharded_by_one(
         ("{expr: v_heads / k_heads,", "{expr: v_heads / nope,", "unknown symbol(s) nope"),
         ("default: hidden / k_heads,", "default: dim * 2,", "unknown symbol(s) dim"),
         ("{config: num_key_heads, value: 4}", "{config: num_key_heads, value: 5}", "not exact"),
+        (
+            "{config: hidden_size, value: 16}",
+            "{config: hidden_size, default: dim * 4, value: 16}",
+            "depend on each other: dim, hidden",
+        ),
     ],
 )
 def test_a_bad_geometry_expression_is_refused_at_generate(
