@@ -162,6 +162,14 @@ outputs:
     view: [k_heads, ratio * dim, hidden]
     slice: {axis: 1, start: dim, stop: ratio * dim}
     reshape: [k_heads * (ratio - 1) * dim, hidden]
+  gram:    # each key head's rows against each other: an einsum over a replicated operand
+    einsum: hrk,hsk->hrs
+    operands:
+      - {tensor: w, view: [k_heads, ratio * dim, hidden]}
+      - {tensor: w, view: [k_heads, ratio * dim, hidden]}
+    view: [k_heads * ratio * dim, ratio * dim]
+    dtype: F32
+    shard: {rows: k_heads}
 """
 
 GROUPED_MODEL = """\
@@ -263,3 +271,39 @@ def test_the_plan_report_expects_each_replica_in_the_sum_over_ranks(
     kv = 2 * 32 * 1024 * 4096 * 2  # k and v of 32 layers, BF16 [8 * 128, 4096], on 2 ranks each
     extra = (tp - 1) * norms + (kv if tp == 16 else 0)
     assert totals["expected_sum"] - totals["tp1_bytes"] == extra
+
+
+def test_views_and_einsums_of_a_replicated_operand_bind_its_one_unit(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At tp 8 with 4 key heads, rank r's views and einsum read key head r // 2 only."""
+    import importlib.util
+    import sys
+    from typing import Any
+
+    import ml_dtypes
+    import numpy as np
+    from helpers import raw
+
+    from specbind.generator.render import generate
+    from specbind.runtime.source import DictSource
+
+    _grouped(root)
+    generate(root, root / "generated")
+    spec = importlib.util.spec_from_file_location("grouped_gen", root / "generated/grouped.py")
+    assert spec is not None and spec.loader is not None
+    mod: Any = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "grouped_gen", mod)  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    k, ratio, dim, hidden = 4, 3, 6, 16
+    w = np.random.default_rng(0).standard_normal((k * ratio * dim, hidden))
+    w = w.astype(ml_dtypes.bfloat16)
+    heads = w.reshape(k, ratio * dim, hidden).astype(np.float64)  # [k, ratio·dim, hidden]
+    g = mod.GroupedGeometry(hidden=hidden, k_heads=k, ratio=ratio, dim=dim, tp=8)
+    for r in range(8):
+        got, _ = mod.bind_grouped(g, 0, DictSource({"grouped.w": raw(w)}), r)
+        h = heads[r // 2]  # [ratio·dim, hidden]: the one key head rank r holds
+        assert np.array_equal(np.asarray(got.first, np.float64), h[:dim]), r
+        assert np.array_equal(np.asarray(got.rest, np.float64), h[dim:]), r
+        assert got.gram.shape == (ratio * dim, ratio * dim)
+        assert np.allclose(got.gram, h @ h.T, rtol=1e-5, atol=1e-4), r
