@@ -307,3 +307,28 @@ def test_views_and_einsums_of_a_replicated_operand_bind_its_one_unit(
         assert np.array_equal(np.asarray(got.rest, np.float64), h[dim:]), r
         assert got.gram.shape == (ratio * dim, ratio * dim)
         assert np.allclose(got.gram, h @ h.T, rtol=1e-5, atol=1e-4), r
+
+
+def test_audit_takes_set_as_bind_does_and_lists_a_missing_field_without_it(
+    llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from specbind.cli import main
+
+    ck = tmp_path / "ck"
+    shutil.copytree(llama, ck)
+    config = json.loads((ck / "config.json").read_text())
+    del config["num_key_value_heads"]
+    (ck / "config.json").write_text(json.dumps(config))
+    assert main(["audit", str(ck), "--json"]) == 0
+    problems = json.loads(capsys.readouterr().out)["problems"]
+    assert problems == [
+        "model: config.json: missing field 'num_key_value_heads' (flat or under text_config), "
+        "needed for geometry symbol kv_heads (--set kv_heads=N supplies it)"
+    ]
+    assert main(["bind", str(ck)]) == 2
+    assert problems[0].removeprefix("model: ") in capsys.readouterr().err
+    assert main(["audit", str(ck), "--json", "--set", "kv_heads=2"]) == 0
+    assert json.loads(capsys.readouterr().out)["problems"] == []
+    assert main(["bind", str(ck), "--set", "kv_heads=2"]) == 0
