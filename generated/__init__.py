@@ -15,17 +15,21 @@ from specbind.generated import (
     model_deepseek_v3_2,
     model_glm_5_3_flash,
     model_kimi_linear,
+    model_llama,
     model_nemotron_h,
     model_phi3,
+    model_qwen3_moe,
 )
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "8965b829cbfc0c177cb57e5110d04832e2297a52f3f005778b45718ccc511b43"
+SPECS_SHA256 = "44e5972ed7bdfef8f0779ae98e6f740dd2736de108c08104493018c04c5be036"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
     model_kimi_linear.MODEL: model_kimi_linear.TABLE,
+    model_llama.MODEL: model_llama.TABLE,
     model_nemotron_h.MODEL: model_nemotron_h.TABLE,
     model_phi3.MODEL: model_phi3.TABLE,
+    model_qwen3_moe.MODEL: model_qwen3_moe.TABLE,
 }

@@ -68,7 +68,7 @@ class DenseGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   intermediate_r = intermediate/tp: this rank's share of intermediate (intermediate size)
+#   intermediate_r = intermediate/tp (1 when tp > intermediate): this rank's share of intermediate (intermediate size)
 
 TENSORS: tuple[TensorRule, ...] = (
     # mlp.gate_proj.weight [intermediate, hidden] BF16 on disk; rank r reads [intermediate_r, hidden], block r of the rows (whole intermediate)

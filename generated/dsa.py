@@ -90,7 +90,7 @@ class DsaGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   heads_r = heads/tp: this rank's share of heads (attention heads)
+#   heads_r = heads/tp (1 when tp > heads): this rank's share of heads (attention heads)
 
 TENSORS: tuple[TensorRule, ...] = (
     # self_attn.q_a_proj.weight [q_lora_rank, hidden] BF16 on disk; replicated: every rank reads all of it
@@ -374,7 +374,7 @@ def plan(g: DsaGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
 
 def make_q_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
-    heads_r = g.heads // g.tp  # this rank's share of heads (attention heads)
+    heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     a = t["self_attn.kv_b_proj.weight"]
     # [heads_r * (qk_nope_head_dim + v_head_dim), kv_lora_rank] -> [heads_r, qk_nope_head_dim + v_head_dim, kv_lora_rank]
     a = ops.view(
@@ -398,7 +398,7 @@ def make_q_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) 
 
 def make_o_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
-    heads_r = g.heads // g.tp  # this rank's share of heads (attention heads)
+    heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     a = t["self_attn.o_proj.weight"]
     # [hidden, heads_r * v_head_dim] -> [hidden, heads_r, v_head_dim]
     a = ops.view(a, shape=(g.hidden, heads_r, g.v_head_dim), what="o_absorb: o_proj.weight")

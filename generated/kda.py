@@ -75,7 +75,7 @@ class KdaGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   linear_heads_r = linear_heads/tp: this rank's share of linear_heads (linear-attention heads)
+#   linear_heads_r = linear_heads/tp (1 when tp > linear_heads): this rank's share of linear_heads (linear-attention heads)
 
 TENSORS: tuple[TensorRule, ...] = (
     # self_attn.q_proj.weight [proj_dim, hidden] BF16 on disk; rank r reads [linear_heads_r * linear_head_dim, hidden], block r of the rows (whole linear_heads)

@@ -69,7 +69,7 @@ class LmGlobalsGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   vocab_r = vocab/tp: this rank's share of vocab (vocabulary size)
+#   vocab_r = vocab/tp (1 when tp > vocab): this rank's share of vocab (vocabulary size)
 
 TENSORS: tuple[TensorRule, ...] = (
     # embed_tokens.weight [vocab, hidden] BF16 on disk; rank r reads [vocab_r, hidden], block r of the rows (whole vocab)

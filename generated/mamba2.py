@@ -77,8 +77,8 @@ class Mamba2Geometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   groups_r = groups/tp: this rank's share of groups (B/C groups (heads per group = heads / groups))
-#   heads_r = heads/tp: this rank's share of heads (Mamba heads)
+#   groups_r = groups/tp (1 when tp > groups): this rank's share of groups (B/C groups (heads per group = heads / groups))
+#   heads_r = heads/tp (1 when tp > heads): this rank's share of heads (Mamba heads)
 
 TENSORS: tuple[TensorRule, ...] = (
     # mixer.in_proj_z.weight [inner, hidden] BF16 on disk; rank r reads [heads_r * head_dim, hidden], block r of the rows (whole heads)

@@ -72,8 +72,8 @@ class MixerAttentionGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   heads_r = heads/tp: this rank's share of heads (attention heads)
-#   kv_heads_r = kv_heads/tp: this rank's share of kv_heads (key/value heads)
+#   heads_r = heads/tp (1 when tp > heads): this rank's share of heads (attention heads)
+#   kv_heads_r = kv_heads/tp (1 when tp > kv_heads): this rank's share of kv_heads (key/value heads)
 
 TENSORS: tuple[TensorRule, ...] = (
     # mixer.q_proj.weight [heads * head_dim, hidden] BF16 on disk; rank r reads [heads_r * head_dim, hidden], block r of the rows (whole heads)

@@ -68,7 +68,7 @@ class MixerMlpGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   inter_r = inter/tp: this rank's share of inter (intermediate size)
+#   inter_r = inter/tp (1 when tp > inter): this rank's share of inter (intermediate size)
 
 TENSORS: tuple[TensorRule, ...] = (
     # mixer.up_proj.weight [inter, hidden] BF16 on disk; rank r reads [inter_r, hidden], block r of the rows (whole inter)

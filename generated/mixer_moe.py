@@ -73,9 +73,9 @@ class MixerMoeGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   expert_inter_r = expert_inter/tp: this rank's share of expert_inter (intermediate size of one routed expert)
+#   expert_inter_r = expert_inter/tp (1 when tp > expert_inter): this rank's share of expert_inter (intermediate size of one routed expert)
 #   experts_r: this ep rank's members of experts (routed experts), experts/ep and one more on the first experts % ep ranks
-#   shared_inter_r = shared_inter/tp: this rank's share of shared_inter (intermediate size of the shared expert)
+#   shared_inter_r = shared_inter/tp (1 when tp > shared_inter): this rank's share of shared_inter (intermediate size of the shared expert)
 
 TENSORS: tuple[TensorRule, ...] = (
     # mixer.gate.weight [experts, hidden] F32 on disk; replicated: every rank reads all of it

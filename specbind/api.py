@@ -132,7 +132,7 @@ class Checkpoint:
         """The census ``specbind audit --json`` prints: coverage, per-layer slots, problems."""
         from specbind.audit import audit
 
-        return audit(self._raw, self._table, progress=False)
+        return audit(self._raw, self._table, progress=False, overrides=self.overrides)
 
     def plan(self, *, tp_size: int = 1, ep_size: int = 1) -> dict[str, Any]:
         """Every tensor's local shape and bytes on every rank: ``specbind plan --json``."""

@@ -166,8 +166,13 @@ def _globals_problems(
 
 
 def audit(
-    ckpt: CheckpointDir, table: ModelTable[Any], progress: bool | None = None
+    ckpt: CheckpointDir,
+    table: ModelTable[Any],
+    progress: bool | None = None,
+    overrides: dict[str, int] | None = None,
 ) -> dict[str, Any]:
+    """The census of every tensor, and every problem bind would refuse with the same geometry
+    (``overrides``: ``--set``, as bind takes it)."""
     problems: list[str] = []
     try:
         qconf = detect(ckpt, table.schemes)
@@ -183,7 +188,7 @@ def audit(
     split = lay.split
     problems += lay.problems
     try:
-        geometry = table.make_geometry(values_from_config(table, ckpt.config))
+        geometry = table.make_geometry(values_from_config(table, ckpt.config, overrides))
     except SpecbindError as e:  # the census still runs; family sizes are then unknown
         geometry = None
         problems.append(f"model: {e}")

@@ -130,7 +130,10 @@ def cmd_audit(a: argparse.Namespace) -> int:
     from specbind.audit import audit, render_text
     from specbind.runtime.checkpoint import CheckpointDir
 
-    rep = audit(CheckpointDir(Path(a.ckpt)), _table(a.model, a.ckpt), progress=a.progress)
+    overrides = _sets(a.set)
+    _note_overrides(overrides)
+    table = _table(a.model, a.ckpt)
+    rep = audit(CheckpointDir(Path(a.ckpt)), table, progress=a.progress, overrides=overrides)
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
 
@@ -418,14 +421,12 @@ def parser() -> argparse.ArgumentParser:
     )
     g.set_defaults(func=cmd_generate)
 
-    def common(sp: argparse.ArgumentParser, sets: bool = True) -> None:
+    def common(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
             "--model",
             help="model spec name (default: the one claiming the checkpoint's config.json "
             "model_type; without a checkpoint, the spec marked default)",
         )
-        if not sets:
-            return  # the census reads names, dtypes and shapes: no geometry to override
         sp.add_argument(
             "--set",
             action="append",
@@ -479,7 +480,7 @@ def parser() -> argparse.ArgumentParser:
     au = sub.add_parser("audit", help="census of every tensor of a checkpoint")
     au.add_argument("ckpt")
     au.add_argument("--json", action="store_true")
-    common(au, sets=False)
+    common(au)
     progress(au)
     au.set_defaults(func=cmd_audit)
 

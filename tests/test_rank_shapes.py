@@ -47,7 +47,7 @@ def _rank_env(module: ModuleType, g: Any, r: Ranks) -> dict[str, int]:
     env = dict(module.env(g))
     for rule in module.TENSORS:
         if rule.shard.unit is not None:
-            env[f"{rule.shard.unit}_r"] = env[rule.shard.unit] // r.tp_size
+            env[f"{rule.shard.unit}_r"] = max(env[rule.shard.unit] // r.tp_size, 1)
     for count in module.FAMILIES.values():
         n = env[count]
         env[f"{count}_r"] = n // r.ep_size + (r.ep_rank < n % r.ep_size)
@@ -118,7 +118,7 @@ def test_a_sharded_dim_reads_as_this_ranks_units_even_through_a_derived_symbol()
     )  # [proj_dim], proj_dim = linear_heads * linear_head_dim
     assert rs.tensor_dims(dt_bias) == ["linear_heads_r * linear_head_dim"]
     assert rs.legend() == [
-        "linear_heads_r = linear_heads/tp: this rank's share of linear_heads (linear-attention heads)"
+        "linear_heads_r = linear_heads/tp (1 when tp > linear_heads): this rank's share of linear_heads (linear-attention heads)"
     ]
 
 

@@ -370,9 +370,10 @@ def test_the_real_specs_load(root: Path) -> None:
         "pre_norm",
         "backbone_globals",
         "gqa_attention",
+        "gqa",
     }
     assert set(specs.models) == {
-        "glm-5.3-flash", "kimi-linear", "deepseek-v3.2", "nemotron-h", "phi3"
+        "glm-5.3-flash", "kimi-linear", "deepseek-v3.2", "nemotron-h", "phi3", "llama", "qwen3-moe",
     }  # fmt: skip
 
 

@@ -1,5 +1,5 @@
 """The loader a vLLM user would write by hand for GLM-5.3-Flash attention and MoE (and Kimi
-Linear's and DeepSeek-V3.2's MLA), as the baseline.
+Linear's and DeepSeek-V3.2's MLA, and grouped-query attention), as the baseline.
 
 Per tensor, a slice of the shard's memmap copied out reads this rank's rows or columns (what
 ``safe_open(...).get_slice(name)[...]`` and vLLM's sharded ``weight_loader`` do; NumPy only, no
@@ -94,7 +94,28 @@ class Loader:
             return self.mla(i, tp, rank)
         if block == "mla_indexed":
             return self.mla_indexed(i, tp, rank)
+        if block == "gqa":
+            return self.gqa(i, tp, rank)
         raise ValueError(f"no hand-written loader for {block!r}")
+
+    def gqa(self, i: int, tp: int, rank: int) -> dict[str, Arr]:
+        """q and o by query heads; k and v by KV heads, each replicated on tp / kv_heads ranks
+        when tp exceeds them (vLLM's QKVParallelLinear: rank r holds KV head r // (tp / kv))."""
+        p = f"layers.{i}.self_attn."
+        kv = self.config["num_key_value_heads"]
+        kv_tp, kv_rank = (tp, rank) if kv >= tp else (kv, rank // (tp // kv))
+        out = {
+            "q_proj": self.rows(p + "q_proj.weight", tp, rank),
+            "k_proj": self.rows(p + "k_proj.weight", kv_tp, kv_rank),
+            "v_proj": self.rows(p + "v_proj.weight", kv_tp, kv_rank),
+            "o_proj": self.cols(p + "o_proj.weight", tp, rank),
+        }
+        if p + "q_norm.weight" in self._where:
+            out |= {
+                "q_norm": self.full(p + "q_norm.weight"),
+                "k_norm": self.full(p + "k_norm.weight"),
+            }
+        return out
 
     def kda(self, i: int, tp: int, rank: int) -> dict[str, Arr]:
         p = f"layers.{i}.self_attn."
@@ -226,7 +247,7 @@ class Loader:
     def moe(self, i: int, tp: int, rank: int, ep: int, ep_rank: int) -> dict[str, Arr]:
         p = f"layers.{i}.mlp."
         c = self.config
-        n = c["n_routed_experts"] if "n_routed_experts" in c else c["num_experts"]
+        n = next(c[k] for k in ("n_routed_experts", "num_experts", "num_local_experts") if k in c)
         base, rem = divmod(n, ep)  # vLLM's contiguous expert map
         first = ep_rank * base + min(ep_rank, rem)
         mine = range(first, first + base + (1 if ep_rank < rem else 0))
@@ -240,11 +261,12 @@ class Loader:
         ])  # fmt: skip
         w2 = np.stack([self.cols(e.format(j) + "down_proj.weight", tp, rank) for j in mine])
         s = p + "shared_experts."
-        return {
-            "router": self.full(p + "gate.weight"),
-            "router_bias": self.full(p + "gate.e_score_correction_bias"),
-            "w13": w13,
-            "w2": w2,
+        out = {"router": self.full(p + "gate.weight"), "w13": w13, "w2": w2}
+        if p + "gate.e_score_correction_bias" in self._where:  # a sigmoid router's bias
+            out["router_bias"] = self.full(p + "gate.e_score_correction_bias")
+        if s + "gate_proj.weight" not in self._where:  # no shared experts (Qwen3-MoE)
+            return out
+        return out | {
             "shared_gate_up": np.concatenate(
                 [
                     self.rows(s + "gate_proj.weight", tp, rank),
