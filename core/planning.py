@@ -8,7 +8,10 @@ A plan is computed per (block, geometry, tp, ep, ranks) from the spec's rules:
   axis is strided (every outer index keeps its own middle slice);
 - a family sharded by ``experts``: ep rank r owns the contiguous members
   ``[r·base + min(r, rem), … + base + (r < rem))`` with ``base = n // ep``, ``rem = n % ep``
-  (vLLM's map), and each member's tensors are then split by tp as above.
+  (vLLM's map), and each member's tensors are then split by tp as above;
+- a stacked family (one stored tensor ``[E, …]``, the family on axis 0): the same map picks
+  this ep rank's rows of axis 0 (``members``: first row and count), and tp splits another
+  axis of them; the local shape starts with the rank's member count.
 
 Invariants:
 - ``U % tp == 0`` for every sharded tensor, checked at plan time with a message naming it;
@@ -21,7 +24,7 @@ contents; only the column shard is right (the tests compare values, not lengths)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specbind.core.dtypes import DTYPES
@@ -44,6 +47,7 @@ class TensorPlan:
     stored: tuple[str, ...] = ()  # on-disk dtypes accepted besides ``dtype``
     pattern: str = ""  # the rule's name (a family pattern for a family member)
     singletons: bool = False  # also stored with extra size-1 axes (the same bytes)
+    members: tuple[int, int] | None = None  # a stacked family: (first row, rows) of axis 0
 
     @property
     def full_bytes(self) -> int:
@@ -143,6 +147,11 @@ def plan_block(
     for r in concrete:
         full = shapes[pattern[r.name]]
         plans[r.name] = plan_tensor(block, r, full, env, tp, tp_rank, pattern[r.name])
+        held = members.get(r.stacked) if r.stacked is not None else None
+        if held is not None:  # a stacked family: only this ep rank's rows of axis 0
+            p = plans[r.name]
+            local = (len(held), *p.local_shape[1:])  # [E, ...] -> [E_r, ...]
+            plans[r.name] = replace(p, local_shape=local, members=(held.start, len(held)))
     sharded = {n for n, p in plans.items() if p.kind != "replicated" and p.axis != 0}
     sharded_patterns = {pattern[n] for n in sharded}
     all_reduce = tp > 1 and any(sharded_patterns & set(s) for s in sources.values())

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbind.generated import model_deepseek_v3_2, model_glm_5_3_flash, model_kimi_linear
+from specbind.generated import (
+    model_deepseek_v3_2,
+    model_glm_5_3_flash,
+    model_gpt_oss,
+    model_kimi_linear,
+)
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "b45afd57ca1371ed1bc254865c2b89acfab1d9f42504f6bd42160b63406c1a01"
+SPECS_SHA256 = "85cbe982c6554e2b4eea702993c7b6ca75c35b5c6f7148fec7c54a9e4d81310b"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
+    model_gpt_oss.MODEL: model_gpt_oss.TABLE,
     model_kimi_linear.MODEL: model_kimi_linear.TABLE,
 }

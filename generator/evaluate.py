@@ -115,6 +115,8 @@ def check_transforms(block: Block, values: dict[str, int], ctx: str) -> None:
                 want[0] //= tp
             elif tf.layout_kind == "cols":
                 want[-1] //= tp
+            elif tf.layout_kind == "axis":
+                want[tf.layout_axis] //= tp
             if list(shape) != want:
                 raise block.located.error(
                     (*path, "shard"),

@@ -212,6 +212,30 @@ def _family_of(
     return str(f)
 
 
+def _stacked(
+    doc: Located, path: PathKey, raw: dict[str, Any], dims: tuple[algebra.Expr, ...],
+    shard: ShardRule, families: dict[str, FamilyRule],
+) -> str | None:  # fmt: skip
+    """``stacked: e``: axis 0 of this one stored tensor is the family ``e`` (exactly its count
+    symbol), split whole across ep ranks; tp may split any other axis, never axis 0."""
+    fam = raw.get("stacked")
+    if fam is None:
+        return None
+    where: PathKey = (*path, "stacked")
+    if fam not in families:
+        raise doc.error(where, f"family {fam!r} is not declared under families")
+    if placeholders(str(path[-1])):
+        raise doc.error(where, "a stacked tensor is one stored tensor: no {e} in its name")
+    count = families[fam].count
+    if not dims or ast_text(dims[0]) != count:
+        raise doc.error(where, f"a stacked tensor's axis 0 must be the family count {count!r}")
+    if shard.kind != "replicated" and shard.resolved(len(dims)) == 0:
+        raise doc.error(
+            (*path, "shard"), "axis 0 of a stacked tensor holds the family: tp splits another axis"
+        )
+    return str(fam)
+
+
 def parse_block(doc: Located) -> Block:
     validate_schema(doc, "block")
     _names_fullmatch(doc)
@@ -279,6 +303,7 @@ def parse_block(doc: Located) -> Block:
                 tie,
                 linear=bool(t.get("linear", False)),
                 stored_singletons=bool(t.get("stored_singletons", False)),
+                stacked=_stacked(doc, base, t, dims, shard, families),
                 dims=dims,
             )
         )
@@ -301,7 +326,7 @@ def parse_block(doc: Located) -> Block:
         if target.family is not None or t.family is not None:
             raise doc.error(tie_path, "a tie joins two single tensors, not family members")
     for f in families:
-        if not any(t.family == f for t in tensors):
+        if not any(f in (t.family, t.stacked) for t in tensors):
             raise doc.error(("families", f), f"family {f!r} has no tensors")
     for t in tensors:
         if t.family is not None and t.group is not None:

@@ -101,6 +101,11 @@ class ShapeOps:
             )
         return Shaped(tuple(shape), a.dtype)
 
+    def permute(self, a: Shaped, axes: tuple[int, ...], what: str) -> Shaped:
+        if sorted(axes) != list(range(a.ndim)):
+            raise BindError(f"{what}: cannot permute {list(a.shape)} by {list(axes)}")
+        return Shaped(tuple(a.shape[i] for i in axes), a.dtype)
+
     def take(self, a: Shaped, axis: int, start: int, stop: int, what: str) -> Shaped:
         ax = _axis(axis, a.ndim)
         if not 0 <= start < stop <= a.shape[ax]:
