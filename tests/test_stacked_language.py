@@ -1,0 +1,146 @@
+"""The language constructs gpt-oss (and Llama-4's stacked experts) needed, each accepted or
+refused on its own (the family's own test is test_family_gpt_oss.py):
+
+* ``stacked: e`` on a tensor: axis 0 of one stored tensor is the family ``e`` (its count
+  symbol exactly); tp may split any other axis, never axis 0; an undeclared family, an axis 0
+  that is not the count, a placeholder in the name are refused at generate time;
+* ``permute`` in a unary transform: the layout axis follows it; a stacked family's axis 0
+  stays first; a permute that is not an order of the axes is refused;
+* de-interleaving: ``view [E, X, I, 2]`` then ``permute [0, 3, 2, 1]`` binds gpt-oss's
+  interleaved gate/up as [E_r, 2, I_r, X], whose row-major bytes are each expert's
+  [gate_r; up_r]; in a stacked operand's view the count means this ep rank's members;
+* ``--ep-size > 1`` on a checkpoint whose layers have no expert family is refused in one line.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from specbind.core.errors import BindError, SpecError
+from specbind.generated import MODELS
+from specbind.generator.render import load_specs, render_all
+from specbind.runtime.bind import bind_checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.source import DictSource, RawTensor
+
+REPO = Path(__file__).resolve().parent.parent
+MOE = "blocks/stacked_moe.yaml"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    shutil.copytree(REPO / "specs", tmp_path / "specs")
+    return tmp_path
+
+
+def edit(root: Path, rel: str, old: str, new: str) -> None:
+    p = root / "specs" / rel
+    text = p.read_text()
+    assert old in text, old
+    p.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "path", "fragment"),
+    [
+        ("shard: {cols: expert_inter}        # whole", "shard: {rows: experts}  #",
+         "tensors.experts.gate_up_proj.shard", "tp splits another axis"),
+        ("shape: [experts, hidden, 2 * expert_inter]\n    stacked: e",
+         "shape: [hidden, experts, 2 * expert_inter]\n    stacked: e",
+         "tensors.experts.gate_up_proj.stacked", "axis 0 must be the family count 'experts'"),
+        ("shape: [experts, hidden, 2 * expert_inter]\n    stacked: e",
+         "shape: [experts, hidden, 2 * expert_inter]\n    stacked: f",
+         "tensors.experts.gate_up_proj.stacked", "family 'f' is not declared"),
+        ("permute: [0, 2, 1]}\n  w13_bias", "permute: [2, 0, 1]}\n  w13_bias",
+         "outputs.w13.permute", "axis 0 must stay first"),
+        ("permute: [0, 2, 1]}\n  w13_bias", "permute: [0, 2, 2]}\n  w13_bias",
+         "outputs.w13.permute", "is not an order of 3 axes"),
+    ],
+    ids=["tp-on-axis-0", "axis-0-not-the-count", "undeclared-family", "permute-moves-axis-0",
+         "not-a-permutation"],
+)  # fmt: skip
+def test_a_bad_stacked_tensor_or_permute_is_refused_at_generate_naming_where(
+    root: Path, old: str, new: str, path: str, fragment: str
+) -> None:
+    edit(root, MOE, old, new)
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert e.value.file == f"specs/{MOE}" and e.value.path == path, (e.value.path, str(e.value))
+    assert fragment in e.value.message and "\n" not in str(e.value)
+
+
+DEINTERLEAVE = """
+  # [E_r, X, I_r, 2] -> [E_r, 2, I_r, X]: each expert's [gate_r; up_r], de-interleaved
+  w13_halves:
+    tensor: experts.gate_up_proj
+    view: [experts, hidden, expert_inter, 2]
+    permute: [0, 3, 2, 1]
+"""
+
+
+def _module(root: Path, name: str) -> Any:
+    """A block module rendered from the specs under ``root``, imported from its source."""
+    source = render_all(root)[f"{name}.py"]
+    mod = types.ModuleType(f"specbind_test_{name}")
+    sys.modules[mod.__name__] = mod
+    exec(compile(source, f"{name}.py", "exec"), mod.__dict__)
+    return mod
+
+
+@pytest.mark.parametrize(("tp", "ep"), [(1, 1), (2, 1), (2, 2), (4, 3)])
+def test_view_and_permute_de_interleave_gate_and_up_on_every_rank(
+    root: Path, tp: int, ep: int
+) -> None:
+    edit(root, MOE, "outputs:\n", "outputs:" + DEINTERLEAVE)
+    mod = _module(root, "stacked_moe")
+    assert mod.FIELDS["w13_halves"].layout == "axis" and mod.FIELDS["w13_halves"].axis == 2
+    e, x, i = 5, 6, 8
+    rng = np.random.default_rng(0)
+    arrays = {
+        "mlp.router.weight": rng.standard_normal((e, x)),
+        "mlp.router.bias": rng.standard_normal(e),
+        "mlp.experts.gate_up_proj": rng.standard_normal((e, x, 2 * i)),
+        "mlp.experts.gate_up_proj_bias": rng.standard_normal((e, 2 * i)),
+        "mlp.experts.down_proj": rng.standard_normal((e, i, x)),
+        "mlp.experts.down_proj_bias": rng.standard_normal((e, x)),
+    }
+    raw = {
+        n: RawTensor("BF16", a.shape, memoryview(a.astype(ml_dtypes.bfloat16).tobytes()))
+        for n, a in arrays.items()
+    }
+    g = mod.StackedMoeGeometry(hidden=x, experts=e, expert_inter=i, tp=tp, ep=ep)
+    gate_up = arrays["mlp.experts.gate_up_proj"].astype(ml_dtypes.bfloat16)
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]  # transformers' reading of the halves
+    base, rem = divmod(e, ep)
+    for er in range(ep):
+        lo = er * base + min(er, rem)
+        hi = lo + base + (er < rem)
+        for r in range(tp):
+            w, _ = mod.bind_stacked_moe(g, 0, DictSource(raw), r, ep_rank=er)
+            cols = slice(r * i // tp, (r + 1) * i // tp)
+            want = np.stack([gate[lo:hi, :, cols], up[lo:hi, :, cols]], axis=1)  # [E_r, 2, X, I_r]
+            want = want.transpose(0, 1, 3, 2)  # -> [E_r, 2, I_r, X]
+            assert w.w13_halves.shape == (hi - lo, 2, i // tp, x)
+            assert w.w13_halves.tobytes() == np.ascontiguousarray(want).tobytes(), (tp, ep, r)
+
+
+def test_ep_over_one_on_layers_without_an_expert_family_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    from specbind.synth import synth, tiny_values
+
+    table = MODELS["glm-5.3-flash"]
+    synth(table, tmp_path, tiny_values(table), layers=2, mtp=False)  # KDA + dense layers only
+    with pytest.raises(BindError) as e:
+        bind_checkpoint(CheckpointDir(tmp_path), table, ep_size=2, ep_rank=1, progress=False)
+    assert "--ep-size 2" in str(e.value) and "no expert family" in str(e.value)
+    assert "\n" not in str(e.value)
+    bind_checkpoint(CheckpointDir(tmp_path), table, ep_size=1, progress=False)  # ep 1 binds
