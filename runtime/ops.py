@@ -335,6 +335,11 @@ def dequant_nvfp4(
     )  # fmt: skip
 
 
+def dequant_mxfp4(blocks: Array, scales: Array) -> Array:
+    """:func:`runtime.quant_numerics.dequant_mxfp4` (BF16 ``[..., O, I]``)."""
+    return quant_numerics.dequant_mxfp4(blocks, scales)
+
+
 def dequant_fp8_block(
     weight: Array, scale_inv: Array, *, block: tuple[int, int] = (128, 128)
 ) -> Array:
