@@ -67,6 +67,9 @@ class TensorRule:
     # A stacked family: axis 0 of this one stored tensor is the family ``stacked`` (its count
     # symbol); ep rank r reads only its members' rows of axis 0, tp splits another axis.
     stacked: str | None = None
+    # A stacked linear (``linear: {in, out}``): the axes of I and O in the stored tensor
+    # (gpt-oss stores x @ W, [E, I, O]); a quantization scheme's companions are [E, O, ...].
+    linear_axes: tuple[int, int] | None = None
     # The parsed shape, held by the generator only (generated tables leave it empty).
     dims: tuple[Expr, ...] = field(default=(), compare=False, repr=False)
 

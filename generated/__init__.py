@@ -19,7 +19,7 @@ from specbind.generated import (
 )
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "85cbe982c6554e2b4eea702993c7b6ca75c35b5c6f7148fec7c54a9e4d81310b"
+SPECS_SHA256 = "832b41d9da57b1118a120f05ca7843333e959e4aba20b8ab76bb16becb6124d8"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,

@@ -98,6 +98,8 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[experts, hidden, 2 * expert_inter]",
         shard=ShardRule(kind="cols", unit="expert_inter", axis=-1),
+        linear=True,
+        linear_axes=(1, 2),
         stacked="e",
     ),
     # mlp.experts.gate_up_proj_bias [experts, 2 * expert_inter] BF16 on disk; rank r reads [experts_r, 2 * expert_inter_r], block r of the cols (whole expert_inter); only this ep rank's e members
@@ -114,6 +116,8 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[experts, expert_inter, hidden]",
         shard=ShardRule(kind="axis", unit="expert_inter", axis=1),
+        linear=True,
+        linear_axes=(1, 2),
         stacked="e",
     ),
     # mlp.experts.down_proj_bias [experts, hidden] BF16 on disk; replicated: every rank reads all of it; only this ep rank's e members
@@ -171,7 +175,7 @@ FIELDS: dict[str, FieldRule] = {
 MARKERS: frozenset[str] = frozenset(
     {
         "mlp.router.weight",
-        "mlp.experts.gate_up_proj",
+        "mlp.router.bias",
     }
 )
 

@@ -212,6 +212,22 @@ def _family_of(
     return str(f)
 
 
+def _linear_axes(
+    doc: Located, path: PathKey, raw: dict[str, Any], dims: tuple[algebra.Expr, ...]
+) -> tuple[int, int] | None:
+    """``linear: {in, out}`` on a stacked 3-D tensor: the axes holding the linear's I and O."""
+    lin = raw.get("linear")
+    if not isinstance(lin, dict):
+        return None
+    axes = (int(lin["in"]), int(lin["out"]))
+    if raw.get("stacked") is None or len(dims) != 3 or sorted(axes) != [1, 2]:
+        raise doc.error(
+            (*path, "linear"),
+            "linear {in, out} names axes 1 and 2 of a stacked [family, ., .] tensor",
+        )
+    return axes
+
+
 def _stacked(
     doc: Located, path: PathKey, raw: dict[str, Any], dims: tuple[algebra.Expr, ...],
     shard: ShardRule, families: dict[str, FamilyRule],
@@ -302,6 +318,7 @@ def parse_block(doc: Located) -> Block:
                 bool(t.get("root", False)),
                 tie,
                 linear=bool(t.get("linear", False)),
+                linear_axes=_linear_axes(doc, base, t, dims),
                 stored_singletons=bool(t.get("stored_singletons", False)),
                 stacked=_stacked(doc, base, t, dims, shard, families),
                 dims=dims,
@@ -372,7 +389,11 @@ def parse_block(doc: Located) -> Block:
                 ("tensors", rel), f"tensor {rel!r} is read by no output (it would be dropped)"
             )
     for t in tensors:
-        if t.linear and (len(t.dims) != 2 or not t.name.endswith(".weight")):
+        if (
+            t.linear
+            and t.linear_axes is None
+            and (len(t.dims) != 2 or not t.name.endswith(".weight"))
+        ):
             raise doc.error(
                 ("tensors", t.name.removeprefix(prefix), "linear"),
                 "a linear weight is a 2-D [O, I] tensor named MODULE.weight",

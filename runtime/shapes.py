@@ -166,6 +166,11 @@ class ShapeOps:
         lead, rows, cols = fp8_block_geometry(weight.shape, scale_inv.shape, block, "dequant")
         return Shaped((*lead, rows, cols), "BF16")
 
+    def dequant_mxfp4(self, blocks: Shaped, scales: Shaped) -> Shaped:
+        if blocks.shape[-1:] != (16,) or blocks.shape[:-1] != scales.shape:
+            raise BindError(f"dequant: blocks {list(blocks.shape)}, scales {list(scales.shape)}")
+        return Shaped((*scales.shape[:-1], scales.shape[-1] * 32), "BF16")
+
     def swizzle_blockscale(self, scale: Shaped) -> Shaped:
         *lead, m, k = scale.shape
         return Shaped((*lead, *padded_shape(m, k)), scale.dtype)
