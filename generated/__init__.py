@@ -19,7 +19,7 @@ from specbind.generated import (
 )
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "832b41d9da57b1118a120f05ca7843333e959e4aba20b8ab76bb16becb6124d8"
+SPECS_SHA256 = "b39526e8e509647f68acb7bfede9547be5b196a929154d54d0eb67c38c334ab0"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
