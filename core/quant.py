@@ -133,6 +133,12 @@ class SchemeRule:
     def role(self, role: CompanionRole) -> CompanionRule | None:
         return next((c for c in self.companions if c.role == role), None)
 
+    def holds(self, stacked_linear: bool) -> bool:
+        """Whether the scheme stores this kind of linear: companions named from the parameter
+        (``{param}_blocks``) are bound for stacked linears (``linear: {in, out}``) only, and
+        ``<module>.<suffix>`` companions for ``[O, I]`` ``MODULE.weight`` linears only."""
+        return stacked_linear == bool(self.weight.template)
+
     def companions_for(self, weight_only: bool) -> tuple[CompanionRule, ...]:
         return tuple(c for c in self.companions if not (weight_only and c.activation))
 

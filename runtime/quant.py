@@ -141,6 +141,12 @@ def layer_quant(
             module = module_of(name)
             disk = stored_module(on_disk(full + name) if on_disk else full + name, q.scheme)
             yes = q.quantized(disk, aliases(disk))
+            if yes and not q.scheme.holds(r.linear_axes is not None):
+                raise BindError(
+                    f"{at(layer)}: {name}: {q.scheme.name} stores it, but binds "
+                    f"{'only stacked linears' if q.scheme.weight.template else 'no stacked linear'}"
+                    " so far; refused rather than bound partly"
+                )
             says[yes].append(-1 if i is None else i)
             carried = [
                 n for c in q.scheme.companions
@@ -582,6 +588,13 @@ def for_transforms(
     return dequantized(t, lq, ops, at(layer), only=_names_of(read, t) + stored)
 
 
+def _o_i(shape: tuple[int, ...], r: TensorRule) -> tuple[int, int]:
+    """A linear's (O, I) from its stored shape: [O, I], or a stacked one's axes."""
+    if r.linear_axes is None:
+        return shape[0], shape[1]
+    return shape[r.linear_axes[1]], shape[r.linear_axes[0]]
+
+
 def storable(scheme: SchemeRule, block: Any, geometry: Any) -> LayerQuant | None:
     """Every linear of ``block`` (a model table's entry) the scheme can store at ``geometry``
     (whole groups at tp 1), as a ``synth --quant`` checkpoint would hold them."""
@@ -589,6 +602,8 @@ def storable(scheme: SchemeRule, block: Any, geometry: Any) -> LayerQuant | None
     names = frozenset(
         r.name
         for r in block.tensors
-        if r.linear and all(d.exact(*shapes[r.name]) for c in scheme.companions for d in c.dims)
+        if r.linear
+        and scheme.holds(r.linear_axes is not None)
+        and all(d.exact(*_o_i(shapes[r.name], r)) for c in scheme.companions for d in c.dims)
     )
     return LayerQuant(scheme, False, names) if names else None
