@@ -51,7 +51,9 @@ class _Names:
     """Symbol -> Python: this rank's units as ``U_r``, derived symbols as locals, the rest
     as ``g.S``."""
 
-    def __init__(self, block: Block, local_units: set[str], counts: set[str] = frozenset()) -> None:
+    def __init__(
+        self, block: Block, local_units: set[str], counts: frozenset[str] | set[str] = frozenset()
+    ) -> None:
         self.block = block
         self.local_units = local_units
         self.counts = counts  # stacked family counts: this ep rank's members
@@ -82,9 +84,9 @@ def context(block: Block, out: Output, geo_class: str, rs: RankShapes) -> Transf
         vars_.append(var)
     result = vars_[0]
     if tf.permute is not None:
-        before = rs.operand(tf.operands[0], units)[2]
-        after = [before[a] for a in tf.permute]
-        note = comment(f"{dims_text(before)} -> {dims_text(after)}: axes {list(tf.permute)}")
+        dims = rs.operand(tf.operands[0], units)[2]
+        after = [dims[a] for a in tf.permute]
+        note = comment(f"{dims_text(dims)} -> {dims_text(after)}: axes {list(tf.permute)}")
         what = py_literal(f"{out.field}: {block.rel(tf.operands[0].tensor)}")
         steps.append(Step("permute", result, note, (result, repr(tf.permute), what)))
     if tf.lowering is not None:

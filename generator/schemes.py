@@ -68,7 +68,7 @@ def parse_scheme(doc: Located, stem: str) -> SchemeRule:
         if any(x.ceil for x in dims) and role != "block_scale":
             raise doc.error((*path, "shape"), "ceil is allowed only on a block scale")
         if role == "weight":
-            want = (
+            want: tuple[DimRule, ...] = (
                 (DimRule("O"), DimRule("I", per_byte))
                 if per_byte > 1
                 else (DimRule("O"), DimRule("I"))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
 from specbind.core.errors import BindError, GeometryError, at
-from specbind.core.ir import FieldRule, ShardRule, SharedScaleRule, TensorRule
+from specbind.core.ir import FieldRule, ShardKind, ShardRule, SharedScaleRule, TensorRule
 from specbind.core.patterns import fill, index_of, member_of, parts, placeholders
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.core.quant import CompanionRule, SchemeRule, window
@@ -293,7 +293,7 @@ def _stacked_plan(
             f"{c.suffix} ({c.shape_text}): under {lq.scheme.name} a rank holds whole groups"
         )
     local[at + 1] = w[1]
-    kind = "cols" if at + 1 == len(full) - 1 else "axis"
+    kind: ShardKind = "cols" if at + 1 == len(full) - 1 else "axis"
     return TensorPlan(name, c.dtype, kind, tp.unit, tp.units, full, tuple(local), at + 1, w[2],
                       c.shape_text, (), pattern, members=tp.members)  # fmt: skip
 
