@@ -9,11 +9,13 @@ refused on its own (the family's own test is test_family_gpt_oss.py):
 * de-interleaving: ``view [E, X, I, 2]`` then ``permute [0, 3, 2, 1]`` binds gpt-oss's
   interleaved gate/up as [E_r, 2, I_r, X], whose row-major bytes are each expert's
   [gate_r; up_r]; in a stacked operand's view the count means this ep rank's members;
-* ``--ep-size > 1`` on a checkpoint whose layers have no expert family is refused in one line.
+* ``--ep-size > 1`` on a model whose layers have no expert family is refused in one line (a
+  MoE model's checkpoint of dense layers alone still binds: ep ranks replicate dense layers).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 import types
@@ -132,15 +134,32 @@ def test_view_and_permute_de_interleave_gate_and_up_on_every_rank(
             assert w.w13_halves.tobytes() == np.ascontiguousarray(want).tobytes(), (tp, ep, r)
 
 
-def test_ep_over_one_on_layers_without_an_expert_family_is_refused_in_one_line(
+def _without_experts(table: Any) -> Any:
+    """GLM-5.3-Flash as a model of dense MLPs only: the moe block gone from its blocks and
+    slots (a model spec whose layers declare no expert family, as a dense Llama's)."""
+    slots = tuple(
+        dataclasses.replace(
+            s, blocks=tuple(b for b in s.blocks if b != "moe"),
+            values=tuple((b, v) for b, v in s.values if b != "moe"),
+        )
+        for s in table.slots
+    )  # fmt: skip
+    blocks = tuple(b for b in table.blocks if b.name != "moe")
+    return dataclasses.replace(table, blocks=blocks, slots=slots)
+
+
+def test_ep_over_one_on_a_model_without_an_expert_family_is_refused_in_one_line(
     tmp_path: Path,
 ) -> None:
     from specbind.synth import synth, tiny_values
 
     table = MODELS["glm-5.3-flash"]
     synth(table, tmp_path, tiny_values(table), layers=2, mtp=False)  # KDA + dense layers only
+    dense = _without_experts(table)
     with pytest.raises(BindError) as e:
-        bind_checkpoint(CheckpointDir(tmp_path), table, ep_size=2, ep_rank=1, progress=False)
+        bind_checkpoint(CheckpointDir(tmp_path), dense, ep_size=2, ep_rank=1, progress=False)
     assert "--ep-size 2" in str(e.value) and "no expert family" in str(e.value)
     assert "\n" not in str(e.value)
-    bind_checkpoint(CheckpointDir(tmp_path), table, ep_size=1, progress=False)  # ep 1 binds
+    bind_checkpoint(CheckpointDir(tmp_path), dense, ep_size=1, progress=False)  # ep 1 binds
+    # a MoE model's checkpoint of dense layers only binds at ep 2: ep ranks replicate them
+    bind_checkpoint(CheckpointDir(tmp_path), table, ep_size=2, ep_rank=1, progress=False)
