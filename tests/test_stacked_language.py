@@ -25,13 +25,19 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from budget import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specbind.core.errors import BindError, SpecError
+from specbind.core.ir import ShardRule, TensorRule
+from specbind.core.planning import member_range, plan_block
 from specbind.generated import MODELS
 from specbind.generator.render import load_specs, render_all
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.source import DictSource, RawTensor
+from specbind.runtime.tp import shard_raw
 
 REPO = Path(__file__).resolve().parent.parent
 MOE = "blocks/stacked_moe.yaml"
@@ -163,3 +169,44 @@ def test_ep_over_one_on_a_model_without_an_expert_family_is_refused_in_one_line(
     bind_checkpoint(CheckpointDir(tmp_path), dense, ep_size=1, progress=False)  # ep 1 binds
     # a MoE model's checkpoint of dense layers only binds at ep 2: ep ranks replicate them
     bind_checkpoint(CheckpointDir(tmp_path), table, ep_size=2, ep_rank=1, progress=False)
+
+
+@st.composite
+def _stacked_cases(draw: st.DrawFn) -> tuple[int, int, int, int, int, int]:
+    """(members, ep, tp, a, units, per unit) of a stacked [E, a, units·per] split on axis 2."""
+    members = draw(st.integers(1, 7))
+    ep = draw(st.integers(1, members))
+    tp = draw(st.sampled_from([1, 2, 3, 4]))
+    units = tp * draw(st.integers(1, 3))
+    return members, ep, tp, draw(st.integers(1, 3)), units, draw(st.integers(1, 3))
+
+
+@settings(max_examples=examples(2), deadline=None)
+@given(_stacked_cases(), st.sampled_from([1, 2, -1]))
+def test_the_ranks_shares_of_a_stacked_tensor_rejoin_it_whole_and_each_reads_its_members_only(
+    case: tuple[int, int, int, int, int, int], axis: int
+) -> None:
+    """Planning and reading agree with vLLM's map: ep rank e holds members
+    [e·base + min(e, rem), … + base + (e < rem)); within them tp rank t the t-th block of the
+    split axis; joined over tp then ep, the shares are the stored tensor, byte for byte."""
+    members, ep, tp, a, units, per = case
+    shape = (members, a, units * per) if axis != 1 else (members, units * per, a)
+    split = 1 if axis == 1 else 2
+    shard = ShardRule("cols", "U", -1) if axis == -1 else ShardRule("axis", "U", split)
+    rule = TensorRule("w", "F32", "[E, .., ..]", shard, stacked="e")
+    whole = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    raw = RawTensor("F32", shape, memoryview(whole.tobytes()))
+    per_ep = []
+    for e in range(ep):
+        env = {"E": members, "U": units, "tp": tp, "ep": ep}
+        shares = []
+        for t in range(tp):
+            plan = plan_block("b", [rule], {"w": shape}, env, t, {}, e, {"e": "E"}).tensors["w"]
+            got = shard_raw(plan, raw, 0)
+            arr = np.frombuffer(got.data, np.float32).reshape(got.shape)
+            assert got.shape == plan.local_shape
+            first, count = member_range(members, ep, e).start, len(member_range(members, ep, e))
+            assert plan.members == (first, count)
+            shares.append(arr)
+        per_ep.append(np.concatenate(shares, axis=split))
+    assert np.concatenate(per_ep, axis=0).tobytes() == whole.tobytes()
