@@ -282,7 +282,7 @@ def _stacked_plan(
     name, pattern = lq.name(tp.name, c), lq.name(tp.pattern, c)
     which = "I" if tp.axis == axes[0] else "O"
     at = next((k for k, d in enumerate(c.dims) if d.of == which), None)
-    if tp.kind == "replicated" or c.scalar or at is None or tp.local_shape == tp.full_shape:
+    if tp.kind == "replicated" or c.scalar or at is None:
         return TensorPlan(name, c.dtype, "replicated", None, 1, full, tuple(local), 0, 0,
                           c.shape_text, (), pattern, members=tp.members)  # fmt: skip
     w = window(c.dims[at], tp.full_shape[tp.axis], tp.local_shape[tp.axis], tp.offset)

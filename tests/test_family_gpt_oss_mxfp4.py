@@ -187,3 +187,21 @@ def test_dequantized_fields_and_the_moe_equal_transformers(
                 f = bind_at(tp, t, ep, e).layers[1].slots["mlp"].weights.arrays()
                 got += _rank_moe(x, f, lo, t, config)
         assert np.abs(got - want).max() <= 1e-9 * np.abs(want).max(), (tp, ep)
+
+
+@pytest.mark.parametrize(("tp", "ep"), [(2, 1), (2, 3), (1, 6)])
+def test_plan_counts_each_stacked_member_on_one_ep_rank(
+    mx_ckpt: Path, capsys: pytest.CaptureFixture[str], tp: int, ep: int
+) -> None:
+    """``plan CKPT``: the ranks' bytes sum to what the layout says (the packed companions
+    split as the binder splits them, each expert's rows on one ep rank)."""
+    from specbind.cli import main
+
+    args = ["plan", str(mx_ckpt), "--tp-size", str(tp), "--ep-size", str(ep), "--json"]
+    assert main(args) == 0
+    totals = json.loads(capsys.readouterr().out)["totals"]
+    assert totals["sum_rank_bytes"] == totals["expected_sum"]
+    by_rank = {(t, e): bind_checkpoint(CheckpointDir(mx_ckpt), TABLE, tp_size=tp, tp_rank=t,
+                                       ep_size=ep, ep_rank=e, progress=False).as_dict()["bytes"]
+               for t in range(tp) for e in range(ep)}  # fmt: skip
+    assert sum(by_rank.values()) == totals["sum_rank_bytes"]
