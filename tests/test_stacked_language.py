@@ -210,3 +210,40 @@ def test_the_ranks_shares_of_a_stacked_tensor_rejoin_it_whole_and_each_reads_its
             shares.append(arr)
         per_ep.append(np.concatenate(shares, axis=split))
     assert np.concatenate(per_ep, axis=0).tobytes() == whole.tobytes()
+
+
+@pytest.fixture
+def fake_cupy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    import fake_cupy
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    cp = fake_cupy.install(str(tmp_path))
+    import specbind.generated.kernels as k
+
+    k.module.cache_clear()
+    yield cp
+    sys.modules.pop("cupy", None)
+    k.module.cache_clear()
+
+
+def test_the_device_path_binds_the_stacked_experts_as_the_numpy_backend_does(
+    fake_cupy: Any, tmp_path: Path
+) -> None:
+    """The permute and the ep rows of a stacked family on the CuPy path (a stand-in CuPy on
+    the CPU): the same bytes as the NumPy backend's, at tp 2 x ep 2."""
+    import importlib
+
+    from specbind.runtime import backends
+    from specbind.synth import synth, tiny_values
+
+    table = MODELS["gpt-oss"]
+    synth(table, tmp_path / "ck", tiny_values(table), seed=4)
+    ck = CheckpointDir(tmp_path / "ck")
+    ranks = {"tp_size": 2, "tp_rank": 1, "ep_size": 2, "ep_rank": 1, "progress": False}
+    host = bind_checkpoint(ck, table, **ranks).fields()
+    backend = backends.get("cupy", importlib.import_module("specbind.generated.kernels"))
+    dev = bind_checkpoint(ck, table, backend=backend, **ranks).fields()
+    assert dev.keys() == host.keys() and "layers.0.mlp.w13" in host
+    for key, (rule, want) in host.items():
+        got = backend.to_host(dev[key][1], rule.dtype)
+        assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), key
