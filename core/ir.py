@@ -7,7 +7,9 @@ Invariants:
 - shapes and checks are carried as the spec's own text (for messages and comments); the
   generator evaluates them, the generated code holds them as Python expressions;
 - a tensor name may hold one family placeholder ``{e}``; ``concrete`` fills it in (by the
-  digit rule of ``core.patterns``), so a rule for 288 experts is one row, not 288.
+  digit rule of ``core.patterns``), so a rule for 288 experts is one row, not 288;
+- a ``stacked`` tensor holds a whole family in one stored tensor, the family on axis 0 (gpt-oss
+  ``experts.gate_up_proj [E, X, 2I]``): it has no placeholder and is never ``concrete``d.
 Trap: ``ShardRule.axis`` is the axis as written (``cols`` is ``-1``); resolve it against the
 tensor's rank with ``ShardRule.resolved`` before indexing a shape.
 """
@@ -62,6 +64,12 @@ class TensorRule:
     # Also accepted on disk with extra size-1 axes ([1, 1, H, 1] for [H]): the same row-major
     # bytes, read as ``shape``; shards are planned on ``shape``.
     stored_singletons: bool = False
+    # A stacked family: axis 0 of this one stored tensor is the family ``stacked`` (its count
+    # symbol); ep rank r reads only its members' rows of axis 0, tp splits another axis.
+    stacked: str | None = None
+    # A stacked linear (``linear: {in, out}``): the axes of I and O in the stored tensor
+    # (gpt-oss stores x @ W, [E, I, O]); a quantization scheme's companions are [E, O, ...].
+    linear_axes: tuple[int, int] | None = None
     # The parsed shape, held by the generator only (generated tables leave it empty).
     dims: tuple[Expr, ...] = field(default=(), compare=False, repr=False)
 

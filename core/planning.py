@@ -11,6 +11,9 @@ A plan is computed per (block, geometry, tp, ep, ranks) from the spec's rules:
   (vLLM's map), and each member's tensors are then split by tp as above;
 - replication (vLLM's ``QKVParallelLinear`` for KV heads): when ``1 <= U < tp`` and
   ``tp % U == 0``, each unit is held by ``tp / U`` ranks: rank r holds unit ``r // (tp / U)``.
+- a stacked family (one stored tensor ``[E, …]``, the family on axis 0): the same map picks
+  this ep rank's rows of axis 0 (``members``: first row and count), and tp splits another
+  axis of them; the local shape starts with the rank's member count.
 
 Invariants:
 - each unit is held by ``max(tp / U, 1)`` ranks (``replicas``): ``U % tp == 0`` or
@@ -25,7 +28,7 @@ contents; only the column shard is right (the tests compare values, not lengths)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specbind.core.dtypes import DTYPES
@@ -49,6 +52,7 @@ class TensorPlan:
     pattern: str = ""  # the rule's name (a family pattern for a family member)
     singletons: bool = False  # also stored with extra size-1 axes (the same bytes)
     replicas: int = 1  # tp ranks holding each unit: tp / units when units < tp, else 1
+    members: tuple[int, int] | None = None  # a stacked family: (first row, rows) of axis 0
 
     @property
     def full_bytes(self) -> int:
@@ -148,6 +152,11 @@ def plan_block(
     for r in concrete:
         full = shapes[pattern[r.name]]
         plans[r.name] = plan_tensor(block, r, full, env, tp, tp_rank, pattern[r.name])
+        held = members.get(r.stacked) if r.stacked is not None else None
+        if held is not None:  # a stacked family: only this ep rank's rows of axis 0
+            p = plans[r.name]
+            local = (len(held), *p.local_shape[1:])  # [E, ...] -> [E_r, ...]
+            plans[r.name] = replace(p, local_shape=local, members=(held.start, len(held)))
     sharded = {n for n, p in plans.items() if p.kind != "replicated" and p.axis != 0}
     sharded_patterns = {pattern[n] for n in sharded}
     all_reduce = tp > 1 and any(sharded_patterns & set(s) for s in sources.values())

@@ -26,7 +26,9 @@ from typing import Literal
 
 CompanionRole = Literal["weight", "block_scale", "global_scale", "input_scale"]
 GlobalOp = Literal["multiply", "divide", "none"]
-ExcludeMatch = Literal["glob", "compressed_tensors"]
+# glob_prefix: a glob that names a module excludes everything under it too (gpt-oss's
+# ``model.layers.*.self_attn`` excludes its q_proj), as transformers reads the list.
+ExcludeMatch = Literal["glob", "glob_prefix", "compressed_tensors"]
 
 
 @dataclass(frozen=True)
@@ -34,24 +36,28 @@ class DimRule:
     """One companion dim: ``of`` (O, I or a literal 1) divided by ``div``, rounded up if
     ``ceil``."""
 
-    of: Literal["O", "I", "1"]
+    of: Literal["O", "I", "1", "k"]  # k: the literal ``div`` (MXFP4's 16 bytes of a block)
     div: int = 1
     ceil: bool = False
 
     def size(self, o: int, i: int) -> int:
         if self.of == "1":
             return 1
+        if self.of == "k":
+            return self.div
         n = o if self.of == "O" else i
         return -(-n // self.div) if self.ceil else n // self.div
 
     def exact(self, o: int, i: int) -> bool:
         """True when ``O`` or ``I`` splits into whole ``div`` units (always, with ``ceil``)."""
-        if self.of == "1" or self.ceil:
+        if self.of in ("1", "k") or self.ceil:
             return True
         return (o if self.of == "O" else i) % self.div == 0
 
     @property
     def text(self) -> str:
+        if self.of == "k":
+            return str(self.div)
         if self.of == "1" or self.div == 1:
             return self.of
         return f"ceil({self.of} / {self.div})" if self.ceil else f"{self.of} / {self.div}"
@@ -64,6 +70,13 @@ class CompanionRule:
     dims: tuple[DimRule, ...]  # () is a scalar
     role: CompanionRole
     activation: bool = False  # absent from weight-only checkpoints
+    template: str = ""  # "{param}_blocks": named from the parameter, not "<module>.<suffix>"
+
+    def stored_name(self, param: str) -> str:
+        """This companion's name for the linear parameter ``param`` (rule name)."""
+        if self.template:
+            return self.template.replace("{param}", param)
+        return f"{param.removesuffix('.weight')}.{self.suffix}"
 
     @property
     def shape_text(self) -> str:
@@ -91,10 +104,11 @@ class DetectRule:
 class DequantRule:
     """The declared dequant formula, carried out by the ``Ops`` method ``op``."""
 
-    op: Literal["dequant_nvfp4", "dequant_fp8_block"]
+    op: Literal["dequant_nvfp4", "dequant_fp8_block", "dequant_mxfp4"]
     codes: str  # e2m1 | e4m3
     group: tuple[int, ...]  # (16,) along I, or a (rows, cols) block
     global_op: GlobalOp  # how the global scale enters: W = code * scale (* or /) global
+    scale: str = ""  # the block scale's format where its dtype does not say it: e8m0
 
 
 @dataclass(frozen=True)
@@ -119,6 +133,12 @@ class SchemeRule:
     def role(self, role: CompanionRole) -> CompanionRule | None:
         return next((c for c in self.companions if c.role == role), None)
 
+    def holds(self, stacked_linear: bool) -> bool:
+        """Whether the scheme stores this kind of linear: companions named from the parameter
+        (``{param}_blocks``) are bound for stacked linears (``linear: {in, out}``) only, and
+        ``<module>.<suffix>`` companions for ``[O, I]`` ``MODULE.weight`` linears only."""
+        return stacked_linear == bool(self.weight.template)
+
     def companions_for(self, weight_only: bool) -> tuple[CompanionRule, ...]:
         return tuple(c for c in self.companions if not (weight_only and c.activation))
 
@@ -126,8 +146,8 @@ class SchemeRule:
 def window(dim: DimRule, full: int, local: int, offset: int) -> tuple[int, int, int] | None:
     """(full, local, offset) of a companion dim for a rank holding ``local`` elements of the
     linear's axis at ``offset``; None when the rank's window is not whole ``div`` units."""
-    if dim.of == "1":
-        return (1, 1, 0)
+    if dim.of in ("1", "k"):
+        return (dim.size(0, 0), dim.size(0, 0), 0)
     if local == full:
         return (dim.size(full, full), dim.size(full, full), 0)
     if local % dim.div or offset % dim.div:

@@ -14,6 +14,7 @@ from typing import Any
 from specbind.generated import (
     model_deepseek_v3_2,
     model_glm_5_3_flash,
+    model_gpt_oss,
     model_kimi_linear,
     model_llama,
     model_nemotron_h,
@@ -22,11 +23,12 @@ from specbind.generated import (
 )
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "44e5972ed7bdfef8f0779ae98e6f740dd2736de108c08104493018c04c5be036"
+SPECS_SHA256 = "12afcf7c8c45c8c68e143be39ad91b3a3f5f234a98a2b541abe7060cf1d65354"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
+    model_gpt_oss.MODEL: model_gpt_oss.TABLE,
     model_kimi_linear.MODEL: model_kimi_linear.TABLE,
     model_llama.MODEL: model_llama.TABLE,
     model_nemotron_h.MODEL: model_nemotron_h.TABLE,

@@ -30,6 +30,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
                 role="weight",
                 activation=False,
+                template="",
             ),
             CompanionRule(
                 suffix="weight_scale",
@@ -37,12 +38,13 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 dims=(DimRule(of="O", div=128, ceil=True), DimRule(of="I", div=128, ceil=True)),
                 role="block_scale",
                 activation=False,
+                template="",
             ),
         ),
         per_byte=1,
         order="none",
         dequant=DequantRule(
-            op="dequant_fp8_block", codes="e4m3", group=(128, 128), global_op="none"
+            op="dequant_fp8_block", codes="e4m3", group=(128, 128), global_op="none", scale=""
         ),
         swizzle=None,
     ),
@@ -65,6 +67,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
                 role="weight",
                 activation=False,
+                template="",
             ),
             CompanionRule(
                 suffix="weight_scale_inv",
@@ -72,12 +75,54 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 dims=(DimRule(of="O", div=128, ceil=True), DimRule(of="I", div=128, ceil=True)),
                 role="block_scale",
                 activation=False,
+                template="",
             ),
         ),
         per_byte=1,
         order="none",
         dequant=DequantRule(
-            op="dequant_fp8_block", codes="e4m3", group=(128, 128), global_op="none"
+            op="dequant_fp8_block", codes="e4m3", group=(128, 128), global_op="none", scale=""
+        ),
+        swizzle=None,
+    ),
+    SchemeRule(
+        name="mxfp4",
+        doc="MXFP4 (E2M1 codes in blocks of 32, one E8M0 power-of-two scale per block), as gpt-oss ships.",
+        detect=DetectRule(
+            file="config.json", field="quantization_config.quant_method", values=("mxfp4",)
+        ),
+        weight_only=None,
+        exclude=DetectRule(
+            file="config.json", field="quantization_config.modules_to_not_convert", values=()
+        ),
+        exclude_match="glob_prefix",
+        targets=None,
+        companions=(
+            CompanionRule(
+                suffix="blocks",
+                dtype="U8",
+                dims=(
+                    DimRule(of="O", div=1, ceil=False),
+                    DimRule(of="I", div=32, ceil=False),
+                    DimRule(of="k", div=16, ceil=False),
+                ),
+                role="weight",
+                activation=False,
+                template="{param}_blocks",
+            ),
+            CompanionRule(
+                suffix="scales",
+                dtype="U8",
+                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=32, ceil=False)),
+                role="block_scale",
+                activation=False,
+                template="{param}_scales",
+            ),
+        ),
+        per_byte=2,
+        order="low_first",
+        dequant=DequantRule(
+            op="dequant_mxfp4", codes="e2m1", group=(32,), global_op="none", scale="e8m0"
         ),
         swizzle=None,
     ),
@@ -102,6 +147,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=2, ceil=False)),
                 role="weight",
                 activation=False,
+                template="",
             ),
             CompanionRule(
                 suffix="weight_scale",
@@ -109,6 +155,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=16, ceil=False)),
                 role="block_scale",
                 activation=False,
+                template="",
             ),
             CompanionRule(
                 suffix="weight_global_scale",
@@ -116,6 +163,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 dims=(DimRule(of="1", div=1, ceil=False),),
                 role="global_scale",
                 activation=False,
+                template="",
             ),
             CompanionRule(
                 suffix="input_global_scale",
@@ -123,11 +171,14 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 dims=(DimRule(of="1", div=1, ceil=False),),
                 role="input_scale",
                 activation=True,
+                template="",
             ),
         ),
         per_byte=2,
         order="low_first",
-        dequant=DequantRule(op="dequant_nvfp4", codes="e2m1", group=(16,), global_op="divide"),
+        dequant=DequantRule(
+            op="dequant_nvfp4", codes="e2m1", group=(16,), global_op="divide", scale=""
+        ),
         swizzle="weight_scale",
     ),
     SchemeRule(
@@ -153,6 +204,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=2, ceil=False)),
                 role="weight",
                 activation=False,
+                template="",
             ),
             CompanionRule(
                 suffix="weight_scale",
@@ -160,17 +212,30 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=16, ceil=False)),
                 role="block_scale",
                 activation=False,
+                template="",
             ),
             CompanionRule(
-                suffix="weight_scale_2", dtype="F32", dims=(), role="global_scale", activation=False
+                suffix="weight_scale_2",
+                dtype="F32",
+                dims=(),
+                role="global_scale",
+                activation=False,
+                template="",
             ),
             CompanionRule(
-                suffix="input_scale", dtype="F32", dims=(), role="input_scale", activation=True
+                suffix="input_scale",
+                dtype="F32",
+                dims=(),
+                role="input_scale",
+                activation=True,
+                template="",
             ),
         ),
         per_byte=2,
         order="low_first",
-        dequant=DequantRule(op="dequant_nvfp4", codes="e2m1", group=(16,), global_op="multiply"),
+        dequant=DequantRule(
+            op="dequant_nvfp4", codes="e2m1", group=(16,), global_op="multiply", scale=""
+        ),
         swizzle="weight_scale",
     ),
 )

@@ -24,7 +24,7 @@ from specbind.generator.rank_shapes import RankShapes, dims_text, rank_name
 from specbind.generator.spec import Block, Output
 from specbind.generator.transforms import Operand, Transform, ast_text
 
-StepKind = Literal["read", "view", "take", "contract", "scale", "cast"]
+StepKind = Literal["read", "view", "take", "permute", "contract", "scale", "cast"]
 
 
 @dataclass(frozen=True)
@@ -52,13 +52,16 @@ class _Names:
     """Symbol -> Python: this rank's units as ``U_r``, derived symbols as locals, the rest
     as ``g.S``."""
 
-    def __init__(self, block: Block, local_units: set[str]) -> None:
+    def __init__(
+        self, block: Block, local_units: set[str], counts: frozenset[str] | set[str] = frozenset()
+    ) -> None:
         self.block = block
         self.local_units = local_units
+        self.counts = counts  # stacked family counts: this ep rank's members
         self.used: set[str] = set()
 
     def __call__(self, sym: str) -> str:
-        if sym in self.local_units:
+        if sym in self.local_units or sym in self.counts:
             self.used.add(sym)
             return rank_name(sym)
         if sym in self.block.derived:
@@ -72,7 +75,8 @@ def context(block: Block, out: Output, geo_class: str, rs: RankShapes) -> Transf
     tf = out.transform
     assert tf is not None
     units = {u for o in tf.operands if (u := block.tensor(o.tensor).shard.unit) is not None}
-    names = _Names(block, units)
+    counts = rs.stacked_counts(tf.operands)
+    names = _Names(block, units, counts)
     steps: list[Step] = []
     vars_ = []
     for i, o in enumerate(tf.operands):
@@ -80,6 +84,12 @@ def context(block: Block, out: Output, geo_class: str, rs: RankShapes) -> Transf
         steps += _operand_steps(block, out, o, var, names, rs, units)
         vars_.append(var)
     result = vars_[0]
+    if tf.permute is not None:
+        dims = rs.operand(tf.operands[0], units)[2]
+        after = [dims[a] for a in tf.permute]
+        note = comment(f"{dims_text(dims)} -> {dims_text(after)}: axes {list(tf.permute)}")
+        what = py_literal(f"{out.field}: {block.rel(tf.operands[0].tensor)}")
+        steps.append(Step("permute", result, note, (result, repr(tf.permute), what)))
     if tf.lowering is not None:
         steps.append(_contract(tf, tf.lowering, vars_))
         result = "y"
@@ -94,10 +104,15 @@ def context(block: Block, out: Output, geo_class: str, rs: RankShapes) -> Transf
         if tf.lowering is not None:
             before = f"[{', '.join(tf.lowering.letters_out)}]"
         else:
-            before = dims_text(rs.operand(tf.operands[0], units)[2])
-        note = comment(f"{before} -> {dims_text(rs.local(tf.view, units))}")
+            op = rs.operand(tf.operands[0], units)[2]
+            before = dims_text(op if tf.permute is None else [op[a] for a in tf.permute])
+        note = comment(f"{before} -> {dims_text(rs.local(tf.view, units, counts))}")
         steps.append(Step("view", result, note, (result, shape, py_literal(out.field))))
     local: list[tuple[str, str, str]] = []
+    for c in sorted(names.used & counts):
+        src = next(o.tensor for o in tf.operands if _count_of(block, o) == c)
+        note = comment(f"this ep rank's members of {rs.what(c)}")
+        local.append((rank_name(c), f"t[{py_literal(src)}].shape[0]", note))
     for u in sorted(names.used & units):
         local.append(
             (rank_name(u), f"max(g.{u} // g.tp, 1)", comment(f"this rank's share of {rs.what(u)}"))
@@ -114,6 +129,11 @@ def context(block: Block, out: Output, geo_class: str, rs: RankShapes) -> Transf
         f"make_{out.field}", out.field, geo_class, comment(f"``{out.field}``: {describe(tf)}."),
         tuple(local), tuple(steps), result,
     )  # fmt: skip
+
+
+def _count_of(block: Block, o: Operand) -> str | None:
+    fam = block.tensor(o.tensor).stacked
+    return None if fam is None else block.families[fam].count
 
 
 def _contract(tf: Transform, low: Lowering, vars_: list[str]) -> Step:

@@ -119,6 +119,8 @@ def check_transforms(block: Block, values: dict[str, int], ctx: str) -> None:
                 want[0] //= split
             elif tf.layout_kind == "cols":
                 want[-1] //= split
+            elif tf.layout_kind == "axis":
+                want[tf.layout_axis] //= split
             if list(shape) != want:
                 raise block.located.error(
                     (*path, "shard"),

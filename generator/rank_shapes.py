@@ -86,6 +86,8 @@ class RankShapes:
         """The dims of this rank's share of one on-disk tensor (one family member's, for a
         family), global where it is replicated."""
         dims = [_text(e.node) for e in t.dims]
+        if t.stacked is not None:  # [E, ...] -> [E_r, ...]: this ep rank's members
+            dims[0] = self.ep_count(self.block.families[t.stacked].count)
         if t.shard.kind == "replicated" or t.shard.unit is None or not t.dims:
             return dims
         axis = t.shard.resolved(len(t.dims))
@@ -106,8 +108,10 @@ class RankShapes:
         """A transform operand on this rank: its dims as read, after its view, after its
         slice, and the slice's ``[start:stop]`` text ("" when it takes no slice)."""
         units = set(units)
-        read = self.tensor_dims(self.block.tensor(o.tensor))
-        viewed = read if o.view is None else self.local(o.view, units)
+        rule = self.block.tensor(o.tensor)
+        read = self.tensor_dims(rule)
+        counts = self.stacked_counts([o])
+        viewed = read if o.view is None else self.local(o.view, units, counts)
         if o.slice is None:
             return read, viewed, viewed, ""
         s = o.slice
@@ -120,11 +124,21 @@ class RankShapes:
         sliced[s.axis] = _span(start, stop, viewed[s.axis])
         return read, viewed, sliced, bounds
 
-    def local(self, exprs: Iterable[algebra.Expr], units: Iterable[str]) -> list[str]:
-        """Dims written in a transform's terms: each of ``units`` is this rank's share."""
+    def stacked_counts(self, operands: Iterable[Operand]) -> set[str]:
+        """The family counts of the stacked operands: in their views the count is this ep
+        rank's members (``E_r``)."""
+        fams = {self.block.tensor(o.tensor).stacked for o in operands}
+        return {self.block.families[f].count for f in fams if f is not None}
+
+    def local(
+        self, exprs: Iterable[algebra.Expr], units: Iterable[str], counts: Iterable[str] = ()
+    ) -> list[str]:
+        """Dims written in a transform's terms: each of ``units`` is this rank's share, each of
+        ``counts`` (a stacked operand's family) this ep rank's members."""
         exprs = list(exprs)
         present = {n for e in exprs for n in e.names}
         rename = {u: self.tp_unit(u) for u in units if u in present}
+        rename |= {c: self.ep_count(c) for c in counts if c in present}
         return [_text(_renamed(e.node, rename)) for e in exprs]
 
 

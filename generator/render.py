@@ -175,7 +175,8 @@ def _derived_line(block: Block, d: str) -> str:
 
 def _rank_slice(t: TensorRule, rs: RankShapes) -> str:
     """Which part of the tensor rank r holds, for the comment above its rule."""
-    member = f"; only this ep rank's {t.family} members" if t.family else ""
+    fam = t.family or t.stacked
+    member = f"; only this ep rank's {fam} members" if fam else ""
     if t.shard.kind == "replicated" or not t.dims:
         return "replicated: every rank reads all of it" + member
     axis = t.shard.resolved(len(t.dims))
@@ -187,8 +188,7 @@ def _rank_slice(t: TensorRule, rs: RankShapes) -> str:
 def _field_layout(b: Block, o: Output) -> tuple[str, int]:
     """(layout kind, axis it splits in the field's own shape; -1: the last axis)."""
     if o.transform is not None:
-        kind = str(o.transform.layout_kind)
-        return kind, (-1 if kind == "cols" else 0)
+        return str(o.transform.layout_kind), o.transform.layout_axis
     t = b.tensor(o.sources[0])
     if t.shard.kind == "replicated" or not t.dims:
         return "replicated", 0
@@ -245,9 +245,10 @@ def _field_context(b: Block, o: Output, rs: RankShapes) -> FieldContext:
         units = {u for x in tf.operands if (u := b.tensor(x.tensor).shard.unit) is not None}
         result = "see make_" + o.field
         if tf.view is not None:
-            result = dims_text(rs.local(tf.view, units))
+            result = dims_text(rs.local(tf.view, units, rs.stacked_counts(tf.operands)))
         elif len(tf.operands) == 1:
-            result = dims_text(rs.operand(tf.operands[0], units)[2])
+            dims = rs.operand(tf.operands[0], units)[2]
+            result = dims_text(dims if tf.permute is None else [dims[a] for a in tf.permute])
         dtype = tf.dtype
     elif o.kind == "verbatim":
         comment = f"{b.rel(o.sources[0])} {first.shape} {first.dtype}, verbatim"
@@ -280,8 +281,10 @@ def _field_context(b: Block, o: Output, rs: RankShapes) -> FieldContext:
         dtype = first.dtype
     if layout == "replicated" and o.kind != "stack":
         result += ", replicated"
+    # a stacked family's field joins its ep ranks' members on axis 0, as a `stack` does
+    family = o.family or first.stacked
     return FieldContext(
-        o.field, o.kind, o.sources, o.axis, o.squeeze, optional, o.family, dtype, layout,
+        o.field, o.kind, o.sources, o.axis, o.squeeze, optional, family, dtype, layout,
         layout_axis, _parts(b, o), comment, result, above,
     )  # fmt: skip
 

@@ -27,7 +27,9 @@ from specbind.core.quant import (
 from specbind.generator.spec import validate_schema
 from specbind.generator.yamlio import Located
 
-_DIM = re.compile(r"^(?:(?P<ceil>ceil\()?(?P<of>[OI])(?: / (?P<div>[0-9]+))?\)?|(?P<one>1))$")
+_DIM = re.compile(
+    r"^(?:(?P<ceil>ceil\()?(?P<of>[OI])(?: / (?P<div>[0-9]+))?\)?|(?P<one>1)|(?P<lit>[0-9]+))$"
+)
 
 
 def _dim(text: str) -> DimRule:
@@ -35,6 +37,8 @@ def _dim(text: str) -> DimRule:
     assert m is not None  # the schema's pattern admits only these forms
     if m["one"]:
         return DimRule("1")
+    if m["lit"]:
+        return DimRule("k", int(m["lit"]))
     of: Literal["O", "I"] = "O" if m["of"] == "O" else "I"
     return DimRule(of, int(m["div"] or 1), bool(m["ceil"]))
 
@@ -64,24 +68,36 @@ def parse_scheme(doc: Located, stem: str) -> SchemeRule:
         if any(x.ceil for x in dims) and role != "block_scale":
             raise doc.error((*path, "shape"), "ceil is allowed only on a block scale")
         if role == "weight":
-            want = (
+            want: tuple[DimRule, ...] = (
                 (DimRule("O"), DimRule("I", per_byte))
                 if per_byte > 1
                 else (DimRule("O"), DimRule("I"))
             )
+            if len(dims) == 3 and dims[2].of == "k":  # [O, I/(p·k), k]: the same bytes in blocks
+                want = (DimRule("O"), DimRule("I", per_byte * dims[2].div), dims[2])
             if dims != want:
                 raise doc.error(
                     (*path, "shape"),
                     f"the packed weight of {per_byte} element(s) per byte is "
                     f"[{', '.join(x.text for x in want)}]",
                 )
+        if any(x.of == "k" for x in dims[:-1]) or (
+            role != "weight" and dims[-1:] and dims[-1].of == "k"
+        ):
+            raise doc.error((*path, "shape"), "a literal dim is only the packed weight's last")
         comps.append(
-            CompanionRule(suffix, c["dtype"], dims, role, bool(c.get("activation", False)))
-        )
+            CompanionRule(suffix, c["dtype"], dims, role, bool(c.get("activation", False)),
+                          c.get("name", ""))
+        )  # fmt: skip
+    templated = {bool(c.template) for c in comps}
+    if len(templated) > 1:
+        raise doc.error(("companions",), "either every companion has a name template or none")
     if "weight" not in roles:
         raise doc.error(("companions",), "no companion has role: weight (the packed weight)")
     dq = d["dequant"]
-    dequant = DequantRule(dq["op"], dq["codes"], tuple(int(g) for g in dq["group"]), dq["global"])
+    dequant = DequantRule(
+        dq["op"], dq["codes"], tuple(int(g) for g in dq["group"]), dq["global"], dq.get("scale", "")
+    )
     _check_dequant(doc, dequant, {c.role: c for c in comps})
     swizzle = d.get("swizzle")
     if swizzle is not None and roles.get("block_scale") != swizzle:
@@ -108,7 +124,9 @@ def _check_dequant(doc: Located, dq: DequantRule, by_role: dict[str, CompanionRu
     if scale is None:
         raise doc.error(("companions",), "the dequant formula needs a block_scale companion")
     divs = tuple(x.div for x in scale.dims)
-    if dq.op == "dequant_nvfp4":
+    if dq.op == "dequant_mxfp4" and (dq.scale != "e8m0" or scale.dtype != "U8"):
+        raise doc.error(("dequant", "scale"), "MXFP4 block scales are E8M0 bytes (scale: e8m0, U8)")
+    if dq.op in ("dequant_nvfp4", "dequant_mxfp4"):
         if len(dq.group) != 1 or divs != (1, dq.group[0]):
             raise doc.error(
                 ("dequant", "group"),

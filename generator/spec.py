@@ -213,6 +213,46 @@ def _family_of(
     return str(f)
 
 
+def _linear_axes(
+    doc: Located, path: PathKey, raw: dict[str, Any], dims: tuple[algebra.Expr, ...]
+) -> tuple[int, int] | None:
+    """``linear: {in, out}`` on a stacked 3-D tensor: the axes holding the linear's I and O."""
+    lin = raw.get("linear")
+    if not isinstance(lin, dict):
+        return None
+    axes = (int(lin["in"]), int(lin["out"]))
+    if raw.get("stacked") is None or len(dims) != 3 or sorted(axes) != [1, 2]:
+        raise doc.error(
+            (*path, "linear"),
+            "linear {in, out} names axes 1 and 2 of a stacked [family, ., .] tensor",
+        )
+    return axes
+
+
+def _stacked(
+    doc: Located, path: PathKey, raw: dict[str, Any], dims: tuple[algebra.Expr, ...],
+    shard: ShardRule, families: dict[str, FamilyRule],
+) -> str | None:  # fmt: skip
+    """``stacked: e``: axis 0 of this one stored tensor is the family ``e`` (exactly its count
+    symbol), split whole across ep ranks; tp may split any other axis, never axis 0."""
+    fam = raw.get("stacked")
+    if fam is None:
+        return None
+    where: PathKey = (*path, "stacked")
+    if fam not in families:
+        raise doc.error(where, f"family {fam!r} is not declared under families")
+    if placeholders(str(path[-1])):
+        raise doc.error(where, "a stacked tensor is one stored tensor: no {e} in its name")
+    count = families[fam].count
+    if not dims or ast_text(dims[0]) != count:
+        raise doc.error(where, f"a stacked tensor's axis 0 must be the family count {count!r}")
+    if shard.kind != "replicated" and shard.resolved(len(dims)) == 0:
+        raise doc.error(
+            (*path, "shard"), "axis 0 of a stacked tensor holds the family: tp splits another axis"
+        )
+    return str(fam)
+
+
 def parse_block(doc: Located) -> Block:
     validate_schema(doc, "block")
     _names_fullmatch(doc)
@@ -279,7 +319,9 @@ def parse_block(doc: Located) -> Block:
                 bool(t.get("root", False)),
                 tie,
                 linear=bool(t.get("linear", False)),
+                linear_axes=_linear_axes(doc, base, t, dims),
                 stored_singletons=bool(t.get("stored_singletons", False)),
+                stacked=_stacked(doc, base, t, dims, shard, families),
                 dims=dims,
             )
         )
@@ -302,7 +344,7 @@ def parse_block(doc: Located) -> Block:
         if target.family is not None or t.family is not None:
             raise doc.error(tie_path, "a tie joins two single tensors, not family members")
     for f in families:
-        if not any(t.family == f for t in tensors):
+        if not any(f in (t.family, t.stacked) for t in tensors):
             raise doc.error(("families", f), f"family {f!r} has no tensors")
     for t in tensors:
         if t.family is not None and t.group is not None:
@@ -348,7 +390,11 @@ def parse_block(doc: Located) -> Block:
                 ("tensors", rel), f"tensor {rel!r} is read by no output (it would be dropped)"
             )
     for t in tensors:
-        if t.linear and (len(t.dims) != 2 or not t.name.endswith(".weight")):
+        if (
+            t.linear
+            and t.linear_axes is None
+            and (len(t.dims) != 2 or not t.name.endswith(".weight"))
+        ):
             raise doc.error(
                 ("tensors", t.name.removeprefix(prefix), "linear"),
                 "a linear weight is a 2-D [O, I] tensor named MODULE.weight",

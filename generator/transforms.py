@@ -1,8 +1,8 @@
 """Declared load-time transforms: parse them, check their shapes, lower einsum to batched matmul.
 
 Two forms, each a small pipeline:
-- unary:    ``{tensor, view?, slice?, scale?, dtype?, reshape?}``
-                                              view -> slice -> scale -> cast -> reshape
+- unary:    ``{tensor, view?, slice?, permute?, scale?, dtype?, reshape?}``
+                                    view -> slice -> permute -> scale -> cast -> reshape
 - contract: ``{einsum, operands: [A, B], scale?, view?, dtype?}``; each operand is
   ``{tensor, view?, slice?}``;                                  contract -> scale -> cast -> view
 
@@ -14,6 +14,9 @@ Invariants:
   an op whose head index follows the shard runs on this rank's heads only, never all heads;
 - BF16 operands are widened exactly to F32 and computed in F32; a BF16 result is rounded to
   nearest even once, at the end.
+- a unary ``permute`` reorders the axes; the layout axis follows it (the shard unit's axis moves
+  to ``permute.index(axis)``), so a field may be split on an axis that is neither first nor
+  last; a stacked family's axis 0 must stay first (ep ranks join there).
 Trap: in a view of a sharded operand, the unit symbol means *this rank's* units (H / tp); the
 same symbol in a scale means the full count (``IH ** -0.5`` does not shrink with tp).
 """
@@ -55,6 +58,8 @@ class Transform:
     dtype: str
     layout_kind: str  # how the result splits across ranks: replicated | rows | cols
     unit_letter: str | None = None  # the einsum letter of the shard unit, when sharded
+    permute: tuple[int, ...] | None = None  # a unary op's new axis order, after the slice
+    layout_axis: int = 0  # the result axis the layout splits (-1: the last)
 
 
 def _exprs(
@@ -137,6 +142,18 @@ def parse(
     dtype = raw.get("dtype", first.dtype)
     kind = _layout(doc, path, raw.get("shard"), ops, tensors)
     heads = [_unit_axis(doc, o, tensors) for o in ops]
+    permute = _permute(doc, path, raw, ops, tensors)
+    layout_axis = -1 if kind == "cols" else 0
+    if permute is not None and heads[0] is not None and kind != "replicated":
+        moved = permute.index(heads[0])  # the shard unit's axis, after the permute
+        last = len(permute) - 1
+        kind = "rows" if moved == 0 else "cols" if moved == last else "axis"
+        layout_axis = -1 if moved == last else moved
+        if view is not None and kind == "axis":
+            raise doc.error(
+                (*path, "reshape"),
+                "after a permute that puts the shard axis inside, a reshape is not allowed",
+            )
     if lowering is not None:
         letters = [lowering.letters_a, lowering.letters_b]
         head_letters = {letters[i][ax] for i, ax in enumerate(heads) if ax is not None}
@@ -160,7 +177,29 @@ def parse(
         letters = [lowering.letters_a, lowering.letters_b]
         found = {letters[i][ax] for i, ax in enumerate(heads) if ax is not None}
         unit_letter = next(iter(found)) if found else None
-    return Transform(ops, raw.get("einsum"), lowering, view, scale, dtype, kind, unit_letter)
+    return Transform(
+        ops, raw.get("einsum"), lowering, view, scale, dtype, kind, unit_letter, permute,
+        layout_axis,
+    )  # fmt: skip
+
+
+def _permute(
+    doc: Located, path: PathKey, raw: dict[str, Any], ops: tuple[Operand, ...],
+    tensors: dict[str, Any],
+) -> tuple[int, ...] | None:  # fmt: skip
+    """A unary op's axis order: a permutation of the operand's axes (after its view); a
+    stacked family keeps axis 0 first."""
+    if "permute" not in raw:
+        return None
+    perm = tuple(int(a) for a in raw["permute"])
+    rank = _rank(ops[0], tensors)
+    if sorted(perm) != list(range(rank)):
+        raise doc.error((*path, "permute"), f"{list(perm)} is not an order of {rank} axes")
+    if tensors[ops[0].tensor].stacked is not None and perm[0] != 0:
+        raise doc.error(
+            (*path, "permute"), "a stacked family's axis 0 must stay first (ep ranks join there)"
+        )
+    return perm
 
 
 def _rank(o: Operand, tensors: dict[str, Any]) -> int:
@@ -275,7 +314,10 @@ def result_shape(
             shape = (*shape[: s.axis], stop - start, *shape[s.axis + 1 :])
         shapes.append(shape)
     if tf.lowering is None:
-        return _unary_reshape(tf, tensors, shapes[0], ev, doc, path, context)
+        shape = shapes[0]
+        if tf.permute is not None:
+            shape = tuple(shape[a] for a in tf.permute)
+        return _unary_reshape(tf, tensors, shape, ev, doc, path, context)
     low = tf.lowering
     sizes: dict[str, int] = {}
     for letters, shape in zip((low.letters_a, low.letters_b), shapes, strict=True):
@@ -327,7 +369,8 @@ def _unary_reshape(
     o = tf.operands[0]
     t: TensorRule = tensors[o.tensor]
     if t.shard.kind != "replicated" and tf.layout_kind != "replicated":
-        unit = letters[t.shard.resolved(len(t.dims))]  # the view keeps it there (_unit_axis)
+        at = t.shard.resolved(len(t.dims))  # the view keeps it there (_unit_axis)
+        unit = letters[at if tf.permute is None else tf.permute.index(at)]
         axis = 0 if tf.layout_kind == "rows" else len(groups) - 1
         if not groups[axis].startswith(unit):
             raise doc.error(

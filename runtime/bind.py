@@ -182,6 +182,7 @@ def bind_checkpoint(
     glob_block = table.block(table.globals) if table.globals and lay.globals else None
     if glob_block is not None:
         used[glob_block.name] = glob_block
+    refuse_idle_ep(table.name, table.blocks, ranks.ep_size)
     for b in used.values():  # refuse a bad (geometry, ranks) before reading any tensor
         b.plan(geometry, ranks)
         b.check(geometry, ranks)
@@ -222,6 +223,18 @@ def bind_checkpoint(
             ckpt.release(view.on_disk(n) for n in lay.globals.values())
     unbound = {p: len(ns) for p, ns in lay.unbound.items() if ns}
     return BindResult(ranks, out, glob, unbound, time.perf_counter() - t0, flags, qmeta)
+
+
+def refuse_idle_ep(model: str, blocks: Collection[BlockEntry[Any]], ep_size: int) -> None:
+    """Expert parallelism splits expert families only: a model none of whose blocks has one
+    would give every ep rank the same weights, so ``ep > 1`` is refused. (A checkpoint of a
+    MoE model that holds only its dense layers binds: ep ranks replicate dense layers.)"""
+    if ep_size > 1 and not any(b.module.FAMILIES for b in blocks):
+        names = ", ".join(sorted(b.name for b in blocks))
+        raise BindError(
+            f"--ep-size {ep_size}: {model} has no expert family in its layers ({names}); "
+            "expert parallelism would give every ep rank the same weights"
+        )
 
 
 class Sink(Protocol):

@@ -110,6 +110,12 @@ def _packed(s: _Slot, quant: LayerQuant | None, have: Mapping[str, Entry]) -> fr
             continue
         if e.dtype == packed != rule.dtype and all(x in linear for x in s.block.sources[f]):
             out.update(s.block.sources[f])
+    if quant.scheme.weight.template:  # a transform's linear, its packed weight bound beside it
+        suffix = quant.scheme.weight.suffix
+        for f, rule in s.block.fields.items():
+            srcs = s.block.sources[f]
+            if rule.kind == "transform" and len(srcs) == 1 and f"{f}_{suffix}" in have:
+                out.update(x for x in srcs if x in linear)
     return frozenset(out)
 
 
@@ -123,7 +129,7 @@ def _check_slot(
     cache: dict[tuple[str, frozenset[str], frozenset[str]], dict[str, Shaped]],
 ) -> None:
     packed = _packed(s, quant, have)
-    lq = None if quant is None or not packed else _with(quant, packed)
+    lq = None if quant is None or not packed else _with(quant, packed, s)
     full = _expected(where, s, g, ranks, lq, frozenset(), cache)
     absent: set[str] = set()
     for group in s.block.optional_groups:
@@ -161,8 +167,9 @@ def _check_slot(
             )
 
 
-def _with(quant: LayerQuant, packed: frozenset[str]) -> LayerQuant:
-    return LayerQuant(quant.scheme, quant.weight_only, packed, quant.outputs)
+def _with(quant: LayerQuant, packed: frozenset[str], s: _Slot) -> LayerQuant:
+    axes = tuple((r.name, r.linear_axes) for r in s.block.tensors if r.linear_axes)
+    return LayerQuant(quant.scheme, quant.weight_only, packed, quant.outputs, axes=axes)
 
 
 def _expected(

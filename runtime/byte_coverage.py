@@ -16,7 +16,9 @@ Invariants checked by ``check``:
 - every tensor the layout claims is read by some rank (an expert no ep rank owns is caught);
 - the ranks agree on each tensor's size and row structure and on its ``expect``;
 - the distinct windows of a tensor tile ``[0, row_bytes)`` with no gap and no overlap, and
-  each window is read by exactly ``expect`` ranks;
+  each window is read by exactly ``expect`` ranks; a stacked family's ep ranks each read their
+  members' rows (``first_row``, ``row_count``), which tile the rows, and the windows tile
+  within each ep rank's rows;
 - a window read by more than one rank has the same digest on each of them (the same bytes,
   even when the ranks read different copies of the checkpoint on different nodes).
 Trap: a digest is taken only of windows more than one rank reads — a window one rank alone
@@ -55,20 +57,36 @@ class Piece:
     width: int
     expect: int  # ranks that must read each of its bytes
     digest: str = ""  # of the window's bytes, when more than one rank reads it
+    first_row: int = 0  # a stacked family: the rows of this ep rank's members only,
+    row_count: int = -1  # [first_row, first_row + row_count); -1: every row
 
     @property
     def read_bytes(self) -> int:
-        return self.rows * self.width
+        return (self.rows if self.row_count < 0 else self.row_count) * self.width
 
 
 def window(plan: TensorPlan, itemsize: int) -> tuple[int, int, int, int]:
-    """``(rows, row_bytes, lo, width)`` of this rank's bytes of one tensor."""
+    """``(rows, row_bytes, lo, width)`` of this rank's bytes of one tensor (for a stacked
+    family, of every member's; ``member_rows`` says which rows this rank reads)."""
     n = math.prod(plan.full_shape) * itemsize
-    if n == 0 or plan.kind == "replicated" or plan.local_shape == plan.full_shape:
+    if plan.members is not None and n:  # rows are per member: [E, ...] as E rows at least
+        tp_local = (plan.full_shape[0], *plan.local_shape[1:])
+        if plan.kind == "replicated" or tp_local == plan.full_shape:
+            return plan.full_shape[0], n // plan.full_shape[0], 0, n // plan.full_shape[0]
+    elif n == 0 or plan.kind == "replicated" or plan.local_shape == plan.full_shape:
         return 1, n, 0, n
     inner = math.prod(plan.full_shape[plan.axis + 1 :]) * itemsize  # bytes of one index
     row_bytes = plan.full_shape[plan.axis] * inner
     return n // row_bytes, row_bytes, plan.offset * inner, plan.local_shape[plan.axis] * inner
+
+
+def member_rows(plan: TensorPlan, rows: int) -> tuple[int, int]:
+    """``(first_row, row_count)`` of a stacked family's rows this ep rank reads (every row:
+    ``(0, -1)``); ``rows`` is ``window``'s row count, a whole multiple of the members."""
+    if plan.members is None:
+        return 0, -1
+    per = rows // plan.full_shape[0]  # rows of one member
+    return plan.members[0] * per, plan.members[1] * per
 
 
 def _digest(data: Any) -> str:
@@ -119,13 +137,15 @@ def _pieces(
         disk = t.dtype if t.dtype in (plan.dtype, *plan.stored) else plan.dtype
         itemsize = DTYPES[disk].bits // 8
         rows, row_bytes, lo, width = window(plan, itemsize)
-        family = plan.pattern != rel  # a family member: one ep rank owns it
+        # a family member, or a stacked family's rows: one ep rank owns them
+        family = plan.pattern != rel or plan.members is not None
         tp_copies = ranks.tp_size if plan.kind == "replicated" else plan.replicas
         expect = tp_copies * (1 if family else ranks.ep_size)
         digest = ""
         if expect > 1:
             digest = _digest(shard_raw(plan, t, layer).data)
-        yield Piece(full, len(t.data), rows, row_bytes, lo, width, expect, digest)
+        first, count = member_rows(plan, rows)
+        yield Piece(full, len(t.data), rows, row_bytes, lo, width, expect, digest, first, count)
 
 
 def claimed_names(table: ModelTable[Any], lay: Layout) -> set[str]:
@@ -166,7 +186,29 @@ def _check_one(name: str, pieces: Sequence[tuple[int, Piece]]) -> list[str]:
             for (n, rows, rb, e), rs in shapes.items()
         )
         return [f"{name}: the ranks plan it differently: {shown}"]
-    (_, _, row_bytes, expect) = next(iter(shapes))
+    (_, rows, row_bytes, expect) = next(iter(shapes))
+    by_rows: dict[tuple[int, int], list[tuple[int, Piece]]] = defaultdict(list)
+    for r, p in pieces:
+        count = rows if p.row_count < 0 else p.row_count
+        by_rows[(p.first_row, count)].append((r, p))
+    out: list[str] = []
+    end = 0
+    for first, count in sorted(by_rows):  # a stacked family's ep ranks tile its rows
+        if first != end:
+            out.append(f"{name}: rows [{min(first, end)}, {max(first, end)}) are read by "
+                       f"{'no rank' if first > end else 'two ep ranks'}")  # fmt: skip
+        end = max(end, first + count)
+        out.extend(_check_rows(name, row_bytes, expect, by_rows[(first, count)]))
+    if end < rows:
+        out.append(f"{name}: rows [{end}, {rows}) are read by no rank")
+    return out
+
+
+def _check_rows(
+    name: str, row_bytes: int, expect: int, pieces: Sequence[tuple[int, Piece]]
+) -> list[str]:
+    """The column windows of one set of rows tile ``[0, row_bytes)``, each read ``expect``
+    times, with one digest."""
     windows: dict[tuple[int, int], list[tuple[int, Piece]]] = defaultdict(list)
     for r, p in pieces:
         windows[(p.lo, p.width)].append((r, p))

@@ -144,6 +144,14 @@ def take(a: Array, axis: int, start: int, stop: int, what: str) -> Array:
     return a[tuple(index)]
 
 
+def permute(a: Array, axes: tuple[int, ...], what: str) -> Array:
+    """The axes reordered (``axes[i]`` is the source axis of result axis i), in C order: a
+    copy, so the result's bytes are the row-major layout a kernel reads."""
+    if sorted(axes) != list(range(a.ndim)):
+        raise BindError(f"{what}: cannot permute {list(a.shape)} by {list(axes)}")
+    return np.ascontiguousarray(a.transpose(axes))
+
+
 def widen(a: Array) -> Array:
     """An F32 copy (exact from BF16/F16), or the array itself if it is already F32."""
     if a.dtype == F32:
@@ -199,6 +207,7 @@ class Ops(Protocol):
 
     def view(self, a: Any, shape: tuple[int, ...], what: str) -> Array: ...
     def take(self, a: Any, axis: int, start: int, stop: int, what: str) -> Array: ...
+    def permute(self, a: Any, axes: tuple[int, ...], what: str) -> Array: ...
     def widen(self, a: Any) -> Array: ...
     def scale(self, a: Any, factor: float, dtype: str) -> Array: ...
     def cast(self, a: Any, dtype: str) -> Array: ...
@@ -324,6 +333,11 @@ def dequant_nvfp4(
         packed, scale, global_scale, divide=divide, group=group,
         negative_zero=negative_zero, workers=threads(),
     )  # fmt: skip
+
+
+def dequant_mxfp4(blocks: Array, scales: Array) -> Array:
+    """:func:`runtime.quant_numerics.dequant_mxfp4` (BF16 ``[..., O, I]``)."""
+    return quant_numerics.dequant_mxfp4(blocks, scales)
 
 
 def dequant_fp8_block(

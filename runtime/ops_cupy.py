@@ -59,6 +59,13 @@ def take(a: Any, axis: int, start: int, stop: int, what: str) -> Any:
     return out.reshape(*a.shape[:axis], stop - start, *a.shape[axis + 1 :])  # back to rank n
 
 
+def permute(a: Any, axes: tuple[int, ...], what: str) -> Any:
+    """The axes reordered, materialised in C order on the device."""
+    if sorted(axes) != list(range(a.ndim)):
+        raise BindError(f"{what}: cannot permute {list(a.shape)} by {list(axes)}")
+    return _cp().ascontiguousarray(a.transpose(axes))
+
+
 def widen(a: Any) -> Any:
     if _bf16(a):
         return kernels.widen_bf16_f32(_cp().ascontiguousarray(a))

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
 from specbind.core.errors import BindError, GeometryError, at
-from specbind.core.ir import FieldRule, ShardRule, SharedScaleRule, TensorRule
+from specbind.core.ir import FieldRule, ShardKind, ShardRule, SharedScaleRule, TensorRule
 from specbind.core.patterns import fill, index_of, member_of, parts, placeholders
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.core.quant import CompanionRule, SchemeRule, window
@@ -53,6 +53,8 @@ class QuantOps(Protocol):
         self, weight: Any, scale_inv: Any, *, block: tuple[int, int]
     ) -> Array: ...
     def swizzle_blockscale(self, scale: Any) -> Array: ...
+    def dequant_mxfp4(self, blocks: Any, scales: Any) -> Array: ...
+    def permute(self, a: Any, axes: tuple[int, ...], what: str) -> Array: ...
 
 
 def quant_ops(ops: Any, what: str, method: str) -> QuantOps:
@@ -82,12 +84,25 @@ class LayerQuant:
     outputs: frozenset[str] = frozenset()  # of OUTPUTS
     allow_unshared: bool = False
     companions: tuple[CompanionRule, ...] = field(default=())
+    # stacked linears (rule name -> (in axis, out axis)): their companions are [E, O, ...]
+    axes: tuple[tuple[str, tuple[int, int]], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "companions", self.scheme.companions_for(self.weight_only))
 
+    @property
+    def templated(self) -> bool:
+        """Companions named from the parameter (``{param}_blocks``): the packed weight has a
+        name of its own, and a transform's field binds the companions as stored beside it."""
+        return bool(self.scheme.weight.template)
+
     def name(self, rule: str, c: CompanionRule) -> str:
+        if c.template:
+            return c.stored_name(rule)
         return rule if c.role == "weight" else f"{module_of(rule)}.{c.suffix}"
+
+    def linear_axes(self, rule: str) -> tuple[int, int] | None:
+        return dict(self.axes).get(rule)
 
     def by_role(self, rule: str, role: str) -> str | None:
         c = next((c for c in self.companions if c.role == role), None)
@@ -120,13 +135,23 @@ def layer_quant(
         says: dict[bool, list[int]] = {True: [], False: []}
         for i in idx:
             name = r.name if i is None else r.concrete(i).name
-            if name not in present:
+            stored = q.scheme.weight.stored_name(name) if q.scheme.weight.template else name
+            if stored not in present:
                 continue  # an absent optional group (a shared DSA layer's indexer): not stored
             module = module_of(name)
             disk = stored_module(on_disk(full + name) if on_disk else full + name, q.scheme)
             yes = q.quantized(disk, aliases(disk))
+            if yes and not q.scheme.holds(r.linear_axes is not None):
+                raise BindError(
+                    f"{at(layer)}: {name}: {q.scheme.name} stores it, but binds "
+                    f"{'only stacked linears' if q.scheme.weight.template else 'no stacked linear'}"
+                    " so far; refused rather than bound partly"
+                )
             says[yes].append(-1 if i is None else i)
-            carried = [f"{module}.{s}" for s in extra if f"{module}.{s}" in present]
+            carried = [
+                n for c in q.scheme.companions
+                if c.role != "weight" and (n := c.stored_name(name)) in present
+            ]  # fmt: skip
             if not yes and carried:
                 raise BindError(
                     f"{at(layer)}: {module} is excluded from quantization "
@@ -148,7 +173,10 @@ def layer_quant(
             quantized.add(r.name)
     if not quantized:
         return None
-    return LayerQuant(q.scheme, q.weight_only, frozenset(quantized), outputs, allow_unshared)
+    axes = tuple((r.name, r.linear_axes) for r in rules if r.linear_axes and r.name in quantized)
+    return LayerQuant(
+        q.scheme, q.weight_only, frozenset(quantized), outputs, allow_unshared, axes=axes
+    )
 
 
 def quantize_rules(
@@ -164,8 +192,12 @@ def quantize_rules(
         if tp.pattern not in lq.quantized:
             tensors[name] = tp
             continue
+        axes = lq.linear_axes(tp.pattern)
         for c in lq.companions:
-            p = _companion_plan(block, tp, c, lq)
+            if axes is None:
+                p = _companion_plan(block, tp, c, lq)
+            else:
+                p = _stacked_plan(tp, c, lq, axes)
             tensors[p.name] = p
     return out, replace(plan, tensors=tensors)
 
@@ -184,11 +216,17 @@ def quantized_rules(rules: tuple[TensorRule, ...], lq: LayerQuant | None) -> tup
             why = f"{lq.scheme.name} stores {c.suffix} as {c.dtype}"
             keep = not c.scalar and r.shard.kind != "replicated"
             shard = r.shard if keep else ShardRule("replicated")
+            text = c.shape_text
+            if r.linear_axes is not None:  # stacked: [E, ...] of the companion, O before I
+                axis = _companion_axis(c, r.shard.resolved(len(r.dims or (0, 0, 0))), r)
+                shard = ShardRule("axis", r.shard.unit, axis) if keep and axis else shard
+                text = f"[{r.stacked} members, {c.shape_text[1:]}"
             out.append(
                 TensorRule(
-                    lq.name(r.name, c), c.dtype, c.shape_text, shard, r.group, why, (), r.family
+                    lq.name(r.name, c), c.dtype, text, shard, r.group, why, (), r.family,
+                    stacked=r.stacked,
                 )
-            )
+            )  # fmt: skip
     return tuple(out)
 
 
@@ -221,6 +259,43 @@ def _companion_plan(block: str, tp: TensorPlan, c: CompanionRule, lq: LayerQuant
     local[axis] = w[1]
     return TensorPlan(name, c.dtype, tp.kind, tp.unit, tp.units, full, tuple(local), axis,
                       w[2], c.shape_text, (), pattern, replicas=tp.replicas)  # fmt: skip
+
+
+def _companion_axis(c: CompanionRule, axis: int, r: TensorRule) -> int:
+    """The companion axis (after the leading family) that follows the stacked linear's sharded
+    ``axis``: O's or I's dim; 0 when the companion has none (it is then replicated)."""
+    assert r.linear_axes is not None
+    which = "I" if axis == r.linear_axes[0] else "O"
+    return next((k + 1 for k, d in enumerate(c.dims) if d.of == which), 0)
+
+
+def _stacked_plan(
+    tp: TensorPlan, c: CompanionRule, lq: LayerQuant, axes: tuple[int, int]
+) -> TensorPlan:
+    """A stacked linear's companion (``[E, O, ...]`` for a stored ``[E, I, O]``): this ep
+    rank's members as the linear's, and the tp window of O (rows of each member) or of I
+    (whole groups of columns), or replicated."""
+    i, o = tp.full_shape[axes[0]], tp.full_shape[axes[1]]
+    lead = tp.local_shape[0]  # this ep rank's members
+    full = (tp.full_shape[0], *c.shape(o, i))
+    local = [lead, *c.shape(o, i)]
+    name, pattern = lq.name(tp.name, c), lq.name(tp.pattern, c)
+    which = "I" if tp.axis == axes[0] else "O"
+    at = next((k for k, d in enumerate(c.dims) if d.of == which), None)
+    if tp.kind == "replicated" or c.scalar or at is None:
+        return TensorPlan(name, c.dtype, "replicated", None, 1, full, tuple(local), 0, 0,
+                          c.shape_text, (), pattern, members=tp.members)  # fmt: skip
+    w = window(c.dims[at], tp.full_shape[tp.axis], tp.local_shape[tp.axis], tp.offset)
+    if w is None:
+        raise GeometryError(
+            f"{module_of(tp.name)}: a rank holds {tp.local_shape[tp.axis]} of {which} = "
+            f"{tp.full_shape[tp.axis]}, not whole {c.dims[at].div}-element units of "
+            f"{c.suffix} ({c.shape_text}): under {lq.scheme.name} a rank holds whole groups"
+        )
+    local[at + 1] = w[1]
+    kind: ShardKind = "cols" if at + 1 == len(full) - 1 else "axis"
+    return TensorPlan(name, c.dtype, kind, tp.unit, tp.units, full, tuple(local), at + 1, w[2],
+                      c.shape_text, (), pattern, members=tp.members)  # fmt: skip
 
 
 def check_shared(
@@ -318,7 +393,10 @@ def dequantized(
     if lq is None:
         return t
     out = dict(t)
-    for name in list(t) if only is None else only:
+    names = list(t) if only is None else list(only)
+    if lq.templated and only is None:  # the linear's own name is not stored, its packed weight
+        names += [p for p in lq.quantized if lq.name(p, lq.scheme.weight) in t and p not in t]
+    for name in names:
         for pat in lq.quantized:
             if member_of(name, pat):
                 out[name] = _dequant(t, name, pat, lq, ops, what)
@@ -342,6 +420,15 @@ def _dequant(
     scale = lq.by_role(pat, "block_scale")
     assert scale is not None
     s = t[_concrete(scale, name, pat)]
+    if d.op == "dequant_mxfp4":
+        q = quant_ops(ops, what, d.op)
+        w = q.dequant_mxfp4(t[lq.name(name, lq.scheme.weight)], s)  # [..., O_r, I_r]
+        axes = lq.linear_axes(pat)
+        if axes is None:
+            return w
+        # [E_r, O_r, I_r] -> the stored linear's own axis order ([E_r, I_r, O_r] for x @ W)
+        order = tuple(0 if k == 0 else 2 if k == axes[0] else 1 for k in range(3))
+        return quant_ops(ops, what, "permute").permute(w, order, what)
     if d.op == "dequant_fp8_block":
         q = quant_ops(ops, what, d.op)
         if str(s.dtype) != "float32":
@@ -379,6 +466,9 @@ def companion_fields(
     for fname, f in fields.items():
         srcs = sources[fname]
         quant = [s in lq.quantized for s in srcs]
+        if f.kind == "transform" and lq.templated and len(srcs) == 1 and quant[0]:
+            _as_stored(fname, f, srcs[0], t, plan, lq, out)  # beside the field, from BF16
+            continue
         if f.kind in ("transform", "tie") or not any(quant):
             continue
         if not all(quant):
@@ -411,6 +501,22 @@ def companion_fields(
     return out
 
 
+def _as_stored(
+    fname: str, f: FieldRule, src: str, t: Mapping[str, Array], plan: BlockPlan,
+    lq: LayerQuant, out: QuantFields,
+) -> None:  # fmt: skip
+    """Each companion of a transform's one quantized source as this rank read it
+    (``w13_blocks`` [E_r, O_r, I/32, 16], ``w13_scales`` [E_r, O_r, I/32]: vLLM's MXFP4 MoE
+    layout); the field itself is made from the dequantized linear."""
+    for c in lq.companions:
+        n = lq.name(src, c)
+        p = plan.tensors[n]
+        key = f"{fname}_{c.suffix}"
+        out.arrays[key] = t[n]
+        axis = -1 if p.kind == "cols" else p.axis
+        out.rules[key] = FieldRule("verbatim", c.dtype, p.kind, 1, axis, f.family)
+
+
 def quant_metadata(scheme: str, weight_only: bool, outputs: Collection[str]) -> str:
     """What an ``--out`` file records of a quantized bind (metadata ``quant``), so a reload
     knows which fields are packed and which companions may sit beside them."""
@@ -428,7 +534,8 @@ def quantized_fields(field: str, lq: LayerQuant | None) -> dict[str, str]:
     """``quantized_names`` with each name's dtype."""
     if lq is None:
         return {}
-    out = {f"{field}_{c.suffix}": c.dtype for c in lq.companions if c.role != "weight"}
+    keep = lq.templated  # the packed weight is bound as its own field beside a transform's
+    out = {f"{field}_{c.suffix}": c.dtype for c in lq.companions if keep or c.role != "weight"}
     if "swizzled" in lq.outputs and lq.scheme.swizzle is not None:
         out[f"{field}_{lq.scheme.swizzle}_swizzled"] = out[f"{field}_{lq.scheme.swizzle}"]
     if "dequantized" in lq.outputs:
@@ -477,7 +584,15 @@ def for_transforms(
     if lq is None:
         return t
     read = [s for n, f in fields.items() if f.kind == "transform" for s in sources[n]]
-    return dequantized(t, lq, ops, at(layer), only=_names_of(read, t))
+    stored = [s for s in read if lq.templated and s in lq.quantized]  # named apart on disk
+    return dequantized(t, lq, ops, at(layer), only=_names_of(read, t) + stored)
+
+
+def _o_i(shape: tuple[int, ...], r: TensorRule) -> tuple[int, int]:
+    """A linear's (O, I) from its stored shape: [O, I], or a stacked one's axes."""
+    if r.linear_axes is None:
+        return shape[0], shape[1]
+    return shape[r.linear_axes[1]], shape[r.linear_axes[0]]
 
 
 def storable(scheme: SchemeRule, block: Any, geometry: Any) -> LayerQuant | None:
@@ -487,6 +602,8 @@ def storable(scheme: SchemeRule, block: Any, geometry: Any) -> LayerQuant | None
     names = frozenset(
         r.name
         for r in block.tensors
-        if r.linear and all(d.exact(*shapes[r.name]) for c in scheme.companions for d in c.dims)
+        if r.linear
+        and scheme.holds(r.linear_axes is not None)
+        and all(d.exact(*_o_i(shapes[r.name], r)) for c in scheme.companions for d in c.dims)
     )
     return LayerQuant(scheme, False, names) if names else None

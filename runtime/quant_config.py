@@ -10,7 +10,10 @@ by dtype:
 - ``compressed_tensors`` (``quantization_config.ignore`` and ``config_groups.*.targets``): a
   module is quantized when a target matches it (``Linear``: every linear; ``re:`` a regex
   matched from the start of the name, as compressed-tensors matches; else the exact name) and
-  no ``ignore`` entry does.
+  no ``ignore`` entry does;
+- ``glob_prefix`` (gpt-oss's MXFP4 ``quantization_config.modules_to_not_convert``): as
+  ``glob``, and a module under a listed one is excluded too (``model.layers.*.self_attn``
+  excludes ``model.layers.0.self_attn.q_proj``), as transformers reads the list.
 The patterns are untrusted: each field is compiled once by ``core.config_patterns`` into one
 linear-time matcher, under caps on count and size (never Python's backtracking ``re``).
 
@@ -67,7 +70,8 @@ class QuantConfig:
     def __post_init__(self) -> None:
         """Both fields checked and compiled once, here: a bad or costly pattern is refused
         before any module is matched."""
-        kind: Kind = "glob" if self.scheme.exclude_match == "glob" else "compressed_tensors"
+        glob = self.scheme.exclude_match in ("glob", "glob_prefix")
+        kind: Kind = "glob" if glob else "compressed_tensors"
         object.__setattr__(self, "_exclude", NameMatcher(self.excluded, kind, self.source))
         targets = [t for t in self.targets if t != "Linear"]
         object.__setattr__(
@@ -77,15 +81,26 @@ class QuantConfig:
     def quantized(self, module: str, aliases: Sequence[str] = ()) -> bool:
         """True when the config says the module (full checkpoint name, or one of its
         ``aliases``: the tool's own module names, which its config lists) is quantized."""
-        names = [module, *aliases]
+        names = self._scoped([module, *aliases])
         if self._exclude.any(names):
             return False
-        if self.scheme.exclude_match == "glob" or "Linear" in self.targets:
+        if self.scheme.exclude_match in ("glob", "glob_prefix") or "Linear" in self.targets:
             return True
         return self._targets.any(names)
 
+    def _scoped(self, names: list[str]) -> list[str]:
+        """``glob_prefix``: each name and every module it is under (a listed module excludes
+        what it holds); otherwise the names as given."""
+        if self.scheme.exclude_match != "glob_prefix":
+            return names
+        out = []
+        for n in names:
+            parts = n.split(".")
+            out += [".".join(parts[:k]) for k in range(len(parts), 0, -1)]
+        return out
+
     def why_excluded(self, module: str) -> str:
-        hit = self._exclude.first(module)
+        hit = next((h for n in self._scoped([module]) if (h := self._exclude.first(n))), None)
         if hit is not None:
             return f"{self.source} lists {hit!r}"
         return f"no target of {self.scheme.exclude.file} config_groups matches it"

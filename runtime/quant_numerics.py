@@ -22,6 +22,16 @@ which is compressed-tensors' block dequant: with an F32 scale (DeepSeek's ``weig
 it returns F32, here rounded once to BF16; with a BF16 scale (what llmcompressor writes, named
 ``weight_scale``) it returns BF16, and the F32 product is exact, so one rounding either way.
 
+MXFP4 (OCP Microscaling v1.0; gpt-oss's hub layout: ``blocks`` U8 ``[..., O, I/32, 16]``,
+``scales`` U8 ``[..., O, I/32]``): each block of 32 elements shares one E8M0 scale byte ``s``,
+the power of two ``2^(s - 127)`` (``s = 255`` is NaN); each of the block's 16 bytes holds two
+E2M1 codes, the LOW nibble first (as NVFP4). Value ``bf16(E2M1[code] * 2^(s - 127))``, formed
+in F32 (``2^-127`` is an F32 subnormal, every product of a code and a power of two down to
+``2^-128`` is exact, and so is its BF16 rounding; ``4 · 2^127`` and up is ±inf). This is
+transformers' ``convert_moe_packed_tensors`` (its lookup table has -0.0 at code 8, and
+``ldexp`` in F32), bit for bit for scales 0..254; at 255 it gives ±inf or NaN, the OCP spec
+NaN, which is what this gives.
+
 Swizzle: vLLM's ``swizzle_blockscale``: rows zero-padded to a multiple of 128, columns to a
 multiple of 4, then ``[B, M/128, 4, 32, K/4, 4]`` permuted ``(0, 1, 4, 3, 2, 5)``; the result
 keeps the padded shape ``[..., M_pad, K_pad]``.
@@ -212,6 +222,25 @@ def dequant_nvfp4(
 
     _each(_row_spans(nrows, cols), work, workers)
     return out.reshape(*lead, rows, cols)  # [R, I] -> [..., O, I]
+
+
+def dequant_mxfp4(blocks: Array, scales: Array, *, what: str = "MXFP4 dequant") -> Array:
+    """BF16 ``[..., O, I]`` from MXFP4 ``blocks [..., O, I/32, 16]`` and E8M0 ``scales
+    [..., O, I/32]`` (the module docstring has the formula and its reference)."""
+    if blocks.dtype != U8 or scales.dtype != U8:
+        raise BindError(f"{what}: blocks and scales are {blocks.dtype}, {scales.dtype}, not U8")
+    if blocks.ndim < 2 or blocks.shape[-1] != 16 or tuple(blocks.shape[:-1]) != scales.shape:
+        raise BindError(
+            f"{what}: blocks {list(blocks.shape)} and scales {list(scales.shape)} are not "
+            "[..., O, I/32, 16] and [..., O, I/32]"
+        )
+    with np.errstate(all="ignore"):
+        power = np.ldexp(np.float32(1), scales.astype(np.int32) - 127).astype(F32)  # 2^(s-127)
+        power[scales == 255] = np.nan  # E8M0 255: NaN (OCP MX v1.0, 5.4.1)
+        vals = np.take(PAIRS[True], blocks, axis=0)  # [..., O, G, 16] bytes -> [.., 16, 2] F32
+        prod = vals.reshape(*scales.shape, 32) * power[..., None]  # [..., O, G, 32], exact
+    out = prod.astype(BF16)  # exact but for overflow to ±inf
+    return out.reshape(*scales.shape[:-1], scales.shape[-1] * 32)  # [..., O, G, 32] -> [..., O, I]
 
 
 def dequant_fp8_block(

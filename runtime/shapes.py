@@ -101,6 +101,11 @@ class ShapeOps:
             )
         return Shaped(tuple(shape), a.dtype)
 
+    def permute(self, a: Shaped, axes: tuple[int, ...], what: str) -> Shaped:
+        if sorted(axes) != list(range(a.ndim)):
+            raise BindError(f"{what}: cannot permute {list(a.shape)} by {list(axes)}")
+        return Shaped(tuple(a.shape[i] for i in axes), a.dtype)
+
     def take(self, a: Shaped, axis: int, start: int, stop: int, what: str) -> Shaped:
         ax = _axis(axis, a.ndim)
         if not 0 <= start < stop <= a.shape[ax]:
@@ -160,6 +165,11 @@ class ShapeOps:
     ) -> Shaped:
         lead, rows, cols = fp8_block_geometry(weight.shape, scale_inv.shape, block, "dequant")
         return Shaped((*lead, rows, cols), "BF16")
+
+    def dequant_mxfp4(self, blocks: Shaped, scales: Shaped) -> Shaped:
+        if blocks.shape[-1:] != (16,) or blocks.shape[:-1] != scales.shape:
+            raise BindError(f"dequant: blocks {list(blocks.shape)}, scales {list(scales.shape)}")
+        return Shaped((*scales.shape[:-1], scales.shape[-1] * 32), "BF16")
 
     def swizzle_blockscale(self, scale: Shaped) -> Shaped:
         *lead, m, k = scale.shape

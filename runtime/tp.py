@@ -10,7 +10,9 @@ Invariants:
   converted later by the binder; names without a plan entry pass through untouched, so the
   binder's refusal of an unknown tensor still fires;
 - a row shard is a zero-copy slice of the memory map; any other axis is a strided gather of
-  only the local slice; the full tensor is never materialised.
+  only the local slice; the full tensor is never materialised;
+- a stacked family (``TensorPlan.members``) is first cut to this ep rank's rows of axis 0 (a
+  zero-copy byte range), then split by tp within them: other ep ranks' experts are never read.
 Trap: a row slice of ``o_proj`` has the same byte count as its column shard and different
 contents; only the column shard is right (the tests compare values, not lengths).
 """
@@ -57,6 +59,9 @@ def shard_raw(plan: TensorPlan, t: RawTensor, layer: int) -> RawTensor:
             f"{at(layer)}: {plan.name} is {len(t.data)} B, shape {list(plan.full_shape)} "
             f"implies {full_bytes} B"
         )
+    if plan.members is not None:
+        t, plan = _members(plan, t)
+        full_bytes = len(t.data)
     if plan.kind == "replicated" or plan.local_shape == plan.full_shape:
         return t
     if plan.axis == 0:
@@ -71,6 +76,18 @@ def shard_raw(plan: TensorPlan, t: RawTensor, layer: int) -> RawTensor:
         return RawTensor(t.dtype, plan.local_shape, data)
     local = np.ascontiguousarray(shard_view(plan, t.data, t.dtype))  # the local slice only
     return RawTensor(t.dtype, plan.local_shape, local.reshape(-1).data)
+
+
+def _members(plan: TensorPlan, t: RawTensor) -> tuple[RawTensor, TensorPlan]:
+    """A stacked family's rows of axis 0 that this ep rank owns: one contiguous byte range
+    (zero-copy), and the plan of the rest of the read on those rows alone."""
+    assert plan.members is not None
+    first, count = plan.members
+    row = len(t.data) // plan.full_shape[0]  # bytes of one member
+    shape = (count, *plan.full_shape[1:])  # [E, ...] -> [E_r, ...]
+    span = None if t.span is None else MapSpan(t.span.map, t.span.offset + first * row)
+    data = t.data[first * row : (first + count) * row]
+    return RawTensor(t.dtype, shape, data, span), replace(plan, full_shape=shape, members=None)
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -153,4 +170,5 @@ class ShardedSource:
         p = self.plan.tensors.get(name)
         if t is None or p is None:
             return t
-        return shard_raw(replace(p, kind="replicated", local_shape=p.full_shape), t, self._layer)
+        whole = replace(p, kind="replicated", local_shape=p.full_shape, members=None)
+        return shard_raw(whole, t, self._layer)

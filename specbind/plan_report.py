@@ -108,7 +108,8 @@ def plan_report(
                 tp1 += t.full_bytes
                 held = ranked[t.name].replicas if t.name in ranked else 1
                 copies = tp_size if t.kind == "replicated" else held
-                copies *= 1 if t.pattern != t.name else ep_size  # an expert lives on one ep rank
+                expert = t.pattern != t.name or t.members is not None  # a member, or stacked
+                copies *= 1 if expert else ep_size  # an expert lives on one ep rank
                 expected += t.full_bytes * copies
     ranks: list[dict[str, Any]] = []
     for r in grid:

@@ -62,7 +62,7 @@ CASES = [
         "shape: [O, I / 16], role: block_scale}",
         "shape: [O, I / 16], role: block_scale, name: q_proj.weight}",
         "role: block_scale",
-        "companions.weight_scale",
+        "companions.weight_scale.name",  # a name is only a {param}_suffix template
         "schema",
     ),
     (

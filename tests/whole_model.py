@@ -128,6 +128,7 @@ _NUMPY_DTYPES: dict[str, Any] = {
     "F64": np.float64,
     "I64": np.int64,
     "I32": np.int32,
+    "U8": np.uint8,
     "BOOL": np.bool_,
 }
 _SAFETENSORS_DTYPES = {np.dtype(v): k for k, v in _NUMPY_DTYPES.items()}

@@ -32,17 +32,22 @@ def quantized_entries(
     linear = [r for r in block.tensors if r.linear]
     out: list[tuple[str, str, tuple[int, ...]]] = []
     for name, dtype, shape in written:
-        if not any(member_of(name, r.name) for r in linear):
+        rule = next((r for r in linear if member_of(name, r.name)), None)
+        if rule is None:
             out.append((name, dtype, shape))
             continue
-        o, i = shape
+        axes = rule.linear_axes  # a stacked linear [E, I, O]: companions [E, O, ...]
+        o, i = (shape[0], shape[1]) if axes is None else (shape[axes[1]], shape[axes[0]])
+        lead = () if axes is None else shape[:1]
         module = name.removesuffix(".weight")
-        if not all(d.exact(o, i) for c in scheme.companions for d in c.dims):
+        exact = all(d.exact(o, i) for c in scheme.companions for d in c.dims)
+        if not exact or not scheme.holds(axes is not None):
             excluded.append(pre + module)
             out.append((name, dtype, shape))
             continue
         for c in scheme.companions:  # the packed weight under its stored suffix too
-            out.append((f"{module}.{c.suffix}", c.dtype, c.shape(o, i)))
+            stored = c.stored_name(name) if c.template else f"{module}.{c.suffix}"
+            out.append((stored, c.dtype, (*lead, *c.shape(o, i))))
     return out
 
 
