@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pytest
 from gpt_oss_model import CONFIG, load_gpt_oss_model
+from gqa_model import rejoin_replicated
 from helpers import cached_binds, rejoin
 from whole_model import expert_range, read_checkpoint
 
@@ -53,7 +54,9 @@ E = CONFIG["num_local_experts"]
 H = CONFIG["num_attention_heads"]
 INTER = CONFIG["intermediate_size"]
 X = CONFIG["hidden_size"]
-RANKS = [(tp, ep) for tp in (1, 2) for ep in range(1, E + 1)]
+KV = CONFIG["num_key_value_heads"]
+# 2 KV heads: at tp 4 and 8 each is held by tp / 2 ranks (vLLM's QKVParallelLinear)
+RANKS = [(tp, ep) for tp in (1, 2, 4) for ep in range(1, E + 1)] + [(8, 1), (8, 2)]
 
 
 @pytest.fixture(scope="session")
@@ -104,7 +107,12 @@ def test_every_tensor_binds_at_every_tp_and_ep_and_the_shares_rejoin(
     rules = {k: rule for k, (rule, _) in shares[(0, 0)].items()}
     assert set(rules) == set(full)
     for name, want in full.items():
-        got = rejoin(rules[name], {k: v[name][1] for k, v in shares.items()}, tp, ep)
+        mine = {k: v[name][1] for k, v in shares.items()}
+        kv = name.rsplit(".", 1)[1] in ("k_proj", "v_proj", "k_bias", "v_bias")
+        if kv and tp > KV:  # each KV head held by tp / KV ranks
+            got = rejoin_replicated(rules[name], mine, tp, ep, tp // KV)
+        else:
+            got = rejoin(rules[name], mine, tp, ep)
         assert got.dtype == want.dtype and got.tobytes() == want.tobytes(), name
     base, rem = divmod(E, ep)
     w13 = shares[(0, ep - 1)]["layers.0.mlp.w13"][1]
@@ -139,7 +147,7 @@ def test_the_ranks_planned_reads_tile_every_tensor_once_per_replica(
     assert any("mlp.experts.gate_up_proj: rows" in p and "no rank" in p for p in short), short
 
 
-@pytest.mark.parametrize(("tp", "ep"), [(1, 1), (2, 1), (1, 4), (2, 3)])
+@pytest.mark.parametrize(("tp", "ep"), [(1, 1), (2, 1), (1, 4), (2, 3), (4, 2)])
 def test_each_ranks_share_is_vllms_gpt_oss_layout(
     oss_ckpt: Path, bind_at: Callable[[int, int, int, int], BindResult], tp: int, ep: int
 ) -> None:
@@ -168,10 +176,12 @@ def test_each_ranks_share_is_vllms_gpt_oss_layout(
             assert f["layers.1.attention.sinks"].tobytes() == sinks.tobytes()
 
 
-def test_a_tp_past_the_kv_heads_is_refused_in_one_line(oss_ckpt: Path) -> None:
+def test_a_tp_that_neither_divides_nor_is_a_multiple_of_the_heads_is_refused_in_one_line(
+    oss_ckpt: Path,
+) -> None:
     with pytest.raises(GeometryError) as e:
-        bind_checkpoint(CheckpointDir(oss_ckpt), TABLE, tp_size=4, tp_rank=0, progress=False)
-    assert "kv_heads" in str(e.value) and "\n" not in str(e.value)
+        bind_checkpoint(CheckpointDir(oss_ckpt), TABLE, tp_size=3, tp_rank=0, progress=False)
+    assert "heads" in str(e.value) and "\n" not in str(e.value)
 
 
 def _same(bound: Any, theirs: Any) -> bool:
@@ -236,7 +246,7 @@ def _rank_moe(
     return out
 
 
-@pytest.mark.parametrize(("tp", "ep"), [(1, 1), (2, 1), (1, 3), (2, 4)])
+@pytest.mark.parametrize(("tp", "ep"), [(1, 1), (2, 1), (1, 3), (2, 4), (4, 2), (8, 1)])
 def test_moe_from_the_bound_fields_summed_over_ranks_equals_transformers(
     model: Any, bind_at: Callable[[int, int, int, int], BindResult], tp: int, ep: int
 ) -> None:

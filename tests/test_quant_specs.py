@@ -67,9 +67,9 @@ CASES = [
     ),
     (
         "blocks/kda.yaml",
-        "shape: [Q, 1, K], shard: {rows: H}}\n  k_conv1d",
-        "shape: [Q, 1, K], shard: {rows: H}, linear: true}\n  k_conv1d",
-        "q_conv1d.weight:",
+        "shape: [proj_dim, 1, conv_kernel]\n    shard: {rows: linear_heads}\n  k_conv1d",
+        "shape: [proj_dim, 1, conv_kernel]\n    shard: {rows: linear_heads}\n    linear: true  # bad\n  k_conv1d",
+        "linear: true  # bad",
         "tensors.q_conv1d.weight.linear",
         "a linear weight is a 2-D [O, I] tensor named MODULE.weight",
     ),

@@ -86,8 +86,9 @@ def ensure_layer(
     from specbind.synth.quant import quantized_entries
 
     rng = np.random.default_rng(0)
+    every = frozenset(t.group for t in block.tensors if t.group is not None)  # the whole block
     written = quantized_entries(
-        block, list(block_tensors(block, g, frozenset(), False)), scheme, "", []
+        block, list(block_tensors(block, g, every, False)), scheme, "", []
     )
     tensors = {n: _values(rng, d, shape, n) for n, d, shape in written}
     path.parent.mkdir(parents=True, exist_ok=True)
