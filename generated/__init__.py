@@ -11,12 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbind.generated import model_deepseek_v3_2, model_glm_5_3_flash, model_kimi_linear
+from specbind.generated import (
+    model_deepseek_v3,
+    model_deepseek_v3_2,
+    model_glm_5_3_flash,
+    model_kimi_linear,
+)
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "54dc26c207dbbfa3ac7a8099d52fdbc561b906b2f76faf6b1121ee3440e414e0"
+SPECS_SHA256 = "8d35ed83092f75b465bee0c87965832c2411e5526dac96eb4d0a787948275fb4"
 
 MODELS: dict[str, ModelTable[Any]] = {
+    model_deepseek_v3.MODEL: model_deepseek_v3.TABLE,
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
     model_kimi_linear.MODEL: model_kimi_linear.TABLE,

@@ -152,12 +152,12 @@ class OpenLayout:
     lay: Layout
 
 
-def open_layout(ckpt: CheckpointDir, table: ModelTable[Any]) -> OpenLayout:
-    """The checkpoint's quantization, named view and layout; a checkpoint with no layer the
-    model names, or a layout problem, is refused."""
+def open_layout(ckpt: CheckpointDir, table: ModelTable[Any], mtp: bool = True) -> OpenLayout:
+    """The checkpoint's quantization, named view and layout (``mtp=False``: the decoder alone);
+    a checkpoint with no layer the model names, or a layout problem, is refused."""
     qconf = detect(ckpt, table.schemes)
     view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
-    lay = layout(table, view.names(), ckpt.config)
+    lay = layout(table, view.names(), ckpt.config, mtp)
     if not lay.layers:
         raise BindError(
             f"{ckpt.root}: no tensors named like {table.layer_pattern!r} under any of the "

@@ -165,8 +165,10 @@ def _globals_problems(
 
 
 def audit(
-    ckpt: CheckpointDir, table: ModelTable[Any], progress: bool | None = None
+    ckpt: CheckpointDir, table: ModelTable[Any], progress: bool | None = None, mtp: bool = True
 ) -> dict[str, Any]:
+    """The census bind's layout sees; ``mtp=False`` as ``bind --no-mtp``: the MTP layers
+    config.json counts are counted as not bound, not required."""
     problems: list[str] = []
     try:
         qconf = detect(ckpt, table.schemes)
@@ -175,7 +177,7 @@ def audit(
         problems.append(f"model: {e}")
     view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
     scalars = tuple("." + c.suffix for c in (qconf.scheme.companions if qconf else ()) if c.scalar)
-    lay = layout(table, view.names(), ckpt.config)
+    lay = layout(table, view.names(), ckpt.config, mtp)
     split = lay.split
     problems += lay.problems
     try:
@@ -248,7 +250,13 @@ def audit(
             "bound": claimed - undeclared + len(lay.globals),
             "declared_unbound": unbound,
             "unaccounted": unaccounted,
+            **(
+                {"mtp_not_bound": sum(map(len, lay.mtp_skipped.values()))}
+                if lay.mtp_skipped
+                else {}
+            ),
         },
+        **({"mtp_not_bound": sorted(lay.mtp_skipped)} if lay.mtp_skipped else {}),
         "globals": sorted(lay.globals),
         "declared_unbound": {
             p: {"why": why[p], "tensors": len(ns)} for p, ns in lay.unbound.items() if ns
@@ -320,6 +328,11 @@ def render_text(rep: dict[str, Any]) -> str:
     lines.append(f"model-level tensors: {rep['globals']}")
     for prefix, u in rep["declared_unbound"].items():
         lines.append(f"declared unbound: {prefix}* ({u['tensors']} tensors): {u['why']}")
+    if rep.get("mtp_not_bound"):
+        lines.append(
+            f"MTP layer(s) {rep['mtp_not_bound']} not bound ({rep['coverage']['mtp_not_bound']} "
+            "tensors): --no-mtp binds the decoder alone"
+        )
     if rep["unaccounted_outside_layers"]:
         lines.append(f"unaccounted outside the layers: {rep['unaccounted_outside_layers']}")
     for p in rep["problems"]:

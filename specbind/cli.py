@@ -130,7 +130,8 @@ def cmd_audit(a: argparse.Namespace) -> int:
     from specbind.audit import audit, render_text
     from specbind.runtime.checkpoint import CheckpointDir
 
-    rep = audit(CheckpointDir(Path(a.ckpt)), _table(a.model, a.ckpt), progress=a.progress)
+    ckpt, table = CheckpointDir(Path(a.ckpt)), _table(a.model, a.ckpt)
+    rep = audit(ckpt, table, progress=a.progress, mtp=not a.no_mtp)
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
 
@@ -244,6 +245,11 @@ def cmd_bind(a: argparse.Namespace) -> int:
             f"tp rank {result.ranks.tp_rank} of {result.ranks.tp_size}, ep rank "
             f"{result.ranks.ep_rank} of {result.ranks.ep_size} in {result.seconds:.3f} s"
             + skipped
+            + (
+                f"; MTP layer(s) {result.mtp_skipped} not bound (--no-mtp)"
+                if result.mtp_skipped
+                else ""
+            )
             + (f"; wrote {a.out}" if a.out else "")
         )
     return 0
@@ -257,6 +263,7 @@ def _options(a: argparse.Namespace) -> BindOptions:
         quant_output=tuple(a.quant_output or ()),
         allow_unshared_scales=a.allow_unshared_scales,
         progress=a.progress,
+        mtp=not a.no_mtp,
     )
 
 
@@ -286,6 +293,7 @@ def cmd_bind_ranks(a: argparse.Namespace) -> int:
         backend=backends.get(a.backend, generated_kernels),
         out_dir=None if a.out_dir is None else Path(a.out_dir), progress=opts.progress,
         allow_unshared_scales=opts.allow_unshared_scales, quant_outputs=opts.quant_output,
+        mtp=opts.mtp,
     )  # fmt: skip
     if a.backend == "cupy" and launched(os.environ):  # each rank binds on its own device
         importlib.import_module("cupy").cuda.Device(int(os.environ.get("LOCAL_RANK", "0"))).use()
@@ -476,11 +484,20 @@ def parser() -> argparse.ArgumentParser:
     common(s)
     s.set_defaults(func=cmd_synth)
 
+    def no_mtp(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--no-mtp",
+            action="store_true",
+            help="the decoder alone: the MTP layers config.json counts are neither required "
+            "nor bound (an engine that does not speculate; a checkpoint saved without them)",
+        )
+
     au = sub.add_parser("audit", help="census of every tensor of a checkpoint")
     au.add_argument("ckpt")
     au.add_argument("--json", action="store_true")
     common(au, sets=False)
     progress(au)
+    no_mtp(au)
     au.set_defaults(func=cmd_audit)
 
     def tp(sp: argparse.ArgumentParser, rank: bool) -> None:
@@ -538,6 +555,7 @@ def parser() -> argparse.ArgumentParser:
         choices=["swizzled", "dequantized"],
         help="also bind quantized fields as CUTLASS-swizzled block scales / dequantized BF16",
     )
+    no_mtp(b)
     tp(b, rank=True)
     common(b)
     progress(b)

@@ -363,8 +363,9 @@ def test_the_real_specs_load(root: Path) -> None:
         "lm_globals",
         "mla",
         "mla_indexed",
+        "mla_lora",
     }
-    assert set(specs.models) == {"glm-5.3-flash", "kimi-linear", "deepseek-v3.2"}
+    assert set(specs.models) == {"glm-5.3-flash", "kimi-linear", "deepseek-v3.2", "deepseek-v3"}
 
 
 def _no_markers(root: Path) -> None:
