@@ -19,7 +19,6 @@ from specbind.core.ir import (
     LayerGroupRule,
     NameRule,
     SlotRule,
-    SynthList,
     SynthRule,
     UnboundRule,
 )
