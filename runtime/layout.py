@@ -180,8 +180,14 @@ def layout(
         for i in sorted(want - have):
             problems.append(f"layer {i}: {told}, but the checkpoint has no layer {i}")
         for i in sorted(have - want):
+            mtp_hint = (
+                f" (an MTP layer? config.json {table.mtp_count} counts none)"
+                if table.mtp_count is not None and mtp and n_mtp == 0 and i == n_layers
+                else ""
+            )
             problems.append(
                 f"layer {i}: {told}, so there is no layer {i}, but the checkpoint has one"
+                + mtp_hint
             )
     layers: dict[int, LayerLayout] = {}
     for index, lnames in split.layers.items():

@@ -135,11 +135,12 @@ class Checkpoint:
 
         return audit(self._raw, self._table, progress=False, mtp=mtp)
 
-    def plan(self, *, tp_size: int = 1, ep_size: int = 1) -> dict[str, Any]:
-        """Every tensor's local shape and bytes on every rank: ``specbind plan --json``."""
+    def plan(self, *, tp_size: int = 1, ep_size: int = 1, mtp: bool = True) -> dict[str, Any]:
+        """Every tensor's local shape and bytes on every rank: ``specbind plan --json``
+        (``mtp=False``: the decoder alone, as ``--no-mtp``)."""
         from specbind.plan_report import checkpoint_layers, plan_report
 
-        layers, quant = checkpoint_layers(self._table, self._raw, self.values)
+        layers, quant = checkpoint_layers(self._table, self._raw, self.values, mtp)
         return plan_report(
             self._table, self.values, tp_size, layers, str(self.path), ep_size=ep_size,
             quant=lambda i, b: quant.get((i, b)),

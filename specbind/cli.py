@@ -325,7 +325,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
             raise SpecbindError("--quant plans the spec's model; a checkpoint says its own")
         ckpt = CheckpointDir(Path(a.ckpt))
         values = values_from_config(table, ckpt.config, _sets(a.set))
-        layers, quant = checkpoint_layers(table, ckpt, values)
+        layers, quant = checkpoint_layers(table, ckpt, values, mtp=not a.no_mtp)
         source = str(ckpt.root)
     else:
         from specbind.core.planning import expand
@@ -336,7 +336,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
         values = checked_values(table, table.default_values(), _sets(a.set))
         geometry = table.make_geometry(values)
         scheme = _scheme(table, a.quant) if a.quant is not None else None
-        for p in schedule(table, table.real_layers, mtp=table.real_mtp > 0):
+        for p in schedule(table, table.real_layers, mtp=table.real_mtp > 0 and not a.no_mtp):
             for bname in p.blocks.values():
                 block = table.block(bname)
                 lq = None if scheme is None else storable(scheme, block, geometry)
@@ -569,6 +569,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="SCHEME",
         help="without a checkpoint: plan every linear the scheme can hold stored quantized",
     )
+    no_mtp(pl)
     tp(pl, rank=False)
     common(pl)
     pl.set_defaults(func=cmd_plan)

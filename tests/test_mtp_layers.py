@@ -178,3 +178,24 @@ def test_a_glm_checkpoint_resaved_without_its_mtp_layer_is_refused_then_bound_wi
     assert "bound 4 layer(s)" in out
     rc, out, err = _cli("audit", str(ckpt), "--no-mtp", "--json")
     assert rc == 0 and json.loads(out)["problems"] == [], err
+    rc, _, err = _cli("plan", str(ckpt), "--tp-size", "2")
+    assert rc != 0 and "--no-mtp" in err and len(err.strip().splitlines()) == 1, err
+    rc, out, err = _cli("plan", str(ckpt), "--tp-size", "2", "--no-mtp", "--json")
+    assert rc == 0, err
+
+
+def test_an_mtp_layer_config_json_does_not_count_is_refused_saying_what_it_may_be(
+    with_mtp: tuple[Path, Any], tmp_path: Path
+) -> None:
+    path, _ = with_mtp
+    uncounted = tmp_path / "uncounted"
+    shutil.copytree(path, uncounted)
+    cfg = json.loads((uncounted / "config.json").read_text())
+    del cfg["num_nextn_predict_layers"]
+    (uncounted / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(BindError) as e:
+        _bind(uncounted)
+    assert str(e.value) == (
+        "layer 4: config.json num_hidden_layers is 4, so there is no layer 4, but the checkpoint "
+        "has one (an MTP layer? config.json num_nextn_predict_layers counts none)"
+    )
