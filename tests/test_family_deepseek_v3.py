@@ -212,3 +212,22 @@ def test_the_hub_mtp_layer_binds_as_an_mtp_layer(ckpt: Path, tmp_path: Path) -> 
         assert np.array_equal(
             head["shared_head"].astype(np.float32), want[rank * rows : (rank + 1) * rows]
         )
+
+
+def test_a_geometry_vllms_cpu_mla_takes_binds_from_config_alone(tmp_path: Path) -> None:
+    """kv_lora_rank 512 and qk_rope_head_dim 64 (what vLLM's CPU MLA requires), with the hub's
+    topk_method/scoring_func: every size comes from config.json; the MTP layer synth writes
+    binds too."""
+    from specbind.synth import synth, tiny_values
+
+    values = tiny_values(TABLE) | {"kv_lora_rank": 512, "qk_rope_head_dim": 64}
+    synth(TABLE, tmp_path / "ck", values, layers=2, seed=2)
+    ck = CheckpointDir(tmp_path / "ck")
+    assert (ck.config["kv_lora_rank"], ck.config["qk_rope_head_dim"]) == (512, 64)
+    assert (ck.config["topk_method"], ck.config["scoring_func"]) == ("noaux_tc", "sigmoid")
+    for rank in range(2):
+        res = bind_checkpoint(ck, TABLE, tp_size=2, tp_rank=rank, progress=False)
+        assert [x.role for x in res.layers] == ["decoder", "decoder", "mtp"]
+        a = res.layers[0].slots["attention"].weights.arrays()
+        assert a["q_absorb"].shape == (H // 2 * 512, values["q_lora_rank"])
+        assert a["k_rope"].shape == (64, values["hidden"])
