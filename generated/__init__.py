@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from specbind.generated import (
+    model_deepseek_v3,
     model_deepseek_v3_2,
     model_glm_5_3_flash,
     model_gpt_oss,
@@ -23,9 +24,10 @@ from specbind.generated import (
 )
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "12afcf7c8c45c8c68e143be39ad91b3a3f5f234a98a2b541abe7060cf1d65354"
+SPECS_SHA256 = "307d530546662ae129ebd35b154b34945e900cfa92403de0c9ba87f730169a22"
 
 MODELS: dict[str, ModelTable[Any]] = {
+    model_deepseek_v3.MODEL: model_deepseek_v3.TABLE,
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
     model_gpt_oss.MODEL: model_gpt_oss.TABLE,

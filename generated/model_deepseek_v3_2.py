@@ -24,7 +24,7 @@ from specbind.core.ir import (
     UnboundRule,
 )
 from specbind.core.planning import Ranks
-from specbind.generated import dense, layer_norms, lm_globals, mla_indexed, moe
+from specbind.generated import dense, layer_norms, lm_globals, mla_indexed, moe, mtp_head
 from specbind.generated.schemes import SCHEMES
 from specbind.runtime.model import BlockEntry, ModelTable
 
@@ -57,6 +57,7 @@ SLOTS: tuple[SlotRule, ...] = (
         values=(("moe", ("sparse",)), ("dense", ("dense",))),
     ),
     SlotRule(name="norms", blocks=("layer_norms",), scope="all", config=None, values=()),
+    SlotRule(name="mtp", blocks=("mtp_head",), scope="mtp", config=None, values=()),
 )
 
 # Other writers' layer-relative names: a prefix renamed, or one tensor read as row sections.
@@ -88,7 +89,7 @@ SYNTH: SynthRule | None = SynthRule(
         SynthList(config="layer_types", head=(), pattern=("indexed_attention",)),
         SynthList(config="mlp_layer_types", head=("dense", "dense"), pattern=("sparse",)),
     ),
-    mtp=(),
+    mtp=(("attention", "mla_indexed"), ("mlp", "moe")),
     config_json='{"architectures": ["DeepseekV32ForCausalLM"], "first_k_dense_replace": 2, "index_topk": 4, "model_type": "deepseek_v32", "n_group": 2, "num_experts_per_tok": 2, "pad_token_id": 0, "rms_norm_eps": 1e-06, "tie_word_embeddings": false, "topk_group": 1, "torch_dtype": "bfloat16"}',
     config_from=(("num_key_value_heads", "heads"),),
     nested_json="{}",
@@ -228,6 +229,16 @@ def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeo
     )
 
 
+def mtp_head_geometry(m: Geometry, ranks: Ranks) -> mtp_head.MtpHeadGeometry:
+    """The ``mtp_head`` block's symbols from the model's geometry."""
+    return mtp_head.MtpHeadGeometry(
+        hidden=m.hidden,
+        vocab=m.vocab,
+        tp=ranks.tp_size,
+        ep=ranks.ep_size,
+    )
+
+
 def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeometry:
     """The ``lm_globals`` block's symbols from the model's geometry."""
     return lm_globals.LmGlobalsGeometry(
@@ -243,6 +254,7 @@ BLOCKS: tuple[BlockEntry[Geometry], ...] = (
     BlockEntry(moe, moe.bind_moe, moe_geometry),
     BlockEntry(dense, dense.bind_dense, dense_geometry),
     BlockEntry(layer_norms, layer_norms.bind_layer_norms, layer_norms_geometry),
+    BlockEntry(mtp_head, mtp_head.bind_mtp_head, mtp_head_geometry),
     BlockEntry(lm_globals, lm_globals.bind_lm_globals, lm_globals_geometry),
 )
 
@@ -260,11 +272,11 @@ TABLE: ModelTable[Geometry] = ModelTable(
     unbound=UNBOUND,
     names=NAMES,
     layer_count="num_hidden_layers",
-    mtp_count=None,
+    mtp_count="num_nextn_predict_layers",
     flags=("tie_word_embeddings",),
     synth=SYNTH,
     real_layers=61,
-    real_mtp=0,
+    real_mtp=1,
     model_types=("deepseek_v32",),
     default=False,
     constraints=CONSTRAINTS,

@@ -360,6 +360,7 @@ def mtp_head_geometry(m: Geometry, ranks: Ranks) -> mtp_head.MtpHeadGeometry:
     """The ``mtp_head`` block's symbols from the model's geometry."""
     return mtp_head.MtpHeadGeometry(
         hidden=m.hidden,
+        vocab=m.vocab,
         tp=ranks.tp_size,
         ep=ranks.ep_size,
     )

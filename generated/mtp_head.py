@@ -4,7 +4,7 @@
 DO NOT EDIT: change the spec and run ``make generate``.
 
 Invariants, checked on every layer this binder sees:
-- the block's ``(unprefixed)`` tensors are exactly the 4 required rules below;
+- the block's ``(unprefixed)`` tensors are exactly the 4 required rules below plus the 2 of optional group(s) vocab_copies, each all-or-nothing;
   any other name under the prefix is refused (all of them in one error), never skipped;
 - every dtype, shape and byte count is checked against the geometry; a dtype is converted
   only where the spec accepts another stored dtype, and only exactly;
@@ -41,7 +41,7 @@ from specbind.runtime.tp import ShardedSource
 
 BLOCK = "mtp_head"
 PREFIX = ""
-DOC = "MTP layer extras (enorm, hnorm, eh_proj, shared_head.norm)."
+DOC = "MTP layer extras (enorm, hnorm, eh_proj, shared_head.norm; optionally the vocab copies)."
 
 # The array type the weights hold: numpy.ndarray (numpy backend), cupy.ndarray (cupy) or
 # torch.Tensor (the API's torch backend); a bind returns ``MtpHeadWeights[Any]``.
@@ -53,6 +53,7 @@ class MtpHeadGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
     hidden: int  # hidden size
+    vocab: int  # vocabulary size
     tp: int = 1
     ep: int = 1
 
@@ -60,12 +61,14 @@ class MtpHeadGeometry:
         """Every symbol, ``tp`` and ``ep`` by name (messages; ``env`` adds the derived ones)."""
         return {
             "hidden": self.hidden,
+            "vocab": self.vocab,
             "tp": self.tp,
             "ep": self.ep,
         }
 
 
-# Every tensor of this block is replicated: each rank holds it whole, in its global shape.
+# Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
+#   vocab_r = vocab/tp (1 when tp > vocab): this rank's share of vocab (vocabulary size)
 
 TENSORS: tuple[TensorRule, ...] = (
     # enorm.weight [hidden] BF16 on disk; replicated: every rank reads all of it
@@ -97,9 +100,31 @@ TENSORS: tuple[TensorRule, ...] = (
         shape="[hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
     ),
+    # embed_tokens.weight [vocab, hidden] BF16 on disk; rank r reads [vocab_r, hidden], block r of the rows (whole vocab)
+    TensorRule(
+        name="embed_tokens.weight",
+        dtype="BF16",
+        shape="[vocab, hidden]",
+        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        group="vocab_copies",
+    ),
+    # shared_head.head.weight [vocab, hidden] BF16 on disk; rank r reads [vocab_r, hidden], block r of the rows (whole vocab)
+    TensorRule(
+        name="shared_head.head.weight",
+        dtype="BF16",
+        shape="[vocab, hidden]",
+        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        group="vocab_copies",
+    ),
 )
 
-GROUPS: dict[str, GroupRule] = {}
+GROUPS: dict[str, GroupRule] = {
+    "vocab_copies": GroupRule(
+        name="vocab_copies",
+        optional=True,
+        why="DeepSeek-V3's hub MTP layer stores its own embedding and LM head; a checkpoint whose MTP layer shares the model's (GLM) has none",
+    ),
+}
 
 # Each family's size symbol; a family split by `experts` is divided whole across ep ranks.
 FAMILIES: dict[str, str] = {}
@@ -115,6 +140,8 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "hnorm": ("hnorm.weight",),
     "eh_proj": ("eh_proj.weight",),
     "shared_head_norm": ("shared_head.norm.weight",),
+    "embed_tokens": ("embed_tokens.weight",),
+    "shared_head": ("shared_head.head.weight",),
 }
 
 # How each bound field is made, and how it splits across tensor-parallel ranks: a rank holds
@@ -132,6 +159,12 @@ FIELDS: dict[str, FieldRule] = {
     "shared_head_norm": FieldRule(
         kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
     ),
+    "embed_tokens": FieldRule(
+        kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None
+    ),
+    "shared_head": FieldRule(
+        kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None
+    ),
 }
 
 # Present in every layer of this block, so classification needs only names.
@@ -140,7 +173,6 @@ MARKERS: frozenset[str] = frozenset(
         "enorm.weight",
         "hnorm.weight",
         "eh_proj.weight",
-        "shared_head.norm.weight",
     }
 )
 
@@ -157,6 +189,8 @@ def expected_shapes(g: MtpHeadGeometry) -> dict[str, tuple[int, ...]]:
         "hnorm.weight": (g.hidden,),  # [hidden]
         "eh_proj.weight": (g.hidden, 2 * g.hidden),  # [hidden, 2 * hidden]
         "shared_head.norm.weight": (g.hidden,),  # [hidden]
+        "embed_tokens.weight": (g.vocab, g.hidden),  # [vocab, hidden]
+        "shared_head.head.weight": (g.vocab, g.hidden),  # [vocab, hidden]
     }
 
 
@@ -202,6 +236,10 @@ class MtpHeadWeights(Generic[T]):
     eh_proj: T  # [hidden, 2 * hidden], replicated
     # shared_head.norm.weight [hidden] BF16, verbatim
     shared_head_norm: T  # [hidden], replicated
+    # embed_tokens.weight [vocab, hidden] BF16, verbatim
+    embed_tokens: T | None  # [vocab_r, hidden]
+    # shared_head.head.weight [vocab, hidden] BF16, verbatim
+    shared_head: T | None  # [vocab_r, hidden]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 
@@ -212,6 +250,10 @@ class MtpHeadWeights(Generic[T]):
         out["hnorm"] = self.hnorm
         out["eh_proj"] = self.eh_proj
         out["shared_head_norm"] = self.shared_head_norm
+        if self.embed_tokens is not None:
+            out["embed_tokens"] = self.embed_tokens
+        if self.shared_head is not None:
+            out["shared_head"] = self.shared_head
         if self.quant is not None:
             out.update(self.quant.arrays)
         return out
@@ -275,5 +317,7 @@ def assemble(
         hnorm=t["hnorm.weight"],
         eh_proj=t["eh_proj.weight"],
         shared_head_norm=t["shared_head.norm.weight"],
+        embed_tokens=t.get("embed_tokens.weight"),
+        shared_head=t.get("shared_head.head.weight"),
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )

@@ -79,6 +79,7 @@ class BindResult:
     seconds: float
     flags: dict[str, bool] = field(default_factory=dict)
     quant: str | None = None  # the --out metadata "quant": scheme, weight_only, outputs (JSON)
+    mtp_skipped: list[int] = field(default_factory=list)  # MTP layers not bound (mtp=False)
 
     def slots(self) -> Iterator[tuple[str, SlotResult]]:
         """Every bound slot by its ``--out`` name prefix: ``layers.{i}.{slot}`` or ``globals``."""
@@ -113,6 +114,7 @@ class BindResult:
             "globals": None if self.globals is None else self.globals.report.as_dict(),
             "layers": [layer.as_dict() for layer in self.layers],
             "declared_unbound": dict(self.unbound),
+            **({"mtp_not_bound": list(self.mtp_skipped)} if self.mtp_skipped else {}),
             "bytes": sum(x.bytes for x in self.layers)
             + (self.globals.report.bytes if self.globals else 0),
             "seconds": round(self.seconds, 6),
@@ -146,6 +148,7 @@ def bind_checkpoint(
     ep_size: int = 1,
     ep_rank: int = 0,
     allow_unshared_scales: bool = False,
+    mtp: bool = True,
     quant_outputs: Collection[str] = (),
     sink: Sink | None = None,
 ) -> BindResult:
@@ -155,7 +158,9 @@ def bind_checkpoint(
     A quantized checkpoint (its config names one of ``table.schemes``) binds its quantized
     linears packed, with their companions; ``quant_outputs`` asks for the optional layouts
     (``swizzled`` block scales, ``dequantized`` BF16); scales the blocks declare shared must be
-    equal unless ``allow_unshared_scales``.
+    equal unless ``allow_unshared_scales``. ``mtp=False`` binds the decoder alone: the MTP
+    layers config.json counts are not required, and those present are not read
+    (``BindResult.mtp_skipped``).
 
     With a ``sink`` the bind streams: ``sink.start`` learns every field that may come, before
     any tensor is read; each slot goes to ``sink.slot`` as soon as it is bound, then its
@@ -171,7 +176,7 @@ def bind_checkpoint(
     if unknown_out:
         raise BindError(f"unknown quantized output(s) {unknown_out} (known: {list(QUANT_OUTPUTS)})")
     qout = frozenset(quant_outputs)
-    opened = open_layout(ckpt, table, values)
+    opened = open_layout(ckpt, table, values, mtp)
     qconf, view, lay = opened.qconf, opened.view, opened.lay
     qmeta = None if qconf is None else quant_metadata(qconf.scheme.name, qconf.weight_only, qout)
     used: dict[str, BlockEntry[Any]] = {}
@@ -222,7 +227,8 @@ def bind_checkpoint(
             glob = _handed(sink, "globals", glob)
             ckpt.release(view.on_disk(n) for n in lay.globals.values())
     unbound = {p: len(ns) for p, ns in lay.unbound.items() if ns}
-    return BindResult(ranks, out, glob, unbound, time.perf_counter() - t0, flags, qmeta)
+    seconds = time.perf_counter() - t0
+    return BindResult(ranks, out, glob, unbound, seconds, flags, qmeta, sorted(lay.mtp_skipped))
 
 
 def refuse_idle_ep(model: str, blocks: Collection[BlockEntry[Any]], ep_size: int) -> None:

@@ -24,11 +24,14 @@ class BindOptions:
     (``"swizzled"`` block scales, ``"dequantized"`` BF16), as ``--quant-output``;
     ``allow_unshared_scales``: accept scales the blocks declare shared that differ, as
     ``--allow-unshared-scales``; ``progress``: a bar on stderr (None: only on a terminal), as
-    ``--progress``/``--no-progress`` (the API's default is none, the CLI's a terminal's)."""
+    ``--progress``/``--no-progress`` (the API's default is none, the CLI's a terminal's);
+    ``mtp``: bind the MTP layers config.json counts (False binds the decoder alone, as
+    ``--no-mtp``: for an engine that does not speculate, or a checkpoint saved without them)."""
 
     quant_output: tuple[str, ...] = ()
     allow_unshared_scales: bool = False
     progress: bool | None = False
+    mtp: bool = True
 
     def __post_init__(self) -> None:
         from specbind.runtime.quant import OUTPUTS
@@ -43,6 +46,8 @@ class BindOptions:
             raise BindError(
                 f"allow_unshared_scales is {self.allow_unshared_scales!r}, expected True or False"
             )
+        if type(self.mtp) is not bool:
+            raise BindError(f"mtp is {self.mtp!r}, expected True or False")
         if self.progress is not None and type(self.progress) is not bool:
             raise BindError(f"progress is {self.progress!r}, expected True, False or None")
 
@@ -52,6 +57,7 @@ class BindOptions:
             "quant_outputs": self.quant_output,
             "allow_unshared_scales": self.allow_unshared_scales,
             "progress": self.progress,
+            "mtp": self.mtp,
         }
 
 

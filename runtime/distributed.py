@@ -81,6 +81,7 @@ class Job:
     progress: bool | None = None
     allow_unshared_scales: bool = False
     quant_outputs: tuple[str, ...] = ()
+    mtp: bool = True  # False: the decoder alone (--no-mtp)
 
 
 def rank_file(rank: int, world: int) -> str:
@@ -155,7 +156,7 @@ def _prepare(job: Job, comm: Comm) -> _Prepared:
     ckpt = CheckpointDir(job.ckpt)
     values = values_from_config(job.table, ckpt.config, job.overrides)
     geometry = job.table.make_geometry(values)
-    opened = open_layout(ckpt, job.table, values)
+    opened = open_layout(ckpt, job.table, values, job.mtp)
     view, lay = opened.view, opened.lay
     # as bind_checkpoint decides it, before any byte
     quant = slot_quant(job.table, opened, geometry, job.quant_outputs, job.allow_unshared_scales)
@@ -206,6 +207,7 @@ def run(job: Job, comm: Comm) -> dict[str, Any] | None:
             progress=job.progress if comm.rank == 0 else False,  # one bar, not one per rank
             backend=job.backend, ep_size=p.ranks.ep_size, ep_rank=p.ranks.ep_rank,
             allow_unshared_scales=job.allow_unshared_scales, quant_outputs=job.quant_outputs,
+            mtp=job.mtp,
         )  # fmt: skip
         file_bytes: int | None = None
         if p.out is None:

@@ -9,6 +9,9 @@ Invariants:
   model-level tensor, under a declared-unbound prefix, or a problem; nothing is dropped;
 - a per-layer config list (``layer_types``, ``mlp_layer_types``, ``indexer_types``) and the
   layer counts (``num_hidden_layers`` plus the MTP layers) must agree with what the names say;
+  MTP layers config.json counts but the file lacks (transformers saves none) are one problem
+  naming the option that binds the decoder alone (``mtp=False``, ``--no-mtp``); with it, the
+  MTP layers config.json counts are set aside unread (``Layout.mtp_skipped``), never bound;
 - the layout reports problems, it does not raise for them: ``audit`` lists them all, ``bind``
   refuses the first before reading a byte (only a config.json count that is not a plausible
   whole number is refused outright: nothing can be laid out against it).
@@ -107,6 +110,7 @@ class Layout:
     unbound: dict[str, list[str]]  # declared prefix -> the names under it
     unclaimed: list[str]  # outside the layers, neither global nor declared unbound
     problems: list[str]  # one line each, "layer N: ..." or "model: ..."
+    mtp_skipped: dict[int, list[str]] = field(default_factory=dict)  # set aside (mtp=False)
 
 
 def claimed(
@@ -144,22 +148,46 @@ def fill_slot(table: ModelTable[Any], slot: str, names: Collection[str]) -> Slot
     return SlotFill(slot, None, [], missing, best.name)
 
 
-def layout(table: ModelTable[Any], names: list[str], config: Mapping[str, Any]) -> Layout:
+def layout(
+    table: ModelTable[Any], names: list[str], config: Mapping[str, Any], mtp: bool = True
+) -> Layout:
+    """Where every name belongs; ``mtp=False`` binds the decoder alone: the MTP layers
+    config.json counts are neither required nor bound (those present are set aside unread)."""
     split = split_layers(table, names)
     problems: list[str] = []
     n_layers = config_count(config, table.layer_count)
     n_mtp = config_count(config, table.mtp_count) or 0
+    skipped: dict[int, list[str]] = {}
+    if n_layers is not None and not mtp:
+        skipped = {i: ns for i, ns in split.layers.items() if n_layers <= i < n_layers + n_mtp}
+        split.layers = {i: ns for i, ns in split.layers.items() if i not in skipped}
+        n_mtp = 0
     if n_layers is not None:
         want = set(range(n_layers + n_mtp))
         have = set(split.layers)
         told = f"config.json {table.layer_count} is {n_layers}" + (
             f" plus {n_mtp} MTP layer(s) ({table.mtp_count})" if n_mtp else ""
         )
+        absent_mtp = sorted(i for i in want - have if i >= n_layers)
+        if absent_mtp and not any(i >= n_layers for i in have):
+            problems.append(
+                f"layer {absent_mtp[0]}: config.json {table.mtp_count} is {n_mtp}, but the "
+                f"checkpoint has no MTP layer (no layer {_span(absent_mtp)} after the "
+                f"{n_layers} decoder layers; transformers does not save them): bind the "
+                "decoder alone with --no-mtp (BindOptions(mtp=False))"
+            )
+            want -= set(absent_mtp)
         for i in sorted(want - have):
             problems.append(f"layer {i}: {told}, but the checkpoint has no layer {i}")
         for i in sorted(have - want):
+            mtp_hint = (
+                f" (an MTP layer? config.json {table.mtp_count} counts none)"
+                if table.mtp_count is not None and mtp and n_mtp == 0 and i == n_layers
+                else ""
+            )
             problems.append(
                 f"layer {i}: {told}, so there is no layer {i}, but the checkpoint has one"
+                + mtp_hint
             )
     layers: dict[int, LayerLayout] = {}
     for index, lnames in split.layers.items():
@@ -202,7 +230,11 @@ def layout(table: ModelTable[Any], names: list[str], config: Mapping[str, Any]) 
             f"model: {len(unclaimed)} tensor(s) outside the layers are neither model-level "
             f"tensors nor declared unbound: {_shown(unclaimed)} — refusing to skip them"
         )
-    return Layout(split, layers, glob, unbound, unclaimed, problems)
+    return Layout(split, layers, glob, unbound, unclaimed, problems, skipped)
+
+
+def _span(indices: list[int]) -> str:
+    return str(indices[0]) if len(indices) == 1 else f"{indices[0]}..{indices[-1]}"
 
 
 def _shown(names: list[str], most: int = 12) -> str:

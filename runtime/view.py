@@ -189,11 +189,14 @@ class OpenLayout:
 
 
 def open_layout(
-    ckpt: CheckpointDir, table: ModelTable[Any], values: Mapping[str, int] | None = None
+    ckpt: CheckpointDir,
+    table: ModelTable[Any],
+    values: Mapping[str, int] | None = None,
+    mtp: bool = True,
 ) -> OpenLayout:
     """The checkpoint's quantization, named view and layout; a checkpoint with no layer the
     model names, or a layout problem, is refused. ``values``: the geometry the bind uses
-    (sections are sized at it); without it, config.json's."""
+    (sections are sized at it); without it, config.json's. ``mtp=False``: the decoder alone."""
     qconf = detect(ckpt, table.schemes)
     view = NamedView(
         ckpt,
@@ -202,7 +205,7 @@ def open_layout(
         packed_names(qconf),
         geometry_of(ckpt, table, values),
     )
-    lay = layout(table, view.names(), ckpt.config)
+    lay = layout(table, view.names(), ckpt.config, mtp)
     if not lay.layers:
         raise BindError(
             f"{ckpt.root}: no tensors named like {table.layer_pattern!r} under any of the "

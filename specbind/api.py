@@ -128,17 +128,19 @@ class Checkpoint:
     def config(self) -> dict[str, Any]:
         return self._raw.config
 
-    def audit(self) -> dict[str, Any]:
-        """The census ``specbind audit --json`` prints: coverage, per-layer slots, problems."""
+    def audit(self, *, mtp: bool = True) -> dict[str, Any]:
+        """The census ``specbind audit --json`` prints: coverage, per-layer slots, problems
+        (``mtp=False``: as ``audit --no-mtp``, the decoder alone)."""
         from specbind.audit import audit
 
-        return audit(self._raw, self._table, progress=False, overrides=self.overrides)
+        return audit(self._raw, self._table, progress=False, overrides=self.overrides, mtp=mtp)
 
-    def plan(self, *, tp_size: int = 1, ep_size: int = 1) -> dict[str, Any]:
-        """Every tensor's local shape and bytes on every rank: ``specbind plan --json``."""
+    def plan(self, *, tp_size: int = 1, ep_size: int = 1, mtp: bool = True) -> dict[str, Any]:
+        """Every tensor's local shape and bytes on every rank: ``specbind plan --json``
+        (``mtp=False``: the decoder alone, as ``--no-mtp``)."""
         from specbind.plan_report import checkpoint_layers, plan_report
 
-        layers, quant = checkpoint_layers(self._table, self._raw, self.values)
+        layers, quant = checkpoint_layers(self._table, self._raw, self.values, mtp)
         return plan_report(
             self._table, self.values, tp_size, layers, str(self.path), ep_size=ep_size,
             quant=lambda i, b: quant.get((i, b)),
@@ -158,6 +160,7 @@ class Checkpoint:
         options: BindOptions | None = ...,
         quant_output: str | Sequence[str] | None = ...,
         allow_unshared_scales: bool | None = ...,
+        mtp: bool | None = ...,
     ) -> BoundModel[npt.NDArray[Any]]: ...
 
     @overload
@@ -174,6 +177,7 @@ class Checkpoint:
         options: BindOptions | None = ...,
         quant_output: str | Sequence[str] | None = ...,
         allow_unshared_scales: bool | None = ...,
+        mtp: bool | None = ...,
     ) -> BoundModel[torch.Tensor]: ...
 
     @overload
@@ -190,6 +194,7 @@ class Checkpoint:
         options: BindOptions | None = ...,
         quant_output: str | Sequence[str] | None = ...,
         allow_unshared_scales: bool | None = ...,
+        mtp: bool | None = ...,
     ) -> BoundModel[Any]: ...
 
     def bind(
@@ -205,6 +210,7 @@ class Checkpoint:
         options: BindOptions | None = None,
         quant_output: str | Sequence[str] | None = None,
         allow_unshared_scales: bool | None = None,
+        mtp: bool | None = None,
     ) -> BoundModel[Any]:
         """Bind this rank's share of every tensor.
 
@@ -212,7 +218,7 @@ class Checkpoint:
         (``specbind.BindOptions``), or the same names as keywords, not both —
         ``quant_output`` (``"swizzled"``, ``"dequantized"``, or a list: ``--quant-output``),
         ``allow_unshared_scales`` (``--allow-unshared-scales``), ``progress`` (a bar on
-        stderr; default none).
+        stderr; default none), ``mtp`` (False: the decoder alone, as ``--no-mtp``).
 
         ``device``: for ``cupy``, the CUDA device index as ``"cuda:N"`` (default: the current
         one); for ``torch``, where the tensors live: ``None``/``"cpu"`` binds with NumPy and
@@ -240,7 +246,7 @@ class Checkpoint:
                 raise SpecbindError(f"device {device!r}: torch sees no CUDA device here")
         engine = "cupy" if backend == "cupy" or (on_gpu and _has_cupy()) else "numpy"
         be = backends.get(engine, _kernels() if engine == "cupy" else None)
-        opts = _bind_options(options, quant_output, allow_unshared_scales, progress)
+        opts = _bind_options(options, quant_output, allow_unshared_scales, progress, mtp)
         with _cuda_device(device if engine == "cupy" else None):
             result = bind_checkpoint(
                 self._raw, self._table, self.overrides, tp_size, tp_rank, backend=be,
@@ -264,6 +270,7 @@ def _bind_options(
     quant_output: str | Sequence[str] | None,
     allow_unshared_scales: bool | None,
     progress: bool | None,
+    mtp: bool | None = None,
 ) -> BindOptions:
     """``options``, or one made of the keywords given; both at once is refused."""
     from specbind.core.errors import SpecbindError
@@ -275,6 +282,7 @@ def _bind_options(
             ("quant_output", quant_output),
             ("allow_unshared_scales", allow_unshared_scales),
             ("progress", progress),
+            ("mtp", mtp),
         )
         if v is not None
     }

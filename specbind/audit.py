@@ -170,9 +170,12 @@ def audit(
     table: ModelTable[Any],
     progress: bool | None = None,
     overrides: dict[str, int] | None = None,
+    mtp: bool = True,
 ) -> dict[str, Any]:
-    """The census of every tensor, and every problem bind would refuse with the same geometry
-    (``overrides``: ``--set``, as bind takes it)."""
+    """The census of every tensor bind's layout sees, and every problem bind would refuse with
+    the same geometry (``overrides``: ``--set``, as bind takes it; ``mtp=False`` as
+    ``bind --no-mtp``: the MTP layers config.json counts are counted as not bound, not
+    required)."""
     problems: list[str] = []
     try:
         qconf = detect(ckpt, table.schemes)
@@ -184,7 +187,7 @@ def audit(
     )
     probe = _Probe(view)
     scalars = tuple("." + c.suffix for c in (qconf.scheme.companions if qconf else ()) if c.scalar)
-    lay = layout(table, view.names(), ckpt.config)
+    lay = layout(table, view.names(), ckpt.config, mtp)
     split = lay.split
     problems += lay.problems
     try:
@@ -258,7 +261,13 @@ def audit(
             "bound": claimed - undeclared + len(lay.globals),
             "declared_unbound": unbound,
             "unaccounted": unaccounted,
+            **(
+                {"mtp_not_bound": sum(map(len, lay.mtp_skipped.values()))}
+                if lay.mtp_skipped
+                else {}
+            ),
         },
+        **({"mtp_not_bound": sorted(lay.mtp_skipped)} if lay.mtp_skipped else {}),
         "globals": sorted(lay.globals),
         "declared_unbound": {
             p: {"why": why[p], "tensors": len(ns)} for p, ns in lay.unbound.items() if ns
@@ -350,6 +359,11 @@ def render_text(rep: dict[str, Any]) -> str:
     lines.append(f"model-level tensors: {rep['globals']}")
     for prefix, u in rep["declared_unbound"].items():
         lines.append(f"declared unbound: {prefix}* ({u['tensors']} tensors): {u['why']}")
+    if rep.get("mtp_not_bound"):
+        lines.append(
+            f"MTP layer(s) {rep['mtp_not_bound']} not bound ({rep['coverage']['mtp_not_bound']} "
+            "tensors): --no-mtp binds the decoder alone"
+        )
     if rep["unaccounted_outside_layers"]:
         lines.append(f"unaccounted outside the layers: {rep['unaccounted_outside_layers']}")
     for p in rep["problems"]:

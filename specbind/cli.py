@@ -133,7 +133,13 @@ def cmd_audit(a: argparse.Namespace) -> int:
     overrides = _sets(a.set)
     _note_overrides(overrides)
     table = _table(a.model, a.ckpt)
-    rep = audit(CheckpointDir(Path(a.ckpt)), table, progress=a.progress, overrides=overrides)
+    rep = audit(
+        CheckpointDir(Path(a.ckpt)),
+        table,
+        progress=a.progress,
+        overrides=overrides,
+        mtp=not a.no_mtp,
+    )
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
 
@@ -247,6 +253,11 @@ def cmd_bind(a: argparse.Namespace) -> int:
             f"tp rank {result.ranks.tp_rank} of {result.ranks.tp_size}, ep rank "
             f"{result.ranks.ep_rank} of {result.ranks.ep_size} in {result.seconds:.3f} s"
             + skipped
+            + (
+                f"; MTP layer(s) {result.mtp_skipped} not bound (--no-mtp)"
+                if result.mtp_skipped
+                else ""
+            )
             + (f"; wrote {a.out}" if a.out else "")
         )
     return 0
@@ -260,6 +271,7 @@ def _options(a: argparse.Namespace) -> BindOptions:
         quant_output=tuple(a.quant_output or ()),
         allow_unshared_scales=a.allow_unshared_scales,
         progress=a.progress,
+        mtp=not a.no_mtp,
     )
 
 
@@ -289,6 +301,7 @@ def cmd_bind_ranks(a: argparse.Namespace) -> int:
         backend=backends.get(a.backend, generated_kernels),
         out_dir=None if a.out_dir is None else Path(a.out_dir), progress=opts.progress,
         allow_unshared_scales=opts.allow_unshared_scales, quant_outputs=opts.quant_output,
+        mtp=opts.mtp,
     )  # fmt: skip
     if a.backend == "cupy" and launched(os.environ):  # each rank binds on its own device
         importlib.import_module("cupy").cuda.Device(int(os.environ.get("LOCAL_RANK", "0"))).use()
@@ -320,7 +333,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
             raise SpecbindError("--quant plans the spec's model; a checkpoint says its own")
         ckpt = CheckpointDir(Path(a.ckpt))
         values = values_from_config(table, ckpt.config, _sets(a.set))
-        layers, quant = checkpoint_layers(table, ckpt, values)
+        layers, quant = checkpoint_layers(table, ckpt, values, mtp=not a.no_mtp)
         source = str(ckpt.root)
     else:
         from specbind.core.planning import expand
@@ -331,7 +344,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
         values = checked_values(table, table.default_values(), _sets(a.set))
         geometry = table.make_geometry(values)
         scheme = _scheme(table, a.quant) if a.quant is not None else None
-        for p in schedule(table, table.real_layers, mtp=table.real_mtp > 0):
+        for p in schedule(table, table.real_layers, mtp=table.real_mtp > 0 and not a.no_mtp):
             for bname in p.blocks.values():
                 block = table.block(bname)
                 lq = None if scheme is None else storable(scheme, block, geometry)
@@ -477,11 +490,20 @@ def parser() -> argparse.ArgumentParser:
     common(s)
     s.set_defaults(func=cmd_synth)
 
+    def no_mtp(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--no-mtp",
+            action="store_true",
+            help="the decoder alone: the MTP layers config.json counts are neither required "
+            "nor bound (an engine that does not speculate; a checkpoint saved without them)",
+        )
+
     au = sub.add_parser("audit", help="census of every tensor of a checkpoint")
     au.add_argument("ckpt")
     au.add_argument("--json", action="store_true")
     common(au)
     progress(au)
+    no_mtp(au)
     au.set_defaults(func=cmd_audit)
 
     def tp(sp: argparse.ArgumentParser, rank: bool) -> None:
@@ -539,6 +561,7 @@ def parser() -> argparse.ArgumentParser:
         choices=["swizzled", "dequantized"],
         help="also bind quantized fields as CUTLASS-swizzled block scales / dequantized BF16",
     )
+    no_mtp(b)
     tp(b, rank=True)
     common(b)
     progress(b)
@@ -552,6 +575,7 @@ def parser() -> argparse.ArgumentParser:
         metavar="SCHEME",
         help="without a checkpoint: plan every linear the scheme can hold stored quantized",
     )
+    no_mtp(pl)
     tp(pl, rank=False)
     common(pl)
     pl.set_defaults(func=cmd_plan)

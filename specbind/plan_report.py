@@ -24,13 +24,14 @@ QuantOf = Callable[[int, str], LayerQuant | None]
 
 
 def checkpoint_layers(
-    table: ModelTable[Any], ckpt: CheckpointDir, values: dict[str, int]
+    table: ModelTable[Any], ckpt: CheckpointDir, values: dict[str, int], mtp: bool = True
 ) -> tuple[list[LayerUse], dict[tuple[int, str], LayerQuant | None]]:
     """What a checkpoint holds, by layer and block, from names alone (problems refused), and
-    each (layer, block)'s quantization as the checkpoint's own config declares it."""
+    each (layer, block)'s quantization as the checkpoint's own config declares it
+    (``mtp=False``: the decoder alone, as ``bind --no-mtp``)."""
     from specbind.runtime.view import open_layout, slot_quant
 
-    opened = open_layout(ckpt, table, values)
+    opened = open_layout(ckpt, table, values, mtp)
     lay = opened.lay
     by_slot = slot_quant(table, opened, table.make_geometry(values))
     layers: list[LayerUse] = []

@@ -280,15 +280,18 @@ def copy_with(
     return dest
 
 
-def cached_binds(ckpt: Path, table: Any) -> Callable[[int, int, int, int], BindResult]:
-    """``get(tp, tp_rank, ep, ep_rank)``: the bind of ``ckpt`` at those ranks, each made once."""
+def cached_binds(
+    ckpt: Path, table: Any, mtp: bool = True
+) -> Callable[[int, int, int, int], BindResult]:
+    """``get(tp, tp_rank, ep, ep_rank)``: the bind of ``ckpt`` at those ranks, each made once
+    (``mtp=False``: the decoder alone, as ``--no-mtp``)."""
     cache: dict[tuple[int, int, int, int], BindResult] = {}
 
     def get(tp: int, r: int, ep: int, e: int) -> BindResult:
         if (tp, r, ep, e) not in cache:
             cache[tp, r, ep, e] = bind_checkpoint(
                 CheckpointDir(ckpt), table, tp_size=tp, tp_rank=r, ep_size=ep, ep_rank=e,
-                progress=False,
+                progress=False, mtp=mtp,
             )  # fmt: skip
         return cache[tp, r, ep, e]
 

@@ -3,6 +3,9 @@ writes with ``save_pretrained`` (``deepseek_model.write_deepseek_checkpoint``) b
 ``specs/models/deepseek-v3.2.yaml`` (the ``mla_indexed`` block, GLM's ``moe`` and ``dense``).
 
 Claims:
+* transformers keeps ``num_nextn_predict_layers: 1`` and writes no MTP layer, so the
+  checkpoint binds as the decoder alone (``mtp=False``, ``--no-mtp``; test_mtp_layers.py
+  covers the refusal without it and the hub's MTP layer);
 * ``audit`` accounts for every tensor; ``bind`` binds every tensor at every tp (1, 2, 4: the
   4 heads) and ep (1 to 6) and each rank's shares rejoin to the single-rank fields;
 * the RoPE-aware absorb: q_absorb over each head's nope rows of q_b_proj is within one BF16 ulp
@@ -68,11 +71,11 @@ def model(deepseek_ckpt: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def bind_at(deepseek_ckpt: Path) -> Callable[[int, int, int, int], BindResult]:
-    return cached_binds(deepseek_ckpt, TABLE)
+    return cached_binds(deepseek_ckpt, TABLE, mtp=False)
 
 
 def test_audit_accounts_for_every_tensor_and_follows_the_layer_types(deepseek_ckpt: Path) -> None:
-    rep = audit(CheckpointDir(deepseek_ckpt), TABLE, progress=False)
+    rep = audit(CheckpointDir(deepseek_ckpt), TABLE, progress=False, mtp=False)
     names = read_checkpoint(deepseek_ckpt)
     assert names["model.layers.0.self_attn.indexer.weights_proj.weight"].dtype == np.float32
     assert rep["coverage"] == {"bound": len(names), "declared_unbound": 0, "unaccounted": 0}

@@ -249,7 +249,7 @@ def fake_cupy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     k.module.cache_clear()
 
 
-@pytest.mark.parametrize("name", ["kimi-linear", "deepseek-v3.2"])
+@pytest.mark.parametrize("name", ["kimi-linear", "deepseek-v3.2", "deepseek-v3"])
 def test_the_device_path_gives_the_numpy_backends_fields_for_the_new_families(
     fake_cupy: Any, tmp_path: Path, name: str
 ) -> None:

@@ -373,10 +373,11 @@ def test_the_real_specs_load(root: Path) -> None:
         "gqa",
         "sink_attention",
         "stacked_moe",
+        "mla_lora",
     }
     assert set(specs.models) == {
         "glm-5.3-flash", "kimi-linear", "deepseek-v3.2", "nemotron-h", "phi3", "llama", "qwen3-moe",
-        "gpt-oss",
+        "gpt-oss", "deepseek-v3",
     }  # fmt: skip
 
 

@@ -87,9 +87,7 @@ def ensure_layer(
 
     rng = np.random.default_rng(0)
     every = frozenset(t.group for t in block.tensors if t.group is not None)  # the whole block
-    written = quantized_entries(
-        block, list(block_tensors(block, g, every, False)), scheme, "", []
-    )
+    written = quantized_entries(block, list(block_tensors(block, g, every, False)), scheme, "", [])
     tensors = {n: _values(rng, d, shape, n) for n, d, shape in written}
     path.parent.mkdir(parents=True, exist_ok=True)
     print(f"bench: writing one {scheme.name} MoE layer to {path} (once)", file=sys.stderr)
