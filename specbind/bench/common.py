@@ -49,17 +49,27 @@ def filled(
                 yield index, slot, fill.block.name
 
 
-def interleaved(fns: Mapping[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
+def interleaved(
+    fns: Mapping[str, Callable[[], object]], repeat: int, desc: str | None = None
+) -> dict[str, list[float]]:
     """Seconds of each of ``fns`` over ``repeat`` rounds, after one warm-up round; each round
-    runs every function once, in turn, so a busy spell falls on all of them alike."""
+    runs every function once, in turn, so a busy spell falls on all of them alike. With
+    ``desc``, a progress bar of the runs on stderr when it is a terminal."""
+    from specbind.runtime.progress import bar
+
+    steps = iter(bar(range((repeat + 1) * len(fns)), None if desc else False, desc or "", "run"))
     for fn in fns.values():
+        next(steps, None)
         fn()  # warm-up: page in, allocate, let BLAS spin up its threads
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
+            next(steps, None)
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
+    for _ in steps:  # close the bar
+        pass
     return times
 
 

@@ -476,7 +476,7 @@ def run(
     """Every row at every size in ``tps``: attention at each tp; MoE at each tp (ep 1) and at
     each ep > 1 of the same sizes (tp 1). ``overrides`` (``--set``) go over ``DEFAULT_SETS``
     for the full-geometry slice (over nothing for ``tiny``); the checkpoint's config.json
-    carries them to the bind."""
+    carries them to the bind. Each row says on stderr what it measures as it starts."""
     from specbind.bench import fixed as bench_fixed
     from specbind.bench import process as bench_process
     from specbind.bench import ranks as bench_ranks
@@ -485,21 +485,32 @@ def run(
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
     ckpt, synth_s = ensure_checkpoint(table, cache, tiny, sets)
     warm(ckpt)
-    rows = [measure(ckpt, table, "attention", tp, 1, repeat) for tp in tps]
+    rows = []
+    for tp in tps:
+        _say(f"attention tp {tp}: specbind, the vLLM-style loader, memcpy")
+        rows.append(measure(ckpt, table, "attention", tp, 1, repeat))
     experts = _members(ckpt, table, parts(table)["experts"], 1)[0]
     sizes = [(tp, 1) for tp in tps] + [(1, ep) for ep in tps if ep > 1]
     skipped = [f"ep {ep}: more ranks than the {experts} experts" for _, ep in sizes if ep > experts]
     for note in skipped:
-        print(f"bench: MoE {note}; skipped", file=sys.stderr)
-    moe_rows = [
-        measure(ckpt, table, "experts", tp, ep, repeat) for tp, ep in sizes if ep <= experts
-    ]
+        _say(f"MoE {note}; skipped")
+    moe_rows = []
+    for tp, ep in sizes:
+        if ep <= experts:
+            _say(f"MoE tp {tp} x ep {ep}: specbind, the vLLM-style loader, memcpy")
+            moe_rows.append(measure(ckpt, table, "experts", tp, ep, repeat))
     n = process_repeats(repeat, quick)
-    process_rows = [bench_process.row(ckpt, table, tp, n) for tp in tps]
+    process_rows = []
+    for tp in tps:
+        _say(f"attention tp {tp}, whole processes: specbind, the vLLM-style loader")
+        process_rows.append(bench_process.row(ckpt, table, tp, n))
     if rss:
+        _say("peak RSS, each method in its own process")
         add_rss(ckpt, rows + moe_rows)
     values = values_from_config(table, CheckpointDir(ckpt).config)
+    _say("absorbs beside NumPy matmul")
     absorb = absorb_rows(table, values, tps, repeat)
+    limits = limit_rows(ckpt, table, cache, tps, experts, repeat)
     result: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "memory_gb": _memory_gb()},
         "date": time.strftime("%Y-%m-%d"),
@@ -518,6 +529,7 @@ def run(
         "ranks": [bench_ranks.ranks_row(ckpt, n, repeat) for n in ranks],
         "loaders": bench_ranks.loader_rows(ckpt, table, repeat) if loaders else None,
         "fixed_cost": bench_fixed.run(n),
+        "limits": limits,
         "quick": quick,
     }
     by_tp = {r["tp"]: r for r in rows if "rss_specbind_mb" in r}
@@ -532,6 +544,56 @@ def run(
             if (tp, ep) != (1, 1)
         }
     return result
+
+
+def limits_only(
+    table: ModelTable[Any], tps: list[int], repeat: int, cache: Path, tiny: bool,
+    overrides: Mapping[str, int] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """``bench --limits``: the slice, then ``limit_rows`` only."""
+    sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
+    ckpt, synth_s = ensure_checkpoint(table, cache, tiny, sets)
+    warm(ckpt)
+    experts = _members(ckpt, table, parts(table)["experts"], 1)[0]
+    return {
+        "machine": {"cores": os.cpu_count(), "memory_gb": _memory_gb()},
+        "load_before": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "checkpoint": str(ckpt),
+        "sets": sets,
+        "synth_s": synth_s,
+        "repeat": repeat,
+        "limits": limit_rows(ckpt, table, cache, tps, experts, repeat),
+        "load_after": os.getloadavg(),
+    }
+
+
+def render_limits(r: dict[str, Any]) -> str:
+    from specbind.bench import limits
+
+    m = r["machine"]
+    head = (
+        f"{r['date']}: {m['cores']} cores, {m['memory_gb']} GiB, load average "
+        f"{r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after; {r['repeat']} "
+        f"interleaved rounds; checkpoint {r['checkpoint']}"
+    )
+    return "\n".join([head, *limits.render(r["limits"])])
+
+
+def _say(what: str) -> None:
+    print(f"bench: {what}", file=sys.stderr, flush=True)
+
+
+def limit_rows(
+    ckpt: Path, table: ModelTable[Any], cache: Path, tps: list[int], experts: int, repeat: int
+) -> dict[str, Any]:
+    """``limits``' rows: a rank in memory at each tp > 1 (ep = tp where the experts split that
+    far, else 1), ``--out`` and runai at the last of them, planning on the sparse whole model."""
+    from specbind.bench import limits
+
+    sizes = [(tp, tp if tp <= experts else 1) for tp in tps if tp > 1] or [(1, 1)]
+    whole = table.real_layers + table.real_mtp
+    return limits.run(ckpt, table, cache, sizes, sizes[-1], whole, repeat)
 
 
 def _memory_gb() -> float:
@@ -630,4 +692,8 @@ def render(r: dict[str, Any]) -> str:
         from specbind.bench import fixed as bench_fixed
 
         lines.append(bench_fixed.render(r["fixed_cost"]))
+    if r.get("limits"):
+        from specbind.bench import limits
+
+        lines += limits.render(r["limits"])
     return "\n".join(lines)
