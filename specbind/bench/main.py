@@ -127,7 +127,7 @@ def ensure_checkpoint(
         file=sys.stderr,
     )
     t0 = time.perf_counter()
-    synth(table, ck, values, layers=layers, seed=0, mtp=False)
+    synth(table, ck, values, layers=layers, seed=0, mtp=False, progress=None)
     return ck, time.perf_counter() - t0
 
 
