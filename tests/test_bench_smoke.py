@@ -53,7 +53,7 @@ def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
         assert "runai-model-streamer is not installed" in runai["skipped"]
     assert "runai row skipped" in proc.stderr or runai_installed()
     for step in ("attention tp 2:", "rank tp 2 x ep 2", "--out tp 2 x ep 2 vs dd", "planning"):
-        assert f"bench: {step}" in proc.stderr, step  # each slow step says what it does
+        assert f"]: {step}" in proc.stderr, step  # each slow step says what it does
     from specbind.bench import main as bench
 
     text = bench.render(r)

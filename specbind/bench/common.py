@@ -8,6 +8,7 @@ and the command (``main``) imports them all, with no cycle.
 from __future__ import annotations
 
 import resource
+import sys
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
@@ -80,3 +81,12 @@ def peak_rss_mb() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux
+
+
+_START = time.monotonic()
+
+
+def say(what: str) -> None:
+    """One line on stderr: what the bench starts now, after how long (a slow step is never
+    silent, whether or not stderr is a terminal)."""
+    print(f"bench [{time.monotonic() - _START:6.1f} s]: {what}", file=sys.stderr, flush=True)

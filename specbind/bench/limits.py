@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from specbind.bench.common import interleaved, parts
+from specbind.bench.common import interleaved, parts, say
 from specbind.core.errors import SpecbindError
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.checks import Array
@@ -344,26 +344,22 @@ def run(
     ``out`` at ``out_size``, ``planning`` on a sparse checkpoint of ``plan_layers`` layers."""
     rows: dict[str, Any] = {"rank": [], "runai": []}
     for tp, ep in sizes:
-        _say(f"rank tp {tp} x ep {ep} in memory vs memcpy")
+        say(f"rank tp {tp} x ep {ep} in memory vs memcpy")
         rows["rank"].append(rank_row(ckpt, table, tp, ep, repeat))
         if "skipped" in rows["rank"][-1]:
-            _say(f"rank tp {tp} x ep {ep} skipped: {rows['rank'][-1]['skipped']}")
+            say(f"rank tp {tp} x ep {ep} skipped: {rows['rank'][-1]['skipped']}")
     tp, ep = out_size
-    _say(f"--out tp {tp} x ep {ep} vs dd conv=fdatasync")
+    say(f"--out tp {tp} x ep {ep} vs dd conv=fdatasync")
     rows["out"] = out_row(ckpt, table, tp, ep, repeat, cache / "limits-out")
-    _say(f"planning, sparse {plan_layers} layers, tp {PLAN_RANKS[0]} x ep {PLAN_RANKS[1]}")
+    say(f"planning, sparse {plan_layers} layers, tp {PLAN_RANKS[0]} x ep {PLAN_RANKS[1]}")
     rows["planning"] = planning_row(table, cache, plan_layers, repeat)
     for tp, ep in sizes[-1:]:
-        _say(f"runai-model-streamer + NumPy, tp {tp} x ep {ep}")
+        say(f"runai-model-streamer + NumPy, tp {tp} x ep {ep}")
         r = runai_row(ckpt, table, tp, ep, repeat)
         if "skipped" in r:
-            _say(f"runai row skipped: {r['skipped']}")
+            say(f"runai row skipped: {r['skipped']}")
         rows["runai"].append(r)
     return rows
-
-
-def _say(what: str) -> None:
-    print(f"bench: {what}", file=sys.stderr, flush=True)
 
 
 RUNAI_HEAD = (

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from specbind.bench.common import filled, interleaved, parts, peak_rss_mb
+from specbind.bench.common import filled, interleaved, parts, peak_rss_mb, say
 from specbind.core.dtypes import bf16_ulp
 from specbind.core.errors import SpecbindError
 from specbind.runtime.checkpoint import CheckpointDir
@@ -487,30 +487,41 @@ def run(
     warm(ckpt)
     rows = []
     for tp in tps:
-        _say(f"attention tp {tp}: specbind, the vLLM-style loader, memcpy")
+        say(f"attention tp {tp}: specbind, the vLLM-style loader, memcpy")
         rows.append(measure(ckpt, table, "attention", tp, 1, repeat))
     experts = _members(ckpt, table, parts(table)["experts"], 1)[0]
     sizes = [(tp, 1) for tp in tps] + [(1, ep) for ep in tps if ep > 1]
     skipped = [f"ep {ep}: more ranks than the {experts} experts" for _, ep in sizes if ep > experts]
     for note in skipped:
-        _say(f"MoE {note}; skipped")
+        say(f"MoE {note}; skipped")
     moe_rows = []
     for tp, ep in sizes:
         if ep <= experts:
-            _say(f"MoE tp {tp} x ep {ep}: specbind, the vLLM-style loader, memcpy")
+            say(f"MoE tp {tp} x ep {ep}: specbind, the vLLM-style loader, memcpy")
             moe_rows.append(measure(ckpt, table, "experts", tp, ep, repeat))
     n = process_repeats(repeat, quick)
     process_rows = []
     for tp in tps:
-        _say(f"attention tp {tp}, whole processes: specbind, the vLLM-style loader")
+        say(f"attention tp {tp}, whole processes: specbind, the vLLM-style loader")
         process_rows.append(bench_process.row(ckpt, table, tp, n))
     if rss:
-        _say("peak RSS, each method in its own process")
+        say("peak RSS, each method in its own process")
         add_rss(ckpt, rows + moe_rows)
     values = values_from_config(table, CheckpointDir(ckpt).config)
-    _say("absorbs beside NumPy matmul")
+    say("absorbs beside NumPy matmul")
     absorb = absorb_rows(table, values, tps, repeat)
     limits = limit_rows(ckpt, table, cache, tps, experts, repeat)
+    say("specbind generate from nothing")
+    generate_s = generate_seconds()
+    ranks_rows = []
+    for n_ranks in ranks:
+        say(f"{n_ranks} ranks on this host, concurrent and one after another")
+        ranks_rows.append(bench_ranks.ranks_row(ckpt, n_ranks, repeat))
+    if loaders:
+        say("the fast loaders, tp 1, every tensor")
+    loader_rows = bench_ranks.loader_rows(ckpt, table, repeat) if loaders else None
+    say("fixed cost: start to first work beside import numpy, ml_dtypes")
+    fixed = bench_fixed.run(n)
     result: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "memory_gb": _memory_gb()},
         "date": time.strftime("%Y-%m-%d"),
@@ -525,10 +536,10 @@ def run(
         "process_rows": process_rows,
         "moe_skipped": skipped,
         "absorb": absorb,
-        "generate_s": generate_seconds(),
-        "ranks": [bench_ranks.ranks_row(ckpt, n, repeat) for n in ranks],
-        "loaders": bench_ranks.loader_rows(ckpt, table, repeat) if loaders else None,
-        "fixed_cost": bench_fixed.run(n),
+        "generate_s": generate_s,
+        "ranks": ranks_rows,
+        "loaders": loader_rows,
+        "fixed_cost": fixed,
         "limits": limits,
         "quick": quick,
     }
@@ -578,10 +589,6 @@ def render_limits(r: dict[str, Any]) -> str:
         f"interleaved rounds; checkpoint {r['checkpoint']}"
     )
     return "\n".join([head, *limits.render(r["limits"])])
-
-
-def _say(what: str) -> None:
-    print(f"bench: {what}", file=sys.stderr, flush=True)
 
 
 def limit_rows(
