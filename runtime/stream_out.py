@@ -23,7 +23,7 @@ Trap: the data order is the bind order, not the name order; readers use the offs
 Writing runs on a background thread (``_Background``) so the bind's next slot is computed while
 the last one goes to disk: ``tensor`` queues the bytes (the main thread keeps the order and the
 offsets, so the file is the same bytes as a write in line), the thread hashes and writes them
-and starts the kernel's writeback every 256 MiB, so the final fsync finds little left to do.
+and starts the kernel's writeback every 64 MiB, so the final fsync finds little left to do.
 Invariants: the queue is bounded in bytes (``QUEUE_BYTES``; one larger tensor waits for an
 empty queue), so streaming keeps its small peak RSS; an error in the thread (ENOSPC, EIO)
 stops it and is raised in the main thread at its next ``tensor`` or at the end, as one
@@ -62,7 +62,7 @@ _LONGEST_DTYPE = max(len(d) for d in DTYPES)
 # {"dtype":"<dtype>","shape":[16 dims of <= 15 digits],"data_offsets":[<=19 digits,<=19]},
 _PER_ENTRY = len('{"dtype":"","shape":[],"data_offsets":[,]},:') + _LONGEST_DTYPE + 16 * 16 + 40
 QUEUE_BYTES = 256 << 20  # the most bytes handed to the writer thread and not yet written
-WRITEBACK = 256 << 20  # start the kernel's writeback after each this many bytes
+WRITEBACK = 64 << 20  # start the kernel's writeback after each this many bytes (see _Background)
 
 
 class StreamWriter:
@@ -175,7 +175,8 @@ class _Background:
     Why ``sync_file_range`` (through ctypes: ``os`` has no binding for it): without it the
     kernel holds up to ``dirty_ratio`` of RAM of dirty pages and the final fsync writes them
     all while nothing else runs; started every ``WRITEBACK`` bytes (and waited for one step
-    behind), the disk works through the whole bind and the fsync finds little left.
+    behind), the disk works through the whole bind and the fsync finds at most two steps left
+    (64 MiB steps: at 256 MiB a 0.66 GB rank still left 0.4 GB, 0.6-0.8 s, to the fsync).
     """
 
     def __init__(self, f: BinaryIO, digests: dict[str, str], where: str) -> None:
