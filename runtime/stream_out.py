@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import struct
 import sys
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
@@ -182,6 +181,8 @@ class _Background:
     """
 
     def __init__(self, f: BinaryIO, digests: dict[str, str], where: str) -> None:
+        import threading  # here: every bind imports this module, only --out needs a thread
+
         self._f = f
         self._digests = digests
         self._where = where
