@@ -80,6 +80,23 @@ def _fields(
     return [a for _, a in r.fields().values()]
 
 
+def _specbind_load(
+    ckpt: Path, table: ModelTable[Any], tp: int, ep: int, kinds: Collection[str]
+) -> dict[str, Array]:
+    """``kinds``' fields of rank 0, keyed ``layer.slot.field``."""
+    from specbind.runtime.bind import bind_checkpoint
+
+    r = bind_checkpoint(
+        CheckpointDir(ckpt), table, tp_size=tp, ep_size=ep, progress=False, kinds=kinds
+    )
+    return {
+        f"{layer.index}.{name}.{k}": v
+        for layer in r.layers
+        for name, slot in layer.slots.items()
+        for k, v in slot.weights.arrays().items()
+    }
+
+
 def _into(arrays: list[Array], arena: Array) -> int:
     """Copy every array's bytes, in turn, into ``arena``: every byte read and written."""
     pos = 0
@@ -284,7 +301,7 @@ def runai_row(ckpt: Path, table: ModelTable[Any], tp: int, ep: int, repeat: int)
         return {"tp": tp, "ep": ep, "skipped": why}
     from specbind.bench.baselines.vllm_style import Loader
     from specbind.bench.common import filled
-    from specbind.bench.main import check_equal, computed_fields, specbind_load
+    from specbind.bench.equal import check_equal, computed_fields
 
     p = parts(table)
     kinds = p["attention"] | p["experts"]
@@ -300,7 +317,7 @@ def runai_row(ckpt: Path, table: ModelTable[Any], tp: int, ep: int, repeat: int)
             return super()._slice(name)
 
     rec = Recorder(ckpt)
-    ours = specbind_load(ckpt, table, tp, 0, kinds, ep)
+    ours = _specbind_load(ckpt, table, tp, ep, kinds)
     nbytes = sum(a.nbytes for a in ours.values())
     if nbytes > RUNAI_LIMIT:  # three loaders' outputs, the streamed tensors and the arena
         return {"tp": tp, "ep": ep, "bytes": nbytes,
@@ -326,7 +343,7 @@ def runai_row(ckpt: Path, table: ModelTable[Any], tp: int, ep: int, repeat: int)
 
     times = interleaved(
         {
-            "specbind": run(lambda: specbind_load(ckpt, table, tp, 0, kinds, ep)),
+            "specbind": run(lambda: _specbind_load(ckpt, table, tp, ep, kinds)),
             "vllm_style": run(lambda: _loader_fields(Loader(ckpt), layers, tp, ep, p["experts"])),
             "runai_numpy": run(
                 lambda: _loader_fields(_streamed(ckpt, names), layers, tp, ep, p["experts"])

@@ -10,7 +10,7 @@ specbind, ...), at least 5 rounds, min and median. Equal work is checked, not as
 process prints how many bytes it copied out (every byte of every field, read from the map or
 the computed array and written to the arena: a zero-copy view counts only once copied), and
 every run of both sides must print the same count (that the bytes are equal is checked by the
-in-process rows, ``main.check_equal``, on the same slice).
+in-process rows, ``equal.check_equal``, on the same slice).
 This is the API in a fresh process, not the ``specbind bind`` CLI: the CLI binds every slot
 of the slice (the MoE and dense MLPs, the norms, the model-level tensors) and the baseline
 has hand-written loaders for the attention and MoE blocks only.
