@@ -29,6 +29,7 @@ other block of the rank; the vLLM-style loader knows the attention and MoE block
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import statistics
@@ -191,6 +192,8 @@ def out_row(
     finally:
         for f in (src, out, dd):
             f.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # the folder, when nothing else is in it
+            where.rmdir()
     s = _stats(times)
     return {
         "tp": tp, "ep": ep, "bytes": nbytes, "times": s, "dd_over_out": _ratio(s, "dd", "out"),
