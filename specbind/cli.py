@@ -412,8 +412,18 @@ def cmd_bench(a: argparse.Namespace) -> int:
         fixed = bench_fixed.run(bench.process_repeats(a.repeat, a.quick))
         print(json.dumps(fixed, indent=2) if a.json else bench_fixed.render(fixed))
         return 0
+    tiny = a.tiny or a.quick
+    if a.quick and not a.tiny:
+        print("bench: --quick binds the tiny slice (a smoke run; drop --quick for full-geometry "
+              "figures)", file=sys.stderr)  # fmt: skip
+    if a.limits:
+        lim = bench.limits_only(
+            table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), tiny, _sets(a.set)
+        )
+        print(json.dumps(lim, indent=2) if a.json else bench.render_limits(lim))
+        return 0
     result = bench.run(
-        table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), a.tiny,
+        table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), tiny,
         rss=not a.no_rss, overrides=_sets(a.set), ranks=a.ranks or [], loaders=a.loaders,
         quick=a.quick,
     )  # fmt: skip
@@ -592,8 +602,14 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument(
         "--quick",
         action="store_true",
-        help="one round of each whole-process row instead of at least 5 (a smoke run: every "
-        "figure once, none worth quoting)",
+        help="the tiny slice and one round of each whole-process row instead of at least 5 (a "
+        "smoke run: every figure once, none worth quoting; minutes, not tens of them)",
+    )
+    be.add_argument(
+        "--limits",
+        action="store_true",
+        help="only the rows of what the machine limits: a rank in memory vs memcpy, --out vs dd "
+        "conv=fdatasync, planning per tensor, runai-model-streamer + NumPy (if installed)",
     )
     be.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
     be.add_argument(

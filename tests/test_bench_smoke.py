@@ -38,9 +38,49 @@ def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     fixed = r["fixed_cost"]
     assert fixed["specbind_min_s"] > 0 and fixed["floor_min_s"] > 0 and fixed["repeat"] == 1
     assert r["quick"] is True
+    assert all(x["bytes"] > 0 for x in r["process_rows"])  # both sides copied out these bytes
+    lim = r["limits"]
+    assert [(x["tp"], x["ep"]) for x in lim["rank"]] == [(2, 2)]
+    for x in [*lim["rank"], lim["out"]]:
+        assert x["bytes"] > 0 and all(t["min_s"] > 0 for t in x["times"].values()), x
+    assert set(lim["rank"][0]["times"]) == {"specbind", "memcpy"}
+    assert set(lim["out"]["times"]) == {"out", "dd"} and lim["out"]["deterministic"] is True
+    assert lim["planning"]["tensors"] > 10_000 and lim["planning"]["us_per_tensor_min"] > 0
+    (runai,) = lim["runai"]
+    if runai_installed():
+        assert runai["times"]["runai_numpy"]["min_s"] > 0 and runai["streamed_bytes"] > 0
+    else:
+        assert "runai-model-streamer is not installed" in runai["skipped"]
+    assert "runai row skipped" in proc.stderr or runai_installed()
+    for step in ("attention tp 2:", "rank tp 2 x ep 2", "--out tp 2 x ep 2 vs dd", "planning"):
+        assert f"]: {step}" in proc.stderr, step  # each slow step says what it does
     from specbind.bench import main as bench
 
-    assert "| 1 | 2 | " in bench.render(r)  # the text table has the ep row
+    text = bench.render(r)
+    assert "| 1 | 2 | " in text  # the text table has the ep row
+    assert "| tp 2 x ep 2 |" in text and "dd conv=fdatasync" in text
+
+
+def runai_installed() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) for m in ("runai_model_streamer", "torch"))
+
+
+def test_quick_binds_the_tiny_slice_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specbind.bench import main as bench
+    from specbind.cli import main
+
+    seen: list[bool] = []
+    monkeypatch.setattr(
+        bench, "run", lambda table, tps, repeat, cache, tiny, **k: seen.append(tiny) or {}
+    )
+    assert main(["bench", "--json", "--quick"]) == 0
+    assert main(["bench", "--json"]) == 0
+    assert seen == [True, False]
+    assert "--quick binds the tiny slice" in capsys.readouterr().err
 
 
 def test_whole_process_rows_run_at_least_five_rounds_unless_quick() -> None:

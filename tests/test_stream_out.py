@@ -147,3 +147,54 @@ def tensor_bytes(f: Any) -> dict[str, bytes]:
     """Each tensor of a ``SafetensorsFile`` by name, as its bytes."""
     return {n: bytes(f.view[f.data_start + e.begin : f.data_start + e.end])
             for n, e in f.entries.items()}  # fmt: skip
+
+
+def test_a_write_that_fails_in_the_writer_thread_is_one_line_and_leaves_the_previous_file(
+    ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ENOSPC on the third tensor, raised in the background writer: the bind stops with one
+    line naming the file and the cause, exit 2, the previous file as it was, no temp file."""
+    import errno
+    import os
+
+    from specbind.runtime import stream_out
+
+    out = tmp_path / "o" / "rank.safetensors"
+    out.parent.mkdir()
+    out.write_bytes(b"the previous bind")
+    real, calls = stream_out._Background._write, []
+
+    def full(self: Any, *item: Any) -> int:
+        calls.append(item[0])
+        if len(calls) == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, *item)
+
+    monkeypatch.setattr(stream_out._Background, "_write", full)
+    assert main(["bind", str(ckpt), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"specbind: error: {out}: writing failed: No space left on device\n"
+    assert len(calls) == 3, "nothing is written after the failure"
+    assert out.read_bytes() == b"the previous bind"
+    assert [p.name for p in out.parent.iterdir()] == ["rank.safetensors"], "no temp file left"
+
+
+def test_a_file_size_limit_hit_by_the_writer_thread_is_reported_and_leaves_no_file(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    """A real kernel refusal (EFBIG under RLIMIT_FSIZE) mid-file, in a fresh CLI process."""
+    import sys
+
+    out = tmp_path / "rank.safetensors"
+    code = (
+        "import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000)); "
+        f"sys.argv = ['specbind', 'bind', {str(ckpt)!r}, '--out', {str(out)!r}]; "
+        "from specbind.cli import entry; entry()"
+    )
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"specbind: error: {out}: writing failed: File too large\n"
+    assert list(tmp_path.iterdir()) == []

@@ -8,6 +8,7 @@ and the command (``main``) imports them all, with no cycle.
 from __future__ import annotations
 
 import resource
+import sys
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
@@ -49,17 +50,27 @@ def filled(
                 yield index, slot, fill.block.name
 
 
-def interleaved(fns: Mapping[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
+def interleaved(
+    fns: Mapping[str, Callable[[], object]], repeat: int, desc: str | None = None
+) -> dict[str, list[float]]:
     """Seconds of each of ``fns`` over ``repeat`` rounds, after one warm-up round; each round
-    runs every function once, in turn, so a busy spell falls on all of them alike."""
+    runs every function once, in turn, so a busy spell falls on all of them alike. With
+    ``desc``, a progress bar of the runs on stderr when it is a terminal."""
+    from specbind.runtime.progress import bar
+
+    steps = iter(bar(range((repeat + 1) * len(fns)), None if desc else False, desc or "", "run"))
     for fn in fns.values():
+        next(steps, None)
         fn()  # warm-up: page in, allocate, let BLAS spin up its threads
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
+            next(steps, None)
             t0 = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t0)
+    for _ in steps:  # close the bar
+        pass
     return times
 
 
@@ -70,3 +81,12 @@ def peak_rss_mb() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # not Linux
+
+
+_START = time.monotonic()
+
+
+def say(what: str) -> None:
+    """One line on stderr: what the bench starts now, after how long (a slow step is never
+    silent, whether or not stderr is a terminal)."""
+    print(f"bench [{time.monotonic() - _START:6.1f} s]: {what}", file=sys.stderr, flush=True)

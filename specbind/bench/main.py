@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from specbind.bench.common import filled, interleaved, parts, peak_rss_mb
-from specbind.core.dtypes import bf16_ulp
+from specbind.bench.common import filled, interleaved, parts, peak_rss_mb, say
+from specbind.bench.equal import check_equal, computed_fields
 from specbind.core.errors import SpecbindError
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.checks import Array
@@ -127,7 +127,7 @@ def ensure_checkpoint(
         file=sys.stderr,
     )
     t0 = time.perf_counter()
-    synth(table, ck, values, layers=layers, seed=0, mtp=False)
+    synth(table, ck, values, layers=layers, seed=0, mtp=False, progress=None)
     return ck, time.perf_counter() - t0
 
 
@@ -225,63 +225,6 @@ def upload(fields: list[Array], arena: Array) -> int:
         np.copyto(arena[pos : pos + n].view(a.dtype).reshape(a.shape), a)  # [n B] -> a's shape
         pos += n
     return pos
-
-
-def computed_fields(table: ModelTable[Any], kinds: Collection[str]) -> frozenset[str]:
-    """The field names among ``kinds``' blocks that the spec computes (``transform``): these may
-    differ from a hand-written product by rounding; every other field must match byte for byte."""
-    return frozenset(
-        name for b in kinds for name, f in table.block(b).fields.items() if f.kind == "transform"
-    )
-
-
-# Of a computed field's largest magnitude: two F32 sums of the same products in different
-# orders differ by about this much, and where an output nearly cancels (|x| ~ 1e-8 in a field
-# whose largest is ~0.04) that is several BF16 ulps of the tiny result (seen: up to 8).
-NOISE = 2.0**-16
-
-
-def check_equal(
-    ours: dict[str, Array], theirs: dict[str, Array], loose: Collection[str] = ()
-) -> dict[str, int]:
-    """Same fields, shapes and dtypes; the same bytes, except a field named in ``loose``
-    (``layer.slot.field`` keys, matched on the field) may differ by 1 BF16 ulp, or by
-    ``NOISE`` of its largest magnitude. Returns, per loose field that needed the latter, how
-    many elements did."""
-    wide: dict[str, int] = {}
-    if set(ours) != set(theirs):
-        raise SpecbindError(
-            f"baseline and specbind bind different fields: {sorted(set(ours) ^ set(theirs))}"
-        )
-    for k, a in ours.items():
-        b = theirs[k]
-        if a.shape != b.shape or a.dtype != b.dtype:
-            raise SpecbindError(
-                f"baseline {k}: {b.dtype} {b.shape} vs specbind {a.dtype} {a.shape}"
-            )
-        if _same_bytes(a, b):
-            continue
-        if k.rsplit(".", 1)[-1] not in loose:
-            raise SpecbindError(f"baseline {k} differs from specbind (it must match byte for byte)")
-        g, w = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        off = np.abs(g - w)
-        beyond = int(np.count_nonzero(off > bf16_ulp(w)))
-        if beyond and not np.all(off <= np.maximum(bf16_ulp(w), NOISE * np.abs(w).max())):
-            raise SpecbindError(
-                f"baseline {k} differs from specbind by more than 1 BF16 ulp and more than "
-                f"2**-16 of its largest magnitude"
-            )
-        if beyond:
-            wide[k] = beyond
-    return wide
-
-
-def _same_bytes(a: Array, b: Array, chunk: int = 64 << 20) -> bool:
-    """Whether two arrays of one shape and dtype hold the same bytes, compared a chunk at a
-    time (``tobytes`` would copy a 1 GB ``w13`` twice)."""
-    x = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    y = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
-    return all(np.array_equal(x[i : i + chunk], y[i : i + chunk]) for i in range(0, x.size, chunk))
 
 
 def child(method: str, ckpt: str, tp: int, part: str = "attention", ep: int = 1) -> dict[str, Any]:
@@ -476,7 +419,7 @@ def run(
     """Every row at every size in ``tps``: attention at each tp; MoE at each tp (ep 1) and at
     each ep > 1 of the same sizes (tp 1). ``overrides`` (``--set``) go over ``DEFAULT_SETS``
     for the full-geometry slice (over nothing for ``tiny``); the checkpoint's config.json
-    carries them to the bind."""
+    carries them to the bind. Each row says on stderr what it measures as it starts."""
     from specbind.bench import fixed as bench_fixed
     from specbind.bench import process as bench_process
     from specbind.bench import ranks as bench_ranks
@@ -485,21 +428,43 @@ def run(
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
     ckpt, synth_s = ensure_checkpoint(table, cache, tiny, sets)
     warm(ckpt)
-    rows = [measure(ckpt, table, "attention", tp, 1, repeat) for tp in tps]
+    rows = []
+    for tp in tps:
+        say(f"attention tp {tp}: specbind, the vLLM-style loader, memcpy")
+        rows.append(measure(ckpt, table, "attention", tp, 1, repeat))
     experts = _members(ckpt, table, parts(table)["experts"], 1)[0]
     sizes = [(tp, 1) for tp in tps] + [(1, ep) for ep in tps if ep > 1]
     skipped = [f"ep {ep}: more ranks than the {experts} experts" for _, ep in sizes if ep > experts]
     for note in skipped:
-        print(f"bench: MoE {note}; skipped", file=sys.stderr)
-    moe_rows = [
-        measure(ckpt, table, "experts", tp, ep, repeat) for tp, ep in sizes if ep <= experts
-    ]
+        say(f"MoE {note}; skipped")
+    moe_rows = []
+    for tp, ep in sizes:
+        if ep <= experts:
+            say(f"MoE tp {tp} x ep {ep}: specbind, the vLLM-style loader, memcpy")
+            moe_rows.append(measure(ckpt, table, "experts", tp, ep, repeat))
     n = process_repeats(repeat, quick)
-    process_rows = [bench_process.row(ckpt, table, tp, n) for tp in tps]
+    process_rows = []
+    for tp in tps:
+        say(f"attention tp {tp}, whole processes: specbind, the vLLM-style loader")
+        process_rows.append(bench_process.row(ckpt, table, tp, n))
     if rss:
+        say("peak RSS, each method in its own process")
         add_rss(ckpt, rows + moe_rows)
     values = values_from_config(table, CheckpointDir(ckpt).config)
+    say("absorbs beside NumPy matmul")
     absorb = absorb_rows(table, values, tps, repeat)
+    limits = limit_rows(ckpt, table, cache, tps, experts, repeat)
+    say("specbind generate from nothing")
+    generate_s = generate_seconds()
+    ranks_rows = []
+    for n_ranks in ranks:
+        say(f"{n_ranks} ranks on this host, concurrent and one after another")
+        ranks_rows.append(bench_ranks.ranks_row(ckpt, n_ranks, repeat))
+    if loaders:
+        say("the fast loaders, tp 1, every tensor")
+    loader_rows = bench_ranks.loader_rows(ckpt, table, repeat) if loaders else None
+    say("fixed cost: start to first work beside import numpy, ml_dtypes")
+    fixed = bench_fixed.run(n)
     result: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "memory_gb": _memory_gb()},
         "date": time.strftime("%Y-%m-%d"),
@@ -514,10 +479,11 @@ def run(
         "process_rows": process_rows,
         "moe_skipped": skipped,
         "absorb": absorb,
-        "generate_s": generate_seconds(),
-        "ranks": [bench_ranks.ranks_row(ckpt, n, repeat) for n in ranks],
-        "loaders": bench_ranks.loader_rows(ckpt, table, repeat) if loaders else None,
-        "fixed_cost": bench_fixed.run(n),
+        "generate_s": generate_s,
+        "ranks": ranks_rows,
+        "loaders": loader_rows,
+        "fixed_cost": fixed,
+        "limits": limits,
         "quick": quick,
     }
     by_tp = {r["tp"]: r for r in rows if "rss_specbind_mb" in r}
@@ -532,6 +498,52 @@ def run(
             if (tp, ep) != (1, 1)
         }
     return result
+
+
+def limits_only(
+    table: ModelTable[Any], tps: list[int], repeat: int, cache: Path, tiny: bool,
+    overrides: Mapping[str, int] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """``bench --limits``: the slice, then ``limit_rows`` only."""
+    sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
+    ckpt, synth_s = ensure_checkpoint(table, cache, tiny, sets)
+    warm(ckpt)
+    experts = _members(ckpt, table, parts(table)["experts"], 1)[0]
+    return {
+        "machine": {"cores": os.cpu_count(), "memory_gb": _memory_gb()},
+        "load_before": os.getloadavg(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "checkpoint": str(ckpt),
+        "sets": sets,
+        "synth_s": synth_s,
+        "repeat": repeat,
+        "limits": limit_rows(ckpt, table, cache, tps, experts, repeat),
+        "load_after": os.getloadavg(),
+    }
+
+
+def render_limits(r: dict[str, Any]) -> str:
+    from specbind.bench import limits
+
+    m = r["machine"]
+    head = (
+        f"{r['date']}: {m['cores']} cores, {m['memory_gb']} GiB, load average "
+        f"{r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after; {r['repeat']} "
+        f"interleaved rounds; checkpoint {r['checkpoint']}"
+    )
+    return "\n".join([head, *limits.render(r["limits"])])
+
+
+def limit_rows(
+    ckpt: Path, table: ModelTable[Any], cache: Path, tps: list[int], experts: int, repeat: int
+) -> dict[str, Any]:
+    """``limits``' rows: a rank in memory at each tp > 1 (ep = tp where the experts split that
+    far, else 1), ``--out`` and runai at the last of them, planning on the sparse whole model."""
+    from specbind.bench import limits
+
+    sizes = [(tp, tp if tp <= experts else 1) for tp in tps if tp > 1] or [(1, 1)]
+    whole = table.real_layers + table.real_mtp
+    return limits.run(ckpt, table, cache, sizes, sizes[-1], whole, repeat)
 
 
 def _memory_gb() -> float:
@@ -630,4 +642,8 @@ def render(r: dict[str, Any]) -> str:
         from specbind.bench import fixed as bench_fixed
 
         lines.append(bench_fixed.render(r["fixed_cost"]))
+    if r.get("limits"):
+        from specbind.bench import limits
+
+        lines += limits.render(r["limits"])
     return "\n".join(lines)

@@ -36,6 +36,7 @@ from specbind.core.planning import Ranks, expand
 from specbind.core.quant import SchemeRule
 from specbind.runtime.checks import Array
 from specbind.runtime.model import BlockEntry, ModelTable
+from specbind.runtime.progress import bar
 from specbind.synth.quant import quant_config_files, quantized_entries
 
 
@@ -149,11 +150,12 @@ def synth(
     nested_config: bool = False,
     quant: SchemeRule | None = None,
     sparse: bool = False,
+    progress: bool | None = False,
 ) -> dict[str, Any]:
     """Write the checkpoint; return a summary (files, tensors, bytes). With ``quant``, every
     linear weight the scheme can store is written as its companions (``synth_quant``).
     ``sparse``: headers only, the data left as holes (``synth.sparse``), in shards of
-    about 5 GB unless ``shards`` is given."""
+    about 5 GB unless ``shards`` is given. ``progress``: a bar per shard (``runtime.progress``)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SpecbindError(f"{out}: exists and is not an empty directory; refusing to overwrite")
     if layers < 0 or layers > 4096:
@@ -208,7 +210,8 @@ def synth(
                 continue
             lo, hi = _span(i, n_shards, len(entries))
             chunk = entries[lo:hi]
-            tensors = {n: _values(rng, d, s, n if quant else "") for n, d, s in chunk}
+            shown = bar(chunk, progress, f"synth shard {i + 1}/{n_shards}", "tensor")
+            tensors = {n: _values(rng, d, s, n if quant else "") for n, d, s in shown}
             save_file(tensors, str(tmp / fn), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(tensors, fn))
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}

@@ -1,0 +1,74 @@
+"""Whether two loaders bound the same thing: the same fields, shapes and dtypes, the same
+bytes, except the fields the spec computes (the absorbs), which may differ by rounding.
+
+Invariant: imports no other bench module but ``common`` (``main`` and ``limits`` both use it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+
+from specbind.core.dtypes import bf16_ulp
+from specbind.core.errors import SpecbindError
+from specbind.runtime.checks import Array
+from specbind.runtime.model import ModelTable
+
+
+def computed_fields(table: ModelTable[Any], kinds: Collection[str]) -> frozenset[str]:
+    """The field names among ``kinds``' blocks that the spec computes (``transform``): these may
+    differ from a hand-written product by rounding; every other field must match byte for byte."""
+    return frozenset(
+        name for b in kinds for name, f in table.block(b).fields.items() if f.kind == "transform"
+    )
+
+
+# Of a computed field's largest magnitude: two F32 sums of the same products in different
+# orders differ by about this much, and where an output nearly cancels (|x| ~ 1e-8 in a field
+# whose largest is ~0.04) that is several BF16 ulps of the tiny result (seen: up to 8).
+NOISE = 2.0**-16
+
+
+def check_equal(
+    ours: dict[str, Array], theirs: dict[str, Array], loose: Collection[str] = ()
+) -> dict[str, int]:
+    """Same fields, shapes and dtypes; the same bytes, except a field named in ``loose``
+    (``layer.slot.field`` keys, matched on the field) may differ by 1 BF16 ulp, or by
+    ``NOISE`` of its largest magnitude. Returns, per loose field that needed the latter, how
+    many elements did."""
+    wide: dict[str, int] = {}
+    if set(ours) != set(theirs):
+        raise SpecbindError(
+            f"baseline and specbind bind different fields: {sorted(set(ours) ^ set(theirs))}"
+        )
+    for k, a in ours.items():
+        b = theirs[k]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise SpecbindError(
+                f"baseline {k}: {b.dtype} {b.shape} vs specbind {a.dtype} {a.shape}"
+            )
+        if _same_bytes(a, b):
+            continue
+        if k.rsplit(".", 1)[-1] not in loose:
+            raise SpecbindError(f"baseline {k} differs from specbind (it must match byte for byte)")
+        g, w = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        off = np.abs(g - w)
+        beyond = int(np.count_nonzero(off > bf16_ulp(w)))
+        if beyond and not np.all(off <= np.maximum(bf16_ulp(w), NOISE * np.abs(w).max())):
+            raise SpecbindError(
+                f"baseline {k} differs from specbind by more than 1 BF16 ulp and more than "
+                f"2**-16 of its largest magnitude"
+            )
+        if beyond:
+            wide[k] = beyond
+    return wide
+
+
+def _same_bytes(a: Array, b: Array, chunk: int = 64 << 20) -> bool:
+    """Whether two arrays of one shape and dtype hold the same bytes, compared a chunk at a
+    time (``tobytes`` would copy a 1 GB ``w13`` twice)."""
+    x = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    y = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    return all(np.array_equal(x[i : i + chunk], y[i : i + chunk]) for i in range(0, x.size, chunk))
