@@ -194,7 +194,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from specbind.generated import kernels as generated_kernels
     from specbind.launcher import resolve_tp
     from specbind.runtime import backends
-    from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.bind import ReportOnly, bind_checkpoint
     from specbind.runtime.bound_format import BoundMeta
     from specbind.runtime.checkpoint import CheckpointDir
     from specbind.runtime.config import values_from_config
@@ -214,8 +214,8 @@ def cmd_bind(a: argparse.Namespace) -> int:
         bind_checkpoint, ckpt, table, overrides, tp_size, tp_rank, backend=backend,
         ep_size=_or(a.ep_size, 1), ep_rank=_or(a.ep_rank, 0), **opts.bind_kwargs(),
     )  # fmt: skip
-    if out is None:
-        result = run()
+    if out is None:  # checks and reports only: each slot dropped once bound
+        result = run(sink=ReportOnly())
     else:  # streamed: one slot's output in memory at a time, the file whole or not at all
         ranks = Ranks(tp_size, tp_rank, _or(a.ep_size, 1), _or(a.ep_rank, 0))
         head = BoundMeta(table.name, SPECS_SHA256, ranks, values, overrides)

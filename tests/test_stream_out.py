@@ -74,6 +74,47 @@ def test_a_streaming_bind_hands_each_slot_over_and_keeps_none(ckpt: Path) -> Non
     assert sorted(seen) == sorted(bind_checkpoint(CheckpointDir(ckpt), TABLE).fields())
 
 
+def _slots_alive_at_each_next_slot(monkeypatch: pytest.MonkeyPatch, run: Any) -> list[int]:
+    """Run ``run()``, and as each slot's bind starts, count how many arrays of the slots bound
+    before it are still alive (weak references, after a collection)."""
+    import gc
+    import weakref
+
+    import specbind.runtime.bind as bind_mod
+
+    before = bind_mod._bind_one
+    refs: list[weakref.ref[Any]] = []
+    alive: list[int] = []
+
+    def watched(*args: Any, **kwargs: Any) -> SlotResult:
+        gc.collect()
+        alive.append(sum(r() is not None for r in refs))
+        got = before(*args, **kwargs)
+        refs.extend(weakref.ref(a) for a in got.weights.arrays().values())
+        return got
+
+    with monkeypatch.context() as m:
+        m.setattr(bind_mod, "_bind_one", watched)
+        run()
+    return alive
+
+
+def test_a_report_only_bind_drops_each_slots_arrays_before_binding_the_next(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the in-memory bind (the API's) keeps every slot: the count can grow, so the claim can fail
+    kept = _slots_alive_at_each_next_slot(
+        monkeypatch, lambda: bind_checkpoint(CheckpointDir(ckpt), TABLE, tp_size=2)
+    )
+    assert kept[-1] > 0 and kept == sorted(kept)
+    dropped = _slots_alive_at_each_next_slot(
+        monkeypatch, lambda: main(["bind", str(ckpt), "--tp-size", "2", "--json"])
+    )
+    assert len(dropped) == len(kept) and dropped == [0] * len(kept)
+    report = json.loads(capsys.readouterr().out)
+    assert report["bytes"] > 0 and len(report["layers"]) == 5  # still reports every slot
+
+
 def test_the_scale_bench_child_reports_every_phase_of_a_streamed_bind(
     tmp_path: Path,
 ) -> None:
