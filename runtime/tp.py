@@ -96,6 +96,9 @@ def shard_view(
 
 
 GATHER_BLOCK = 4 << 20  # bytes of source rows mapped at a time during a column gather
+# Linux's MADV_POPULATE_READ (5.14+; Python 3.11's mmap module has no name for it): map every
+# page of a range in one call instead of one fault per touched page.
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
 def _gather_cols(
@@ -110,16 +113,27 @@ def _gather_cols(
     read-only file mapping only drops our page-table entries; the page cache keeps the data.
     Measured against one ``pread`` per row (which never maps): 6.7 ms against 9.0 ms for a
     full-geometry KDA ``o_proj`` at TP=8.
+    Each block is populated (``MADV_POPULATE_READ``) before its copy: the strided copy touches
+    one slice per 4 KiB page row, and each first touch is a page fault (fault-around maps 16
+    pages at most); populating maps the block's pages in one call. Where the kernel refuses it
+    (older than 5.14: ``OSError``) the copy faults the pages in as before; nothing else changes.
     """
     out = np.empty((rows, wide), dtype=np.uint8)
     grid = np.frombuffer(t.data, dtype=np.uint8).reshape(rows, row_bytes)  # [rows, cols·B]
     step = max(1, GATHER_BLOCK // row_bytes)
     page = mmap.PAGESIZE
+    populate = True
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        out[r0:r1] = grid[r0:r1, lo : lo + wide]
         start = (span.offset + r0 * row_bytes) // page * page
-        span.map.madvise(mmap.MADV_DONTNEED, start, span.offset + r1 * row_bytes - start)
+        length = span.offset + r1 * row_bytes - start
+        if populate:
+            try:
+                span.map.madvise(MADV_POPULATE_READ, start, length)
+            except OSError:  # an older kernel: the copy below faults the pages in instead
+                populate = False
+        out[r0:r1] = grid[r0:r1, lo : lo + wide]
+        span.map.madvise(mmap.MADV_DONTNEED, start, length)
     return out.reshape(-1).data
 
 
