@@ -9,15 +9,17 @@ carry it so a file can be traced to the specs that produced it.
 
 from __future__ import annotations
 
-from typing import Any
-
-from specbind.generated import model_deepseek_v3_2, model_glm_5_3_flash, model_kimi_linear
-from specbind.runtime.model import ModelTable
+from specbind.runtime.model import ModelEntry, Registry
 
 SPECS_SHA256 = "b45afd57ca1371ed1bc254865c2b89acfab1d9f42504f6bd42160b63406c1a01"
 
-MODELS: dict[str, ModelTable[Any]] = {
-    model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
-    model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
-    model_kimi_linear.MODEL: model_kimi_linear.TABLE,
-}
+# Each model's table is imported on first use (runtime.model.Registry): a start that binds one
+# model does not build the others' block modules.
+MODELS = Registry(
+    __name__,
+    {
+        "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
+        "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
+        "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
+    },
+)
