@@ -200,9 +200,10 @@ _madvise: Any = None  # libc's madvise, looked up on first use (ctypes costs ~5 
 def populate(a: Array) -> None:
     """Map every page of a read-only, contiguous array (a view of the memory-mapped checkpoint)
     in one ``madvise(MADV_POPULATE_READ)`` call before it is copied, instead of one page fault
-    per 64 KiB (fault-around) during the copy: measured 2x faster for a stack of mapped
-    expert rows. Only a hint: an array that owns writable memory is skipped, and a kernel
-    without the advice (before 5.14) or any other refusal leaves the copy to fault as before.
+    per 64 KiB (fault-around) during the copy: in one profile of a tp 8 MoE bind the stacks
+    took 0.56 s where they took 0.87 s. Only a hint: an array that owns writable memory is
+    skipped, and a kernel without the advice (before 5.14) or any other refusal leaves the
+    copy to fault as before.
     ``mmap.madvise`` cannot be used here: the array does not say which map it views."""
     global _madvise
     if a.flags.writeable or not a.flags.c_contiguous or a.nbytes < _POPULATE_MIN:
