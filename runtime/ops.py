@@ -35,6 +35,7 @@ from specbind.core.errors import BindError, GeometryError
 from specbind.runtime import quant_numerics
 from specbind.runtime.checks import Array
 from specbind.runtime.quant_numerics import swizzle_blockscale as swizzle_blockscale
+from specbind.runtime.tp import stacked_run
 
 F32 = np.dtype(np.float32)
 
@@ -183,6 +184,10 @@ def stack(groups: Sequence[Sequence[Array]], axis: int, squeeze: int | None) -> 
         if joined[squeeze] != 1:
             raise BindError(f"cannot squeeze dim {squeeze} of shape {joined}: it is not 1")
         del member[squeeze]
+    if len(groups) == 1 and squeeze is None:
+        run = stacked_run(groups[0])  # the members were gathered into one buffer, in order
+        if run is not None:
+            return run
     out = np.empty((n, *member), dtype=first[0].dtype)  # [n, *member shape]
     for i in range(n):
         dest = out[i] if squeeze is None else np.expand_dims(out[i], squeeze)  # a view
