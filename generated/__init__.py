@@ -9,31 +9,23 @@ carry it so a file can be traced to the specs that produced it.
 
 from __future__ import annotations
 
-from typing import Any
-
-from specbind.generated import (
-    model_deepseek_v3,
-    model_deepseek_v3_2,
-    model_glm_5_3_flash,
-    model_gpt_oss,
-    model_kimi_linear,
-    model_llama,
-    model_nemotron_h,
-    model_phi3,
-    model_qwen3_moe,
-)
-from specbind.runtime.model import ModelTable
+from specbind.runtime.model import ModelEntry, Registry
 
 SPECS_SHA256 = "307d530546662ae129ebd35b154b34945e900cfa92403de0c9ba87f730169a22"
 
-MODELS: dict[str, ModelTable[Any]] = {
-    model_deepseek_v3.MODEL: model_deepseek_v3.TABLE,
-    model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
-    model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
-    model_gpt_oss.MODEL: model_gpt_oss.TABLE,
-    model_kimi_linear.MODEL: model_kimi_linear.TABLE,
-    model_llama.MODEL: model_llama.TABLE,
-    model_nemotron_h.MODEL: model_nemotron_h.TABLE,
-    model_phi3.MODEL: model_phi3.TABLE,
-    model_qwen3_moe.MODEL: model_qwen3_moe.TABLE,
-}
+# Each model's table is imported on first use (runtime.model.Registry): a start that binds one
+# model does not build the others' block modules.
+MODELS = Registry(
+    __name__,
+    {
+        "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
+        "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
+        "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
+        "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
+        "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
+        "llama": ModelEntry("model_llama", ("llama",), False),
+        "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
+        "phi3": ModelEntry("model_phi3", ("phi3",), False),
+        "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
+    },
+)

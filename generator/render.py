@@ -432,7 +432,15 @@ def render_all(root: Path) -> dict[str, str]:
     )
     files["__init__.py"] = env.get_template("init.py.j2").render(
         header=HEADER.format(src="specs/"),
-        models=[{"name": n, "module": model_module(n)} for n in sorted(specs.models)],
+        models=[
+            {
+                "name": n,
+                "module": model_module(n),
+                "model_types": tuple(specs.models[n].model_types),
+                "default": specs.models[n].default,
+            }
+            for n in sorted(specs.models)
+        ],
         digest=specs.digest,
     )
     return ruff_format(files) | raw_files

@@ -260,6 +260,18 @@ class Expected:
     quant: str | None = None  # as BindResult.quant
 
 
+class ReportOnly:
+    """The ``Sink`` of a bind that only checks and reports (``bind`` without ``--out``): each
+    slot's arrays are dropped as soon as it is bound and the layer's map pages released, so a
+    whole rank is never in memory at once; the result keeps every report and no array."""
+
+    def start(self, expected: Expected) -> None:
+        pass
+
+    def slot(self, where: str, bound: SlotResult) -> None:
+        pass
+
+
 class _NoWeights:
     """The weights of a slot already handed to a sink: none kept."""
 

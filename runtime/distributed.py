@@ -50,7 +50,7 @@ from specbind.core.planning import Ranks
 from specbind.runtime import agreement, byte_coverage
 from specbind.runtime.atomic import atomic_writer
 from specbind.runtime.backends import Backend
-from specbind.runtime.bind import bind_checkpoint
+from specbind.runtime.bind import ReportOnly, bind_checkpoint
 from specbind.runtime.bound_format import BoundMeta
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.comm import Comm
@@ -210,8 +210,8 @@ def run(job: Job, comm: Comm) -> dict[str, Any] | None:
             mtp=job.mtp,
         )  # fmt: skip
         file_bytes: int | None = None
-        if p.out is None:
-            result = run()
+        if p.out is None:  # checks and reports only: each slot dropped once bound
+            result = run(sink=ReportOnly())
         else:  # streamed, as bind --out: one slot's output in memory at a time
             head = BoundMeta(job.table.name, job.specs_sha256, p.ranks, p.values, job.overrides,
                              world=comm.world, rank=comm.rank)  # fmt: skip

@@ -8,7 +8,8 @@ config.json is read in ``runtime.config``, not here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+import importlib
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
@@ -205,3 +206,43 @@ class ModelTable(Generic[G]):
     def slot_blocks(self, scope: str) -> list[SlotRule]:
         """The slots a layer of role ``scope`` ("decoder" or "mtp") is made of."""
         return [s for s in self.slots if s.scope in ("all", scope)]
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """What the generated registry knows of a model without importing its table: the module
+    that holds it, the config.json ``model_type`` values it claims, and whether it is the
+    default (each as the table itself says: the generator writes both from one spec)."""
+
+    module: str  # the generated module under ``package`` (``model_glm_5_3_flash``)
+    model_types: tuple[str, ...]
+    default: bool
+
+
+class Registry(Mapping[str, "ModelTable[Any]"]):
+    """The generated models by name (``specbind.generated.MODELS``), each table imported on
+    first use: a model's table imports its block modules (tens of dataclasses each), which a
+    process binding one model should not pay for the others. Picking a model by name, by
+    ``model_type`` or as the default reads ``entries`` only and imports nothing."""
+
+    def __init__(self, package: str, entries: Mapping[str, ModelEntry]) -> None:
+        self.package = package
+        self.entries = dict(entries)
+        self._tables: dict[str, ModelTable[Any]] = {}
+
+    def __getitem__(self, name: str) -> ModelTable[Any]:
+        table = self._tables.get(name)
+        if table is None:
+            entry = self.entries[name]  # KeyError for an unknown name, as a dict
+            table = importlib.import_module(f"{self.package}.{entry.module}").TABLE
+            self._tables[name] = table
+        return table
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries

@@ -13,6 +13,9 @@ Invariants:
   only the local slice; the full tensor is never materialised;
 - a stacked family (``TensorPlan.members``) is first cut to this ep rank's rows of axis 0 (a
   zero-copy byte range), then split by tp within them: other ep ranks' experts are never read.
+- a family's column shards (the experts' ``down_proj``) are gathered into one buffer, member
+  k in slot k of this rank's member order; ``ops.stack`` of exactly those members, in order, is
+  that buffer (``stacked_run``, checked by address), so they are copied once, not twice.
 Trap: a row slice of ``o_proj`` has the same byte count as its column shard and different
 contents; only the column shard is right (the tests compare values, not lengths).
 """
@@ -21,19 +24,28 @@ from __future__ import annotations
 
 import math
 import mmap
+import weakref
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, at
+from specbind.core.patterns import fill, parts
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.runtime.source import MapSpan, RawTensor, TensorSource
 
 
-def shard_raw(plan: TensorPlan, t: RawTensor, layer: int) -> RawTensor:
+def shard_raw(
+    plan: TensorPlan, t: RawTensor, layer: int, into: npt.NDArray[np.uint8] | None = None
+) -> RawTensor:
     """This rank's bytes of one tensor, read from the full tensor's (mapped) bytes.
+
+    ``into``: where a column gather writes (this member's slot of a family's stacked buffer,
+    ``ShardedSource``), when it is exactly the local bytes; else a new array.
 
     A dtype the rule neither binds nor accepts passes through unsliced: the binder refuses it
     and says why the dtype matters. A wrong shape or size is refused here, before any slicing
@@ -72,7 +84,7 @@ def shard_raw(plan: TensorPlan, t: RawTensor, layer: int) -> RawTensor:
     wide = math.prod(plan.local_shape[plan.axis :]) * itemsize
     if t.span is not None:
         outer = full_bytes // inner
-        data = _gather_cols(t, t.span, outer, inner, lo, wide)
+        data = _gather_cols(t, t.span, outer, inner, lo, wide, into)
         return RawTensor(t.dtype, plan.local_shape, data)
     local = np.ascontiguousarray(shard_view(plan, t.data, t.dtype))  # the local slice only
     return RawTensor(t.dtype, plan.local_shape, local.reshape(-1).data)
@@ -113,10 +125,19 @@ def shard_view(
 
 
 GATHER_BLOCK = 4 << 20  # bytes of source rows mapped at a time during a column gather
+# Linux's MADV_POPULATE_READ (5.14+; Python 3.11's mmap module has no name for it): map every
+# page of a range in one call instead of one fault per touched page.
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 
 
 def _gather_cols(
-    t: RawTensor, span: MapSpan, rows: int, row_bytes: int, lo: int, wide: int
+    t: RawTensor,
+    span: MapSpan,
+    rows: int,
+    row_bytes: int,
+    lo: int,
+    wide: int,
+    into: npt.NDArray[np.uint8] | None = None,
 ) -> memoryview:
     """Copy ``wide`` bytes at ``lo`` of every row, a block of rows at a time, and release each
     block's pages from this process once copied.
@@ -127,30 +148,56 @@ def _gather_cols(
     read-only file mapping only drops our page-table entries; the page cache keeps the data.
     Measured against one ``pread`` per row (which never maps): 6.7 ms against 9.0 ms for a
     full-geometry KDA ``o_proj`` at TP=8.
+    Each block is populated (``MADV_POPULATE_READ``) before its copy: the strided copy touches
+    one slice per 4 KiB page row, and each first touch is a page fault (fault-around maps 16
+    pages at most); populating maps the block's pages in one call. Where the kernel refuses it
+    (older than 5.14: ``OSError``) the copy faults the pages in as before; nothing else changes.
     """
-    out = np.empty((rows, wide), dtype=np.uint8)
+    if into is not None and into.size == rows * wide:
+        out = into.reshape(rows, wide)  # [rows * wide B] -> [rows, wide B]: a view
+    else:
+        out = np.empty((rows, wide), dtype=np.uint8)
     grid = np.frombuffer(t.data, dtype=np.uint8).reshape(rows, row_bytes)  # [rows, cols·B]
     step = max(1, GATHER_BLOCK // row_bytes)
     page = mmap.PAGESIZE
+    populate = True
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
-        out[r0:r1] = grid[r0:r1, lo : lo + wide]
         start = (span.offset + r0 * row_bytes) // page * page
-        span.map.madvise(mmap.MADV_DONTNEED, start, span.offset + r1 * row_bytes - start)
+        length = span.offset + r1 * row_bytes - start
+        if populate:
+            try:
+                span.map.madvise(MADV_POPULATE_READ, start, length)
+            except OSError:  # an older kernel: the copy below faults the pages in instead
+                populate = False
+        out[r0:r1] = grid[r0:r1, lo : lo + wide]
+        span.map.madvise(mmap.MADV_DONTNEED, start, length)
     return out.reshape(-1).data
+
+
+# Each family buffer a ShardedSource gathered column shards into, by its address: what
+# ``ops.stack`` looks up to return the buffer itself when the members it is given are exactly
+# its slots, in order (``stacked_run``). Weak: a buffer lives only as long as its arrays.
+_FAMILY_BUFFERS: weakref.WeakValueDictionary[int, npt.NDArray[np.uint8]] = (
+    weakref.WeakValueDictionary()
+)
 
 
 class ShardedSource:
     """A layer source that yields this rank's slice of every planned tensor.
 
     Slices are taken lazily on ``get``, one tensor at a time, so peak memory is this rank's
-    bytes plus one column shard being gathered.
+    bytes plus one column shard being gathered. The column shards of a family's members (the
+    experts' ``down_proj``) are gathered into one buffer, member k in slot k of this rank's
+    member order, so the stack that joins them is the buffer itself, not a second copy.
     """
 
     def __init__(self, inner: TensorSource, plan: BlockPlan, layer: int) -> None:
         self._inner = inner
         self.plan = plan
         self._layer = layer
+        self._slots: dict[str, dict[str, int]] = {}  # family pattern -> member name -> slot
+        self._buffers: dict[str, npt.NDArray[np.uint8]] = {}  # family pattern -> its buffer
 
     def names(self) -> list[str]:
         return self._inner.names()
@@ -160,7 +207,31 @@ class ShardedSource:
         p = self.plan.tensors.get(name)
         if t is None or p is None:
             return t  # not planned: pass through, so the binder's census still sees it
-        return shard_raw(p, t, self._layer)
+        return shard_raw(p, t, self._layer, self._slot(p, t, name))
+
+    def _slot(self, p: TensorPlan, t: RawTensor, name: str) -> npt.NDArray[np.uint8] | None:
+        """This member's slot of its family's buffer, for a column shard read at its planned
+        dtype; None for anything else (it is gathered, or viewed, on its own)."""
+        if p.kind == "replicated" or p.axis == 0 or t.span is None or t.dtype != p.dtype:
+            return None
+        fam = parts(p.pattern)[1]
+        if fam is None or self.plan.members is None or fam not in self.plan.members:
+            return None
+        slots = self._slots.get(p.pattern)
+        if slots is None:
+            order = self.plan.members[fam]
+            slots = {fill(p.pattern, i): k for k, i in enumerate(order)}
+            self._slots[p.pattern] = slots
+        k = slots.get(name)
+        if k is None:
+            return None
+        buf = self._buffers.get(p.pattern)
+        if buf is None:
+            buf = np.empty((len(slots), p.local_bytes), dtype=np.uint8)  # [members, local B]
+            self._buffers[p.pattern] = buf
+            _FAMILY_BUFFERS[buf.ctypes.data] = buf
+        row: npt.NDArray[np.uint8] = buf[k]  # member k's local bytes: a view
+        return row
 
     def whole(self, name: str) -> RawTensor | None:
         """The whole tensor as stored (a zero-copy view of a mapped file), checked against the
@@ -172,3 +243,25 @@ class ShardedSource:
             return t
         whole = replace(p, kind="replicated", local_shape=p.full_shape, members=None)
         return shard_raw(whole, t, self._layer)
+
+
+def stacked_run(members: Sequence[Any]) -> npt.NDArray[Any] | None:
+    """The family buffer ``members`` already fill, viewed as their stack ``[n, *member]``, when
+    they are exactly its slots in order (same dtype and shape, C-contiguous, each at the next
+    slot's address, the buffer no larger): what ``np.stack(members)`` would copy. Else None."""
+    first = members[0]
+    if not isinstance(first, np.ndarray):
+        return None
+    buf = _FAMILY_BUFFERS.get(first.ctypes.data)
+    if buf is None or buf.nbytes != len(members) * first.nbytes:
+        return None
+    for k, a in enumerate(members):
+        if (
+            not isinstance(a, np.ndarray)
+            or a.dtype != first.dtype
+            or a.shape != first.shape
+            or not a.flags.c_contiguous
+            or a.ctypes.data != first.ctypes.data + k * first.nbytes
+        ):
+            return None
+    return buf.view(first.dtype).reshape(len(members), *first.shape)  # [n, member B] -> [n, *m]

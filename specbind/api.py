@@ -344,22 +344,24 @@ def model_table(
     from specbind.core.errors import SpecbindError
     from specbind.generated import MODELS
 
+    # each model's model_types and default flag, from the registry: no table imported to pick
+    types = {n: e.model_types for n, e in MODELS.entries.items()}
     if name is not None:
         if name not in MODELS:
             raise SpecbindError(f"unknown model {name!r} (generated: {', '.join(MODELS)})")
         if config is not None:
-            _not_anothers(MODELS, name, config, how)
+            _not_anothers(types, name, config, how)
         return MODELS[name]
     if len(MODELS) == 1:
         return next(iter(MODELS.values()))
     if config is not None:
-        return _by_model_type(MODELS, config, how)
-    pick = next((t for t in MODELS.values() if t.default), None)
+        return MODELS[_by_model_type(types, config, how)]
+    pick = next((n for n, e in MODELS.entries.items() if e.default), None)
     if pick is None:
         raise SpecbindError(
             f"several models are generated; pick one with {how} ({', '.join(MODELS)})"
         )
-    return pick
+    return MODELS[pick]
 
 
 def _model_types(config: Mapping[str, Any]) -> list[tuple[str, Any]]:
@@ -372,7 +374,7 @@ def _model_types(config: Mapping[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _not_anothers(
-    models: Mapping[str, ModelTable[Any]], name: str, config: Mapping[str, Any], how: str
+    types: Mapping[str, tuple[str, ...]], name: str, config: Mapping[str, Any], how: str
 ) -> None:
     """Refuse a model chosen by hand for a checkpoint whose ``model_type`` another generated
     model claims (and this one does not): bound as the wrong model, it would be refused later
@@ -380,27 +382,28 @@ def _not_anothers(
     from specbind.core.errors import CheckpointError
 
     kinds = {k for _, k in _model_types(config) if isinstance(k, str)}
-    if not kinds or kinds & set(models[name].model_types):
+    if not kinds or kinds & set(types[name]):
         return
-    owners = sorted(n for n, t in models.items() if kinds & set(t.model_types))
+    owners = sorted(n for n, t in types.items() if kinds & set(t))
     if owners:
         said = " and ".join(repr(k) for k in sorted(kinds))
         given = f"{how}{'' if how.endswith('=') else ' '}{name}"
         raise CheckpointError(
             f"{given}: config.json model_type {said} {'are' if len(kinds) > 1 else 'is'} "
             f"{' and '.join(owners)}'s, not "
-            f"{name}'s ({', '.join(models[name].model_types) or 'no model type'}); "
+            f"{name}'s ({', '.join(types[name]) or 'no model type'}); "
             f"leave the model out to bind it as {owners[0]}"
         )
 
 
 def _by_model_type(
-    models: Mapping[str, ModelTable[Any]], config: Mapping[str, Any], how: str
-) -> ModelTable[Any]:
+    types: Mapping[str, tuple[str, ...]], config: Mapping[str, Any], how: str
+) -> str:
+    """The name of the one model whose ``model_types`` hold the checkpoint's ``model_type``."""
     from specbind.core.errors import CheckpointError
 
     found = _model_types(config)
-    known = "; ".join(f"{', '.join(t.model_types) or '(none)'} -> {n}" for n, t in models.items())
+    known = "; ".join(f"{', '.join(t) or '(none)'} -> {n}" for n, t in types.items())
     choose = f"choose the model with {how}{'' if how.endswith('=') else ' '}NAME"
     for where, kind in found:
         if not isinstance(kind, str):
@@ -414,7 +417,7 @@ def _by_model_type(
             f"config.json: no model_type (flat or under text_config), so no model is picked "
             f"for it; known model types: {known}; {choose}"
         )
-    hits = [t for t in models.values() if kinds & set(t.model_types)]
+    hits = [n for n, t in types.items() if kinds & set(t)]
     if len(hits) != 1:
         said = " and ".join(repr(k) for k in sorted(kinds))
         which = "no generated model claims" if not hits else "several generated models claim"

@@ -203,12 +203,9 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from specbind.generated import kernels as generated_kernels
     from specbind.launcher import resolve_tp
     from specbind.runtime import backends
-    from specbind.runtime.bind import bind_checkpoint
-    from specbind.runtime.bound_format import BoundMeta
+    from specbind.runtime.bind import ReportOnly, bind_checkpoint
     from specbind.runtime.checkpoint import CheckpointDir
     from specbind.runtime.config import values_from_config
-    from specbind.runtime.out_path import check_out_path
-    from specbind.runtime.stream_out import StreamWriter
 
     table = _table(a.model, a.ckpt)
     overrides = _sets(a.set)
@@ -216,16 +213,23 @@ def cmd_bind(a: argparse.Namespace) -> int:
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
     backend = backends.get(a.backend, generated_kernels)
     ckpt = CheckpointDir(Path(a.ckpt))
-    out = None if a.out is None else check_out_path(a.out, ckpt.files(), "--out", ckpt.dirs())
+    out = None
+    if a.out is not None:  # the writer's modules only when there is a file to write
+        from specbind.runtime.out_path import check_out_path
+
+        out = check_out_path(a.out, ckpt.files(), "--out", ckpt.dirs())
     values = values_from_config(table, ckpt.config, overrides)  # refuse a bad --set first
     _note_overrides(overrides)
     run = partial(
         bind_checkpoint, ckpt, table, overrides, tp_size, tp_rank, backend=backend,
         ep_size=_or(a.ep_size, 1), ep_rank=_or(a.ep_rank, 0), **opts.bind_kwargs(),
     )  # fmt: skip
-    if out is None:
-        result = run()
+    if out is None:  # checks and reports only: each slot dropped once bound
+        result = run(sink=ReportOnly())
     else:  # streamed: one slot's output in memory at a time, the file whole or not at all
+        from specbind.runtime.bound_format import BoundMeta
+        from specbind.runtime.stream_out import StreamWriter
+
         ranks = Ranks(tp_size, tp_rank, _or(a.ep_size, 1), _or(a.ep_rank, 0))
         head = BoundMeta(table.name, SPECS_SHA256, ranks, values, overrides)
         with StreamWriter(out, head, backend, ckpt.files(), ckpt.dirs()) as sink:

@@ -40,6 +40,26 @@ def test_bind_without_a_terminal_imports_neither_tqdm_nor_the_generator_stack(ck
         assert heavy not in mods, heavy
 
 
+def test_start_to_first_work_imports_one_models_tables_and_nothing_it_has_not_used(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "import sys, json; from specbind.cli import main; "
+        f"rc = main(['bind', {str(tmp_path / 'missing')!r}]); print(json.dumps(sorted(sys.modules)))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "no such directory" in proc.stderr
+    mods = set(json.loads(proc.stdout.strip().splitlines()[-1]))
+    from specbind.generated import MODELS
+
+    picked = [n for n, e in MODELS.entries.items() if e.default]
+    loaded = {n for n, e in MODELS.entries.items() if f"specbind.generated.{e.module}" in mods}
+    assert loaded == set(picked)  # the default model's table, no other model's
+    # a thread pool (and logging with it), RE2 for quantized configs' lists, the --out writer
+    for unused in ("concurrent.futures", "logging", "re2", "specbind.runtime.stream_out"):
+        assert unused not in mods, unused
+
+
 def test_bind_with_progress_asked_for_still_draws_the_bar(ckpt: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "specbind", "bind", str(ckpt), "--progress"],

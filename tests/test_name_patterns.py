@@ -4,11 +4,13 @@ member anywhere, so bind and audit refuse it as an unknown or unclaimed tensor."
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from budget import examples
 from helpers import TABLE, TINY, copy_with, read_file
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specbind.audit import audit
@@ -155,6 +157,41 @@ def test_every_reader_of_names_agrees_on_the_rule(text: str) -> None:
     assert split.layers == ({int(text): ["mlp.gate.weight"]} if ok else {})
     assert split.outside == ([] if ok else [layer])
     assert (layer_pattern(TABLE.layer_pattern).split(f"model.layers.{text}.x") is not None) == ok
+
+
+_PIECES = ["", "model.", "language_model.", "layers.", "0", "3", "07", "12", ".", "mlp.w", "x"]
+
+
+@settings(max_examples=examples(2))
+@given(
+    st.lists(st.lists(st.sampled_from(_PIECES), max_size=7).map("".join), max_size=12),
+    st.sampled_from([(), ("layers.3.",)]),
+)
+def test_the_layer_split_reads_each_name_as_its_prefixs_own_pattern_does(
+    names: list[str], extra: tuple[str, ...]
+) -> None:
+    """The split matches every allowed prefix with one regex when no name can match two
+    (``extra``: a prefix that starts with another's layer head forces the per-prefix path); both
+    must agree with ``LayerPattern.split`` under each prefix, ambiguity refused alike."""
+    table = replace(TABLE, layer_prefixes=(*TABLE.layer_prefixes, *extra))
+    hits = {
+        p: [(n, h) for n in names if (h := layer_pattern(table.layer_pattern, p).split(n))]
+        for p in table.layer_prefixes
+    }
+    used = [p for p, h in hits.items() if h]
+    if len(used) > 1:
+        with pytest.raises(SpecbindError, match="more than one prefix"):
+            split_layers(table, names)
+        return
+    split = split_layers(table, names)
+    prefix = used[0] if used else table.layer_prefixes[0]
+    assert split.prefix == prefix
+    want: dict[int, list[str]] = {}
+    for _, (_, index, rest) in hits[prefix]:
+        want.setdefault(index, []).append(rest)
+    assert split.layers == dict(sorted(want.items()))
+    inside = {n for n, _ in hits[prefix]}
+    assert split.outside == [n for n in names if n not in inside]
 
 
 @pytest.fixture(scope="module")

@@ -280,3 +280,29 @@ def test_the_bf16_ulp_is_the_spacing_of_bf16_values() -> None:
     assert within_one_bf16_ulp(next_up, one) and not within_one_bf16_ulp(
         np.array([1.0 + 2**-6]), one
     )
+
+
+def test_a_stack_of_mapped_members_populates_their_pages_and_copies_the_same_bytes(
+    tmp_path: Any,
+) -> None:
+    """Members over 1 MiB that view a read-only map are populated (one madvise each) before
+    the copy: the stack holds exactly ``np.stack``'s bytes, and the advice was not refused
+    (a refusal would turn it off for the process: ``ops._madvise`` False)."""
+    import mmap
+
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 1 << 16, size=(3, 512, 1024), dtype=np.uint16)  # 3 x 1 MiB
+    path = tmp_path / "members.bin"
+    path.write_bytes(data.tobytes())
+    with path.open("rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    mapped = np.frombuffer(m, dtype=np.uint16).reshape(3, 512, 1024)  # [members, rows, cols]
+    members = [mapped[i] for i in range(3)]
+    assert not members[0].flags.writeable and members[0].nbytes >= ops._POPULATE_MIN
+    got = ops.stack([members], axis=0, squeeze=None)
+    assert got.tobytes() == data.tobytes()
+    assert ops._madvise is not False
+    owned = [a.copy() for a in members]  # writable memory: skipped, same result
+    assert ops.stack([owned], axis=0, squeeze=None).tobytes() == data.tobytes()
+    del mapped, members
+    m.close()
