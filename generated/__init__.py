@@ -11,12 +11,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbind.generated import model_deepseek_v3_2, model_glm_5_3_flash, model_kimi_linear
+from specbind.generated import (
+    model_deepseek_v3,
+    model_deepseek_v3_2,
+    model_glm_5_3_flash,
+    model_kimi_linear,
+)
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "b45afd57ca1371ed1bc254865c2b89acfab1d9f42504f6bd42160b63406c1a01"
+SPECS_SHA256 = "cefd4d4fcb55aba7c34b6e1577c714136062622cf24a778969f61aea15ba4dcc"
 
 MODELS: dict[str, ModelTable[Any]] = {
+    model_deepseek_v3.MODEL: model_deepseek_v3.TABLE,
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
     model_kimi_linear.MODEL: model_kimi_linear.TABLE,
