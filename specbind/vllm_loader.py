@@ -89,7 +89,7 @@ def load_weights(model: Any, model_config: Any) -> None:
     fields = bind_for_engine(_local_dir(model_config.model), ENGINE, tp_size=tp, tp_rank=rank)
     params = dict(model.named_parameters())
     nbytes = fill(ENGINE, params, fields)
-    init_logger(__name__).info(
+    init_logger("vllm.model_executor.model_loader.specbind").info(
         "specbind: loading weights took %.2f seconds (%d parameters, %.1f MiB, tp rank %d of %d)",
         time.perf_counter() - t0, len(params), nbytes / 2**20, rank, tp,
     )  # fmt: skip

@@ -43,6 +43,30 @@ DEEPSEEK_V3: dict[str, Any] = dict(
     pad_token_id=0,
     tie_word_embeddings=False,
 )
+# Llama and Qwen3-MoE: head_dim 32 (the CPU attention backend takes 32, 64, 80, ...), two KV
+# heads of four query heads (GQA: at tp 2 each rank holds one KV head).
+LLAMA: dict[str, Any] = dict(
+    vocab_size=256,
+    hidden_size=96,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+)
+QWEN3_MOE: dict[str, Any] = LLAMA | dict(
+    moe_intermediate_size=48,
+    num_experts=4,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    rms_norm_eps=1e-6,
+)
 _DEEPSEEK_F32 = re.compile(r".*\.gate\.e_score_correction_bias")
 _NOTHING = re.compile(r"(?!)")
 
@@ -57,6 +81,26 @@ def write_deepseek_v3(path: Path, seed: int = 0) -> None:
     config = json.loads((path / "config.json").read_text())
     config.update(topk_method="noaux_tc", scoring_func="sigmoid")
     (path / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def write_llama(path: Path, seed: int = 0) -> None:
+    import transformers
+
+    write_random(
+        transformers.LlamaForCausalLM, transformers.LlamaConfig, LLAMA, path, _NOTHING, seed
+    )
+
+
+def write_qwen3_moe(path: Path, seed: int = 0) -> None:
+    import transformers
+
+    write_random(
+        transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig, QWEN3_MOE, path,
+        _NOTHING, seed,
+    )  # fmt: skip
+
+
+WRITERS = {"deepseek-v3": write_deepseek_v3, "llama": write_llama, "qwen3-moe": write_qwen3_moe}
 
 
 def without_tensor(src: Path, dst: Path, name: str) -> None:
