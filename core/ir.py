@@ -129,14 +129,20 @@ class GeometryField:
     min: int
     doc: str
     also: tuple[str, ...] = ()  # other config.json paths (dotted) of the same value
+    default: str | None = None  # expression over other symbols when config.json lacks `config`
+    expr: str | None = None  # always computed from other symbols (no config field)
 
 
 @dataclass(frozen=True)
 class LayerGroupRule:
+    """An optional group's presence per layer: by a per-layer config list (``config``, the
+    values meaning ``present`` / ``absent``), or ``required`` in every layer of this model."""
+
     group: str
-    config: str
-    present: tuple[str, ...]
-    absent: tuple[str, ...]
+    config: str = ""
+    present: tuple[str, ...] = ()
+    absent: tuple[str, ...] = ()
+    required: bool = False
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,16 @@ A plan is computed per (block, geometry, tp, ep, ranks) from the spec's rules:
   axis is strided (every outer index keeps its own middle slice);
 - a family sharded by ``experts``: ep rank r owns the contiguous members
   ``[r·base + min(r, rem), … + base + (r < rem))`` with ``base = n // ep``, ``rem = n % ep``
-  (vLLM's map), and each member's tensors are then split by tp as above.
+  (vLLM's map), and each member's tensors are then split by tp as above;
+- replication (vLLM's ``QKVParallelLinear`` for KV heads): when ``1 <= U < tp`` and
+  ``tp % U == 0``, each unit is held by ``tp / U`` ranks: rank r holds unit ``r // (tp / U)``.
 
 Invariants:
-- ``U % tp == 0`` for every sharded tensor, checked at plan time with a message naming it;
+- each unit is held by ``max(tp / U, 1)`` ranks (``replicas``): ``U % tp == 0`` or
+  ``tp % U == 0`` for every sharded tensor, checked at plan time with a message naming it;
 - the local shape keeps the on-disk rank (the conv stays ``[Q/tp, 1, K]`` until the squeeze);
-- summed over ranks, sharded bytes partition and replicated bytes are held by every rank.
+- summed over ranks, sharded bytes are held ``replicas`` times each (once when ``U >= tp``)
+  and replicated bytes are held by every rank.
 Trap: a row slice of ``o_proj`` has the same byte count as its column shard and different
 contents; only the column shard is right (the tests compare values, not lengths).
 """
@@ -44,6 +48,7 @@ class TensorPlan:
     stored: tuple[str, ...] = ()  # on-disk dtypes accepted besides ``dtype``
     pattern: str = ""  # the rule's name (a family pattern for a family member)
     singletons: bool = False  # also stored with extra size-1 axes (the same bytes)
+    replicas: int = 1  # tp ranks holding each unit: tp / units when units < tp, else 1
 
     @property
     def full_bytes(self) -> int:
@@ -146,6 +151,13 @@ def plan_block(
     sharded = {n for n, p in plans.items() if p.kind != "replicated" and p.axis != 0}
     sharded_patterns = {pattern[n] for n in sharded}
     all_reduce = tp > 1 and any(sharded_patterns & set(s) for s in sources.values())
+    for n in sorted(sharded):  # a replicated unit in a partial sum would be summed twice
+        if all_reduce and plans[n].replicas > 1:
+            p = plans[n]
+            raise GeometryError(
+                f"{block}: {n} splits axis {p.axis} on {p.unit} = {p.units} units, fewer than "
+                f"tp {tp}: each unit would be summed by {p.replicas} ranks in the all-reduce"
+            )
     return BlockPlan(block, tp, tp_rank, plans, all_reduce, ep, ep_rank, members)
 
 
@@ -171,18 +183,31 @@ def plan_tensor(
             f"{block}: {r.name} dim {axis} ({full[axis]}) does not split into "
             f"{unit} = {units} whole units"
         )
-    if units % tp != 0:
+    if units % tp != 0 and tp % units != 0:
         raise GeometryError(
             f"{block}: {r.name} shards {kind} on {unit} = {units} units, "
-            f"which tp {tp} does not divide"
+            f"which tp {tp} does not divide (nor is tp a multiple of {unit}, "
+            "which would replicate each unit on tp / units ranks)"
         )
-    local = full[axis] // tp  # whole units: (units / tp) units of (dim / units) each
+    held, replicas = rank_units(units, tp)
+    local = full[axis] // units * held  # whole units of (dim / units) each
     shape = list(full)
     shape[axis] = local
     return TensorPlan(
-        r.name, r.dtype, kind, unit, units, full, tuple(shape), axis, tp_rank * local, r.shape,
-        r.stored, pattern or r.name, r.stored_singletons,
+        r.name, r.dtype, kind, unit, units, full, tuple(shape), axis,
+        tp_rank // replicas * local, r.shape, r.stored, pattern or r.name, r.stored_singletons,
+        replicas,
     )  # fmt: skip
+
+
+def rank_units(units: int, tp: int) -> tuple[int, int]:
+    """(units one rank holds, ranks holding each unit) for ``units`` split across ``tp``:
+    ``(units / tp, 1)``, or ``(1, tp / units)`` when ``units < tp`` (vLLM's KV-head
+    replication: rank r holds unit ``r // (tp / units)``). The caller has checked that one of
+    the two divides the other."""
+    if units >= tp:
+        return units // tp, 1
+    return 1, tp // units
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,18 @@ from specbind.generated import (
     model_deepseek_v3_2,
     model_glm_5_3_flash,
     model_kimi_linear,
+    model_llama,
+    model_qwen3_moe,
 )
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "cefd4d4fcb55aba7c34b6e1577c714136062622cf24a778969f61aea15ba4dcc"
+SPECS_SHA256 = "7232e5c21712a03ad551d77987436e65d2379ca4e99f88e6c8721c3f01c6bb9a"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3.MODEL: model_deepseek_v3.TABLE,
     model_deepseek_v3_2.MODEL: model_deepseek_v3_2.TABLE,
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
     model_kimi_linear.MODEL: model_kimi_linear.TABLE,
+    model_llama.MODEL: model_llama.TABLE,
+    model_qwen3_moe.MODEL: model_qwen3_moe.TABLE,
 }

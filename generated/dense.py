@@ -68,7 +68,7 @@ class DenseGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   F_r = F/tp: this rank's share of F (intermediate size)
+#   F_r = F/tp (1 when tp > F): this rank's share of F (intermediate size)
 
 TENSORS: tuple[TensorRule, ...] = (
     # mlp.gate_proj.weight [F, X] BF16 on disk; rank r reads [F_r, X], block r of the rows (whole F)

@@ -88,7 +88,7 @@ class DsaGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   H_r = H/tp: this rank's share of H (attention heads)
+#   H_r = H/tp (1 when tp > H): this rank's share of H (attention heads)
 
 TENSORS: tuple[TensorRule, ...] = (
     # self_attn.q_a_proj.weight [QL, X] BF16 on disk; replicated: every rank reads all of it
@@ -351,7 +351,7 @@ def plan(g: DsaGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
 
 def make_q_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
-    H_r = g.H // g.tp  # this rank's share of H (attention heads)
+    H_r = max(g.H // g.tp, 1)  # this rank's share of H (attention heads)
     a = t["self_attn.kv_b_proj.weight"]
     # [H_r * (N + V), KVL] -> [H_r, N + V, KVL]
     a = ops.view(a, shape=(H_r, g.N + g.V, g.KVL), what="q_absorb: kv_b_proj.weight")
@@ -369,7 +369,7 @@ def make_q_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) 
 
 def make_o_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
-    H_r = g.H // g.tp  # this rank's share of H (attention heads)
+    H_r = max(g.H // g.tp, 1)  # this rank's share of H (attention heads)
     a = t["self_attn.o_proj.weight"]
     # [X, H_r * V] -> [X, H_r, V]
     a = ops.view(a, shape=(g.X, H_r, g.V), what="o_absorb: o_proj.weight")

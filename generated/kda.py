@@ -75,7 +75,7 @@ class KdaGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   H_r = H/tp: this rank's share of H (linear-attention heads)
+#   H_r = H/tp (1 when tp > H): this rank's share of H (linear-attention heads)
 
 TENSORS: tuple[TensorRule, ...] = (
     # self_attn.q_proj.weight [Q, X] BF16 on disk; rank r reads [H_r * D, X], block r of the rows (whole H)

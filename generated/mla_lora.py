@@ -81,7 +81,7 @@ class MlaLoraGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   heads_r = heads/tp: this rank's share of heads (attention heads)
+#   heads_r = heads/tp (1 when tp > heads): this rank's share of heads (attention heads)
 
 TENSORS: tuple[TensorRule, ...] = (
     # self_attn.q_a_proj.weight [q_lora, hidden] BF16 on disk; replicated: every rank reads all of it
@@ -254,7 +254,7 @@ def plan(g: MlaLoraGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
 
 def make_q_absorb(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
-    heads_r = g.heads // g.tp  # this rank's share of heads (attention heads)
+    heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     a = t["self_attn.kv_b_proj.weight"]
     # [heads_r * (nope + v_dim), kv_lora] -> [heads_r, nope + v_dim, kv_lora]
     a = ops.view(a, shape=(heads_r, g.nope + g.v_dim, g.kv_lora), what="q_absorb: kv_b_proj.weight")
@@ -274,7 +274,7 @@ def make_q_absorb(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_o
 
 def make_q_rope(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``q_rope``: one tensor, as BF16."""
-    heads_r = g.heads // g.tp  # this rank's share of heads (attention heads)
+    heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     x = t["self_attn.q_b_proj.weight"]
     # [heads_r * (nope + rope), q_lora] -> [heads_r, nope + rope, q_lora]
     x = ops.view(x, shape=(heads_r, g.nope + g.rope, g.q_lora), what="q_rope: q_b_proj.weight")
@@ -312,7 +312,7 @@ def make_k_rope(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops
 
 def make_o_absorb(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
-    heads_r = g.heads // g.tp  # this rank's share of heads (attention heads)
+    heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     a = t["self_attn.o_proj.weight"]
     # [hidden, heads_r * v_dim] -> [hidden, heads_r, v_dim]
     a = ops.view(a, shape=(g.hidden, heads_r, g.v_dim), what="o_absorb: o_proj.weight")

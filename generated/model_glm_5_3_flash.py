@@ -43,6 +43,8 @@ LAYER_PREFIXES: tuple[str, ...] = (
 # Per-layer config.json lists that say which layers carry an optional group.
 LAYER_GROUPS: tuple[LayerGroupRule, ...] = (
     LayerGroupRule(group="indexer", config="indexer_types", present=("full",), absent=("shared",)),
+    LayerGroupRule(group="correction", required=True),
+    LayerGroupRule(group="shared", required=True),
 )
 
 # The parts of a layer, each filled by the first of its blocks whose markers are all present;

@@ -4,7 +4,7 @@
 DO NOT EDIT: change the spec and run ``make generate``.
 
 Invariants, checked on every layer this binder sees:
-- the block's ``mlp.`` tensors are exactly the 8 required rules below;
+- the block's ``mlp.`` tensors are exactly the 4 required rules below plus the 4 of optional group(s) correction, shared, each all-or-nothing;
   any other name under the prefix is refused (all of them in one error), never skipped;
 - a family holds every member by name; this rank reads only the members its ep rank owns;
 - every dtype, shape and byte count is checked against the geometry; a dtype is converted
@@ -42,7 +42,7 @@ from specbind.runtime.tp import ShardedSource
 
 BLOCK = "moe"
 PREFIX = "mlp."
-DOC = "Sigmoid top-k router with e_score_correction_bias, E routed SwiGLU experts stacked into w13/w2, and S shared experts merged into one column-parallel gate_up and a row-parallel down."
+DOC = "Top-k router (with an optional e_score_correction_bias), E routed SwiGLU experts stacked into w13/w2, and optionally S shared experts merged into one column-parallel gate_up and a row-parallel down."
 
 # The array type the weights hold: numpy.ndarray (numpy backend), cupy.ndarray (cupy) or
 # torch.Tensor (the API's torch backend); a bind returns ``MoeWeights[Any]``.
@@ -74,7 +74,7 @@ class MoeGeometry:
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
 #   E_r: this ep rank's members of E (routed experts), E/ep and one more on the first E % ep ranks
-#   Im_r = Im/tp: this rank's share of Im (intermediate size of one expert)
+#   Im_r = Im/tp (1 when tp > Im): this rank's share of Im (intermediate size of one expert)
 
 TENSORS: tuple[TensorRule, ...] = (
     # mlp.gate.weight [E, X] BF16 on disk; replicated: every rank reads all of it
@@ -90,6 +90,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="F32",
         shape="[E]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
+        group="correction",
         why_dtype="the correction bias decides which experts are chosen; rounding it to BF16 would change the top-k",
     ),
     # mlp.experts.{e}.gate_proj.weight [Im, X] BF16 on disk; rank r reads [Im_r, X], block r of the rows (whole Im); only this ep rank's e members
@@ -125,6 +126,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[S * Im, X]",
         shard=ShardRule(kind="rows", unit="Im", axis=0),
+        group="shared",
         linear=True,
     ),
     # mlp.shared_experts.up_proj.weight [S * Im, X] BF16 on disk; rank r reads [S * Im_r, X], block r of the rows (whole Im)
@@ -133,6 +135,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[S * Im, X]",
         shard=ShardRule(kind="rows", unit="Im", axis=0),
+        group="shared",
         linear=True,
     ),
     # mlp.shared_experts.down_proj.weight [X, S * Im] BF16 on disk; rank r reads [X, S * Im_r], block r of the cols (whole Im)
@@ -141,11 +144,19 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[X, S * Im]",
         shard=ShardRule(kind="cols", unit="Im", axis=-1),
+        group="shared",
         linear=True,
     ),
 )
 
-GROUPS: dict[str, GroupRule] = {}
+GROUPS: dict[str, GroupRule] = {
+    "correction": GroupRule(
+        name="correction",
+        optional=True,
+        why="a softmax router (Qwen3-MoE) has no score-correction bias",
+    ),
+    "shared": GroupRule(name="shared", optional=True, why="Qwen3-MoE has no shared experts"),
+}
 
 # Each family's size symbol; a family split by `experts` is divided whole across ep ranks.
 FAMILIES: dict[str, str] = {
@@ -219,7 +230,6 @@ FIELDS: dict[str, FieldRule] = {
 MARKERS: frozenset[str] = frozenset(
     {
         "mlp.gate.weight",
-        "mlp.gate.e_score_correction_bias",
     }
 )
 
@@ -282,15 +292,15 @@ class MoeWeights(Generic[T]):
     # gate.weight [E, X] BF16, verbatim
     router: T  # [E, X], replicated
     # gate.e_score_correction_bias [E] F32, verbatim
-    router_bias: T  # [E], replicated
+    router_bias: T | None  # [E], replicated
     # stack over this rank's e of: experts.{e}.gate_proj.weight, experts.{e}.up_proj.weight
     w13: T  # [E_r, 2 * Im_r, X]
     # stack over this rank's e of: experts.{e}.down_proj.weight
     w2: T  # [E_r, X, Im_r]
     # concat of 2 on axis 0
-    shared_gate_up: T  # [2 * S * Im_r, X]
+    shared_gate_up: T | None  # [2 * S * Im_r, X]
     # shared_experts.down_proj.weight [X, S * Im] BF16, verbatim
-    shared_down: T  # [X, S * Im_r]
+    shared_down: T | None  # [X, S * Im_r]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 
@@ -298,11 +308,14 @@ class MoeWeights(Generic[T]):
         """Every bound field by name; an absent optional field is left out."""
         out: dict[str, T] = {}
         out["router"] = self.router
-        out["router_bias"] = self.router_bias
+        if self.router_bias is not None:
+            out["router_bias"] = self.router_bias
         out["w13"] = self.w13
         out["w2"] = self.w2
-        out["shared_gate_up"] = self.shared_gate_up
-        out["shared_down"] = self.shared_down
+        if self.shared_gate_up is not None:
+            out["shared_gate_up"] = self.shared_gate_up
+        if self.shared_down is not None:
+            out["shared_down"] = self.shared_down
         if self.quant is not None:
             out.update(self.quant.arrays)
         return out
@@ -363,7 +376,7 @@ def assemble(
     file must hold. An absent optional source leaves its field out."""
     return MoeWeights(
         router=t["mlp.gate.weight"],
-        router_bias=t["mlp.gate.e_score_correction_bias"],
+        router_bias=t.get("mlp.gate.e_score_correction_bias"),
         # 2 x [Im_r, X] -> [E_r, 2 * Im_r, X]: experts.{e}.gate_proj.weight, experts.{e}.up_proj.weight in that order
         w13=ops.stack(
             (
@@ -387,7 +400,9 @@ def assemble(
             ),
             axis=0,
             squeeze=None,
-        ),
-        shared_down=t["mlp.shared_experts.down_proj.weight"],
+        )
+        if "mlp.shared_experts.gate_proj.weight" in t
+        else None,
+        shared_down=t.get("mlp.shared_experts.down_proj.weight"),
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )

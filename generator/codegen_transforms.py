@@ -7,7 +7,8 @@ Invariant: every expression in a step names symbols only through checked identif
 (``g.X``, a rank-local unit count ``H_r``, a local derived symbol) and literals only through
 ``repr``; a contraction carries the spec's einsum text, checked at generate time and lowered
 by ``core.einsum`` at bind time, as it was checked.
-Trap: inside a transform a sharded unit means this rank's share (``H_r = g.H // g.tp``); a
+Trap: inside a transform a sharded unit means this rank's share (``H_r = max(g.H // g.tp, 1)``:
+one unit where tp is a multiple of it, the unit replicated on tp / H ranks); a
 scale's symbols are always the full counts (``IH ** -0.5`` does not shrink with tp).
 """
 
@@ -99,7 +100,7 @@ def context(block: Block, out: Output, geo_class: str, rs: RankShapes) -> Transf
     local: list[tuple[str, str, str]] = []
     for u in sorted(names.used & units):
         local.append(
-            (rank_name(u), f"g.{u} // g.tp", comment(f"this rank's share of {rs.what(u)}"))
+            (rank_name(u), f"max(g.{u} // g.tp, 1)", comment(f"this rank's share of {rs.what(u)}"))
         )
     needed = set(names.used & set(block.derived))
     for d in reversed(list(block.derived)):  # derived symbols the needed ones use, transitively

@@ -11,7 +11,8 @@ import math
 
 from specbind.core import algebra, algebra_ops
 from specbind.core.errors import AlgebraError, GeometryError, SpecbindError
-from specbind.core.planning import plan_block
+from specbind.core.geometry import computed
+from specbind.core.planning import plan_block, rank_units
 from specbind.generator import transforms
 from specbind.generator.coverage import check_coverage
 from specbind.generator.spec import Block, Model
@@ -66,10 +67,11 @@ def shapes_at(block: Block, env: dict[str, int], context: str) -> dict[str, tupl
 
 
 def local_env(block: Block, values: dict[str, int], tp: int, units: set[str]) -> dict[str, int]:
-    """The env one rank sees in its views: each shard unit in ``units`` is ``unit / tp``."""
+    """The env one rank sees in its views: each shard unit in ``units`` is ``unit / tp``, or 1
+    where tp is a multiple of it (the unit replicated on tp / unit ranks)."""
     local = dict(values)
     for u in units:  # shard units are base symbols (the spec checker refuses derived ones)
-        local[u] //= tp
+        local[u] = rank_units(local[u], tp)[0]
     return block_env(block, local, tp)
 
 
@@ -87,7 +89,7 @@ def check_transforms(block: Block, values: dict[str, int], ctx: str) -> None:
     env = block_env(block, values)
     full = shapes_at(block, env, ctx)
     units = {t.shard.unit for t in block.tensors if t.shard.unit is not None}
-    tps = [tp for tp in (1, 2, 4, 8) if all(env[u] % tp == 0 for u in units)]
+    tps = [tp for tp in (1, 2, 4, 8) if all(env[u] % tp == 0 or tp % env[u] == 0 for u in units)]
     for out in block.outputs:
         tf = out.transform
         if tf is None:
@@ -111,10 +113,12 @@ def check_transforms(block: Block, values: dict[str, int], ctx: str) -> None:
             )  # fmt: skip
         for tp, shape in by_tp.items():
             want = list(by_tp[1])
+            # ranks sharing the result: tp, or fewer where a unit is replicated on tp / unit ranks
+            split = min([min(tp, env[u]) for u in op_units if u is not None] or [tp])
             if tf.layout_kind == "rows":
-                want[0] //= tp
+                want[0] //= split
             elif tf.layout_kind == "cols":
-                want[-1] //= tp
+                want[-1] //= split
             if list(shape) != want:
                 raise block.located.error(
                     (*path, "shard"),
@@ -137,6 +141,15 @@ def distinct_values(values: dict[str, int]) -> dict[str, int]:
     return out
 
 
+def tiny_geometry(model: Model) -> dict[str, int]:
+    """The synth tiny geometry over the real one, its computed symbols recomputed."""
+    assert model.synth is not None
+    try:
+        return computed(model.geometry, model.values() | dict(model.synth.tiny))
+    except SpecbindError as e:
+        raise model.located.error(("synth", "tiny"), f"at the synth tiny geometry: {e}") from None
+
+
 def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
     """Refuse a spec pair whose real geometry breaks a shape, shard or constraint, or whose
     transforms do not fit at a geometry where no two symbols are equal; or whose own
@@ -145,7 +158,7 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
     real_values = model.values()
     geometries = [("real", real_values)]
     if model.synth is not None:
-        geometries.append(("synth tiny", real_values | dict(model.synth.tiny)))
+        geometries.append(("synth tiny", tiny_geometry(model)))
     for i, c in enumerate(model.constraints):
         assert c.expr is not None
         for what, values in geometries:
@@ -168,7 +181,7 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
         _check_shapes(block, env, ctx)
         check_transforms(block, real, ctx)
         if model.synth is not None:  # every element read by some output, at the tiny geometry
-            tiny = model.values() | dict(model.synth.tiny)
+            tiny = tiny_geometry(model)
             values = {s: tiny[g] for s, g in use.symbols.items()}
             tctx = f"at the synth tiny geometry of {model.name}"
             tenv = block_env(block, values)

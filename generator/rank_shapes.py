@@ -64,7 +64,8 @@ class RankShapes:
     def tp_unit(self, unit: str) -> str:
         """``U_r``, recording its legend line."""
         self._used[rank_name(unit)] = (
-            f"{rank_name(unit)} = {unit}/tp: this rank's share of {self.what(unit)}"
+            f"{rank_name(unit)} = {unit}/tp (1 when tp > {unit}): this rank's share of "
+            f"{self.what(unit)}"
         )
         return rank_name(unit)
 

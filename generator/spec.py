@@ -24,7 +24,8 @@ from typing import Any, Literal
 import jsonschema
 
 from specbind.core import algebra
-from specbind.core.errors import AlgebraError
+from specbind.core.errors import AlgebraError, SpecbindError
+from specbind.core.geometry import computed as geometry_computed
 from specbind.core.ir import (
     ConstraintRule,
     FamilyRule,
@@ -523,9 +524,18 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
             int(g.get("min", 1)),
             g.get("doc", ""),
             tuple(g.get("also") or ()),
+            None if g.get("default") is None else str(g["default"]),
+            None if g.get("expr") is None else str(g["expr"]),
         )
         for n, g in d["geometry"].items()
     )
+    _geometry_expressions(doc, geometry)
+    for name in (d.get("synth") or {}).get("tiny") or {}:
+        computed_by = next((g.expr for g in geometry if g.name == name and g.expr), None)
+        if computed_by is not None:
+            raise doc.error(
+                ("synth", "tiny", name), f"{name} is computed ({computed_by}): it takes no value"
+            )
     for g in geometry:
         if g.also and g.config is None:
             raise doc.error(("geometry", g.name, "also"), "`also` needs the `config` it backs")
@@ -563,6 +573,9 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
     for g, r in (layers.get("groups") or {}).items():
         if g not in optional:
             raise doc.error(("layers", "groups", g), f"{g!r} is not an optional group of any block")
+        if r.get("required"):
+            rules.append(LayerGroupRule(g, required=True))
+            continue
         if set(r["present"]) & set(r["absent"]):
             raise doc.error(("layers", "groups", g), "a value cannot mean both present and absent")
         rules.append(LayerGroupRule(g, r["config"], tuple(r["present"]), tuple(r["absent"])))
@@ -626,6 +639,35 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         bool(d.get("default", False)),
         _model_constraints(doc, d.get("constraints") or [], gnames),
     )  # fmt: skip
+
+
+def _geometry_expressions(doc: Located, geometry: tuple[GeometryField, ...]) -> None:
+    """``default`` and ``expr`` name only geometry symbols, form no cycle, and an ``expr``
+    symbol's ``value`` is what its expression gives at the real geometry."""
+    gnames = {g.name for g in geometry}
+    for g in geometry:
+        path: PathKey = ("geometry", g.name)
+        if g.expr is not None and g.config is not None:
+            raise doc.error((*path, "expr"), "a symbol with `expr` is computed: it has no `config`")
+        if g.default is not None and g.config is None:
+            raise doc.error(
+                (*path, "default"), "`default` needs the `config` field it stands in for"
+            )
+        for key, text in (("default", g.default), ("expr", g.expr)):
+            if text is not None:
+                e = _expr(doc, (*path, key), text, gnames - {g.name}, False)
+                if not e.names:
+                    raise doc.error((*path, key), f"{text!r} names no symbol: give `value` instead")
+    try:
+        got = geometry_computed(geometry, {g.name: g.value for g in geometry})
+    except SpecbindError as e:
+        raise doc.error(("geometry",), str(e)) from None
+    for g in geometry:
+        if g.expr is not None and got[g.name] != g.value:
+            raise doc.error(
+                ("geometry", g.name, "value"),
+                f"value {g.value}, but {g.expr} gives {got[g.name]} at this geometry",
+            )
 
 
 def _model_constraints(

@@ -8,8 +8,9 @@ tensor is one row). Pieces come from the plan alone (``core.planning``), so they
 exchanged and checked before any rank binds.
 
 ``expect`` is how many ranks must read each byte: a tensor replicated across tp is read by
-every tp rank, and one that is not an expert is read again by every ep rank; an expert's
-tensors are read only by the tp ranks of the ep rank that owns it.
+every tp rank, a unit replicated on ``tp / units`` ranks (KV heads at tp > heads) by those
+ranks, and one that is not an expert is read again by every ep rank; an expert's tensors are
+read only by the tp ranks of the ep rank that owns it.
 
 Invariants checked by ``check``:
 - every tensor the layout claims is read by some rank (an expert no ep rank owns is caught);
@@ -119,7 +120,7 @@ def _pieces(
         itemsize = DTYPES[disk].bits // 8
         rows, row_bytes, lo, width = window(plan, itemsize)
         family = plan.pattern != rel  # a family member: one ep rank owns it
-        tp_copies = ranks.tp_size if plan.kind == "replicated" else 1
+        tp_copies = ranks.tp_size if plan.kind == "replicated" else plan.replicas
         expect = tp_copies * (1 if family else ranks.ep_size)
         digest = ""
         if expect > 1:

@@ -4,7 +4,10 @@ Invariants: a geometry symbol with a ``config`` field is read from config.json â
 ``text_config`` when the file nests it, else flat â€” and must be an integer (not a bool, not a
 float) no smaller than its ``min``; a symbol without one is an engine setting with a default;
 the model's own constraints hold for every geometry ``checked_values`` returns. Missing or
-ill-typed fields are refused by name; nothing falls back silently to a default.
+ill-typed fields are refused by name; nothing falls back silently to a default: a field falls
+back only to the ``default`` expression its spec declares (``head_dim`` = ``hidden / heads``),
+evaluated exactly, and an ``expr`` symbol is always computed (``core.geometry``). A ``--set``
+value supplies a field config.json lacks.
 Trap: a flag (``tie_word_embeddings``) is read at the top level first, unlike geometry (see
 ``config_flags``); a per-layer list is a cross-check of the names, never a substitute.
 """
@@ -15,6 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from specbind.core.errors import CheckpointError, GeometryError
+from specbind.core.geometry import computed, resolve
 
 if TYPE_CHECKING:  # a type only: model -> quant -> quant_config -> config at run time
     from specbind.runtime.model import ModelTable
@@ -27,16 +31,27 @@ def values_from_config(
 ) -> dict[str, int]:
     """Geometry values from a parsed config.json (HF field names), plus engine settings."""
     values: dict[str, int] = {}
+    pending: dict[str, str] = {}  # symbols computed from others: defaults, expressions
+    overrides = overrides or {}
     for f in table.geometry_fields:
+        if type(overrides.get(f.name)) is int:  # --set supplies a field config.json lacks
+            values[f.name] = overrides[f.name]
+            continue
+        if f.expr is not None:
+            pending[f.name] = f.expr
+            continue
         if f.config is None:
             values[f.name] = f.value
             continue
         hits = [h for p in (f.config, *f.also) if (h := config_lookup(config, p)) is not None]
+        if not hits and f.default is not None:
+            pending[f.name] = f.default
+            continue
         if not hits:
             paths = " or ".join(repr(p) for p in (f.config, *f.also))
             raise CheckpointError(
                 f"config.json: missing field {paths} (flat or under text_config), "
-                f"needed for geometry symbol {f.name}"
+                f"needed for geometry symbol {f.name} (--set {f.name}=N supplies it)"
             )
         raw, where = hits[0]
         for other, at in hits[1:]:
@@ -50,7 +65,7 @@ def values_from_config(
                 f"config.json: {where} is {raw!r} ({type(raw).__name__}), expected an integer"
             )
         values[f.name] = raw
-    return checked_values(table, values, overrides or {})
+    return checked_values(table, resolve(values, pending), overrides)
 
 
 def config_lookup(config: Mapping[str, Any], name: str) -> tuple[Any, str] | None:
@@ -79,6 +94,9 @@ def expected_groups(
     """For each layer-group rule that covers ``layer``: (must be present, why)."""
     out: dict[str, tuple[bool, str]] = {}
     for rule in table.layer_groups:
+        if rule.required:
+            out[rule.group] = (True, f"model {table.name} requires the {rule.group} group")
+            continue
         found = config_lookup(config, rule.config)
         if found is None:
             continue  # the checkpoint does not say; nothing to cross-check
@@ -112,6 +130,7 @@ def checked_values(
                 f"override {k}={v!r} is a {type(v).__name__}, not an integer (a geometry value)"
             )
         values[k] = v
+    values = computed(table.geometry_fields, values, keep=overrides)
     for f in table.geometry_fields:
         if values[f.name] < f.min:
             raise GeometryError(

@@ -220,7 +220,7 @@ def _companion_plan(block: str, tp: TensorPlan, c: CompanionRule, lq: LayerQuant
     local = list(full)
     local[axis] = w[1]
     return TensorPlan(name, c.dtype, tp.kind, tp.unit, tp.units, full, tuple(local), axis,
-                      w[2], c.shape_text, (), pattern)  # fmt: skip
+                      w[2], c.shape_text, (), pattern, replicas=tp.replicas)  # fmt: skip
 
 
 def check_shared(

@@ -102,10 +102,12 @@ def plan_report(
         }
     tp1 = expected = 0
     for i, b, present in layers:
+        ranked = plan_of(i, b, grid[0]).tensors  # replicas: how many tp ranks hold a unit
         for t in plan_of(i, b, None).tensors.values():
             if t.name in present:
                 tp1 += t.full_bytes
-                copies = tp_size if t.kind == "replicated" else 1
+                held = ranked[t.name].replicas if t.name in ranked else 1
+                copies = tp_size if t.kind == "replicated" else held
                 copies *= 1 if t.pattern != t.name else ep_size  # an expert lives on one ep rank
                 expected += t.full_bytes * copies
     ranks: list[dict[str, Any]] = []
@@ -174,8 +176,9 @@ def render_text(rep: dict[str, Any]) -> str:
     tot = rep["totals"]
     lines.append(
         f"whole model {tot['tp1_bytes']} B; sum over ranks {tot['sum_rank_bytes']} B "
-        f"(expected {tot['expected_sum']} B: replicated tensors on every rank, experts on one "
-        f"ep rank); largest rank {tot['max_rank_bytes']} B"
+        f"(expected {tot['expected_sum']} B: replicated tensors on every rank, a unit fewer "
+        f"than tp on tp / units ranks, experts on one ep rank); largest rank "
+        f"{tot['max_rank_bytes']} B"
     )
     return "\n".join(lines)
 

@@ -210,7 +210,7 @@ def test_audit_reports_quantisation_artefacts_and_identical_bytes(
         (["bind", __file__], f"{__file__}: not a directory"),
         (["bind", "."], "no model.safetensors and no model.safetensors.index.json"),
         (["synth", "/tmp", "--layers", "2"], "exists and is not an empty directory"),
-        (["bind", ".", "--model", "llama"], "unknown model 'llama'"),
+        (["bind", ".", "--model", "falcon"], "unknown model 'falcon'"),
         (["bind", ".", "--set", "hidden=big"], "not an integer"),
         (["bind", ".", "--set", "hidden=1_6"], "'1_6' is not an integer"),
         (["bind", ".", "--set", "hidden=+16"], "'+16' is not an integer"),

@@ -47,7 +47,7 @@ def _rank_env(module: ModuleType, g: Any, r: Ranks) -> dict[str, int]:
     env = dict(module.env(g))
     for rule in module.TENSORS:
         if rule.shard.unit is not None:
-            env[f"{rule.shard.unit}_r"] = env[rule.shard.unit] // r.tp_size
+            env[f"{rule.shard.unit}_r"] = max(env[rule.shard.unit] // r.tp_size, 1)
     for count in module.FAMILIES.values():
         n = env[count]
         env[f"{count}_r"] = n // r.ep_size + (r.ep_rank < n % r.ep_size)
@@ -115,7 +115,9 @@ def test_a_sharded_dim_reads_as_this_ranks_units_even_through_a_derived_symbol()
     rs = RankShapes(_block("kda"))
     dt_bias = next(t for t in rs.block.tensors if t.name.endswith("dt_bias"))  # [Q], Q = H * D
     assert rs.tensor_dims(dt_bias) == ["H_r * D"]
-    assert rs.legend() == ["H_r = H/tp: this rank's share of H (linear-attention heads)"]
+    assert rs.legend() == [
+        "H_r = H/tp (1 when tp > H): this rank's share of H (linear-attention heads)"
+    ]
 
 
 def test_a_dim_without_the_unit_as_a_factor_reads_as_divided_by_tp() -> None:

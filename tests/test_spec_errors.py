@@ -361,8 +361,11 @@ def test_the_real_specs_load(root: Path) -> None:
         "lm_globals",
         "mla",
         "mla_indexed",
+        "gqa",
     }
-    assert set(specs.models) == {"glm-5.3-flash", "kimi-linear", "deepseek-v3.2"}
+    assert set(specs.models) == {
+        "glm-5.3-flash", "kimi-linear", "deepseek-v3.2", "llama", "qwen3-moe",
+    }  # fmt: skip
 
 
 def _no_markers(root: Path) -> None:

@@ -69,7 +69,7 @@ class LmGlobalsGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   V_r = V/tp: this rank's share of V (vocabulary size)
+#   V_r = V/tp (1 when tp > V): this rank's share of V (vocabulary size)
 
 TENSORS: tuple[TensorRule, ...] = (
     # embed_tokens.weight [V, X] BF16 on disk; rank r reads [V_r, X], block r of the rows (whole V)

@@ -78,7 +78,7 @@ class MlaLoraGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   heads_r = heads/tp: this rank's share of heads (attention heads)
+#   heads_r = heads/tp (1 when tp > heads): this rank's share of heads (attention heads)
 
 TENSORS: tuple[TensorRule, ...] = (
     # self_attn.q_a_proj.weight [q_lora, hidden] BF16 on disk; replicated: every rank reads all of it

@@ -30,6 +30,7 @@ from safetensors.numpy import save_file
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import SpecbindError
+from specbind.core.geometry import computed
 from specbind.core.patterns import fill
 from specbind.core.planning import Ranks, expand
 from specbind.core.quant import SchemeRule
@@ -50,7 +51,7 @@ def tiny_values(table: ModelTable[Any]) -> dict[str, int]:
     """The model spec's tiny geometry (``synth.tiny``) over its real one."""
     if table.synth is None:
         raise SpecbindError(f"model {table.name} has no synth section in its spec")
-    return table.default_values() | dict(table.synth.tiny)
+    return computed(table.geometry_fields, table.default_values() | dict(table.synth.tiny))
 
 
 def schedule(table: ModelTable[Any], layers: int, mtp: bool = True) -> list[LayerPlan]:
