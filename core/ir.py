@@ -166,11 +166,13 @@ class SlotRule:
 @dataclass(frozen=True)
 class NameRule:
     """Another writer's layer-relative name: ``source`` (a prefix) read as ``to[0]``, or, with
-    several ``to``, one stored tensor read as that many equal row segments, in order."""
+    several ``to``, one stored tensor read as that many row sections, in order: equal ones
+    (``segments``), or ``sizes`` rows each (geometry expressions over the model's symbols)."""
 
     source: str
     to: tuple[str, ...]
     why: str
+    sizes: tuple[str, ...] = ()  # one row count per ``to``; empty: equal segments
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,13 @@ from specbind.generated import (
     model_glm_5_3_flash,
     model_kimi_linear,
     model_llama,
+    model_nemotron_h,
+    model_phi3,
     model_qwen3_moe,
 )
 from specbind.runtime.model import ModelTable
 
-SPECS_SHA256 = "7232e5c21712a03ad551d77987436e65d2379ca4e99f88e6c8721c3f01c6bb9a"
+SPECS_SHA256 = "c66c36974f3fd4178d916a87c238f19967678e54dd279e369e690bdb77c3da86"
 
 MODELS: dict[str, ModelTable[Any]] = {
     model_deepseek_v3.MODEL: model_deepseek_v3.TABLE,
@@ -29,5 +31,7 @@ MODELS: dict[str, ModelTable[Any]] = {
     model_glm_5_3_flash.MODEL: model_glm_5_3_flash.TABLE,
     model_kimi_linear.MODEL: model_kimi_linear.TABLE,
     model_llama.MODEL: model_llama.TABLE,
+    model_nemotron_h.MODEL: model_nemotron_h.TABLE,
+    model_phi3.MODEL: model_phi3.TABLE,
     model_qwen3_moe.MODEL: model_qwen3_moe.TABLE,
 }

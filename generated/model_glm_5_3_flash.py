@@ -69,7 +69,7 @@ SLOTS: tuple[SlotRule, ...] = (
     SlotRule(name="mtp", blocks=("mtp_head",), scope="mtp", config=None, values=()),
 )
 
-# Other writers' layer-relative names: a prefix renamed, or one tensor read as row segments.
+# Other writers' layer-relative names: a prefix renamed, or one tensor read as row sections.
 NAMES: tuple[NameRule, ...] = (
     NameRule(
         source="self_attn.forget_gate.",

@@ -59,7 +59,7 @@ SLOTS: tuple[SlotRule, ...] = (
     SlotRule(name="norms", blocks=("layer_norms",), scope="all", config=None, values=()),
 )
 
-# Other writers' layer-relative names: a prefix renamed, or one tensor read as row segments.
+# Other writers' layer-relative names: a prefix renamed, or one tensor read as row sections.
 NAMES: tuple[NameRule, ...] = (
     NameRule(
         source="block_sparse_moe.experts.{e}.w1.weight",

@@ -43,7 +43,7 @@ SLOTS: tuple[SlotRule, ...] = (
     SlotRule(name="norms", blocks=("layer_norms",), scope="all", config=None, values=()),
 )
 
-# Other writers' layer-relative names: a prefix renamed, or one tensor read as row segments.
+# Other writers' layer-relative names: a prefix renamed, or one tensor read as row sections.
 NAMES: tuple[NameRule, ...] = ()
 
 # Checkpoint names this model declares it does not bind, each with the reason.

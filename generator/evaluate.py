@@ -167,6 +167,8 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
                     ("constraints", i, "check"),
                     f"at the {what} geometry of {model.name}: constraint {c.name} fails: {c.why}",
                 )
+    for what, values in geometries:
+        check_section_sizes(model, blocks, values, f"at the {what} geometry of {model.name}")
     for use in model.blocks:
         block = blocks[use.block]
         real = block_values(model, block)
@@ -179,6 +181,7 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
         ctx = f"at {model.name} geometry"
         env = block_env(block, real)
         _check_shapes(block, env, ctx)
+        check_whole_units(block, real, ctx)
         check_transforms(block, real, ctx)
         if model.synth is not None:  # every element read by some output, at the tiny geometry
             tiny = tiny_geometry(model)
@@ -197,6 +200,63 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
             if not ok:
                 raise block.located.error(
                     ("constraints", i, "check"), f"{ctx}: constraint {c.name} fails: {c.why}"
+                )
+
+
+def check_section_sizes(
+    model: Model, blocks: dict[str, Block], values: dict[str, int], ctx: str
+) -> None:
+    """Each section's size is the rows its block declares for it, so a size written in the
+    wrong order or over the wrong symbol fails here, not at the first bind."""
+    for i, r in enumerate(model.names):
+        for k, (to, size) in enumerate(zip(r.to, r.sizes, strict=False)):
+            rows = int(algebra.evaluate(algebra.parse(size), values))
+            for use in model.blocks:
+                block = blocks[use.block]
+                t = next((x for x in block.tensors if x.name == to), None)
+                if t is None or not t.dims:
+                    continue
+                local = {s: values[g] for s, g in use.symbols.items()}
+                want = int(algebra.evaluate(t.dims[0], block_env(block, local)))
+                if rows != want:
+                    raise model.located.error(
+                        ("names", i, "sections", k),
+                        f"{ctx}: section {to} is {size} = {rows} rows, but block "
+                        f"{block.name!r} declares {block.rel(to)} with {want} ({t.dims[0].text})",
+                    )
+
+
+def check_whole_units(block: Block, values: dict[str, int], ctx: str) -> None:
+    """Every sharded dim is a whole number of its unit at every geometry, not only at this
+    one: scaling the unit by k scales the dim by k. ``[H * D + 2 * KV * D, X]`` on ``{rows:
+    H}`` divides by H at many geometries, yet rank r's contiguous rows would cross from q into
+    k and v (right shape, wrong rows); it is refused here, naming the tensor, so the author
+    declares its sections (model ``names:`` sections), each with its own unit."""
+    env = block_env(block, values)
+    for t in block.tensors:
+        if t.shard.kind == "replicated" or t.shard.unit is None or not t.dims:
+            continue
+        axis = t.shard.resolved(len(t.dims))
+        unit = t.shard.unit
+        dim = int(algebra.evaluate(t.dims[axis], env))
+        for k in (2, 3):
+            # derived symbols recomputed from the scaled unit (Q = H * D scales with H), or
+            # held as they are (a head dim derived as hidden / H does not shrink with H)
+            try:
+                again = block_env(block, values | {unit: values[unit] * k})
+                scaled = int(algebra.evaluate(t.dims[axis], again))
+            except SpecbindError:  # a derived symbol that no longer divides
+                scaled = k * dim + 1
+            if scaled != k * dim:
+                held = env | {unit: env[unit] * k}
+                scaled = int(algebra.evaluate(t.dims[axis], held))
+            if scaled != k * dim:
+                raise block.located.error(
+                    ("tensors", block.rel(t.name), "shard"),
+                    f"{ctx}: {block.rel(t.name)} shards {t.shard.kind} on {unit}, but dim "
+                    f"{axis} ({t.dims[axis].text}) is not a whole number of {unit} units at "
+                    f"every geometry ({unit} x {k} gives {scaled}, not {k} x {dim}): rank r's "
+                    f"rows would cross sections; declare its sections, each with its own unit",
                 )
 
 

@@ -256,8 +256,11 @@ def _field_context(b: Block, o: Output, rs: RankShapes) -> FieldContext:
     else:
         dims = list(src_dims)
         n = len(o.sources)
-        if n > 1:
+        each = [str(rs.tensor_dims(b.tensor(x))[o.axis]) for x in o.sources]
+        if n > 1 and len(set(each)) == 1:
             dims[o.axis] = times(n, dims[o.axis])
+        elif n > 1:  # sources sharded by different units: each rank's share, summed
+            dims[o.axis] = " + ".join(f"({d})" if "+" in d or "-" in d else d for d in each)
         if o.squeeze is not None:
             del dims[o.squeeze]
         names = ", ".join(b.rel(s) for s in o.sources)
@@ -271,6 +274,9 @@ def _field_context(b: Block, o: Output, rs: RankShapes) -> FieldContext:
             )
         result = dims_text(dims)
         above = f"{n} x {dims_text(src_dims)} -> {dims_text(dims)}: {names} in that order"
+        if len(set(each)) > 1:
+            shares = " + ".join(dims_text(rs.tensor_dims(b.tensor(x))) for x in o.sources)
+            above = f"{shares} -> {dims_text(dims)}: {names}, each this rank's share, in order"
         dtype = first.dtype
     if layout == "replicated" and o.kind != "stack":
         result += ", replicated"

@@ -470,12 +470,12 @@ def _concat(
         raise doc.error((*path, "concat"), "concat joins tensors of different ranks")
     if len({t.group for t in ts}) != 1:
         raise doc.error((*path, "concat"), "concat joins tensors of different groups")
-    if len({t.shard for t in ts}) != 1:
-        raise doc.error((*path, "concat"), "concat joins tensors of different shard rules")
     rank = len(ts[0].dims)
     axis = int(raw.get("axis", 0))
     if axis >= rank:
         raise doc.error((*path, "axis"), f"axis {axis} is out of range for rank {rank}")
+    if len({t.shard for t in ts}) != 1:
+        _concat_across_units(doc, path, ts, axis)
     squeeze = raw.get("squeeze")
     if squeeze is not None:
         if squeeze >= rank or squeeze == axis:
@@ -491,6 +491,26 @@ def _concat(
                 )
     kind: Literal["concat", "stack"] = "concat" if family is None else "stack"
     return Output(field, sources, kind, axis, squeeze, ts[0].group, family=family)
+
+
+def _concat_across_units(doc: Located, path: PathKey, ts: list[TensorRule], axis: int) -> None:
+    """Sources sharded by different units join only along the axis they all shard: rank r's
+    field is then each source's rank-r share in order ([q_r; k_r; v_r], vLLM's
+    QKVParallelLinear layout). Any other mix (a replicated source, another axis) is refused."""
+    rank = len(ts[0].dims)
+    kinds = {t.shard.kind for t in ts}
+    axes = {t.shard.resolved(rank) for t in ts}
+    if "replicated" in kinds or len(axes) != 1:
+        raise doc.error(
+            (*path, "concat"),
+            "concat joins tensors of different shard rules that do not all shard one axis",
+        )
+    if axes != {axis}:
+        raise doc.error(
+            (*path, "axis"),
+            f"concat of tensors sharded by different units must join on their shard axis "
+            f"{axes.pop()}, not {axis}",
+        )
 
 
 def _stack(
@@ -622,7 +642,8 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
                     ("blocks", i, "block"), f"block {u.block!r} is in no slot and is not globals"
                 )
     unbound = tuple(UnboundRule(u["prefix"], u["why"]) for u in (d.get("unbound") or []))
-    names = _names(doc, d.get("names") or [])
+    names = _names(doc, d.get("names") or [], gnames)
+    _sections_not_declared_whole(doc, names, [blocks[u.block] for u in uses])
     flags = sorted(
         {t.tie.config for u in uses for t in blocks[u.block].tensors if t.tie is not None}
     )
@@ -683,12 +704,25 @@ def _model_constraints(
     return tuple(out)
 
 
-def _names(doc: Located, raw: list[dict[str, Any]]) -> tuple[NameRule, ...]:
-    """The name map: a segmented rule has one ``to`` per segment and says how many."""
+def _names(doc: Located, raw: list[dict[str, Any]], gnames: set[str]) -> tuple[NameRule, ...]:
+    """The name map: a segmented rule has one ``to`` per segment and says how many; a
+    sectioned one gives each section's rows as an expression over the geometry symbols."""
     out = []
     for i, r in enumerate(raw):
         to = (r["to"],) if isinstance(r["to"], str) else tuple(r["to"])
         seg = r.get("segments")
+        sizes: tuple[str, ...] = ()
+        if "sections" in r:
+            where: PathKey = ("names", i, "sections")
+            if seg is not None:
+                raise doc.error(where, "give segments (equal rows) or sections, not both")
+            if len(r["sections"]) != len(to):
+                raise doc.error(
+                    where, f"{len(r['sections'])} sections for {len(to)} names (one each)"
+                )
+            exprs = [_expr(doc, (*where, k), z, gnames, False) for k, z in enumerate(r["sections"])]
+            sizes = tuple(" ".join(e.text.split()) for e in exprs)
+            seg = len(to)
         if len(to) > 1 and seg != len(to):
             raise doc.error(
                 ("names", i, "segments"),
@@ -708,8 +742,29 @@ def _names(doc: Located, raw: list[dict[str, Any]]) -> tuple[NameRule, ...]:
                 raise doc.error(
                     ("names", i), "a name with a placeholder is a whole name, not a prefix"
                 )
-        out.append(NameRule(r["from"], to, r["why"]))
+        out.append(NameRule(r["from"], to, r["why"], sizes))
     return tuple(out)
+
+
+def _sections_not_declared_whole(
+    doc: Located, names: tuple[NameRule, ...], blocks: list[Block]
+) -> None:
+    """A tensor read as sections is never seen whole: a block declaring it (with a shard rule
+    over the whole, which would give rank r a contiguous slice across sections: right shape,
+    wrong rows) is refused by name."""
+    for i, r in enumerate(names):
+        if len(r.to) < 2:
+            continue
+        for b in blocks:
+            hit = next((t for t in b.tensors if t.name == r.source), None)
+            if hit is not None:
+                raise doc.error(
+                    ("names", i, "from"),
+                    f"{r.source} is read as sections {list(r.to)}, but block {b.name!r} "
+                    f"declares it whole (shard {hit.shard.kind}"
+                    f"{'' if hit.shard.unit is None else ': ' + hit.shard.unit}); declare each "
+                    "section with its own shard rule instead",
+                )
 
 
 def _synth(doc: Located, raw: Any, gnames: set[str], slots: list[SlotRule]) -> SynthRule | None:

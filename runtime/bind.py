@@ -164,13 +164,14 @@ def bind_checkpoint(
     """
     t0 = time.perf_counter()
     ranks = Ranks(tp_size, tp_rank, ep_size, ep_rank)
-    geometry = table.make_geometry(values_from_config(table, ckpt.config, overrides))
+    values = values_from_config(table, ckpt.config, overrides)
+    geometry = table.make_geometry(values)
     flags = config_flags(table, ckpt.config)
     unknown_out = sorted(set(quant_outputs) - set(QUANT_OUTPUTS))
     if unknown_out:
         raise BindError(f"unknown quantized output(s) {unknown_out} (known: {list(QUANT_OUTPUTS)})")
     qout = frozenset(quant_outputs)
-    opened = open_layout(ckpt, table)
+    opened = open_layout(ckpt, table, values)
     qconf, view, lay = opened.qconf, opened.view, opened.lay
     qmeta = None if qconf is None else quant_metadata(qconf.scheme.name, qconf.weight_only, qout)
     used: dict[str, BlockEntry[Any]] = {}

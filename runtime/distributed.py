@@ -155,7 +155,7 @@ def _prepare(job: Job, comm: Comm) -> _Prepared:
     ckpt = CheckpointDir(job.ckpt)
     values = values_from_config(job.table, ckpt.config, job.overrides)
     geometry = job.table.make_geometry(values)
-    opened = open_layout(ckpt, job.table)
+    opened = open_layout(ckpt, job.table, values)
     view, lay = opened.view, opened.lay
     # as bind_checkpoint decides it, before any byte
     quant = slot_quant(job.table, opened, geometry, job.quant_outputs, job.allow_unshared_scales)

@@ -5,15 +5,19 @@ Names (``NamedView``): the model spec's ``names`` rules (like transformers' conv
 mapping) say how other writers name the same tensors: a layer-relative prefix renamed
 (``self_attn.forget_gate.`` -> ``self_attn.``, ``attn_hc.`` -> ``hc_attn_``), one whole
 name with a member index renamed member by member (``block_sparse_moe.experts.{e}.w1.weight`` ->
-``mlp.experts.{e}.gate_proj.weight``), or one stored tensor read as N equal row
-segments (``self_attn.conv1d.weight`` [3Q, 1, K] -> q, k, v ``_conv1d.weight`` [Q, 1, K]).
+``mlp.experts.{e}.gate_proj.weight``), or one stored tensor read as row sections: N equal
+segments (``self_attn.conv1d.weight`` [3Q, 1, K] -> q, k, v ``_conv1d.weight`` [Q, 1, K]), or
+unequal ones whose row counts are geometry expressions (a Mamba2 ``in_proj`` [z; x; B; C; dt]),
+evaluated at the geometry the bind uses (``--set`` included).
 A quantization scheme whose packed weight is not stored as ``weight`` (compressed-tensors'
 ``weight_packed``) is seen under the linear's own name.
 
 Invariants:
-- a segment is a contiguous row range of the stored bytes (zero-copy); a tp row shard of a
-  segment is then a slice of that segment, so rank r of a fused ``[q; k; v]`` gets
-  ``[q_r; k_r; v_r]`` and never a contiguous third of the fused tensor — by construction;
+- a segment or section is a contiguous row range of the stored bytes (zero-copy); a tp row
+  shard of a section is then a slice of that section, so rank r of a fused ``[q; k; v]`` gets
+  ``[q_r; k_r; v_r]`` and never a contiguous third of the fused tensor — by construction, and
+  each section may shard by its own unit (its block's rule);
+- sections whose sizes do not add up to the stored rows are refused, naming each size;
 - a rename that would give two tensors one name is refused, naming both;
 - the first rule that matches a name wins, so a placeholder rule listed before a prefix rule
   over the same prefix takes its members first;
@@ -22,6 +26,8 @@ Invariants:
 - everything not renamed passes through untouched; ``on_disk`` gives a name's stored name
   (what a tool's config lists, e.g. ModelOpt's ``exclude_modules``).
 Trap: a stored row count that does not split into whole segments is refused, never rounded.
+Trap: section sizes need the geometry; a view opened without one (``audit``) reads it from
+config.json, and a config that cannot give it refuses the sectioned names only.
 
 Opening (``open_layout``, ``slot_quant``): everything here reads names, headers and configs,
 never tensor bytes; a layout problem is refused (``refuse_problems``) before any slot's
@@ -32,15 +38,17 @@ Trap: ``audit`` does not use ``open_layout``: it reports these problems instead 
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specbind.core import algebra
 from specbind.core.errors import BindError, CheckpointError
 from specbind.core.ir import NameRule
 from specbind.core.patterns import LayerPattern, fill, index_of, layer_pattern, parts
 from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.config import values_from_config
 from specbind.runtime.layout import Layout, layout
 from specbind.runtime.model import ModelTable
 from specbind.runtime.quant import LayerQuant, layer_quant
@@ -57,21 +65,25 @@ class NamedView:
         pattern: str,
         rules: tuple[NameRule, ...],
         suffixes: Mapping[str, str] | None = None,
+        values: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self._ckpt = ckpt
         self.root: Path = ckpt.root
         rx = layer_pattern(pattern)  # under any prefix: the view is made before the split
         self._rx, self._rules = rx, rules
-        self._map: dict[str, tuple[str, int, int]] = {}  # name -> (stored, segment, of n)
+        self._values = values  # the geometry sections are sized at, asked for when first needed
+        self._sizes: dict[str, tuple[int, ...]] = {}  # a rule's section sizes, evaluated once
+        # name -> (stored, segment, of n, the rule's section sizes as written; () equal)
+        self._map: dict[str, tuple[str, int, int, tuple[str, ...]]] = {}
         stored = ckpt.names()
         for n in stored:
-            for new, seg, of in _mapped(n, rx, rules, suffixes or {}):
+            for new, seg, of, sizes in _mapped(n, rx, rules, suffixes or {}):
                 if new in self._map:
                     raise CheckpointError(
                         f"{n} and {self._map[new][0]} would both be read as {new}; refusing "
                         "to guess"
                     )
-                self._map[new] = (n, seg, of)
+                self._map[new] = (n, seg, of, sizes)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -106,11 +118,13 @@ class NamedView:
         hit = self._map.get(name)
         if hit is None:
             return None
-        stored, seg, of = hit
+        stored, seg, of, sizes = hit
         t = self._ckpt.get(stored)
         if t is None or of == 1:
             return t
         rows = t.shape[0] if t.shape else 0
+        if sizes:
+            return self._section(stored, t, seg, sizes, rows)
         if rows % of or len(t.data) % of:
             raise CheckpointError(
                 f"{stored} has {rows} rows, which do not split into {of} whole segments"
@@ -120,29 +134,51 @@ class NamedView:
         span = None if t.span is None else MapSpan(t.span.map, t.span.offset + seg * step)
         return RawTensor(t.dtype, shape, t.data[seg * step : (seg + 1) * step], span)
 
+    def _section(
+        self, stored: str, t: RawTensor, seg: int, sizes: tuple[str, ...], rows: int
+    ) -> RawTensor:
+        """Rows ``[sum(sizes[:seg]), + sizes[seg])`` of ``t``, zero-copy."""
+        key = "\0".join(sizes)
+        if key not in self._sizes:
+            if self._values is None:
+                raise CheckpointError(f"{stored}: its sections need the model's geometry")
+            env = self._values()
+            self._sizes[key] = tuple(int(algebra.evaluate(algebra.parse(z), env)) for z in sizes)
+        got = self._sizes[key]
+        if sum(got) != rows or len(t.data) % max(rows, 1):
+            shown = " + ".join(f"{z} ({v})" for z, v in zip(sizes, got, strict=True))
+            raise CheckpointError(
+                f"{stored} has {rows} rows, but its sections are {shown} = {sum(got)} rows"
+            )
+        row = len(t.data) // rows  # bytes of one row
+        lo, n = sum(got[:seg]) * row, got[seg] * row
+        shape = (got[seg], *t.shape[1:])  # [sum(sizes), ...] -> section [sizes[seg], ...]
+        span = None if t.span is None else MapSpan(t.span.map, t.span.offset + lo)
+        return RawTensor(t.dtype, shape, t.data[lo : lo + n], span)
+
 
 def _mapped(
     name: str, rx: LayerPattern, rules: tuple[NameRule, ...], suffixes: Mapping[str, str]
-) -> list[tuple[str, int, int]]:
+) -> list[tuple[str, int, int, tuple[str, ...]]]:
     for old, new in suffixes.items():
         if name.endswith("." + old):
             name = name[: -len(old)] + new
             break
     layer = rx.split(name)
     if layer is None:
-        return [(name, 0, 1)]
+        return [(name, 0, 1, ())]
     head, _, rel = layer
     for r in rules:
         if parts(r.source)[1] is not None:  # one whole name with a member index
             i = index_of(r.source, rel)  # ``experts.{e}.w1.weight``: by the digit rule
             if i is not None:
-                return [(head + fill(r.to[0], i), 0, 1)]
+                return [(head + fill(r.to[0], i), 0, 1, ())]
             continue
         if len(r.to) > 1 and rel == r.source:
-            return [(head + t, i, len(r.to)) for i, t in enumerate(r.to)]
+            return [(head + t, i, len(r.to), r.sizes) for i, t in enumerate(r.to)]
         if len(r.to) == 1 and rel.startswith(r.source):
-            return [(head + r.to[0] + rel[len(r.source) :], 0, 1)]
-    return [(name, 0, 1)]
+            return [(head + r.to[0] + rel[len(r.source) :], 0, 1, ())]
+    return [(name, 0, 1, ())]
 
 
 @dataclass(frozen=True)
@@ -152,11 +188,20 @@ class OpenLayout:
     lay: Layout
 
 
-def open_layout(ckpt: CheckpointDir, table: ModelTable[Any]) -> OpenLayout:
+def open_layout(
+    ckpt: CheckpointDir, table: ModelTable[Any], values: Mapping[str, int] | None = None
+) -> OpenLayout:
     """The checkpoint's quantization, named view and layout; a checkpoint with no layer the
-    model names, or a layout problem, is refused."""
+    model names, or a layout problem, is refused. ``values``: the geometry the bind uses
+    (sections are sized at it); without it, config.json's."""
     qconf = detect(ckpt, table.schemes)
-    view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
+    view = NamedView(
+        ckpt,
+        table.layer_pattern,
+        table.names,
+        packed_names(qconf),
+        geometry_of(ckpt, table, values),
+    )
     lay = layout(table, view.names(), ckpt.config)
     if not lay.layers:
         raise BindError(
@@ -165,6 +210,17 @@ def open_layout(ckpt: CheckpointDir, table: ModelTable[Any]) -> OpenLayout:
         )
     refuse_problems(lay)
     return OpenLayout(qconf, view, lay)
+
+
+def geometry_of(
+    ckpt: CheckpointDir, table: ModelTable[Any], values: Mapping[str, int] | None = None
+) -> Callable[[], Mapping[str, int]]:
+    """The geometry a view sizes its sections at: ``values``, else config.json's (asked for
+    only when a sectioned name is read, so a model without sections never needs it)."""
+    if values is not None:
+        given = dict(values)
+        return lambda: given
+    return lambda: values_from_config(table, ckpt.config)
 
 
 def slot_quant(

@@ -21,7 +21,7 @@ from collections import defaultdict
 from typing import Any
 
 from specbind.core.dtypes import QUANT_DTYPES
-from specbind.core.errors import SpecbindError
+from specbind.core.errors import CheckpointError, SpecbindError
 from specbind.core.ir import TensorRule
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.checks import census, family_matcher
@@ -31,8 +31,8 @@ from specbind.runtime.model import BlockEntry, ModelTable
 from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.quant import layer_quant, quantized_rules
 from specbind.runtime.quant_config import detect, packed_names
-from specbind.runtime.source import TensorSource
-from specbind.runtime.view import NamedView
+from specbind.runtime.source import RawTensor, TensorSource
+from specbind.runtime.view import NamedView, geometry_of
 
 # Companions a quantisation tool writes beside a linear weight (ModelOpt, compressed-tensors,
 # FP8 block scales); flagged only when the block does not declare them.
@@ -97,7 +97,8 @@ def _slot_row(
     wrong: list[str] = []
     for n in mine:
         t = ckpt.get(full + n)
-        assert t is not None
+        if t is None:  # unreadable (sections that do not add up): listed among the problems
+            continue
         rows.append((n, t.dtype, t.shape))
         if (QUANT_NAME.search(n) and n not in known) or t.dtype in QUANT_DTYPES:
             quant.append(f"{n} ({t.dtype})")
@@ -173,7 +174,10 @@ def audit(
     except SpecbindError as e:  # audited as unquantized, and said so
         qconf = None
         problems.append(f"model: {e}")
-    view = NamedView(ckpt, table.layer_pattern, table.names, packed_names(qconf))
+    view = NamedView(
+        ckpt, table.layer_pattern, table.names, packed_names(qconf), geometry_of(ckpt, table)
+    )
+    probe = _Probe(view)
     scalars = tuple("." + c.suffix for c in (qconf.scheme.companions if qconf else ()) if c.scalar)
     lay = layout(table, view.names(), ckpt.config)
     split = lay.split
@@ -201,7 +205,7 @@ def audit(
                     rules = quantized_rules(fill.block.tensors, lq)
                 except SpecbindError as e:
                     problems.append(str(e))
-            slots[slot] = _slot_row(view, full, fill, names, table, geometry, rules)
+            slots[slot] = _slot_row(probe, full, fill, names, table, geometry, rules)
         for slot, row in slots.items():
             problems += _row_problems(index, slot, row)
         for fill in lay_layer.slots.values():
@@ -220,6 +224,7 @@ def audit(
                 "unclaimed": lay_layer.unclaimed,
             }
         )
+    problems += sorted(set(probe.errors.values()))  # each unreadable stored tensor, once
     sigs: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(list))
     for row in layers:
         for slot in row["slots"].values():
@@ -261,18 +266,38 @@ def audit(
         "quantization": None
         if qconf is None
         else {"scheme": qconf.scheme.name, "weight_only": qconf.weight_only},
-        "identical_bytes": _identical(view, hashable + list(lay.globals.values()), progress),
+        "identical_bytes": _identical(probe, hashable + list(lay.globals.values()), progress),
         "quantisation_artefacts": sum(
             len(s["quantisation_artefacts"]) for r in layers for s in r["slots"].values()
         ),
     }
 
 
+class _Probe:
+    """The view, a name it cannot read (a tensor whose sections do not add up to its rows)
+    recorded as a problem instead of raised: audit lists what bind would refuse."""
+
+    def __init__(self, view: TensorSource) -> None:
+        self._view = view
+        self.errors: dict[str, str] = {}
+
+    def names(self) -> list[str]:
+        return self._view.names()
+
+    def get(self, name: str) -> RawTensor | None:
+        try:
+            return self._view.get(name)
+        except CheckpointError as e:
+            self.errors.setdefault(name, str(e))
+            return None
+
+
 def _identical(ckpt: TensorSource, names: list[str], progress: bool | None) -> list[list[str]]:
     by_size: dict[int, list[str]] = defaultdict(list)
     for n in names:
         t = ckpt.get(n)
-        assert t is not None
+        if t is None:  # unreadable: already a problem
+            continue
         by_size[len(t.data)].append(n)
     candidates = [n for group in by_size.values() if len(group) > 1 for n in group]
     by_hash: dict[tuple[int, str], list[str]] = defaultdict(list)

@@ -30,7 +30,7 @@ def checkpoint_layers(
     each (layer, block)'s quantization as the checkpoint's own config declares it."""
     from specbind.runtime.view import open_layout, slot_quant
 
-    opened = open_layout(ckpt, table)
+    opened = open_layout(ckpt, table, values)
     lay = opened.lay
     by_slot = slot_quant(table, opened, table.make_geometry(values))
     layers: list[LayerUse] = []

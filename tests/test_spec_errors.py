@@ -362,9 +362,18 @@ def test_the_real_specs_load(root: Path) -> None:
         "mla",
         "mla_indexed",
         "gqa",
+        "mamba2",
+        "mixer_attention",
+        "mixer_mlp",
+        "mixer_moe",
+        "pre_norm",
+        "backbone_globals",
+        "gqa_attention",
+        "mla_lora",
     }
     assert set(specs.models) == {
-        "glm-5.3-flash", "kimi-linear", "deepseek-v3.2", "llama", "qwen3-moe",
+        "glm-5.3-flash", "kimi-linear", "deepseek-v3.2", "llama", "qwen3-moe", "nemotron-h",
+        "phi3", "deepseek-v3",
     }  # fmt: skip
 
 

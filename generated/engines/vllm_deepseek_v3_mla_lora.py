@@ -251,7 +251,7 @@ class MlaLoraWeights(Generic[T]):
     """The bound weights of one ``mla_lora`` block, in the layout the kernels read."""
 
     # concat of 2 on axis 0
-    fused_qkv_a_proj: T  # [2 * q_lora, hidden], replicated
+    fused_qkv_a_proj: T  # [q_lora + (kv_lora + rope), hidden], replicated
     # q_a_layernorm.weight [q_lora] BF16, verbatim
     q_a_layernorm: T  # [q_lora], replicated
     # q_b_proj.weight [heads * (nope + rope), q_lora] BF16, verbatim
@@ -333,7 +333,7 @@ def assemble(
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
     file must hold. An absent optional source leaves its field out."""
     return MlaLoraWeights(
-        # 2 x [q_lora, hidden] -> [2 * q_lora, hidden]: q_a_proj.weight, kv_a_proj_with_mqa.weight in that order
+        # [q_lora, hidden] + [kv_lora + rope, hidden] -> [q_lora + (kv_lora + rope), hidden]: q_a_proj.weight, kv_a_proj_with_mqa.weight, each this rank's share, in order
         fused_qkv_a_proj=ops.concat_squeeze(
             (
                 t["self_attn.q_a_proj.weight"],

@@ -149,6 +149,26 @@ def concat_rows_3_b2(parts: list[Any]) -> Any:
     return out
 
 
+def concat_rows_5_b2(parts: list[Any]) -> Any:
+    """out = [in0; in1; ...] for 5 row-major inputs of 2-byte elements; the inputs must share dtype and trailing shape."""
+    cp = cupy()
+    if len(parts) != 5:
+        raise KernelError(f"concat_rows_5_b2: {len(parts)} inputs, expected 5")
+    first = parts[0]
+    for i, p in enumerate(parts):
+        check("concat_rows_5_b2", f"in{i}", p, str(first.dtype))
+        if p.shape[1:] != first.shape[1:] or p.dtype.itemsize != 2:
+            raise KernelError(
+                f"concat_rows_5_b2: in{i} is {p.shape} {p.dtype}, unlike in0 {first.shape} {first.dtype}"
+            )
+    out = cp.empty((sum(p.shape[0] for p in parts), *first.shape[1:]), dtype=first.dtype)
+    args: list[Any] = []
+    for p in parts:
+        args += [p, cp.int64(p.size)]
+    launch("concat_rows_5_b2", out.size, (*args, out))
+    return out
+
+
 def dequant_nvfp4_bf16(
     packed: Any, scale: Any, global_scale: Any, group: int, divide: bool, negative_zero: bool
 ) -> Any:

@@ -80,6 +80,18 @@ extern "C" void launch_concat_rows_3_b2(unsigned grid, unsigned block, const uns
     }
 }
 
+extern "C" void launch_concat_rows_5_b2(unsigned grid, unsigned block, const unsigned short* in0, long long n0, const unsigned short* in1, long long n1, const unsigned short* in2, long long n2, const unsigned short* in3, long long n3, const unsigned short* in4, long long n4, unsigned short* out) {
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < grid; ++b) {
+        for (unsigned t = 0; t < block; ++t) {
+            blockIdx.x = b;
+            threadIdx.x = t;
+            concat_rows_5_b2(in0, n0, in1, n1, in2, n2, in3, n3, in4, n4, out);
+        }
+    }
+}
+
 extern "C" void launch_dequant_nvfp4_bf16(unsigned grid, unsigned block, const unsigned char* packed, const unsigned char* scale, const float* global_scale, bf16_bits* out, long long rows, long long rows_per_scale, long long cols, long long group, int divide, int negative_zero) {
     gridDim.x = grid;
     blockDim.x = block;

@@ -97,6 +97,22 @@ extern "C" __global__ void concat_rows_3_b2(const unsigned short* __restrict__ i
     }
 }
 
+// out = [in0; in1; ...] for 5 row-major inputs of 2-byte elements
+extern "C" __global__ void concat_rows_5_b2(const unsigned short* __restrict__ in0, long long n0, const unsigned short* __restrict__ in1, long long n1, const unsigned short* __restrict__ in2, long long n2, const unsigned short* __restrict__ in3, long long n3, const unsigned short* __restrict__ in4, long long n4, unsigned short* __restrict__ out) {
+    GRID_STRIDE(i, n0 + n1 + n2 + n3 + n4) {
+        long long j = i;
+        if (j < n0) { out[i] = in0[j]; continue; }
+        j -= n0;
+        if (j < n1) { out[i] = in1[j]; continue; }
+        j -= n1;
+        if (j < n2) { out[i] = in2[j]; continue; }
+        j -= n2;
+        if (j < n3) { out[i] = in3[j]; continue; }
+        j -= n3;
+        if (j < n4) { out[i] = in4[j]; continue; }
+    }
+}
+
 // NVFP4 -> BF16: E2M1[code] * (f32(E4M3 scale) * or / global), rounded once
 extern "C" __global__ void dequant_nvfp4_bf16(const unsigned char* __restrict__ packed, const unsigned char* __restrict__ scale, const float* __restrict__ global_scale, bf16_bits* __restrict__ out, long long rows, long long rows_per_scale, long long cols, long long group, int divide, int negative_zero) {
     // One thread per packed byte: column 2j from the low nibble, 2j + 1 from the high one.
