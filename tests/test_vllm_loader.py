@@ -25,6 +25,7 @@ import vllm_venv
 
 pytestmark = pytest.mark.interop
 
+MODELS = ("deepseek-v3", "llama", "qwen3-moe")
 MISSING = "model.layers.1.mlp.experts.2.up_proj.weight"
 CAST = "model.layers.0.self_attn.kv_b_proj.weight"
 
@@ -35,34 +36,42 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if why is not None:
         pytest.skip(why)
     import torch
-    from vllm_checkpoints import with_cast, without_tensor, write_deepseek_v3
+    from vllm_checkpoints import WRITERS, with_cast, without_tensor
 
     root = tmp_path_factory.mktemp("vllm")
-    good = root / "deepseek-v3"
-    write_deepseek_v3(good)
-    without_tensor(good, root / "missing-expert", MISSING)
-    with_cast(good, root / "cast", CAST, torch.float32)
-    return {"good": good, "missing": root / "missing-expert", "cast": root / "cast"}
+    out = {}
+    for model in MODELS:
+        WRITERS[model](root / model)
+        out[model] = root / model
+    without_tensor(out["deepseek-v3"], root / "missing-expert", MISSING)
+    with_cast(out["deepseek-v3"], root / "cast", CAST, torch.float32)
+    return out | {"missing": root / "missing-expert", "cast": root / "cast"}
 
 
 def _scenario(root: Path, tp: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
     spec, out = root / f"tp{tp}.json", root / f"tp{tp}-result.json"
     spec.write_text(json.dumps({"tp": tp, "runs": runs}))
-    proc = vllm_venv.run_scenario(spec, out, timeout=1500)
+    proc = vllm_venv.run_scenario(spec, out, timeout=2400)
     if proc.returncode != 0 or not out.exists():
         tail = "\n".join((proc.stderr or "").splitlines()[-30:])
         raise AssertionError(f"the vLLM scenario failed (exit {proc.returncode}):\n{tail}")
     result: dict[str, Any] = json.loads(out.read_text())
-    result["stderr"] = proc.stderr
     return result
+
+
+def _pairs(ckpts: dict[str, Path], generate: bool) -> list[dict[str, Any]]:
+    """Each model's engine with vLLM's loader, then with specbind's."""
+    return [
+        {"name": f"{m}/{fmt}", "ckpt": str(ckpts[m]), "load_format": fmt, "generate": generate}
+        for m in MODELS
+        for fmt in ("auto", "specbind")
+    ]
 
 
 @pytest.fixture(scope="module")
 def tp1(ckpts: dict[str, Path]) -> dict[str, Any]:
-    return _scenario(ckpts["good"].parent, 1, [
-        {"name": "default", "ckpt": str(ckpts["good"]), "load_format": "auto", "generate": True},
-        {"name": "specbind", "ckpt": str(ckpts["good"]), "load_format": "specbind",
-         "generate": True},
+    return _scenario(ckpts["missing"].parent, 1, [
+        *_pairs(ckpts, generate=True),
         {"name": "missing", "ckpt": str(ckpts["missing"]), "load_format": "specbind"},
         {"name": "cast", "ckpt": str(ckpts["cast"]), "load_format": "specbind"},
     ])  # fmt: skip
@@ -70,10 +79,7 @@ def tp1(ckpts: dict[str, Path]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def tp2(ckpts: dict[str, Path]) -> dict[str, Any]:
-    return _scenario(ckpts["good"].parent, 2, [
-        {"name": "default", "ckpt": str(ckpts["good"]), "load_format": "auto"},
-        {"name": "specbind", "ckpt": str(ckpts["good"]), "load_format": "specbind"},
-    ])  # fmt: skip
+    return _scenario(ckpts["missing"].parent, 2, _pairs(ckpts, generate=False))
 
 
 def _started(run: dict[str, Any]) -> dict[str, Any]:
@@ -81,10 +87,11 @@ def _started(run: dict[str, Any]) -> dict[str, Any]:
     return run
 
 
+@pytest.mark.parametrize("model", MODELS)
 def test_specbind_loader_gives_the_default_loaders_tokens_and_top3_logprobs_at_tp1(
-    tp1: dict[str, Any],
+    tp1: dict[str, Any], model: str
 ) -> None:
-    ours, theirs = _started(tp1["specbind"]), _started(tp1["default"])
+    ours, theirs = _started(tp1[f"{model}/specbind"]), _started(tp1[f"{model}/auto"])
     assert len(ours["tokens"]) == 4
     assert ours["tokens"] == theirs["tokens"]
     assert ours["logprobs"] == theirs["logprobs"]  # exact floats, every step's top 3
@@ -94,18 +101,27 @@ def _by_name(run: dict[str, Any]) -> list[dict[str, tuple[Any, ...]]]:
     return [{n: (tuple(s), d, h) for n, s, d, h in rank} for rank in _started(run)["params"]]
 
 
+@pytest.mark.parametrize("model", MODELS)
 def test_every_vllm_parameter_after_loading_equals_the_default_loaders_at_tp1(
-    tp1: dict[str, Any],
+    tp1: dict[str, Any], model: str
 ) -> None:
-    (ours,), (theirs,) = _by_name(tp1["specbind"]), _by_name(tp1["default"])
-    assert any("W_UK_T" in n for n in theirs)  # vLLM's own absorbs, made after loading
+    (ours,), (theirs,) = _by_name(tp1[f"{model}/specbind"]), _by_name(tp1[f"{model}/auto"])
+    assert len(theirs) > 10
     assert ours == theirs
 
 
-def test_every_vllm_parameter_after_loading_equals_the_default_loaders_on_each_rank_at_tp2(
-    tp2: dict[str, Any],
+def test_vllms_own_mla_absorbs_made_after_loading_are_among_the_compared_parameters(
+    tp1: dict[str, Any],
 ) -> None:
-    ours, theirs = _by_name(tp2["specbind"]), _by_name(tp2["default"])
+    (ours,) = _by_name(tp1["deepseek-v3/specbind"])
+    assert any(n.endswith("W_UK_T") for n in ours) and any(n.endswith("W_UV") for n in ours)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_vllm_parameter_after_loading_equals_the_default_loaders_on_each_rank_at_tp2(
+    tp2: dict[str, Any], model: str
+) -> None:
+    ours, theirs = _by_name(tp2[f"{model}/specbind"]), _by_name(tp2[f"{model}/auto"])
     assert len(ours) == len(theirs) == 2
     assert ours[0] != ours[1]  # the ranks hold different shares
     for rank in range(2):

@@ -59,7 +59,7 @@ LLAMA: dict[str, Any] = dict(
     tie_word_embeddings=False,
 )
 QWEN3_MOE: dict[str, Any] = LLAMA | dict(
-    moe_intermediate_size=48,
+    moe_intermediate_size=32,
     num_experts=4,
     num_experts_per_tok=2,
     norm_topk_prob=True,
