@@ -10,9 +10,9 @@ Invariants of ``fill`` (each refusal is one ``BindError`` line naming the parame
   and so is a parameter no field fills (nothing the engine holds is left as initialised);
 - all of it is checked before the first byte is copied, so a refused load changes nothing.
 Trap: a tied LM head is one parameter in engines that tie it (vLLM lists it once, as the
-embedding), so the layout binds no separate head field for a tied checkpoint: the globals
-block's ``lm_head`` is dropped when ``tie_word_embeddings`` made it a copy of the embedding
-and the engine holds no parameter of that name.
+embedding): a field bound through a ``tie`` (config.json says so) whose engine parameter the
+engine does not hold is skipped when the field it is tied to fills one; an engine that keeps
+both gets both.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class EngineField:
     where: str  # the bound field, as ``bind --out`` names it (layers.3.mlp.w13)
     dtype: str  # safetensors dtype
     array: Any  # this rank's host array (NumPy; BF16 as ml_dtypes.bfloat16)
+    tied_to: str | None = None  # bound from another field's tensor (a tie): that field's name
 
 
 def layout_for(engine: str, model: str) -> Any:
@@ -97,22 +98,30 @@ def bind_for_engine(
     if result.globals is not None:
         g = result.globals
         names = layout.parameters[g.block]
+        entry = layout.table.block(g.block)
+        made_from = {src: f for f, srcs in entry.sources.items() for src in srcs}
+        ties = {
+            r.name: r.tie.to
+            for r in entry.tensors
+            if r.tie is not None and result.flags.get(r.tie.config)
+        }
         for field, arr in g.weights.arrays().items():
+            (src, *rest) = entry.sources[field]
+            tied = names[made_from[ties[src]]] if src in ties and not rest else None
             out[names[field]] = EngineField(
-                names[field], f"globals.{field}", g.fields[field].dtype, arr
+                names[field], f"globals.{field}", g.fields[field].dtype, arr, tied
             )
     return out
 
 
-def fill(engine: str, params: Mapping[str, Any], fields: Mapping[str, EngineField],
-         tied: Mapping[str, str] | None = None) -> int:  # fmt: skip
-    """Copy each field into the engine parameter of its name (torch tensors); return bytes.
-
-    ``tied``: engine names the engine holds as another parameter (a tied head -> the
-    embedding): their field must equal the one filling that parameter, and fills nothing."""
+def fill(engine: str, params: Mapping[str, Any], fields: Mapping[str, EngineField]) -> int:
+    """Copy each field into the engine parameter of its name (torch tensors); return bytes."""
     import torch
 
-    tied = dict(tied or {})
+    tied: dict[str, str] = {}
+    for name, f in fields.items():  # an engine that ties them holds the target alone
+        if f.tied_to is not None and name not in params and f.tied_to in params:
+            tied[name] = f.tied_to
     missing = sorted(n for n in params if n not in fields)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

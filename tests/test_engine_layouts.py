@@ -146,3 +146,27 @@ def test_a_parameter_of_another_shape_or_dtype_is_refused_naming_both(
         BindError, match=r"e_score_correction_bias' is \[6\] bfloat16, but bound field .* F32"
     ):
         fill("vllm", params, fields)
+
+
+def test_a_tied_head_fills_nothing_where_the_engine_holds_it_as_the_embedding(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("transformers")
+    import torch
+    import transformers
+    from hf_random import write_random
+    from vllm_checkpoints import _NOTHING, LLAMA
+
+    ckpt = tmp_path / "tied"
+    write_random(transformers.LlamaForCausalLM, transformers.LlamaConfig,
+                 LLAMA | {"tie_word_embeddings": True}, ckpt, _NOTHING)  # fmt: skip
+    fields = bind_for_engine(ckpt, "vllm", tp_size=2, tp_rank=0)
+    assert fields["lm_head.weight"].tied_to == "model.embed_tokens.weight"
+    params = _params(fields)
+    del params["lm_head.weight"]  # vLLM lists a tied head once, as the embedding
+    fill("vllm", params, fields)
+    emb = params["model.embed_tokens.weight"]
+    assert emb.any() and torch.equal(emb, _params(fields)["lm_head.weight"] + emb)
+    both = _params(fields)  # an engine that keeps two copies gets both filled
+    fill("vllm", both, fields)
+    assert torch.equal(both["lm_head.weight"], both["model.embed_tokens.weight"])
