@@ -7,8 +7,10 @@ new ones in the block spec's output constructs: verbatim head shards instead of 
 replicated concat). Each variant is rendered by the block template into ``generated/engines/``.
 
 Invariants (each refusal is a ``SpecError`` naming the engine file, its path and line):
-- every block of the model has an entry, and every engine parameter names exactly one field;
-  a field fills one parameter, and an engine output no parameter takes is refused;
+- every block of the model has an entry (but those only MTP layers hold, where the layout
+  says ``skip_mtp``: the engine's model has no MTP layers, which are then not bound), and
+  every engine parameter names exactly one field; a field fills one parameter, and an engine
+  output no parameter takes is refused;
 - every tensor of every block feeds some engine field, and every element of it is read
   (the model's generate-time checks run again on the variants: shapes, transforms at every tp,
   coverage at the tiny geometry), so an engine layout cannot drop a tensor;
@@ -110,13 +112,19 @@ def parse_engine(doc: Located, models: dict[str, Model], blocks: dict[str, Block
     for b in d["blocks"]:
         if b not in used:
             raise doc.error(("blocks", b), f"block {b!r} is not a block of {model.name}")
-    missing = [b for b in used if b not in d["blocks"]]
+    mtp_only = {  # blocks no decoder layer holds: the engine binds them only with MTP layers
+        b
+        for b in used
+        if b != model.globals and all(s.scope == "mtp" for s in model.slots if b in s.blocks)
+    }
+    skip = set(mtp_only) if d.get("skip_mtp") else set()
+    missing = [b for b in used if b not in d["blocks"] and b not in skip]
     if missing:
         raise doc.error(("blocks",), f"no engine parameters for block(s) {', '.join(missing)}")
     gnames = {g.name for g in model.geometry} | {"tp"}
     out: dict[str, EngineBlock] = {}
     seen: dict[str, str] = {}  # full engine name -> block
-    for bname in used:
+    for bname in (b for b in used if b in d["blocks"]):
         eb = _engine_block(doc, bname, d["blocks"][bname], blocks[bname], gnames)
         for p in eb.parameters:
             full = p.name if bname == model.globals else d["layers"] + p.name
@@ -128,7 +136,10 @@ def parse_engine(doc: Located, models: dict[str, Model], blocks: dict[str, Block
             seen[full] = bname
         out[bname] = eb
     variant = {n: e.block for n, e in out.items()}
-    check_model_geometry(model, variant)
+    check_model_geometry(
+        dataclasses.replace(model, blocks=tuple(u for u in model.blocks if u.block in variant)),
+        variant,
+    )
     layout = EngineLayout(
         check_ident(doc, ("engine",), d["engine"], "engine name"), model.name, doc.file,
         d.get("doc", ""), d["layers"], d.get("skip_mtp"), out, doc,
@@ -240,7 +251,7 @@ def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
     geometries = [("real", model.values())]
     if model.synth is not None:
         geometries.append(("synth tiny", model.values() | dict(model.synth.tiny)))
-    for use in model.blocks:
+    for use in (u for u in model.blocks if u.block in layout.blocks):
         eb = layout.blocks[use.block]
         b = eb.block
         by_field = {o.field: o for o in b.outputs}

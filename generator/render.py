@@ -446,7 +446,7 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment) -> dict[str
         base = re.sub(r"[^a-z0-9]+", "_", f"{e.engine.lower()}_{e.model}").strip("_")
         uses: list[dict[str, Any]] = []
         modules: list[str] = []
-        for u in m.blocks:
+        for u in (u for u in m.blocks if u.block in e.blocks):
             eb = e.blocks[u.block]
             module = f"{base}_{u.block}"
             ctx = _block_context(eb.block)

@@ -123,6 +123,7 @@ def lm_globals_geometry(
     )
 
 
+# The layout's variants, and the model's own binders of the blocks it leaves out (MTP-only).
 BLOCKS: tuple[BlockEntry[model.Geometry], ...] = (
     BlockEntry(
         vllm_deepseek_v3_mla_lora, vllm_deepseek_v3_mla_lora.bind_mla_lora, mla_lora_geometry
@@ -139,6 +140,7 @@ BLOCKS: tuple[BlockEntry[model.Geometry], ...] = (
         vllm_deepseek_v3_lm_globals.bind_lm_globals,
         lm_globals_geometry,
     ),
+    *(b for b in model.TABLE.blocks if b.name not in PARAMETERS),
 )
 
 LAYOUT: EngineTable[model.Geometry] = EngineTable(

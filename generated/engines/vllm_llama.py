@@ -95,6 +95,7 @@ def lm_globals_geometry(m: model.Geometry, ranks: Ranks) -> vllm_llama_lm_global
     )
 
 
+# The layout's variants, and the model's own binders of the blocks it leaves out (MTP-only).
 BLOCKS: tuple[BlockEntry[model.Geometry], ...] = (
     BlockEntry(vllm_llama_gqa, vllm_llama_gqa.bind_gqa, gqa_geometry),
     BlockEntry(vllm_llama_dense, vllm_llama_dense.bind_dense, dense_geometry),
@@ -102,6 +103,7 @@ BLOCKS: tuple[BlockEntry[model.Geometry], ...] = (
         vllm_llama_layer_norms, vllm_llama_layer_norms.bind_layer_norms, layer_norms_geometry
     ),
     BlockEntry(vllm_llama_lm_globals, vllm_llama_lm_globals.bind_lm_globals, lm_globals_geometry),
+    *(b for b in model.TABLE.blocks if b.name not in PARAMETERS),
 )
 
 LAYOUT: EngineTable[model.Geometry] = EngineTable(

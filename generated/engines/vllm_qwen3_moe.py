@@ -118,6 +118,7 @@ def lm_globals_geometry(
     )
 
 
+# The layout's variants, and the model's own binders of the blocks it leaves out (MTP-only).
 BLOCKS: tuple[BlockEntry[model.Geometry], ...] = (
     BlockEntry(vllm_qwen3_moe_gqa, vllm_qwen3_moe_gqa.bind_gqa, gqa_geometry),
     BlockEntry(vllm_qwen3_moe_moe, vllm_qwen3_moe_moe.bind_moe, moe_geometry),
@@ -130,6 +131,7 @@ BLOCKS: tuple[BlockEntry[model.Geometry], ...] = (
     BlockEntry(
         vllm_qwen3_moe_lm_globals, vllm_qwen3_moe_lm_globals.bind_lm_globals, lm_globals_geometry
     ),
+    *(b for b in model.TABLE.blocks if b.name not in PARAMETERS),
 )
 
 LAYOUT: EngineTable[model.Geometry] = EngineTable(
