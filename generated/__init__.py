@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "307d530546662ae129ebd35b154b34945e900cfa92403de0c9ba87f730169a22"
+SPECS_SHA256 = "13337c8663432b099021111e19e014cd52f2a856978702011c4f813d4b881ed1"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.

@@ -27,7 +27,7 @@ from specbind.core import algebra
 from specbind.core.errors import GenerateError, SpecError
 from specbind.core.ir import TensorRule
 from specbind.core.quant import SchemeRule
-from specbind.generator import codegen_transforms, yamlio
+from specbind.generator import codegen_transforms, engines, yamlio
 from specbind.generator import kernels as generator_kernels
 from specbind.generator.evaluate import check_model_geometry
 from specbind.generator.literals import comment, py_literal
@@ -419,6 +419,7 @@ def render_all(root: Path) -> dict[str, str]:
             uses_algebra=any("algebra_ops." in py for _, py, _ in checks),
             block_modules=", ".join(sorted(u.block for u in m.blocks)),
         )
+    files.update(_engine_files(root, specs, env))
     kernels = generator_kernels.needed([specs.blocks[n] for n in sorted(used)])
     files["kernels/__init__.py"] = env.get_template("kernels_init.py.j2").render(
         header=HEADER.format(src="specs/"), kernels=kernels
@@ -444,6 +445,39 @@ def render_all(root: Path) -> dict[str, str]:
         digest=specs.digest,
     )
     return ruff_format(files) | raw_files
+
+
+def _engine_files(root: Path, specs: Specs, env: jinja2.Environment) -> dict[str, str]:
+    """``generated/engines/``: per engine layout, one variant module per block (the block's
+    rules with the engine's fields) and the layout's table; and the registry."""
+    files: dict[str, str] = {}
+    layouts = []
+    for e in engines.load_engines(root, specs.models, specs.blocks):
+        m = specs.models[e.model]
+        base = re.sub(r"[^a-z0-9]+", "_", f"{e.engine.lower()}_{e.model}").strip("_")
+        uses: list[dict[str, Any]] = []
+        modules: list[str] = []
+        for u in (u for u in m.blocks if u.block in e.blocks):
+            eb = e.blocks[u.block]
+            module = f"{base}_{u.block}"
+            ctx = _block_context(eb.block)
+            files[f"engines/{module}.py"] = env.get_template("block.py.j2").render(
+                header=HEADER.format(src=f"{eb.block.file} and {e.file}"), **ctx
+            )
+            modules.append(module)
+            uses.append({
+                "block": u.block, "module": module, "symbols": u.symbols,
+                "geo_class": _camel(u.block) + "Geometry", "parameters": eb.parameters,
+            })  # fmt: skip
+        files[f"engines/{base}.py"] = env.get_template("engine.py.j2").render(
+            header=HEADER.format(src=e.file), e=e, uses=uses, model_module=model_module(m.name),
+            block_modules=", ".join(sorted(modules)),
+        )  # fmt: skip
+        layouts.append({"engine": e.engine, "model": e.model, "module": base})
+    files["engines/__init__.py"] = env.get_template("engines_init.py.j2").render(
+        header=HEADER.format(src="specs/engines/"), layouts=layouts
+    )
+    return files
 
 
 def ruff_format(files: dict[str, str]) -> dict[str, str]:

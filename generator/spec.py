@@ -135,7 +135,7 @@ def _schema(kind: str) -> dict[str, Any]:
     return loaded
 
 
-def validate_schema(doc: Located, kind: Literal["block", "model", "scheme"]) -> None:
+def validate_schema(doc: Located, kind: Literal["block", "model", "scheme", "engine"]) -> None:
     validator = jsonschema.Draft202012Validator(_schema(kind))
     errors = sorted(
         validator.iter_errors(doc.data), key=lambda e: (list(map(str, e.path)), e.message)

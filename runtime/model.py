@@ -246,3 +246,23 @@ class Registry(Mapping[str, "ModelTable[Any]"]):
 
     def __contains__(self, name: object) -> bool:
         return name in self.entries
+
+
+@dataclass(frozen=True)
+class EngineTable(Generic[G]):
+    """One engine's layout of one model (``generated/engines/``): a model table whose blocks bind
+    the fields that engine reads, and the engine's parameter name of each field.
+
+    ``parameters[block][field]`` is relative to ``layers`` (``{index}`` filled with the layer)
+    for a layer block, and the full name for the model's globals block. ``skip_mtp``: why the
+    engine's model holds no MTP layers (then they are not bound), or None."""
+
+    engine: str
+    table: ModelTable[G]
+    layers: str
+    parameters: Mapping[str, Mapping[str, str]]
+    skip_mtp: str | None = None
+
+    @property
+    def model(self) -> str:
+        return self.table.name

@@ -1,0 +1,299 @@
+"""Engine layouts: for one engine and one model, which bound fields it takes, under which of its
+parameter names (``specs/engines/<engine>/<model>.yaml``).
+
+An engine layout is a variant of each of the model's blocks: the same tensors, rules, plans and
+checks, with the outputs replaced by the ones the engine reads (a block's own fields by name, or
+new ones in the block spec's output constructs: verbatim head shards instead of absorbs, a
+replicated concat). Each variant is rendered by the block template into ``generated/engines/``.
+
+Invariants (each refusal is a ``SpecError`` naming the engine file, its path and line):
+- every block of the model has an entry (but those only MTP layers hold, where the layout
+  says ``skip_mtp``: the engine's model has no MTP layers, which are then not bound), and
+  every engine parameter names exactly one field; a field fills one parameter, and an engine
+  output no parameter takes is refused;
+- every tensor of every block feeds some engine field, and every element of it is read
+  (the model's generate-time checks run again on the variants: shapes, transforms at every tp,
+  coverage at the tiny geometry), so an engine layout cannot drop a tensor;
+- a declared engine shape (``shape:``, in the model's geometry symbols and ``tp``) equals the
+  field's rank-local shape at every tp in 1, 2, 4, 8 that the block's units allow, at the real
+  geometry and at the tiny one;
+- parameter names are unique across the whole model (layer names under ``layers``, the globals
+  block's as full names).
+Trap: the engine's names reach generated code only through ``repr``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from specbind.core import algebra
+from specbind.core.errors import AlgebraError, SpecbindError, SpecError
+from specbind.core.planning import plan_tensor
+from specbind.generator import transforms, yamlio
+from specbind.generator.evaluate import (
+    block_env,
+    check_model_geometry,
+    local_env,
+    local_shapes,
+    shapes_at,
+)
+from specbind.generator.spec import (
+    SCHEMA_DIR,
+    Block,
+    Model,
+    Output,
+    _output,
+    check_ident,
+    validate_schema,
+)
+from specbind.generator.yamlio import Located, PathKey, format_path
+
+_TPS = (1, 2, 4, 8)
+
+
+@dataclass
+class _Under(Located):
+    """A view of a document below ``base``: paths and lines resolve in the whole file."""
+
+    base: PathKey = ()
+
+    def line(self, path: PathKey) -> int | None:
+        return super().line((*self.base, *path))
+
+    def error(self, path: PathKey, message: str) -> SpecError:
+        return SpecError(self.file, format_path((*self.base, *path)), self.line(path), message)
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str  # the engine's name, relative to the layer prefix (full for the globals block)
+    field: str
+    shape: tuple[algebra.Expr, ...] | None  # in the model's geometry symbols and tp
+
+
+@dataclass(frozen=True)
+class EngineBlock:
+    block: Block  # the model's block with the engine's outputs
+    parameters: tuple[Parameter, ...]
+
+
+@dataclass(frozen=True)
+class EngineLayout:
+    engine: str
+    model: str
+    file: str
+    doc: str
+    layers: str
+    skip_mtp: str | None
+    blocks: dict[str, EngineBlock]
+    located: Located
+
+
+def _outputs_schema() -> dict[str, Any]:
+    """The block schema's ``outputs`` definition, standalone, to validate engine outputs."""
+    block = json.loads((SCHEMA_DIR / "block.schema.json").read_text())
+    outputs = {k: v for k, v in block["properties"]["outputs"].items() if k != "minProperties"}
+    return {"$defs": block["$defs"], **outputs}
+
+
+def parse_engine(doc: Located, models: dict[str, Model], blocks: dict[str, Block]) -> EngineLayout:
+    validate_schema(doc, "engine")
+    d = doc.data
+    if d["model"] not in models:
+        raise doc.error(("model",), f"unknown model {d['model']!r} (specs: {', '.join(models)})")
+    model = models[d["model"]]
+    used = [u.block for u in model.blocks]
+    for b in d["blocks"]:
+        if b not in used:
+            raise doc.error(("blocks", b), f"block {b!r} is not a block of {model.name}")
+    mtp_only = {  # blocks no decoder layer holds: the engine binds them only with MTP layers
+        b
+        for b in used
+        if b != model.globals and all(s.scope == "mtp" for s in model.slots if b in s.blocks)
+    }
+    skip = set(mtp_only) if d.get("skip_mtp") else set()
+    missing = [b for b in used if b not in d["blocks"] and b not in skip]
+    if missing:
+        raise doc.error(("blocks",), f"no engine parameters for block(s) {', '.join(missing)}")
+    gnames = {g.name for g in model.geometry} | {"tp"}
+    out: dict[str, EngineBlock] = {}
+    seen: dict[str, str] = {}  # full engine name -> block
+    for bname in (b for b in used if b in d["blocks"]):
+        eb = _engine_block(doc, bname, d["blocks"][bname], blocks[bname], gnames)
+        for p in eb.parameters:
+            full = p.name if bname == model.globals else d["layers"] + p.name
+            if full in seen:
+                raise doc.error(
+                    ("blocks", bname, "parameters", p.name),
+                    f"engine parameter {full!r} is also filled by block {seen[full]!r}",
+                )
+            seen[full] = bname
+        out[bname] = eb
+    variant = {n: e.block for n, e in out.items()}
+    check_model_geometry(
+        dataclasses.replace(model, blocks=tuple(u for u in model.blocks if u.block in variant)),
+        variant,
+    )
+    layout = EngineLayout(
+        check_ident(doc, ("engine",), d["engine"], "engine name"), model.name, doc.file,
+        d.get("doc", ""), d["layers"], d.get("skip_mtp"), out, doc,
+    )  # fmt: skip
+    check_engine_shapes(layout, model)
+    return layout
+
+
+def _engine_block(
+    doc: Located, bname: str, raw: dict[str, Any], block: Block, gnames: set[str]
+) -> EngineBlock:
+    base: PathKey = ("blocks", bname)
+    own = {o.field: o for o in block.outputs}
+    extra_raw: dict[str, Any] = raw.get("outputs") or {}
+    validator = jsonschema.Draft202012Validator(_outputs_schema())
+    err = jsonschema.exceptions.best_match(validator.iter_errors(extra_raw))
+    if err is not None:
+        raise doc.error((*base, "outputs", *err.absolute_path), f"schema: {err.message[:200]}")
+    under = _Under(doc.file, {"outputs": extra_raw}, doc.lines, base)
+    names = set(block.symbols) | set(block.derived)
+    by_full = {t.name: t for t in block.tensors}
+    extra = {}
+    for f, v in extra_raw.items():
+        if f in own:
+            raise doc.error(
+                (*base, "outputs", f), f"{f!r} is already a field of block {bname!r}; use it"
+            )
+        extra[f] = _output(under, f, v, block.prefix, by_full, names)
+    params: list[Parameter] = []
+    outputs: list[Output] = []
+    taken: dict[str, str] = {}
+    for pname, v in raw["parameters"].items():
+        where: PathKey = (*base, "parameters", pname)
+        field = v if isinstance(v, str) else v["field"]
+        o = extra.get(field) or own.get(field)
+        if o is None:
+            raise doc.error(
+                where,
+                f"field {field!r} is neither a field of block {bname!r} "
+                f"({', '.join(own)}) nor one of its engine outputs",
+            )
+        if field in taken:
+            raise doc.error(where, f"field {field!r} already fills {taken[field]!r}")
+        taken[field] = pname
+        outputs.append(o)
+        shape = None
+        if isinstance(v, dict) and "shape" in v:
+            shape = tuple(
+                _expr(doc, (*where, "shape", i), e, gnames) for i, e in enumerate(v["shape"])
+            )
+        params.append(Parameter(pname, field, shape))
+    for f in extra:
+        if f not in taken:
+            raise doc.error((*base, "outputs", f), f"engine output {f!r} fills no parameter")
+    consumed = {s for o in outputs for s in o.sources}
+    for t in block.tensors:
+        if t.name not in consumed:
+            raise doc.error(
+                (*base, "parameters"),
+                f"tensor {block.rel(t.name)!r} of block {bname!r} feeds no engine parameter "
+                "(it would be dropped)",
+            )
+    variant = dataclasses.replace(block, outputs=tuple(outputs), located=under)
+    return EngineBlock(variant, tuple(params))
+
+
+def _expr(doc: Located, path: PathKey, text: str | int, allowed: set[str]) -> algebra.Expr:
+    try:
+        e = algebra.parse(text, check=False)
+    except AlgebraError as exc:
+        raise doc.error(path, str(exc)) from None
+    unknown = sorted(e.names - allowed)
+    if unknown:
+        raise doc.error(path, f"unknown symbol(s) {', '.join(unknown)} in {str(text)!r}")
+    return e
+
+
+def field_shape(
+    block: Block, out: Output, values: dict[str, int], tp: int, ctx: str
+) -> tuple[int, ...]:
+    """The field's shape on tp rank 0 at ``values`` (the block's symbols), ep 1."""
+    env = block_env(block, values, tp)
+    full = shapes_at(block, block_env(block, values), ctx)
+    local = {
+        t.name: plan_tensor(block.name, t, full[t.name], env, tp, 0).local_shape
+        for t in block.tensors
+    }
+    if out.transform is not None:
+        tf = out.transform
+        units = {u for o in tf.operands if (u := block.tensor(o.tensor).shard.unit) is not None}
+        return transforms.result_shape(
+            tf, {t.name: t for t in block.tensors}, local_env(block, values, tp, units),
+            local_shapes(block, full, env), block.located, ("outputs", out.field), ctx,
+        )  # fmt: skip
+    dims = list(local[out.sources[0]])
+    if len(out.sources) > 1:
+        dims[out.axis] = sum(local[s][out.axis] for s in out.sources)
+    if out.squeeze is not None:
+        del dims[out.squeeze]
+    if out.kind == "stack":
+        fam = block.families[out.family or ""]
+        dims = [values[fam.count], *dims]
+    return tuple(dims)
+
+
+def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
+    """Each declared engine shape equals its field's at every tp the block allows, at the real
+    geometry and the tiny one."""
+    geometries = [("real", model.values())]
+    if model.synth is not None:
+        geometries.append(("synth tiny", model.values() | dict(model.synth.tiny)))
+    for use in (u for u in model.blocks if u.block in layout.blocks):
+        eb = layout.blocks[use.block]
+        b = eb.block
+        by_field = {o.field: o for o in b.outputs}
+        for what, gv in geometries:
+            values = {s: gv[g] for s, g in use.symbols.items()}
+            units = {t.shard.unit for t in b.tensors if t.shard.unit is not None}
+            env = block_env(b, values)
+            for tp in (tp for tp in _TPS if all(env[u] % tp == 0 for u in units)):
+                for p in eb.parameters:
+                    if p.shape is None:
+                        continue
+                    ctx = f"{layout.engine} {p.name} at the {what} geometry, tp {tp}"
+                    got = field_shape(b, by_field[p.field], values, tp, ctx)
+                    where = ("blocks", use.block, "parameters", p.name, "shape")
+                    try:
+                        want = tuple(int(algebra.evaluate(e, gv | {"tp": tp})) for e in p.shape)
+                    except SpecbindError as exc:
+                        raise layout.located.error(where, f"{ctx}: {exc}") from None
+                    if got != want:
+                        raise layout.located.error(
+                            where,
+                            f"{ctx}: the engine's shape is {list(want)}, field {p.field!r} "
+                            f"binds {list(got)}",
+                        )
+
+
+def load_engines(
+    root: Path, models: dict[str, Model], blocks: dict[str, Block]
+) -> list[EngineLayout]:
+    """Every ``specs/engines/<engine>/<model>.yaml``, parsed and checked."""
+    out: list[EngineLayout] = []
+    folder = root / "specs" / "engines"
+    if not folder.is_dir():
+        return out
+    for p in sorted(folder.glob("*/*.yaml")):
+        rel = p.relative_to(root).as_posix()
+        layout = parse_engine(yamlio.load(p, rel), models, blocks)
+        if (p.parent.name, p.stem) != (layout.engine, layout.model):
+            raise SpecError(
+                rel, "engine", None,
+                f"the layout of {layout.engine} for {layout.model} lives in "
+                f"specs/engines/{layout.engine}/{layout.model}.yaml",
+            )  # fmt: skip
+        out.append(layout)
+    return out

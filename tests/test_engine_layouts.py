@@ -1,0 +1,172 @@
+"""Engine layouts (specs/engines/<engine>/<model>.yaml): checked at generate time against the
+model spec, and at load every engine parameter filled exactly once or refused by name.
+
+No engine here: the parameters are torch tensors of the shapes vLLM gives them (the claims
+against a real vLLM are tests/test_vllm_loader.py's).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specbind.core.errors import BindError, SpecError
+from specbind.engine import EngineField, bind_for_engine, fill
+from specbind.generator.render import render_all
+
+REPO = Path(__file__).resolve().parent.parent
+LAYOUT = "engines/vllm/deepseek-v3.yaml"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    shutil.copytree(REPO / "specs", tmp_path / "specs")
+    return tmp_path
+
+
+def edit(root: Path, old: str, new: str) -> None:
+    p = root / "specs" / LAYOUT
+    text = p.read_text()
+    assert old in text, old
+    p.write_text(text.replace(old, new, 1))
+
+
+def refusal(root: Path) -> str:
+    with pytest.raises(SpecError) as e:
+        render_all(root)
+    return str(e.value)
+
+
+def test_a_parameter_naming_no_field_is_refused_at_generate(root: Path) -> None:
+    edit(root, "self_attn.q_a_layernorm.weight: q_a_layernorm",
+         "self_attn.q_a_layernorm.weight: q_a_norm")  # fmt: skip
+    msg = refusal(root)
+    assert LAYOUT in msg and "field 'q_a_norm' is neither a field of block" in msg
+
+
+def test_a_tensor_feeding_no_engine_parameter_is_refused_at_generate(root: Path) -> None:
+    edit(root, "self_attn.kv_a_layernorm.weight: kv_a_layernorm", "")
+    assert "tensor 'kv_a_layernorm.weight'" in refusal(root)
+
+
+def test_an_engine_shape_the_field_does_not_bind_is_refused_naming_the_tp(root: Path) -> None:
+    edit(root, "shape: [hidden, heads / tp * v_head_dim]", "shape: [hidden, heads * v_head_dim]")
+    msg = refusal(root)
+    assert "self_attn.o_proj.weight" in msg and "tp 2" in msg and "the engine's shape is" in msg
+
+
+def test_one_field_filling_two_parameters_is_refused(root: Path) -> None:
+    edit(root, "model.norm.weight: norm", "model.norm.weight: norm\n      model.norm2.weight: norm")
+    assert "field 'norm' already fills 'model.norm.weight'" in refusal(root)
+
+
+def test_an_engine_output_no_parameter_takes_is_refused(root: Path) -> None:
+    edit(root, "    outputs:\n", "    outputs:\n      spare: o_proj.weight\n")
+    assert "engine output 'spare' fills no parameter" in refusal(root)
+
+
+# -- fill: every parameter once, equal shape and dtype, nothing left over ------------------
+
+
+@pytest.fixture(scope="module")
+def fields(tmp_path_factory: pytest.TempPathFactory) -> dict[str, EngineField]:
+    from specbind.cli import main
+
+    ckpt = tmp_path_factory.mktemp("ds") / "ckpt"
+    assert main(["synth", "--model", "deepseek-v3", str(ckpt)]) == 0
+    return bind_for_engine(ckpt, "vllm", tp_size=2, tp_rank=1)
+
+
+def _params(fields: dict[str, EngineField]) -> dict[str, Any]:
+    import torch
+
+    dtypes = {"BF16": torch.bfloat16, "F32": torch.float32}
+    return {n: torch.zeros(f.array.shape, dtype=dtypes[f.dtype]) for n, f in fields.items()}
+
+
+def test_fill_copies_every_field_bit_for_bit_into_its_parameter(
+    fields: dict[str, EngineField],
+) -> None:
+    import numpy as np
+    import torch
+
+    params = _params(fields)
+    fill("vllm", params, fields)
+    for n, f in fields.items():
+        got = params[n].view(torch.int16 if f.dtype == "BF16" else torch.int32).numpy()
+        assert np.array_equal(got, np.ascontiguousarray(f.array).view(got.dtype)), n
+
+
+def test_a_parameter_no_field_fills_is_refused_and_nothing_is_written(
+    fields: dict[str, EngineField],
+) -> None:
+    import torch
+
+    params = _params(fields)
+    params["model.layers.0.self_attn.extra.weight"] = torch.zeros(3)
+    with pytest.raises(
+        BindError,
+        match=r"parameter 'model.layers.0.self_attn.extra.weight' is filled by no bound field",
+    ):
+        fill("vllm", params, fields)
+    assert all(not p.any() for p in params.values())
+
+
+def test_a_field_the_engine_holds_no_parameter_for_is_refused(
+    fields: dict[str, EngineField],
+) -> None:
+    params = _params(fields)
+    del params["model.norm.weight"]
+    with pytest.raises(
+        BindError, match=r"globals.norm has no engine parameter 'model.norm.weight'"
+    ):
+        fill("vllm", params, fields)
+
+
+def test_a_parameter_of_another_shape_or_dtype_is_refused_naming_both(
+    fields: dict[str, EngineField],
+) -> None:
+    import torch
+
+    name = "model.layers.3.mlp.experts.routed_experts.w13_weight"
+    params = _params(fields)
+    params[name] = torch.zeros(6, 48, 56, dtype=torch.bfloat16)
+    with pytest.raises(
+        BindError,
+        match=r"is \[6, 48, 56\] bfloat16, but bound field layers.3.mlp.w13 is \[6, 24, 56\] BF16",
+    ):
+        fill("vllm", params, fields)
+    params = _params(fields)
+    bias = "model.layers.3.mlp.gate.e_score_correction_bias"
+    params[bias] = params[bias].to(torch.bfloat16)
+    with pytest.raises(
+        BindError, match=r"e_score_correction_bias' is \[6\] bfloat16, but bound field .* F32"
+    ):
+        fill("vllm", params, fields)
+
+
+def test_a_tied_head_fills_nothing_where_the_engine_holds_it_as_the_embedding(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("transformers")
+    import torch
+    import transformers
+    from hf_random import write_random
+    from vllm_checkpoints import _NOTHING, LLAMA
+
+    ckpt = tmp_path / "tied"
+    write_random(transformers.LlamaForCausalLM, transformers.LlamaConfig,
+                 LLAMA | {"tie_word_embeddings": True}, ckpt, _NOTHING)  # fmt: skip
+    fields = bind_for_engine(ckpt, "vllm", tp_size=2, tp_rank=0)
+    assert fields["lm_head.weight"].tied_to == "model.embed_tokens.weight"
+    params = _params(fields)
+    del params["lm_head.weight"]  # vLLM lists a tied head once, as the embedding
+    fill("vllm", params, fields)
+    emb = params["model.embed_tokens.weight"]
+    assert emb.any() and torch.equal(emb, _params(fields)["lm_head.weight"] + emb)
+    both = _params(fields)  # an engine that keeps two copies gets both filled
+    fill("vllm", both, fields)
+    assert torch.equal(both["lm_head.weight"], both["model.embed_tokens.weight"])
