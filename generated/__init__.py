@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "13337c8663432b099021111e19e014cd52f2a856978702011c4f813d4b881ed1"
+SPECS_SHA256 = "70d508e8dc1d6fb3e8c6436cd63c835fcdfba449667bc69fd7df702e7a9a5261"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.

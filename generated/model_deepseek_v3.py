@@ -33,7 +33,10 @@ LAYER_PATTERN = "layers.{index}."
 LAYER_PREFIXES: tuple[str, ...] = ("", "model.")
 
 # Per-layer config.json lists that say which layers carry an optional group.
-LAYER_GROUPS: tuple[LayerGroupRule, ...] = ()
+LAYER_GROUPS: tuple[LayerGroupRule, ...] = (
+    LayerGroupRule(group="correction", required=True),
+    LayerGroupRule(group="shared", required=True),
+)
 
 # The parts of a layer, each filled by the first of its blocks whose markers are all present;
 # `config` names the per-layer config.json list that must agree with what the names say.

@@ -133,10 +133,12 @@ def test_a_parameter_of_another_shape_or_dtype_is_refused_naming_both(
 
     name = "model.layers.3.mlp.experts.routed_experts.w13_weight"
     params = _params(fields)
-    params[name] = torch.zeros(6, 48, 56, dtype=torch.bfloat16)
+    e, rows, hidden = fields[name].array.shape  # this rank's [experts, 2 * inter / tp, hidden]
+    params[name] = torch.zeros(e, 2 * rows, hidden, dtype=torch.bfloat16)
     with pytest.raises(
         BindError,
-        match=r"is \[6, 48, 56\] bfloat16, but bound field layers.3.mlp.w13 is \[6, 24, 56\] BF16",
+        match=rf"is \[{e}, {2 * rows}, {hidden}\] bfloat16, but bound field layers.3.mlp.w13 "
+        rf"is \[{e}, {rows}, {hidden}\] BF16",
     ):
         fill("vllm", params, fields)
     params = _params(fields)
