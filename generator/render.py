@@ -459,12 +459,17 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment) -> dict[str
         modules: list[str] = []
         for u in (u for u in m.blocks if u.block in e.blocks):
             eb = e.blocks[u.block]
-            module = f"{base}_{u.block}"
-            ctx = _block_context(eb.block)
-            files[f"engines/{module}.py"] = env.get_template("block.py.j2").render(
-                header=HEADER.format(src=f"{eb.block.file} and {e.file}"), **ctx
-            )
-            modules.append(module)
+            # An engine that takes exactly the block's own fields (renamed only) binds with the
+            # model's own binder; a variant module is emitted only for other fields.
+            own = {o.field for o in specs.blocks[u.block].outputs}
+            module = None
+            if {o.field for o in eb.block.outputs} != own:
+                module = f"{base}_{u.block}"
+                ctx = _block_context(eb.block)
+                files[f"engines/{module}.py"] = env.get_template("block.py.j2").render(
+                    header=HEADER.format(src=f"{eb.block.file} and {e.file}"), **ctx
+                )
+                modules.append(module)
             uses.append({
                 "block": u.block, "module": module, "symbols": u.symbols,
                 "geo_class": _camel(u.block) + "Geometry", "parameters": eb.parameters,

@@ -3,8 +3,9 @@
 
 DO NOT EDIT: change the spec and run ``make generate``.
 
-Invariants: ``TABLE`` is the model's table with each block bound by its vllm variant
-(the block's tensors, rules and checks; the fields vllm reads); every field fills
+Invariants: ``TABLE`` is the model's table with each block whose fields vllm reads
+differently bound by its vllm variant (the block's tensors, rules and checks; the fields
+vllm reads), every other block by the model's own binder; every field fills
 exactly one engine parameter, named in ``PARAMETERS``; the generator checked that every tensor
 feeds some parameter and that each declared engine shape equals its field at every tp.
 """
@@ -15,13 +16,7 @@ import dataclasses
 
 from specbind.core.planning import Ranks
 from specbind.generated import model_qwen3_moe as model
-from specbind.generated.engines import (
-    vllm_qwen3_moe_dense,
-    vllm_qwen3_moe_gqa,
-    vllm_qwen3_moe_layer_norms,
-    vllm_qwen3_moe_lm_globals,
-    vllm_qwen3_moe_moe,
-)
+from specbind.generated.engines import vllm_qwen3_moe_gqa
 from specbind.runtime.model import BlockEntry, EngineTable
 
 ENGINE = "vllm"
@@ -73,65 +68,13 @@ def gqa_geometry(m: model.Geometry, ranks: Ranks) -> vllm_qwen3_moe_gqa.GqaGeome
     )
 
 
-def moe_geometry(m: model.Geometry, ranks: Ranks) -> vllm_qwen3_moe_moe.MoeGeometry:
-    """The ``moe`` block's symbols from the model's geometry."""
-    return vllm_qwen3_moe_moe.MoeGeometry(
-        hidden=m.hidden,
-        experts=m.experts,
-        expert_intermediate=m.moe_intermediate,
-        shared_experts=m.shared_experts,
-        tp=ranks.tp_size,
-        ep=ranks.ep_size,
-    )
-
-
-def dense_geometry(m: model.Geometry, ranks: Ranks) -> vllm_qwen3_moe_dense.DenseGeometry:
-    """The ``dense`` block's symbols from the model's geometry."""
-    return vllm_qwen3_moe_dense.DenseGeometry(
-        hidden=m.hidden,
-        intermediate=m.intermediate,
-        tp=ranks.tp_size,
-        ep=ranks.ep_size,
-    )
-
-
-def layer_norms_geometry(
-    m: model.Geometry, ranks: Ranks
-) -> vllm_qwen3_moe_layer_norms.LayerNormsGeometry:
-    """The ``layer_norms`` block's symbols from the model's geometry."""
-    return vllm_qwen3_moe_layer_norms.LayerNormsGeometry(
-        hidden=m.hidden,
-        tp=ranks.tp_size,
-        ep=ranks.ep_size,
-    )
-
-
-def lm_globals_geometry(
-    m: model.Geometry, ranks: Ranks
-) -> vllm_qwen3_moe_lm_globals.LmGlobalsGeometry:
-    """The ``lm_globals`` block's symbols from the model's geometry."""
-    return vllm_qwen3_moe_lm_globals.LmGlobalsGeometry(
-        hidden=m.hidden,
-        vocab=m.vocab,
-        tp=ranks.tp_size,
-        ep=ranks.ep_size,
-    )
-
-
-# The layout's variants, and the model's own binders of the blocks it leaves out (MTP-only).
-BLOCKS: tuple[BlockEntry[model.Geometry], ...] = (
-    BlockEntry(vllm_qwen3_moe_gqa, vllm_qwen3_moe_gqa.bind_gqa, gqa_geometry),
-    BlockEntry(vllm_qwen3_moe_moe, vllm_qwen3_moe_moe.bind_moe, moe_geometry),
-    BlockEntry(vllm_qwen3_moe_dense, vllm_qwen3_moe_dense.bind_dense, dense_geometry),
-    BlockEntry(
-        vllm_qwen3_moe_layer_norms,
-        vllm_qwen3_moe_layer_norms.bind_layer_norms,
-        layer_norms_geometry,
-    ),
-    BlockEntry(
-        vllm_qwen3_moe_lm_globals, vllm_qwen3_moe_lm_globals.bind_lm_globals, lm_globals_geometry
-    ),
-    *(b for b in model.TABLE.blocks if b.name not in PARAMETERS),
+# The blocks bound by a variant of their own; every other block (read as the block binds it,
+# or MTP-only and left out) by the model's own binder, in the model's order.
+VARIANTS: dict[str, BlockEntry[model.Geometry]] = {
+    "gqa": BlockEntry(vllm_qwen3_moe_gqa, vllm_qwen3_moe_gqa.bind_gqa, gqa_geometry),
+}
+BLOCKS: tuple[BlockEntry[model.Geometry], ...] = tuple(
+    VARIANTS.get(b.name, b) for b in model.TABLE.blocks
 )
 
 LAYOUT: EngineTable[model.Geometry] = EngineTable(
