@@ -45,3 +45,38 @@ def moe_rank_sum(
 
 def rel_err(got: Any, want: Any) -> float:
     return float(np.abs(got - want).max()) / float(np.abs(want).max())
+
+
+def check_rope_aware_absorbs(
+    model: Any, bind_at: Callable[[int, int, int, int], Any], tp: int, config: dict[str, Any]
+) -> None:
+    """Every layer's MLA fields on every tp rank against transformers' module (DeepSeek-V3 and
+    V3.2 alike): q_absorb (nope rows) and o_absorb within one BF16 ulp of f64; q_rope, the
+    latent and the rope key bit for bit; rank r holds heads [r·H/tp, (r+1)·H/tp)."""
+    from specbind.core.dtypes import within_one_bf16_ulp
+
+    h_all, x = config["num_attention_heads"], config["hidden_size"]
+    n, r_dim = config["qk_nope_head_dim"], config["qk_rope_head_dim"]
+    v, kvl = config["v_head_dim"], config["kv_lora_rank"]
+    per = h_all // tp
+    for layer in range(config["num_hidden_layers"]):
+        attn = model.model.layers[layer].self_attn
+        qb = attn.q_b_proj.weight.detach().numpy().reshape(h_all, n + r_dim, -1)  # [H, N+R, QL]
+        kv_b = attn.kv_b_proj.weight.detach().numpy().reshape(h_all, n + v, kvl)  # [H, N+V, KVL]
+        o = attn.o_proj.weight.detach().numpy().reshape(x, h_all, v)  # [X, HV] -> [X, H, V]
+        q_absorb = np.einsum("hrc,hrk->hck", kv_b[:, :n], qb[:, :n])  # [H, KVL, QL]
+        o_absorb = np.einsum("ihr,hrc->ihc", o, kv_b[:, n:])  # [X, H, KVL]
+        kv_a = attn.kv_a_proj_with_mqa.weight.detach().numpy()
+        for r in range(tp):
+            heads = slice(r * per, (r + 1) * per)
+            a = bind_at(tp, r, 1, 0).layers[layer].slots["attention"].weights.arrays()
+            want_q = q_absorb[heads].reshape(per * kvl, -1)  # [h, KVL, QL] -> [h·KVL, QL]
+            assert a["q_absorb"].shape == want_q.shape
+            assert within_one_bf16_ulp(a["q_absorb"], want_q), (layer, tp, r)
+            want_o = o_absorb[:, heads].reshape(x, per * kvl)  # [X, h, KVL] -> [X, h·KVL]
+            assert a["o_absorb"].shape == want_o.shape
+            assert within_one_bf16_ulp(a["o_absorb"], want_o), (layer, tp, r)
+            rope = qb[heads, n:].reshape(per * r_dim, -1)  # [h, R, QL] -> [h·R, QL]
+            assert np.array_equal(a["q_rope"].astype(np.float64), rope), "the rope rows"
+            assert np.array_equal(a["kv_a_latent"].astype(np.float64), kv_a[:kvl])
+            assert np.array_equal(a["k_rope"].astype(np.float64), kv_a[kvl:])

@@ -28,12 +28,17 @@ from typing import Any
 import numpy as np
 import pytest
 from deepseek_v3_model import CONFIG, SPARSE_LAYERS, load_deepseek_v3_model
-from family_checks import decisive_inputs, moe_rank_sum, rel_err, same_values
+from family_checks import (
+    check_rope_aware_absorbs,
+    decisive_inputs,
+    moe_rank_sum,
+    rel_err,
+    same_values,
+)
 from helpers import cached_binds, rejoin
 from whole_model import Routing, module_output, read_checkpoint
 
 from specbind.audit import audit
-from specbind.core.dtypes import within_one_bf16_ulp
 from specbind.generated import MODELS
 from specbind.runtime.bind import BindResult, bind_checkpoint
 from specbind.runtime.checkpoint import CheckpointDir
@@ -109,28 +114,7 @@ def test_every_tensor_binds_at_every_tp_and_ep_and_the_shares_rejoin(
 def test_the_rope_aware_absorb_on_every_rank(
     model: Any, bind_at: Callable[[int, int, int, int], BindResult], tp: int
 ) -> None:
-    per = H // tp
-    for layer in range(CONFIG["num_hidden_layers"]):
-        attn = model.model.layers[layer].self_attn
-        qb = attn.q_b_proj.weight.detach().numpy().reshape(H, N + R, -1)  # -> [H, N+R, QL]
-        kv_b = attn.kv_b_proj.weight.detach().numpy().reshape(H, N + V, KVL)  # -> [H, N+V, KVL]
-        o = attn.o_proj.weight.detach().numpy().reshape(X, H, V)  # [X, HV] -> [X, H, V]
-        q_absorb = np.einsum("hrc,hrk->hck", kv_b[:, :N], qb[:, :N])  # [H, KVL, QL]
-        o_absorb = np.einsum("ihr,hrc->ihc", o, kv_b[:, N:])  # [X, H, KVL]
-        kv_a = attn.kv_a_proj_with_mqa.weight.detach().numpy()
-        for r in range(tp):
-            heads = slice(r * per, (r + 1) * per)
-            a = bind_at(tp, r, 1, 0).layers[layer].slots["attention"].weights.arrays()
-            want_q = q_absorb[heads].reshape(per * KVL, -1)  # [h, KVL, QL] -> [h·KVL, QL]
-            assert a["q_absorb"].shape == want_q.shape
-            assert within_one_bf16_ulp(a["q_absorb"], want_q), (layer, tp, r)
-            want_o = o_absorb[:, heads].reshape(X, per * KVL)  # [X, h, KVL] -> [X, h·KVL]
-            assert a["o_absorb"].shape == want_o.shape
-            assert within_one_bf16_ulp(a["o_absorb"], want_o), (layer, tp, r)
-            rope = qb[heads, N:].reshape(per * R, -1)  # [h, R, QL] -> [h·R, QL]
-            assert np.array_equal(a["q_rope"].astype(np.float64), rope), "the rope rows"
-            assert np.array_equal(a["kv_a_latent"].astype(np.float64), kv_a[:KVL])
-            assert np.array_equal(a["k_rope"].astype(np.float64), kv_a[KVL:])
+    check_rope_aware_absorbs(model, bind_at, tp, CONFIG)
 
 
 def test_bound_fields_equal_what_transformers_loads(
