@@ -447,40 +447,59 @@ def render_all(root: Path) -> dict[str, str]:
     return ruff_format(files) | raw_files
 
 
+def _slug(*parts: str) -> str:
+    """A module name from an engine's, a model's and a block's names."""
+    return re.sub(r"[^a-z0-9]+", "_", "_".join(parts).lower()).strip("_")
+
+
 def _engine_files(root: Path, specs: Specs, env: jinja2.Environment) -> dict[str, str]:
-    """``generated/engines/``: per engine layout, one variant module per block (the block's
-    rules with the engine's fields) and the layout's table; and the registry."""
+    """``generated/engines/``: one variant module per block an engine reads other fields of
+    (the block's rules with the engine's fields), shared by every layout of that engine whose
+    variant is the same; per layout, its table; and the registry.
+
+    A variant is named ``<engine>_<block>``, or ``<engine>_<model>_<block>`` where two layouts
+    of one engine make different variants of one block. A block the engine reads as the block
+    binds it (its own fields, renamed only) keeps the model's own binder: no module."""
     files: dict[str, str] = {}
-    layouts = []
-    for e in engines.load_engines(root, specs.models, specs.blocks):
-        m = specs.models[e.model]
-        base = re.sub(r"[^a-z0-9]+", "_", f"{e.engine.lower()}_{e.model}").strip("_")
-        uses: list[dict[str, Any]] = []
-        modules: list[str] = []
-        for u in (u for u in m.blocks if u.block in e.blocks):
-            eb = e.blocks[u.block]
-            # An engine that takes exactly the block's own fields (renamed only) binds with the
-            # model's own binder; a variant module is emitted only for other fields.
-            own = {o.field for o in specs.blocks[u.block].outputs}
-            module = None
+    layouts = list(engines.load_engines(root, specs.models, specs.blocks))
+    bodies: dict[tuple[str, str, str], list[Any]] = {}  # (engine, block, body) -> its layouts
+    chosen: dict[tuple[int, str], tuple[str, str, str]] = {}  # (layout, block) -> that key
+    for k, e in enumerate(layouts):
+        for bname, eb in e.blocks.items():
+            own = {o.field for o in specs.blocks[bname].outputs}
             if {o.field for o in eb.block.outputs} != own:
-                module = f"{base}_{u.block}"
-                ctx = _block_context(eb.block)
-                files[f"engines/{module}.py"] = env.get_template("block.py.j2").render(
-                    header=HEADER.format(src=f"{eb.block.file} and {e.file}"), **ctx
-                )
-                modules.append(module)
+                body = env.get_template("block.py.j2").render(header="", **_block_context(eb.block))
+                key = (e.engine, bname, body)
+                bodies.setdefault(key, []).append(e)
+                chosen[(k, bname)] = key
+    names: dict[tuple[str, str, str], str] = {}
+    for key, users in bodies.items():
+        engine, bname, body = key
+        alone = sum(1 for k2 in bodies if k2[:2] == (engine, bname)) == 1
+        module = _slug(engine, bname) if alone else _slug(engine, users[0].model, bname)
+        names[key] = module
+        src = ", ".join([specs.blocks[bname].file, *(u.file for u in users)])
+        files[f"engines/{module}.py"] = HEADER.format(src=src) + "\n" + body.lstrip("\n")
+    tables = []
+    for k, e in enumerate(layouts):
+        m = specs.models[e.model]
+        base = _slug(e.engine, e.model)
+        uses: list[dict[str, Any]] = []
+        for u in (u for u in m.blocks if u.block in e.blocks):
+            key = chosen.get((k, u.block))
             uses.append({
-                "block": u.block, "module": module, "symbols": u.symbols,
-                "geo_class": _camel(u.block) + "Geometry", "parameters": eb.parameters,
+                "block": u.block, "module": None if key is None else names[key],
+                "symbols": u.symbols, "geo_class": _camel(u.block) + "Geometry",
+                "parameters": e.blocks[u.block].parameters,
             })  # fmt: skip
+        modules = sorted({u["module"] for u in uses if u["module"]})
         files[f"engines/{base}.py"] = env.get_template("engine.py.j2").render(
             header=HEADER.format(src=e.file), e=e, uses=uses, model_module=model_module(m.name),
-            block_modules=", ".join(sorted(modules)),
+            block_modules=", ".join(modules),
         )  # fmt: skip
-        layouts.append({"engine": e.engine, "model": e.model, "module": base})
+        tables.append({"engine": e.engine, "model": e.model, "module": base})
     files["engines/__init__.py"] = env.get_template("engines_init.py.j2").render(
-        header=HEADER.format(src="specs/engines/"), layouts=layouts
+        header=HEADER.format(src="specs/engines/"), layouts=tables
     )
     return files
 

@@ -40,6 +40,28 @@ def refusal(root: Path) -> str:
     return str(e.value)
 
 
+def test_one_engines_layouts_share_a_variant_and_emit_none_for_blocks_read_as_bound(
+    tmp_path: Path,
+) -> None:
+    files = render_all(REPO)
+    engines = sorted(f for f in files if f.startswith("engines/"))
+    # Llama and Qwen3-MoE read gqa alike: one module; dense, norms, globals: the model's binders
+    assert [f for f in engines if f.endswith("_gqa.py")] == ["engines/vllm_gqa.py"]
+    assert not any(f.endswith(("_dense.py", "_layer_norms.py", "_lm_globals.py")) for f in engines)
+    # a layout that makes another gqa variant gets a module of its own, named by its model
+    shutil.copytree(REPO / "specs", tmp_path / "specs")
+    p = tmp_path / "specs" / "engines" / "vllm" / "llama.yaml"
+    text = p.read_text()
+    assert "self_attn.qkv_proj.weight: qkv_proj" in text
+    p.write_text(
+        text.replace("qkv_proj: {concat:", "qkv_fused: {concat:", 1).replace(
+            "self_attn.qkv_proj.weight: qkv_proj", "self_attn.qkv_proj.weight: qkv_fused", 1
+        )
+    )
+    ours = sorted(f for f in render_all(tmp_path) if f.endswith("_gqa.py"))
+    assert ours == ["engines/vllm_llama_gqa.py", "engines/vllm_qwen3_moe_gqa.py"]
+
+
 def test_a_parameter_naming_no_field_is_refused_at_generate(root: Path) -> None:
     edit(root, "self_attn.q_a_layernorm.weight: q_a_layernorm",
          "self_attn.q_a_layernorm.weight: q_a_norm")  # fmt: skip

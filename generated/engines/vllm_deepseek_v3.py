@@ -16,7 +16,7 @@ import dataclasses
 
 from specbind.core.planning import Ranks
 from specbind.generated import model_deepseek_v3 as model
-from specbind.generated.engines import vllm_deepseek_v3_mla_lora
+from specbind.generated.engines import vllm_mla_lora
 from specbind.runtime.model import BlockEntry, EngineTable
 
 ENGINE = "vllm"
@@ -58,9 +58,9 @@ PARAMETERS: dict[str, dict[str, str]] = {
 }
 
 
-def mla_lora_geometry(m: model.Geometry, ranks: Ranks) -> vllm_deepseek_v3_mla_lora.MlaLoraGeometry:
+def mla_lora_geometry(m: model.Geometry, ranks: Ranks) -> vllm_mla_lora.MlaLoraGeometry:
     """The ``mla_lora`` block's symbols from the model's geometry."""
-    return vllm_deepseek_v3_mla_lora.MlaLoraGeometry(
+    return vllm_mla_lora.MlaLoraGeometry(
         hidden=m.hidden,
         heads=m.heads,
         q_lora_rank=m.q_lora_rank,
@@ -76,9 +76,7 @@ def mla_lora_geometry(m: model.Geometry, ranks: Ranks) -> vllm_deepseek_v3_mla_l
 # The blocks bound by a variant of their own; every other block (read as the block binds it,
 # or MTP-only and left out) by the model's own binder, in the model's order.
 VARIANTS: dict[str, BlockEntry[model.Geometry]] = {
-    "mla_lora": BlockEntry(
-        vllm_deepseek_v3_mla_lora, vllm_deepseek_v3_mla_lora.bind_mla_lora, mla_lora_geometry
-    ),
+    "mla_lora": BlockEntry(vllm_mla_lora, vllm_mla_lora.bind_mla_lora, mla_lora_geometry),
 }
 BLOCKS: tuple[BlockEntry[model.Geometry], ...] = tuple(
     VARIANTS.get(b.name, b) for b in model.TABLE.blocks

@@ -16,7 +16,7 @@ import dataclasses
 
 from specbind.core.planning import Ranks
 from specbind.generated import model_llama as model
-from specbind.generated.engines import vllm_llama_gqa
+from specbind.generated.engines import vllm_gqa
 from specbind.runtime.model import BlockEntry, EngineTable
 
 ENGINE = "vllm"
@@ -48,9 +48,9 @@ PARAMETERS: dict[str, dict[str, str]] = {
 }
 
 
-def gqa_geometry(m: model.Geometry, ranks: Ranks) -> vllm_llama_gqa.GqaGeometry:
+def gqa_geometry(m: model.Geometry, ranks: Ranks) -> vllm_gqa.GqaGeometry:
     """The ``gqa`` block's symbols from the model's geometry."""
-    return vllm_llama_gqa.GqaGeometry(
+    return vllm_gqa.GqaGeometry(
         hidden=m.hidden,
         heads=m.heads,
         kv_heads=m.kv_heads,
@@ -63,7 +63,7 @@ def gqa_geometry(m: model.Geometry, ranks: Ranks) -> vllm_llama_gqa.GqaGeometry:
 # The blocks bound by a variant of their own; every other block (read as the block binds it,
 # or MTP-only and left out) by the model's own binder, in the model's order.
 VARIANTS: dict[str, BlockEntry[model.Geometry]] = {
-    "gqa": BlockEntry(vllm_llama_gqa, vllm_llama_gqa.bind_gqa, gqa_geometry),
+    "gqa": BlockEntry(vllm_gqa, vllm_gqa.bind_gqa, gqa_geometry),
 }
 BLOCKS: tuple[BlockEntry[model.Geometry], ...] = tuple(
     VARIANTS.get(b.name, b) for b in model.TABLE.blocks
