@@ -167,14 +167,14 @@ def _copy(p: Any, a: Any) -> int:
 
     from specbind.runtime.to_torch import to_torch
 
-    src = np.ascontiguousarray(a)
+    src = np.asarray(a)
     if p.device.type == "cpu" and src.dtype.itemsize == p.element_size():
         bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[src.dtype.itemsize]
         dst = p.detach().view(bits).numpy()
-        dst[...] = src.view(dst.dtype)
+        dst[...] = src.view(dst.dtype)  # one copy: a strided view is read in place
     else:
         with torch.no_grad():
-            p.copy_(to_torch(src, _dtype_of(p)))
+            p.copy_(to_torch(np.ascontiguousarray(src), _dtype_of(p)))
     return int(src.nbytes)
 
 
