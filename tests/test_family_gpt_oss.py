@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from family_checks import same_values
 from gpt_oss_model import CONFIG, load_gpt_oss_model
 from gqa_model import rejoin_replicated
 from helpers import cached_binds, rejoin
@@ -184,12 +185,6 @@ def test_a_tp_that_neither_divides_nor_is_a_multiple_of_the_heads_is_refused_in_
     assert "heads" in str(e.value) and "\n" not in str(e.value)
 
 
-def _same(bound: Any, theirs: Any) -> bool:
-    ours = np.asarray(bound).astype(np.float64)
-    t = _np(theirs)
-    return ours.shape == t.shape and bool(np.array_equal(ours, t))
-
-
 def test_bound_fields_equal_what_transformers_loads(
     model: Any, bind_at: Callable[[int, int, int, int], BindResult]
 ) -> None:
@@ -200,21 +195,23 @@ def test_bound_fields_equal_what_transformers_loads(
         attn = layer.self_attn
         for p in ("q", "k", "v", "o"):
             lin = getattr(attn, f"{p}_proj")
-            assert _same(a[f"{p}_proj"], lin.weight) and _same(a[f"{p}_bias"], lin.bias), p
-        assert _same(a["sinks"], attn.sinks)
+            assert same_values(a[f"{p}_proj"], lin.weight) and same_values(
+                a[f"{p}_bias"], lin.bias
+            ), p
+        assert same_values(a["sinks"], attn.sinks)
         m, experts = x.slots["mlp"].weights.arrays(), layer.mlp.experts
-        assert _same(m["router"], layer.mlp.router.weight)
-        assert _same(m["router_bias"], layer.mlp.router.bias)
-        assert _same(m["w13"], experts.gate_up_proj.transpose(1, 2))
-        assert _same(m["w13_bias"], experts.gate_up_proj_bias)
-        assert _same(m["w2"], experts.down_proj.transpose(1, 2))
-        assert _same(m["w2_bias"], experts.down_proj_bias)
+        assert same_values(m["router"], layer.mlp.router.weight)
+        assert same_values(m["router_bias"], layer.mlp.router.bias)
+        assert same_values(m["w13"], experts.gate_up_proj.transpose(1, 2))
+        assert same_values(m["w13_bias"], experts.gate_up_proj_bias)
+        assert same_values(m["w2"], experts.down_proj.transpose(1, 2))
+        assert same_values(m["w2_bias"], experts.down_proj_bias)
         n = x.slots["norms"].weights.arrays()
-        assert _same(n["input_norm"], layer.input_layernorm.weight)
+        assert same_values(n["input_norm"], layer.input_layernorm.weight)
     assert bound.globals is not None
     g = bound.globals.weights.arrays()
-    assert _same(g["embed_tokens"], model.model.embed_tokens.weight)
-    assert _same(g["lm_head"], model.lm_head.weight)
+    assert same_values(g["embed_tokens"], model.model.embed_tokens.weight)
+    assert same_values(g["lm_head"], model.lm_head.weight)
 
 
 def _rank_moe(
