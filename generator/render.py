@@ -486,9 +486,9 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment) -> dict[str
         base = _slug(e.engine, e.model)
         uses: list[dict[str, Any]] = []
         for u in (u for u in m.blocks if u.block in e.blocks):
-            key = chosen.get((k, u.block))
+            picked = chosen.get((k, u.block))
             uses.append({
-                "block": u.block, "module": None if key is None else names[key],
+                "block": u.block, "module": None if picked is None else names[picked],
                 "symbols": u.symbols, "geo_class": _camel(u.block) + "Geometry",
                 "parameters": e.blocks[u.block].parameters,
             })  # fmt: skip
