@@ -372,7 +372,9 @@ def plan(g: DsaGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
     )
 
 
-def make_q_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_q_absorb(
+    g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
     heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     a = t["self_attn.kv_b_proj.weight"]
@@ -390,13 +392,15 @@ def make_q_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) 
         b, shape=(heads_r, g.qk_nope_head_dim, g.q_lora_rank), what="q_absorb: q_b_proj.weight"
     )
     # einsum hrc,hrk->hck: one matmul per h, summing r: [h, c, r] @ [h, r, k] -> [h, c, k]
-    y = ops.contract(a, b, einsum="hrc,hrk->hck", dtype="BF16")
+    y = ops.contract(a, b, einsum="hrc,hrk->hck", dtype="BF16", into=into)
     # [h, c, k] -> [heads_r * kv_lora_rank, q_lora_rank]
     y = ops.view(y, shape=(heads_r * g.kv_lora_rank, g.q_lora_rank), what="q_absorb")
     return y
 
 
-def make_o_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_o_absorb(
+    g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
     heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     a = t["self_attn.o_proj.weight"]
@@ -418,24 +422,28 @@ def make_o_absorb(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) 
         what="o_absorb: kv_b_proj.weight",
     )
     # einsum ihr,hrc->ihc: one matmul per h, summing r: [h, i, r] @ [h, r, c] -> [i, h, c]
-    y = ops.contract(a, b, einsum="ihr,hrc->ihc", dtype="BF16")
+    y = ops.contract(a, b, einsum="ihr,hrc->ihc", dtype="BF16", into=into)
     # [i, h, c] -> [hidden, heads_r * kv_lora_rank]
     y = ops.view(y, shape=(g.hidden, heads_r * g.kv_lora_rank), what="o_absorb")
     return y
 
 
-def make_weights_proj(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_weights_proj(
+    g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``weights_proj``: one tensor, scaled by index_heads ** (-0.5), as BF16."""
     x = t["self_attn.indexer.weights_proj.weight"]
     # x (index_heads ** (-0.5)) in F32, then BF16, in one pass
-    x = ops.scale(x, factor=algebra_ops.rpow(g.index_heads, -0.5), dtype="BF16")
+    x = ops.scale(x, factor=algebra_ops.rpow(g.index_heads, -0.5), dtype="BF16", into=into)
     return x
 
 
-def make_ape(g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_ape(
+    g: DsaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``ape``: one tensor, as F32."""
     x = t["self_attn.indexer.index_kpool_compress_ape"]
-    x = ops.cast(x, dtype="F32")
+    x = ops.cast(x, dtype="F32", into=into)
     return x
 
 
@@ -514,6 +522,7 @@ def bind_dsa(
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
+    into: Any = None,
 ) -> tuple[DsaWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -526,7 +535,7 @@ def bind_dsa(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
@@ -543,7 +552,7 @@ def bind_dsa(
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    return assemble(g, layer, t, p, backend.ops, quant), report
+    return assemble(g, layer, t, p, backend.ops, quant, into), report
 
 
 def assemble(
@@ -553,27 +562,31 @@ def assemble(
     p: BlockPlan,
     ops: Any,
     quant: LayerQuant | None,
+    into: Any = None,
 ) -> DsaWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_dsa`` passes the uploaded arrays and its
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out."""
+    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
+    where the ops write each field they make; the caller copies in what they do not."""
     td = for_transforms(layer, FIELDS, SOURCES, t, ops, quant)  # transforms read BF16
     return DsaWeights(
         q_a_proj=t["self_attn.q_a_proj.weight"],
         q_a_layernorm=t["self_attn.q_a_layernorm.weight"],
-        q_absorb=make_q_absorb(g, td, ops),
+        q_absorb=make_q_absorb(g, td, ops, into),
         kv_a_proj=t["self_attn.kv_a_proj_with_mqa.weight"],
         kv_a_layernorm=t["self_attn.kv_a_layernorm.weight"],
-        o_absorb=make_o_absorb(g, td, ops),
+        o_absorb=make_o_absorb(g, td, ops, into),
         wq_b=t.get("self_attn.indexer.wq_b.weight"),
         wk=t.get("self_attn.indexer.wk.weight"),
         k_norm_weight=t.get("self_attn.indexer.k_norm.weight"),
         k_norm_bias=t.get("self_attn.indexer.k_norm.bias"),
-        weights_proj=make_weights_proj(g, td, ops)
+        weights_proj=make_weights_proj(g, td, ops, into)
         if "self_attn.indexer.weights_proj.weight" in td
         else None,
         compress_gate=t.get("self_attn.indexer.index_kpool_compress_gate"),
-        ape=make_ape(g, td, ops) if "self_attn.indexer.index_kpool_compress_ape" in td else None,
+        ape=make_ape(g, td, ops, into)
+        if "self_attn.indexer.index_kpool_compress_ape" in td
+        else None,
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )

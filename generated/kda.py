@@ -437,6 +437,7 @@ def bind_kda(
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
+    into: Any = None,
 ) -> tuple[KdaWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -449,7 +450,7 @@ def bind_kda(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
@@ -466,7 +467,7 @@ def bind_kda(
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    return assemble(g, layer, t, p, backend.ops, quant), report
+    return assemble(g, layer, t, p, backend.ops, quant, into), report
 
 
 def assemble(
@@ -476,11 +477,13 @@ def assemble(
     p: BlockPlan,
     ops: Any,
     quant: LayerQuant | None,
+    into: Any = None,
 ) -> KdaWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_kda`` passes the uploaded arrays and its
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out."""
+    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
+    where the ops write each field they make; the caller copies in what they do not."""
     return KdaWeights(
         q_proj=t["self_attn.q_proj.weight"],
         k_proj=t["self_attn.k_proj.weight"],
@@ -494,6 +497,7 @@ def assemble(
             ),
             axis=0,
             squeeze=1,
+            into=into,
         ),
         f_a=t["self_attn.f_a_proj.weight"],
         f_b=t["self_attn.f_b_proj.weight"],

@@ -406,6 +406,7 @@ def bind_mamba2(
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
+    into: Any = None,
 ) -> tuple[Mamba2Weights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -418,7 +419,7 @@ def bind_mamba2(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
@@ -435,7 +436,7 @@ def bind_mamba2(
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    return assemble(g, layer, t, p, backend.ops, quant), report
+    return assemble(g, layer, t, p, backend.ops, quant, into), report
 
 
 def assemble(
@@ -445,11 +446,13 @@ def assemble(
     p: BlockPlan,
     ops: Any,
     quant: LayerQuant | None,
+    into: Any = None,
 ) -> Mamba2Weights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_mamba2`` passes the uploaded arrays and its
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out."""
+    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
+    where the ops write each field they make; the caller copies in what they do not."""
     return Mamba2Weights(
         # [heads_r * head_dim, hidden] + [heads_r * head_dim, hidden] + [groups_r * state, hidden] + [groups_r * state, hidden] + [heads_r, hidden] -> [heads_r * head_dim + heads_r * head_dim + groups_r * state + groups_r * state + heads_r, hidden]: in_proj_z.weight, in_proj_x.weight, in_proj_B.weight, in_proj_C.weight, in_proj_dt.weight, each this rank's share, in order
         in_proj=ops.concat_squeeze(
@@ -462,6 +465,7 @@ def assemble(
             ),
             axis=0,
             squeeze=None,
+            into=into,
         ),
         # [heads_r * head_dim, 1, conv_kernel] + [groups_r * state, 1, conv_kernel] + [groups_r * state, 1, conv_kernel] -> [heads_r * head_dim + groups_r * state + groups_r * state, 1, conv_kernel]: conv1d_x.weight, conv1d_B.weight, conv1d_C.weight, each this rank's share, in order
         conv1d=ops.concat_squeeze(
@@ -472,6 +476,7 @@ def assemble(
             ),
             axis=0,
             squeeze=None,
+            into=into,
         ),
         # [heads_r * head_dim] + [groups_r * state] + [groups_r * state] -> [heads_r * head_dim + groups_r * state + groups_r * state]: conv1d_x.bias, conv1d_B.bias, conv1d_C.bias, each this rank's share, in order
         conv1d_bias=ops.concat_squeeze(
@@ -482,6 +487,7 @@ def assemble(
             ),
             axis=0,
             squeeze=None,
+            into=into,
         ),
         a_log=t["mixer.A_log"],
         d=t["mixer.D"],

@@ -278,6 +278,7 @@ def bind_mixer_moe(
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
+    into: Any = None,
 ) -> tuple[MixerMoeWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -290,7 +291,7 @@ def bind_mixer_moe(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
@@ -307,7 +308,7 @@ def bind_mixer_moe(
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    return assemble(g, layer, t, p, backend.ops, quant), report
+    return assemble(g, layer, t, p, backend.ops, quant, into), report
 
 
 def assemble(
@@ -317,11 +318,13 @@ def assemble(
     p: BlockPlan,
     ops: Any,
     quant: LayerQuant | None,
+    into: Any = None,
 ) -> MixerMoeWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_mixer_moe`` passes the uploaded arrays and its
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out."""
+    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
+    where the ops write each field they make; the caller copies in what they do not."""
     return MixerMoeWeights(
         router=t["mixer.gate.weight"],
         router_bias=t["mixer.gate.e_score_correction_bias"],
@@ -330,12 +333,14 @@ def assemble(
             (members(t, pattern="mixer.experts.{e}.up_proj.weight", family="e", plan=p),),
             axis=0,
             squeeze=None,
+            into=into,
         ),
         # 1 x [hidden, expert_inter_r] -> [experts_r, hidden, expert_inter_r]: experts.{e}.down_proj.weight in that order
         w2=ops.stack(
             (members(t, pattern="mixer.experts.{e}.down_proj.weight", family="e", plan=p),),
             axis=0,
             squeeze=None,
+            into=into,
         ),
         shared_up=t["mixer.shared_experts.up_proj.weight"],
         shared_down=t["mixer.shared_experts.down_proj.weight"],

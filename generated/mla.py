@@ -226,7 +226,9 @@ def plan(g: MlaGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
     )
 
 
-def make_q_absorb(g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_q_absorb(
+    g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
     heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     a = t["self_attn.kv_b_proj.weight"]
@@ -248,13 +250,15 @@ def make_q_absorb(g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) 
     # [heads_r, qk_nope_head_dim + qk_rope_head_dim, hidden], axis 1 [0:qk_nope_head_dim] -> [heads_r, qk_nope_head_dim, hidden]
     b = ops.take(b, axis=1, start=0, stop=g.qk_nope_head_dim, what="q_absorb: q_proj.weight")
     # einsum hrc,hrk->hck: one matmul per h, summing r: [h, c, r] @ [h, r, k] -> [h, c, k]
-    y = ops.contract(a, b, einsum="hrc,hrk->hck", dtype="BF16")
+    y = ops.contract(a, b, einsum="hrc,hrk->hck", dtype="BF16", into=into)
     # [h, c, k] -> [heads_r * kv_lora_rank, hidden]
     y = ops.view(y, shape=(heads_r * g.kv_lora_rank, g.hidden), what="q_absorb")
     return y
 
 
-def make_q_rope(g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_q_rope(
+    g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``q_rope``: one tensor, as BF16."""
     heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     x = t["self_attn.q_proj.weight"]
@@ -272,13 +276,15 @@ def make_q_rope(g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) ->
         stop=g.qk_nope_head_dim + g.qk_rope_head_dim,
         what="q_rope: q_proj.weight",
     )
-    x = ops.cast(x, dtype="BF16")
+    x = ops.cast(x, dtype="BF16", into=into)
     # [heads_r, qk_rope_head_dim, hidden] -> [heads_r * qk_rope_head_dim, hidden]
     x = ops.view(x, shape=(heads_r * g.qk_rope_head_dim, g.hidden), what="q_rope")
     return x
 
 
-def make_o_absorb(g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_o_absorb(
+    g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
     heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     a = t["self_attn.o_proj.weight"]
@@ -300,7 +306,7 @@ def make_o_absorb(g: MlaGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) 
         what="o_absorb: kv_b_proj.weight",
     )
     # einsum ihr,hrc->ihc: one matmul per h, summing r: [h, i, r] @ [h, r, c] -> [i, h, c]
-    y = ops.contract(a, b, einsum="ihr,hrc->ihc", dtype="BF16")
+    y = ops.contract(a, b, einsum="ihr,hrc->ihc", dtype="BF16", into=into)
     # [i, h, c] -> [hidden, heads_r * kv_lora_rank]
     y = ops.view(y, shape=(g.hidden, heads_r * g.kv_lora_rank), what="o_absorb")
     return y
@@ -350,6 +356,7 @@ def bind_mla(
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
+    into: Any = None,
 ) -> tuple[MlaWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -362,7 +369,7 @@ def bind_mla(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
@@ -379,7 +386,7 @@ def bind_mla(
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    return assemble(g, layer, t, p, backend.ops, quant), report
+    return assemble(g, layer, t, p, backend.ops, quant, into), report
 
 
 def assemble(
@@ -389,17 +396,19 @@ def assemble(
     p: BlockPlan,
     ops: Any,
     quant: LayerQuant | None,
+    into: Any = None,
 ) -> MlaWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_mla`` passes the uploaded arrays and its
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out."""
+    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
+    where the ops write each field they make; the caller copies in what they do not."""
     td = for_transforms(layer, FIELDS, SOURCES, t, ops, quant)  # transforms read BF16
     return MlaWeights(
-        q_absorb=make_q_absorb(g, td, ops),
-        q_rope=make_q_rope(g, td, ops),
+        q_absorb=make_q_absorb(g, td, ops, into),
+        q_rope=make_q_rope(g, td, ops, into),
         kv_a_proj=t["self_attn.kv_a_proj_with_mqa.weight"],
         kv_a_layernorm=t["self_attn.kv_a_layernorm.weight"],
-        o_absorb=make_o_absorb(g, td, ops),
+        o_absorb=make_o_absorb(g, td, ops, into),
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )

@@ -341,7 +341,9 @@ def plan(g: MlaIndexedGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
     )
 
 
-def make_q_absorb(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_q_absorb(
+    g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
     heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     a = t["self_attn.kv_b_proj.weight"]
@@ -363,13 +365,15 @@ def make_q_absorb(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = nump
     # [heads_r, qk_nope_head_dim + qk_rope_head_dim, q_lora_rank], axis 1 [0:qk_nope_head_dim] -> [heads_r, qk_nope_head_dim, q_lora_rank]
     b = ops.take(b, axis=1, start=0, stop=g.qk_nope_head_dim, what="q_absorb: q_b_proj.weight")
     # einsum hrc,hrk->hck: one matmul per h, summing r: [h, c, r] @ [h, r, k] -> [h, c, k]
-    y = ops.contract(a, b, einsum="hrc,hrk->hck", dtype="BF16")
+    y = ops.contract(a, b, einsum="hrc,hrk->hck", dtype="BF16", into=into)
     # [h, c, k] -> [heads_r * kv_lora_rank, q_lora_rank]
     y = ops.view(y, shape=(heads_r * g.kv_lora_rank, g.q_lora_rank), what="q_absorb")
     return y
 
 
-def make_q_rope(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_q_rope(
+    g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``q_rope``: one tensor, as BF16."""
     heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     x = t["self_attn.q_b_proj.weight"]
@@ -387,24 +391,28 @@ def make_q_rope(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_
         stop=g.qk_nope_head_dim + g.qk_rope_head_dim,
         what="q_rope: q_b_proj.weight",
     )
-    x = ops.cast(x, dtype="BF16")
+    x = ops.cast(x, dtype="BF16", into=into)
     # [heads_r, qk_rope_head_dim, q_lora_rank] -> [heads_r * qk_rope_head_dim, q_lora_rank]
     x = ops.view(x, shape=(heads_r * g.qk_rope_head_dim, g.q_lora_rank), what="q_rope")
     return x
 
 
-def make_kv_a_latent(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_kv_a_latent(
+    g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``kv_a_latent``: one tensor, as BF16."""
     x = t["self_attn.kv_a_proj_with_mqa.weight"]
     # [kv_lora_rank + qk_rope_head_dim, hidden], axis 0 [0:kv_lora_rank] -> [kv_lora_rank, hidden]
     x = ops.take(
         x, axis=0, start=0, stop=g.kv_lora_rank, what="kv_a_latent: kv_a_proj_with_mqa.weight"
     )
-    x = ops.cast(x, dtype="BF16")
+    x = ops.cast(x, dtype="BF16", into=into)
     return x
 
 
-def make_k_rope(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_k_rope(
+    g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``k_rope``: one tensor, as BF16."""
     x = t["self_attn.kv_a_proj_with_mqa.weight"]
     # [kv_lora_rank + qk_rope_head_dim, hidden], axis 0 [kv_lora_rank:kv_lora_rank + qk_rope_head_dim] -> [qk_rope_head_dim, hidden]
@@ -415,11 +423,13 @@ def make_k_rope(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_
         stop=g.kv_lora_rank + g.qk_rope_head_dim,
         what="k_rope: kv_a_proj_with_mqa.weight",
     )
-    x = ops.cast(x, dtype="BF16")
+    x = ops.cast(x, dtype="BF16", into=into)
     return x
 
 
-def make_o_absorb(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_o_absorb(
+    g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
     heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     a = t["self_attn.o_proj.weight"]
@@ -441,17 +451,19 @@ def make_o_absorb(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = nump
         what="o_absorb: kv_b_proj.weight",
     )
     # einsum ihr,hrc->ihc: one matmul per h, summing r: [h, i, r] @ [h, r, c] -> [i, h, c]
-    y = ops.contract(a, b, einsum="ihr,hrc->ihc", dtype="BF16")
+    y = ops.contract(a, b, einsum="ihr,hrc->ihc", dtype="BF16", into=into)
     # [i, h, c] -> [hidden, heads_r * kv_lora_rank]
     y = ops.view(y, shape=(g.hidden, heads_r * g.kv_lora_rank), what="o_absorb")
     return y
 
 
-def make_weights_proj(g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_weights_proj(
+    g: MlaIndexedGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``weights_proj``: one tensor, scaled by index_heads ** (-0.5), as F32."""
     x = t["self_attn.indexer.weights_proj.weight"]
     # x (index_heads ** (-0.5)) in F32, then F32, in one pass
-    x = ops.scale(x, factor=algebra_ops.rpow(g.index_heads, -0.5), dtype="F32")
+    x = ops.scale(x, factor=algebra_ops.rpow(g.index_heads, -0.5), dtype="F32", into=into)
     return x
 
 
@@ -530,6 +542,7 @@ def bind_mla_indexed(
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
+    into: Any = None,
 ) -> tuple[MlaIndexedWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -542,7 +555,7 @@ def bind_mla_indexed(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
@@ -559,7 +572,7 @@ def bind_mla_indexed(
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    return assemble(g, layer, t, p, backend.ops, quant), report
+    return assemble(g, layer, t, p, backend.ops, quant, into), report
 
 
 def assemble(
@@ -569,25 +582,27 @@ def assemble(
     p: BlockPlan,
     ops: Any,
     quant: LayerQuant | None,
+    into: Any = None,
 ) -> MlaIndexedWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_mla_indexed`` passes the uploaded arrays and its
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out."""
+    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
+    where the ops write each field they make; the caller copies in what they do not."""
     td = for_transforms(layer, FIELDS, SOURCES, t, ops, quant)  # transforms read BF16
     return MlaIndexedWeights(
         q_a_proj=t["self_attn.q_a_proj.weight"],
         q_a_layernorm=t["self_attn.q_a_layernorm.weight"],
-        q_absorb=make_q_absorb(g, td, ops),
-        q_rope=make_q_rope(g, td, ops),
-        kv_a_latent=make_kv_a_latent(g, td, ops),
-        k_rope=make_k_rope(g, td, ops),
+        q_absorb=make_q_absorb(g, td, ops, into),
+        q_rope=make_q_rope(g, td, ops, into),
+        kv_a_latent=make_kv_a_latent(g, td, ops, into),
+        k_rope=make_k_rope(g, td, ops, into),
         kv_a_layernorm=t["self_attn.kv_a_layernorm.weight"],
-        o_absorb=make_o_absorb(g, td, ops),
+        o_absorb=make_o_absorb(g, td, ops, into),
         wq_b=t["self_attn.indexer.wq_b.weight"],
         wk=t["self_attn.indexer.wk.weight"],
         k_norm_weight=t["self_attn.indexer.k_norm.weight"],
         k_norm_bias=t["self_attn.indexer.k_norm.bias"],
-        weights_proj=make_weights_proj(g, td, ops),
+        weights_proj=make_weights_proj(g, td, ops, into),
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )

@@ -262,7 +262,9 @@ def plan(g: MlaLoraGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
     )
 
 
-def make_q_absorb(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_q_absorb(
+    g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``q_absorb``: einsum hrc,hrk->hck over this rank's operands, in F32, as BF16."""
     heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     a = t["self_attn.kv_b_proj.weight"]
@@ -284,13 +286,15 @@ def make_q_absorb(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_o
     # [heads_r, qk_nope_head_dim + qk_rope_head_dim, q_lora_rank], axis 1 [0:qk_nope_head_dim] -> [heads_r, qk_nope_head_dim, q_lora_rank]
     b = ops.take(b, axis=1, start=0, stop=g.qk_nope_head_dim, what="q_absorb: q_b_proj.weight")
     # einsum hrc,hrk->hck: one matmul per h, summing r: [h, c, r] @ [h, r, k] -> [h, c, k]
-    y = ops.contract(a, b, einsum="hrc,hrk->hck", dtype="BF16")
+    y = ops.contract(a, b, einsum="hrc,hrk->hck", dtype="BF16", into=into)
     # [h, c, k] -> [heads_r * kv_lora_rank, q_lora_rank]
     y = ops.view(y, shape=(heads_r * g.kv_lora_rank, g.q_lora_rank), what="q_absorb")
     return y
 
 
-def make_q_rope(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_q_rope(
+    g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``q_rope``: one tensor, as BF16."""
     heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     x = t["self_attn.q_b_proj.weight"]
@@ -308,24 +312,28 @@ def make_q_rope(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops
         stop=g.qk_nope_head_dim + g.qk_rope_head_dim,
         what="q_rope: q_b_proj.weight",
     )
-    x = ops.cast(x, dtype="BF16")
+    x = ops.cast(x, dtype="BF16", into=into)
     # [heads_r, qk_rope_head_dim, q_lora_rank] -> [heads_r * qk_rope_head_dim, q_lora_rank]
     x = ops.view(x, shape=(heads_r * g.qk_rope_head_dim, g.q_lora_rank), what="q_rope")
     return x
 
 
-def make_kv_a_latent(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_kv_a_latent(
+    g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``kv_a_latent``: one tensor, as BF16."""
     x = t["self_attn.kv_a_proj_with_mqa.weight"]
     # [kv_lora_rank + qk_rope_head_dim, hidden], axis 0 [0:kv_lora_rank] -> [kv_lora_rank, hidden]
     x = ops.take(
         x, axis=0, start=0, stop=g.kv_lora_rank, what="kv_a_latent: kv_a_proj_with_mqa.weight"
     )
-    x = ops.cast(x, dtype="BF16")
+    x = ops.cast(x, dtype="BF16", into=into)
     return x
 
 
-def make_k_rope(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_k_rope(
+    g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``k_rope``: one tensor, as BF16."""
     x = t["self_attn.kv_a_proj_with_mqa.weight"]
     # [kv_lora_rank + qk_rope_head_dim, hidden], axis 0 [kv_lora_rank:kv_lora_rank + qk_rope_head_dim] -> [qk_rope_head_dim, hidden]
@@ -336,11 +344,13 @@ def make_k_rope(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops
         stop=g.kv_lora_rank + g.qk_rope_head_dim,
         what="k_rope: kv_a_proj_with_mqa.weight",
     )
-    x = ops.cast(x, dtype="BF16")
+    x = ops.cast(x, dtype="BF16", into=into)
     return x
 
 
-def make_o_absorb(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_o_absorb(
+    g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``o_absorb``: einsum ihr,hrc->ihc over this rank's operands, in F32, as BF16."""
     heads_r = max(g.heads // g.tp, 1)  # this rank's share of heads (attention heads)
     a = t["self_attn.o_proj.weight"]
@@ -362,7 +372,7 @@ def make_o_absorb(g: MlaLoraGeometry, t: Mapping[str, Array], ops: Ops = numpy_o
         what="o_absorb: kv_b_proj.weight",
     )
     # einsum ihr,hrc->ihc: one matmul per h, summing r: [h, i, r] @ [h, r, c] -> [i, h, c]
-    y = ops.contract(a, b, einsum="ihr,hrc->ihc", dtype="BF16")
+    y = ops.contract(a, b, einsum="ihr,hrc->ihc", dtype="BF16", into=into)
     # [i, h, c] -> [hidden, heads_r * kv_lora_rank]
     y = ops.view(y, shape=(g.hidden, heads_r * g.kv_lora_rank), what="o_absorb")
     return y
@@ -421,6 +431,7 @@ def bind_mla_lora(
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
+    into: Any = None,
 ) -> tuple[MlaLoraWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -433,7 +444,7 @@ def bind_mla_lora(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
@@ -450,7 +461,7 @@ def bind_mla_lora(
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    return assemble(g, layer, t, p, backend.ops, quant), report
+    return assemble(g, layer, t, p, backend.ops, quant, into), report
 
 
 def assemble(
@@ -460,20 +471,22 @@ def assemble(
     p: BlockPlan,
     ops: Any,
     quant: LayerQuant | None,
+    into: Any = None,
 ) -> MlaLoraWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_mla_lora`` passes the uploaded arrays and its
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out."""
+    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
+    where the ops write each field they make; the caller copies in what they do not."""
     td = for_transforms(layer, FIELDS, SOURCES, t, ops, quant)  # transforms read BF16
     return MlaLoraWeights(
         q_a_proj=t["self_attn.q_a_proj.weight"],
         q_a_layernorm=t["self_attn.q_a_layernorm.weight"],
-        q_absorb=make_q_absorb(g, td, ops),
-        q_rope=make_q_rope(g, td, ops),
-        kv_a_latent=make_kv_a_latent(g, td, ops),
-        k_rope=make_k_rope(g, td, ops),
+        q_absorb=make_q_absorb(g, td, ops, into),
+        q_rope=make_q_rope(g, td, ops, into),
+        kv_a_latent=make_kv_a_latent(g, td, ops, into),
+        k_rope=make_k_rope(g, td, ops, into),
         kv_a_layernorm=t["self_attn.kv_a_layernorm.weight"],
-        o_absorb=make_o_absorb(g, td, ops),
+        o_absorb=make_o_absorb(g, td, ops, into),
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )

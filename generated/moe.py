@@ -348,6 +348,7 @@ def bind_moe(
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
+    into: Any = None,
 ) -> tuple[MoeWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -360,7 +361,7 @@ def bind_moe(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
@@ -377,7 +378,7 @@ def bind_moe(
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    return assemble(g, layer, t, p, backend.ops, quant), report
+    return assemble(g, layer, t, p, backend.ops, quant, into), report
 
 
 def assemble(
@@ -387,11 +388,13 @@ def assemble(
     p: BlockPlan,
     ops: Any,
     quant: LayerQuant | None,
+    into: Any = None,
 ) -> MoeWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_moe`` passes the uploaded arrays and its
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out."""
+    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
+    where the ops write each field they make; the caller copies in what they do not."""
     return MoeWeights(
         router=t["mlp.gate.weight"],
         router_bias=t.get("mlp.gate.e_score_correction_bias"),
@@ -403,12 +406,14 @@ def assemble(
             ),
             axis=0,
             squeeze=None,
+            into=into,
         ),
         # 1 x [hidden, expert_intermediate_r] -> [experts_r, hidden, expert_intermediate_r]: experts.{e}.down_proj.weight in that order
         w2=ops.stack(
             (members(t, pattern="mlp.experts.{e}.down_proj.weight", family="e", plan=p),),
             axis=0,
             squeeze=None,
+            into=into,
         ),
         # 2 x [shared_experts * expert_intermediate_r, hidden] -> [2 * shared_experts * expert_intermediate_r, hidden]: shared_experts.gate_proj.weight, shared_experts.up_proj.weight in that order
         shared_gate_up=ops.concat_squeeze(
@@ -418,6 +423,7 @@ def assemble(
             ),
             axis=0,
             squeeze=None,
+            into=into,
         )
         if "mlp.shared_experts.gate_proj.weight" in t
         else None,

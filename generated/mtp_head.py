@@ -268,6 +268,7 @@ def bind_mtp_head(
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
+    into: Any = None,
 ) -> tuple[MtpHeadWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -280,7 +281,7 @@ def bind_mtp_head(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
@@ -297,7 +298,7 @@ def bind_mtp_head(
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    return assemble(g, layer, t, p, backend.ops, quant), report
+    return assemble(g, layer, t, p, backend.ops, quant, into), report
 
 
 def assemble(
@@ -307,11 +308,13 @@ def assemble(
     p: BlockPlan,
     ops: Any,
     quant: LayerQuant | None,
+    into: Any = None,
 ) -> MtpHeadWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_mtp_head`` passes the uploaded arrays and its
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out."""
+    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
+    where the ops write each field they make; the caller copies in what they do not."""
     return MtpHeadWeights(
         enorm=t["enorm.weight"],
         hnorm=t["hnorm.weight"],

@@ -235,21 +235,25 @@ def plan(g: StackedMoeGeometry, rank: int = 0, ep_rank: int = 0) -> BlockPlan:
     )
 
 
-def make_w13(g: StackedMoeGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_w13(
+    g: StackedMoeGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``w13``: one tensor, as BF16."""
     x = t["mlp.experts.gate_up_proj"]
     # [experts_r, hidden, 2 * expert_inter_r] -> [experts_r, 2 * expert_inter_r, hidden]: axes [0, 2, 1]
     x = ops.permute(x, axes=(0, 2, 1), what="w13: experts.gate_up_proj")
-    x = ops.cast(x, dtype="BF16")
+    x = ops.cast(x, dtype="BF16", into=into)
     return x
 
 
-def make_w2(g: StackedMoeGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops) -> Array:
+def make_w2(
+    g: StackedMoeGeometry, t: Mapping[str, Array], ops: Ops = numpy_ops, into: Any = None
+) -> Array:
     """``w2``: one tensor, as BF16."""
     x = t["mlp.experts.down_proj"]
     # [experts_r, expert_inter_r, hidden] -> [experts_r, hidden, expert_inter_r]: axes [0, 2, 1]
     x = ops.permute(x, axes=(0, 2, 1), what="w2: experts.down_proj")
-    x = ops.cast(x, dtype="BF16")
+    x = ops.cast(x, dtype="BF16", into=into)
     return x
 
 
@@ -300,6 +304,7 @@ def bind_stacked_moe(
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
+    into: Any = None,
 ) -> tuple[StackedMoeWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -312,7 +317,7 @@ def bind_stacked_moe(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
@@ -329,7 +334,7 @@ def bind_stacked_moe(
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    return assemble(g, layer, t, p, backend.ops, quant), report
+    return assemble(g, layer, t, p, backend.ops, quant, into), report
 
 
 def assemble(
@@ -339,18 +344,20 @@ def assemble(
     p: BlockPlan,
     ops: Any,
     quant: LayerQuant | None,
+    into: Any = None,
 ) -> StackedMoeWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_stacked_moe`` passes the uploaded arrays and its
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out."""
+    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
+    where the ops write each field they make; the caller copies in what they do not."""
     td = for_transforms(layer, FIELDS, SOURCES, t, ops, quant)  # transforms read BF16
     return StackedMoeWeights(
         router=t["mlp.router.weight"],
         router_bias=t["mlp.router.bias"],
-        w13=make_w13(g, td, ops),
+        w13=make_w13(g, td, ops, into),
         w13_bias=t["mlp.experts.gate_up_proj_bias"],
-        w2=make_w2(g, td, ops),
+        w2=make_w2(g, td, ops, into),
         w2_bias=t["mlp.experts.down_proj_bias"],
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )

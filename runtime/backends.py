@@ -10,6 +10,7 @@ host.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from specbind.core.dtypes import DTYPES
-from specbind.core.errors import SpecbindError
+from specbind.core.errors import BindError, SpecbindError
 from specbind.runtime import ops as numpy_ops
 from specbind.runtime.checks import Array
 from specbind.runtime.ops import Ops
@@ -91,3 +92,87 @@ def get(name: str, kernels: Any = None) -> Backend:
     if name == "cupy":
         return cupy_backend(kernels)
     raise SpecbindError(f"unknown backend {name!r} (numpy or cupy)")
+
+
+ALIGN = 64  # bytes: every array an Arena hands out starts on a cache line
+
+
+class Arena:
+    """Host memory a bind writes every field into (``bind_checkpoint(..., into=arena)``): the
+    caller's memory, each byte of the rank written once.
+
+    A stacked, concatenated or computed field is made in the arena (the op writes its result
+    there); a field that would be a zero-copy view of the mapped checkpoint is copied in once.
+    Without an arena those fields live in memory of their own and the views stay views, so a
+    caller who wants the bytes in its own buffers (an engine's parameters, a reused staging
+    area) would copy every computed field a second time.
+
+    The arena grows: a request that does not fit adds a chunk of ``max(chunk_bytes,
+    request)``; ``reset`` keeps the chunks for the next bind.
+    Invariants: every array handed out is C-contiguous, ``ALIGN``-byte aligned and inside one
+    chunk; ``holds(a)`` is True exactly when all of ``a``'s bytes lie inside one chunk.
+    Traps: ``reset()`` hands the same bytes out again, so every array bound into the arena
+    before is overwritten by the next bind (drop them first: what a benchmark or a weight
+    reload wants, with pages already faulted in). The arena also holds the bytes a bind gathers
+    that no field keeps (at tp > 1, the column shards a transform reads, such as an ``o_proj``
+    an absorb multiplies): room the arena keeps until reset, never a wrong byte.
+    """
+
+    def __init__(self, chunk_bytes: int = 256 << 20) -> None:
+        if chunk_bytes < 1:
+            raise BindError(f"Arena chunk_bytes is {chunk_bytes}, expected a positive size")
+        self._chunk = chunk_bytes
+        self._chunks: list[Any] = []
+        self._at = 0  # the chunk being carved
+        self._off = 0  # the next free byte in it
+        self.used = 0  # bytes handed out since the last reset (alignment padding excluded)
+
+    @property
+    def nbytes(self) -> int:
+        """The arena's size: every chunk's bytes."""
+        return sum(int(c.nbytes) for c in self._chunks)
+
+    def empty(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """An uninitialised C-contiguous array of ``shape`` and ``dtype`` inside the arena."""
+        dt = np.dtype(dtype)
+        n = math.prod(shape) * dt.itemsize
+        while True:
+            if self._at < len(self._chunks):
+                chunk = self._chunks[self._at]
+                base = chunk.ctypes.data
+                start = -(-(base + self._off) // ALIGN) * ALIGN - base  # aligned in memory
+                if start + n <= chunk.nbytes:
+                    self._off = start + n
+                    self.used += n
+                    return chunk[start : start + n].view(dt).reshape(shape)  # [n B] -> shape
+                if self._at + 1 < len(self._chunks):  # a chunk kept from before a reset
+                    self._at, self._off = self._at + 1, 0
+                    continue
+            self._chunks.append(np.empty(max(self._chunk, n + ALIGN), dtype=np.uint8))
+            self._at, self._off = len(self._chunks) - 1, 0
+
+    def holds(self, a: Any) -> bool:
+        """Whether every byte of ``a`` (a NumPy array) lies inside one of the arena's chunks."""
+        if not isinstance(a, np.ndarray):
+            return False
+        lo, hi = np.lib.array_utils.byte_bounds(a)
+        for c in self._chunks:
+            base = c.ctypes.data
+            if base <= lo and hi <= base + c.nbytes:
+                return True
+        return False
+
+    def place(self, a: Any) -> Any:
+        """``a`` itself if the arena holds it, else a copy in the arena (one read of ``a``)."""
+        if a is None or self.holds(a):
+            return a
+        from specbind.runtime.ops import populate
+
+        out = self.empty(a.shape, a.dtype)
+        populate(a)  # a view of the map: its pages mapped in one call, not faulted one by one
+        np.copyto(out, a)
+        return out
+
+    def reset(self) -> None:
+        """Hand out the arena's bytes again from the start (see the trap above)."""
+        self._at, self._off, self.used = 0, 0, 0

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from specbind.core.errors import BindError, SpecbindError
 from specbind.core.ir import FieldRule
 from specbind.core.planning import Ranks
-from specbind.runtime.backends import NUMPY, Backend
+from specbind.runtime.backends import NUMPY, Arena, Backend
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.checks import BindReport
 from specbind.runtime.config import config_flags, values_from_config
@@ -27,6 +27,7 @@ from specbind.runtime.model import (
     BlockEntry,
     ModelTable,
     Weights,
+    map_arrays,
 )
 from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.quant import OUTPUTS as QUANT_OUTPUTS
@@ -151,6 +152,7 @@ def bind_checkpoint(
     mtp: bool = True,
     quant_outputs: Collection[str] = (),
     sink: Sink | None = None,
+    into: Arena | None = None,
 ) -> BindResult:
     """Bind every tensor (or, when ``kinds`` names blocks, those blocks' slots only; the whole
     layout is still checked, so an unknown or unclaimed tensor is refused either way).
@@ -166,8 +168,21 @@ def bind_checkpoint(
     any tensor is read; each slot goes to ``sink.slot`` as soon as it is bound, then its
     weights are dropped from the result (its report stays) and the map pages of the layer's
     source tensors are released, so memory holds one slot's output at a time, not the rank's.
+
+    With ``into`` (an ``Arena``: the caller's host memory) every field of the result lies in
+    the arena: the ops write the fields they make there, and each field that would be a view of
+    the mapped checkpoint is copied in once. Each byte of the rank is written once, where the
+    caller wants it; a streaming bind (``sink``) keeps no field, so the two are refused together.
     """
     t0 = time.perf_counter()
+    if into is not None and sink is not None:
+        raise BindError(
+            "into=Arena keeps every field; a streaming bind (--out, report-only) keeps none"
+        )
+    if into is not None and backend.device:
+        raise BindError(
+            f"into=Arena holds host memory; the {backend.name} backend binds on the device"
+        )
     ranks = Ranks(tp_size, tp_rank, ep_size, ep_rank)
     values = values_from_config(table, ckpt.config, overrides)
     geometry = table.make_geometry(values)
@@ -207,7 +222,7 @@ def bind_checkpoint(
             src: TensorSource = LayerSource(view, full, fill.names)
             lq = quant[(lay_layer.index, slot)]
             bound.slots[slot] = _bind_one(
-                fill.block, slot, geometry, ranks, lay_layer.index, src, backend, flags, lq
+                fill.block, slot, geometry, ranks, lay_layer.index, src, backend, flags, lq, into
             )
             if sink is not None:
                 where = f"layers.{lay_layer.index}.{slot}"
@@ -221,7 +236,7 @@ def bind_checkpoint(
     if glob_block is not None and (kinds is None or glob_block.name in kinds):
         gsrc = GlobalSource(view, lay.globals)
         glob = _bind_one(
-            glob_block, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags, None
+            glob_block, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags, None, into
         )
         if sink is not None:
             glob = _handed(sink, "globals", glob)
@@ -318,10 +333,13 @@ def _bind_one(
     backend: Backend,
     flags: Mapping[str, bool],
     quant: LayerQuant | None,
+    into: Arena | None = None,
 ) -> SlotResult:
     where = f"layer {index}" if index >= 0 else "model"
     try:
-        weights, report = block.bind(geometry, ranks, index, src, backend, flags, quant)
+        weights, report = block.bind(geometry, ranks, index, src, backend, flags, quant, into)
+        if into is not None:  # what the ops did not make in the arena: views of the map
+            weights = map_arrays(weights, lambda _, a: into.place(a))
     except SpecbindError as e:
         if str(e).startswith(f"{where}: "):
             raise

@@ -40,6 +40,29 @@ class Weights(Protocol):
     def arrays(self) -> dict[str, Array]: ...
 
 
+def map_arrays(weights: Any, fn: Callable[[str, Any], Any]) -> Any:
+    """``weights`` (a generated ``<Block>Weights``) with every array replaced by ``fn(field,
+    array)``: each bound field, and each companion of a quantized field, by its name in
+    ``arrays()``. An absent optional field stays absent."""
+    import dataclasses
+
+    from specbind.runtime.quant import QuantFields
+
+    if not dataclasses.is_dataclass(weights) or isinstance(weights, type):
+        return weights  # a streamed slot's weights: none kept
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(weights):
+        v = getattr(weights, f.name)
+        if v is None:
+            continue
+        if isinstance(v, QuantFields):  # quantized fields' companions, by field name
+            arrays = {k: fn(k, a) for k, a in v.arrays.items()}
+            changes[f.name] = dataclasses.replace(v, arrays=arrays)
+        else:
+            changes[f.name] = fn(f.name, v)
+    return dataclasses.replace(weights, **changes)
+
+
 class Binder(Protocol):
     """A generated block module's ``bind_<block>``: this rank's weights and the report."""
 
@@ -53,6 +76,7 @@ class Binder(Protocol):
         ep_rank: int,
         flags: Mapping[str, bool],
         quant: LayerQuant | None,
+        into: Any = None,
         /,
     ) -> tuple[Weights, BindReport]: ...
 
@@ -116,11 +140,13 @@ class BlockEntry(Generic[G]):
         backend: Backend,
         flags: Mapping[str, bool],
         quant: LayerQuant | None,
+        into: Any = None,
     ) -> tuple[Weights, BindReport]:
-        """This rank's weights of one layer's slot, and the report."""
+        """This rank's weights of one layer's slot, and the report. ``into``: an ``Arena``
+        the ops write the fields they make into (the caller copies in the rest)."""
         return self.binder(
             self.geometry(g, ranks), layer, source, ranks.tp_rank, backend, ranks.ep_rank,
-            flags, quant,
+            flags, quant, into,
         )  # fmt: skip
 
     def shapes(self, g: G) -> dict[str, tuple[int, ...]]:

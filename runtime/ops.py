@@ -13,6 +13,9 @@ Invariants:
 - ``contract`` spreads a batch over ``threads()`` Python threads (``SPECBIND_THREADS``, default
   the usable cores) and runs every BLAS call single-threaded (``single_threaded_blas``), only
   while it works: the caller's BLAS setting is back when it returns.
+``into``: the ops that make a field (permute, scale, cast, concat, stack, contract) write
+their result into the caller's memory when handed an ``Arena`` (``runtime.backends``), else
+into a new array; the bytes are the same either way.
 ``stats`` counts the multiply-adds and operand elements a contraction used, so tests can show
 that a rank multiplies only its own heads.
 """
@@ -145,12 +148,23 @@ def take(a: Array, axis: int, start: int, stop: int, what: str) -> Array:
     return a[tuple(index)]
 
 
-def permute(a: Array, axes: tuple[int, ...], what: str) -> Array:
+def _empty(shape: tuple[int, ...], dtype: Any, into: Any) -> Array:
+    """A result's memory: inside ``into`` (an ``Arena``) when one is given, else its own."""
+    out: Array = np.empty(shape, dtype=dtype) if into is None else into.empty(shape, dtype)
+    return out
+
+
+def permute(a: Array, axes: tuple[int, ...], what: str, into: Any = None) -> Array:
     """The axes reordered (``axes[i]`` is the source axis of result axis i), in C order: a
     copy, so the result's bytes are the row-major layout a kernel reads."""
     if sorted(axes) != list(range(a.ndim)):
         raise BindError(f"{what}: cannot permute {list(a.shape)} by {list(axes)}")
-    return np.ascontiguousarray(a.transpose(axes))
+    if into is None:
+        return np.ascontiguousarray(a.transpose(axes))
+    moved = a.transpose(axes)
+    out = _empty(moved.shape, a.dtype, into)
+    np.copyto(out, moved)
+    return out
 
 
 def widen(a: Array) -> Array:
@@ -162,14 +176,24 @@ def widen(a: Array) -> Array:
     return a.astype(F32)
 
 
-def scale(a: Array, factor: float, dtype: str) -> Array:
+def scale(a: Array, factor: float, dtype: str, into: Any = None) -> Array:
     """``a`` widened to F32, times ``factor`` in F32, then cast to ``dtype`` (rounded once)."""
-    return cast(np.multiply(widen(a), np.float32(factor), dtype=F32), dtype)
+    return cast(np.multiply(widen(a), np.float32(factor), dtype=F32), dtype, into)
 
 
-def concat_squeeze(parts: Sequence[Array], axis: int, squeeze: int | None) -> Array:
+def concat_squeeze(
+    parts: Sequence[Array], axis: int, squeeze: int | None, into: Any = None
+) -> Array:
     """Concatenate along ``axis`` (order as given), then drop the singleton dim ``squeeze``."""
-    joined = np.concatenate(parts, axis=axis)
+    if into is None:
+        joined = np.concatenate(parts, axis=axis)
+    else:
+        shape = list(parts[0].shape)
+        shape[axis] = sum(p.shape[axis] for p in parts)
+        joined = _empty(tuple(shape), np.result_type(*parts), into)
+        for p in parts:
+            populate(p)
+        np.concatenate(parts, axis=axis, out=joined)
     if squeeze is None:
         return joined
     if joined.shape[squeeze] != 1:
@@ -177,7 +201,9 @@ def concat_squeeze(parts: Sequence[Array], axis: int, squeeze: int | None) -> Ar
     return joined.squeeze(axis=squeeze)  # [.., 1, ..] -> [.., ..]: same row-major bytes
 
 
-def stack(groups: Sequence[Sequence[Array]], axis: int, squeeze: int | None) -> Array:
+def stack(
+    groups: Sequence[Sequence[Array]], axis: int, squeeze: int | None, into: Any = None
+) -> Array:
     """One slice per family member on a new axis 0; member i is the concat of ``groups[j][i]``
     over the sources j along ``axis`` (then ``squeeze``), written straight into the result:
     each member's bytes are copied once, with no per-member temporary."""
@@ -194,9 +220,9 @@ def stack(groups: Sequence[Sequence[Array]], axis: int, squeeze: int | None) -> 
         del member[squeeze]
     if len(groups) == 1 and squeeze is None:
         run = stacked_run(groups[0])  # the members were gathered into one buffer, in order
-        if run is not None:
+        if run is not None and (into is None or into.holds(run)):
             return run
-    out = np.empty((n, *member), dtype=first[0].dtype)  # [n, *member shape]
+    out = _empty((n, *member), first[0].dtype, into)  # [n, *member shape]
     for i in range(n):
         dest = out[i] if squeeze is None else np.expand_dims(out[i], squeeze)  # a view
         parts = [g[i] for g in groups]
@@ -252,14 +278,25 @@ class Ops(Protocol):
 
     def view(self, a: Any, shape: tuple[int, ...], what: str) -> Array: ...
     def take(self, a: Any, axis: int, start: int, stop: int, what: str) -> Array: ...
-    def permute(self, a: Any, axes: tuple[int, ...], what: str) -> Array: ...
+    def permute(self, a: Any, axes: tuple[int, ...], what: str, into: Any = None) -> Array: ...
     def widen(self, a: Any) -> Array: ...
-    def scale(self, a: Any, factor: float, dtype: str) -> Array: ...
-    def cast(self, a: Any, dtype: str) -> Array: ...
-    def concat_squeeze(self, parts: Sequence[Any], axis: int, squeeze: int | None) -> Array: ...
-    def stack(self, groups: Sequence[Sequence[Any]], axis: int, squeeze: int | None) -> Array: ...
+    def scale(self, a: Any, factor: float, dtype: str, into: Any = None) -> Array: ...
+    def cast(self, a: Any, dtype: str, into: Any = None) -> Array: ...
+    def concat_squeeze(
+        self, parts: Sequence[Any], axis: int, squeeze: int | None, into: Any = None
+    ) -> Array: ...
+    def stack(
+        self, groups: Sequence[Sequence[Any]], axis: int, squeeze: int | None, into: Any = None
+    ) -> Array: ...
     def contract(
-        self, a: Any, b: Any, *, einsum: str, dtype: str, factor: float | None = None
+        self,
+        a: Any,
+        b: Any,
+        *,
+        einsum: str,
+        dtype: str,
+        factor: float | None = None,
+        into: Any = None,
     ) -> Array: ...
     # Quantized checkpoints (formulas and traps in runtime/quant_numerics.py), BF16 results.
     # NVFP4: ``divide`` picks compressed-tensors' scale / global (else ModelOpt's scale *
@@ -282,11 +319,15 @@ class Ops(Protocol):
     def swizzle_blockscale(self, scale: Any) -> Array: ...
 
 
-def cast(a: Array, dtype: str) -> Array:
+def cast(a: Array, dtype: str, into: Any = None) -> Array:
     """To ``dtype`` in C order; BF16 rounds to nearest even (ml_dtypes), NaN stays NaN."""
     np_dtype = DTYPES[dtype].numpy
     assert np_dtype is not None
-    return a.astype(np_dtype, order="C")
+    if into is None:
+        return a.astype(np_dtype, order="C")
+    out = _empty(a.shape, np_dtype, into)
+    np.copyto(out, a, casting="unsafe")  # the same conversion loop as astype
+    return out
 
 
 Dims = tuple[int, ...]
@@ -303,7 +344,15 @@ def matmul_dims(
     return (bs, ls, cs, rs), sizes
 
 
-def contract(a: Array, b: Array, *, einsum: str, dtype: str, factor: float | None = None) -> Array:
+def contract(
+    a: Array,
+    b: Array,
+    *,
+    einsum: str,
+    dtype: str,
+    factor: float | None = None,
+    into: Any = None,
+) -> Array:
     """``einsum`` lowered to ``matmul`` of [B, L, C] by [B, C, R], then scale and cast.
 
     ``einsum`` is the spec's own text (``"hrc,hrk->hck"``); :func:`core.einsum.lower` gives the
@@ -326,7 +375,7 @@ def contract(a: Array, b: Array, *, einsum: str, dtype: str, factor: float | Non
     out_shape = tuple(mid_shape[i] for i in perm_out)
     np_dtype = DTYPES[dtype].numpy
     assert np_dtype is not None
-    result = np.empty(out_shape, dtype=np_dtype)
+    result = _empty(out_shape, np_dtype, into)
     inverse = tuple(int(i) for i in np.argsort(perm_out))
     # [out letters] -> [B, L, R]: a view of `result` when each group has at most one letter
     mid = result.transpose(inverse).reshape(nbatch, nleft, nright)

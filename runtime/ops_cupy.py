@@ -59,8 +59,15 @@ def take(a: Any, axis: int, start: int, stop: int, what: str) -> Any:
     return out.reshape(*a.shape[:axis], stop - start, *a.shape[axis + 1 :])  # back to rank n
 
 
-def permute(a: Any, axes: tuple[int, ...], what: str) -> Any:
+def _host_only(into: Any) -> None:
+    """``into`` is an ``Arena`` of host memory: a device bind has nowhere in it to write."""
+    if into is not None:
+        raise BindError("into=Arena holds host memory; the cupy backend binds on the device")
+
+
+def permute(a: Any, axes: tuple[int, ...], what: str, into: Any = None) -> Any:
     """The axes reordered, materialised in C order on the device."""
+    _host_only(into)
     if sorted(axes) != list(range(a.ndim)):
         raise BindError(f"{what}: cannot permute {list(a.shape)} by {list(axes)}")
     return _cp().ascontiguousarray(a.transpose(axes))
@@ -76,7 +83,8 @@ def widen(a: Any) -> Any:
     raise BindError(f"refusing to compute on {a.dtype} on the device")
 
 
-def cast(a: Any, dtype: str) -> Any:
+def cast(a: Any, dtype: str, into: Any = None) -> Any:
+    _host_only(into)
     cp = _cp()
     if dtype == "BF16":
         return a.copy() if _bf16(a) else kernels.narrow_f32_bf16(cp.ascontiguousarray(widen(a)))
@@ -85,14 +93,16 @@ def cast(a: Any, dtype: str) -> Any:
     raise BindError(f"the CuPy backend casts to BF16 or F32, not {dtype}")
 
 
-def scale(a: Any, factor: float, dtype: str) -> Any:
+def scale(a: Any, factor: float, dtype: str, into: Any = None) -> Any:
+    _host_only(into)
     cp = _cp()
     if _bf16(a) and dtype == "BF16":
         return kernels.scale_bf16(cp.ascontiguousarray(a), factor)  # widen, scale, narrow: one pass
     return cast(widen(a) * cp.float32(factor), dtype)
 
 
-def concat_squeeze(parts: Sequence[Any], axis: int, squeeze: int | None) -> Any:
+def concat_squeeze(parts: Sequence[Any], axis: int, squeeze: int | None, into: Any = None) -> Any:
+    _host_only(into)
     cp = _cp()
     fn = getattr(kernels, f"concat_rows_{len(parts)}_b{parts[0].dtype.itemsize}", None)
     joined = (
@@ -107,9 +117,10 @@ def concat_squeeze(parts: Sequence[Any], axis: int, squeeze: int | None) -> Any:
     return joined.squeeze(axis=squeeze)  # [.., 1, ..] -> [.., ..]: same bytes
 
 
-def stack(groups: Sequence[Sequence[Any]], axis: int, squeeze: int | None) -> Any:
+def stack(groups: Sequence[Sequence[Any]], axis: int, squeeze: int | None, into: Any = None) -> Any:
     """As :func:`runtime.ops.stack`, on the device: one slice per family member on axis 0; at
     most one member's temporary lives beside the result."""
+    _host_only(into)
     cp = _cp()
     n = len(groups[0])
     if n == 0 or any(len(g) != n for g in groups):
@@ -122,8 +133,17 @@ def stack(groups: Sequence[Sequence[Any]], axis: int, squeeze: int | None) -> An
     return out
 
 
-def contract(a: Any, b: Any, *, einsum: str, dtype: str, factor: float | None = None) -> Any:
+def contract(
+    a: Any,
+    b: Any,
+    *,
+    einsum: str,
+    dtype: str,
+    factor: float | None = None,
+    into: Any = None,
+) -> Any:
     """``einsum`` as cuBLAS batched GEMM in F32: [B, L, C] @ [B, C, R], then scale and cast."""
+    _host_only(into)
     cp = _cp()
     low = lower(einsum, (a.ndim, b.ndim))
     at, bt = widen(a).transpose(low.perm_a), widen(b).transpose(low.perm_b)

@@ -101,7 +101,7 @@ class ShapeOps:
             )
         return Shaped(tuple(shape), a.dtype)
 
-    def permute(self, a: Shaped, axes: tuple[int, ...], what: str) -> Shaped:
+    def permute(self, a: Shaped, axes: tuple[int, ...], what: str, into: Any = None) -> Shaped:
         if sorted(axes) != list(range(a.ndim)):
             raise BindError(f"{what}: cannot permute {list(a.shape)} by {list(axes)}")
         return Shaped(tuple(a.shape[i] for i in axes), a.dtype)
@@ -119,16 +119,24 @@ class ShapeOps:
     def widen(self, a: Shaped) -> Shaped:
         return Shaped(a.shape, "F32")
 
-    def scale(self, a: Shaped, factor: float, dtype: str) -> Shaped:
+    def scale(self, a: Shaped, factor: float, dtype: str, into: Any = None) -> Shaped:
         return Shaped(a.shape, dtype)
 
-    def cast(self, a: Shaped, dtype: str) -> Shaped:
+    def cast(self, a: Shaped, dtype: str, into: Any = None) -> Shaped:
         return Shaped(a.shape, dtype)
 
-    def concat_squeeze(self, parts: Sequence[Shaped], axis: int, squeeze: int | None) -> Shaped:
+    def concat_squeeze(
+        self, parts: Sequence[Shaped], axis: int, squeeze: int | None, into: Any = None
+    ) -> Shaped:
         return Shaped(tuple(_squeezed(_joined(parts, axis), squeeze)), parts[0].dtype)
 
-    def stack(self, groups: Sequence[Sequence[Shaped]], axis: int, squeeze: int | None) -> Shaped:
+    def stack(
+        self,
+        groups: Sequence[Sequence[Shaped]],
+        axis: int,
+        squeeze: int | None,
+        into: Any = None,
+    ) -> Shaped:
         n = len(groups[0])
         if n == 0 or any(len(g) != n for g in groups):
             raise BindError(f"cannot stack {[len(g) for g in groups]} members")
@@ -136,7 +144,14 @@ class ShapeOps:
         return Shaped((n, *member), groups[0][0].dtype)
 
     def contract(
-        self, a: Shaped, b: Shaped, *, einsum: str, dtype: str, factor: float | None = None
+        self,
+        a: Shaped,
+        b: Shaped,
+        *,
+        einsum: str,
+        dtype: str,
+        factor: float | None = None,
+        into: Any = None,
     ) -> Shaped:
         low = lower(einsum, (a.ndim, b.ndim))
         at = tuple(a.shape[i] for i in low.perm_a)

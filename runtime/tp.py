@@ -190,12 +190,16 @@ class ShardedSource:
     bytes plus one column shard being gathered. The column shards of a family's members (the
     experts' ``down_proj``) are gathered into one buffer, member k in slot k of this rank's
     member order, so the stack that joins them is the buffer itself, not a second copy.
+    With ``into`` (an ``Arena``: the caller's memory a bind writes every field into) those
+    buffers and every other column shard are gathered there, so a field read verbatim or
+    stacked from them is not copied a second time.
     """
 
-    def __init__(self, inner: TensorSource, plan: BlockPlan, layer: int) -> None:
+    def __init__(self, inner: TensorSource, plan: BlockPlan, layer: int, into: Any = None) -> None:
         self._inner = inner
         self.plan = plan
         self._layer = layer
+        self._into = into
         self._slots: dict[str, dict[str, int]] = {}  # family pattern -> member name -> slot
         self._buffers: dict[str, npt.NDArray[np.uint8]] = {}  # family pattern -> its buffer
 
@@ -211,12 +215,16 @@ class ShardedSource:
 
     def _slot(self, p: TensorPlan, t: RawTensor, name: str) -> npt.NDArray[np.uint8] | None:
         """This member's slot of its family's buffer, for a column shard read at its planned
-        dtype; None for anything else (it is gathered, or viewed, on its own)."""
+        dtype; with an arena, room in it for any other column shard; None for anything else
+        (it is gathered, or viewed, on its own)."""
         if p.kind == "replicated" or p.axis == 0 or t.span is None or t.dtype != p.dtype:
             return None
         fam = parts(p.pattern)[1]
         if fam is None or self.plan.members is None or fam not in self.plan.members:
-            return None
+            if self._into is None or p.local_shape == p.full_shape or p.members is not None:
+                return None
+            room: npt.NDArray[np.uint8] = self._into.empty((p.local_bytes,), np.uint8)
+            return room
         slots = self._slots.get(p.pattern)
         if slots is None:
             order = self.plan.members[fam]
@@ -227,7 +235,12 @@ class ShardedSource:
             return None
         buf = self._buffers.get(p.pattern)
         if buf is None:
-            buf = np.empty((len(slots), p.local_bytes), dtype=np.uint8)  # [members, local B]
+            shape = (len(slots), p.local_bytes)  # [members, local B]
+            buf = (
+                np.empty(shape, np.uint8)
+                if self._into is None
+                else self._into.empty(shape, np.uint8)
+            )
             self._buffers[p.pattern] = buf
             _FAMILY_BUFFERS[buf.ctypes.data] = buf
         row: npt.NDArray[np.uint8] = buf[k]  # member k's local bytes: a view

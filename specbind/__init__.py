@@ -12,12 +12,15 @@ The API::
     m.layers[3].slots["mlp"].tensors["w13"]  # [experts_r, 2·expert_intermediate_r, hidden]
     m.globals.tensors["lm_head"] if m.globals else None
     specbind.open_bound("rank-0.safetensors", tp_rank=0)  # a `bind --out` file loaded back
+    ck.bind(into=specbind.Arena())  # every field in one host arena, each byte written once
 
 Everything installs under this one namespace: ``specbind.core`` (spec IR, shape algebra,
 planning), ``specbind.generator``, ``specbind.generated``, ``specbind.runtime``, plus the specs,
 templates and kernel sources as package data. In the repository those folders sit at the top
 level and ``specbind/`` links to them; the wheel holds real copies.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from specbind.api import (
     BoundLayer,
@@ -29,7 +32,11 @@ from specbind.api import (
 )
 from specbind.runtime.bind_options import BindOptions
 
+if TYPE_CHECKING:
+    from specbind.runtime.backends import Arena
+
 __all__ = [
+    "Arena",
     "BindOptions",
     "BoundLayer",
     "BoundModel",
@@ -38,3 +45,14 @@ __all__ = [
     "open",
     "open_bound",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``specbind.Arena`` on first use: importing it loads NumPy, which ``import specbind``
+    does not."""
+    if name == "Arena":
+        from specbind.runtime.backends import Arena
+
+        return Arena
+    raise AttributeError(f"module 'specbind' has no attribute {name!r}")
+

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
     import torch
 
+    from specbind.runtime.backends import Arena
     from specbind.runtime.bind import BindResult
     from specbind.runtime.checkpoint import CheckpointDir
     from specbind.runtime.checks import BindReport
@@ -161,6 +162,7 @@ class Checkpoint:
         quant_output: str | Sequence[str] | None = ...,
         allow_unshared_scales: bool | None = ...,
         mtp: bool | None = ...,
+        into: Arena | None = ...,
     ) -> BoundModel[npt.NDArray[Any]]: ...
 
     @overload
@@ -178,6 +180,7 @@ class Checkpoint:
         quant_output: str | Sequence[str] | None = ...,
         allow_unshared_scales: bool | None = ...,
         mtp: bool | None = ...,
+        into: Arena | None = ...,
     ) -> BoundModel[torch.Tensor]: ...
 
     @overload
@@ -195,6 +198,7 @@ class Checkpoint:
         quant_output: str | Sequence[str] | None = ...,
         allow_unshared_scales: bool | None = ...,
         mtp: bool | None = ...,
+        into: Arena | None = ...,
     ) -> BoundModel[Any]: ...
 
     def bind(
@@ -211,6 +215,7 @@ class Checkpoint:
         quant_output: str | Sequence[str] | None = None,
         allow_unshared_scales: bool | None = None,
         mtp: bool | None = None,
+        into: Arena | None = None,
     ) -> BoundModel[Any]:
         """Bind this rank's share of every tensor.
 
@@ -224,6 +229,10 @@ class Checkpoint:
         one); for ``torch``, where the tensors live: ``None``/``"cpu"`` binds with NumPy and
         shares host memory; ``"cuda[:N]"`` binds with CuPy when it is installed and hands the
         device arrays to torch through DLPack, else binds on the host and copies once.
+
+        ``into``: an ``Arena`` (``specbind.Arena()``, host memory) every field is bound into,
+        each byte written once: a stacked or computed field is made there, a field that would
+        be a view of the mapped checkpoint is copied there (numpy, or torch on the host).
         """
         from specbind.core.errors import SpecbindError
         from specbind.runtime import backends
@@ -250,7 +259,7 @@ class Checkpoint:
         with _cuda_device(device if engine == "cupy" else None):
             result = bind_checkpoint(
                 self._raw, self._table, self.overrides, tp_size, tp_rank, backend=be,
-                ep_size=ep_size, ep_rank=ep_rank, **opts.bind_kwargs(),
+                ep_size=ep_size, ep_rank=ep_rank, into=into, **opts.bind_kwargs(),
             )  # fmt: skip
         convert = _converter(backend, device)
         layers = [
@@ -472,22 +481,8 @@ def _converter(backend: str, device: str | None) -> Any:
 
 
 def _slot(s: Any, convert: Any) -> BoundSlot[Any]:
-    import dataclasses
-
-    from specbind.runtime.quant import QuantFields
+    from specbind.runtime.model import map_arrays
 
     dtypes = {name: s.fields[name].dtype for name in s.weights.arrays()}
-    weights = s.weights
-    if dataclasses.is_dataclass(weights) and not isinstance(weights, type):
-        changes: dict[str, Any] = {}
-        for f in dataclasses.fields(weights):
-            v = getattr(weights, f.name)
-            if v is None:
-                continue
-            if f.name in dtypes:
-                changes[f.name] = convert(v, dtypes[f.name])
-            elif isinstance(v, QuantFields):  # quantized fields' companions, by field name
-                converted = {k: convert(a, dtypes[k]) for k, a in v.arrays.items()}
-                changes[f.name] = dataclasses.replace(v, arrays=converted)
-        weights = dataclasses.replace(weights, **changes)
+    weights = map_arrays(s.weights, lambda name, a: convert(a, dtypes[name]))
     return BoundSlot(s.slot, s.block, weights, weights.arrays(), dtypes, s.report)

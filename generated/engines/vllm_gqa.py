@@ -272,6 +272,7 @@ def bind_gqa(
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
+    into: Any = None,
 ) -> tuple[GqaWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -284,7 +285,7 @@ def bind_gqa(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
@@ -301,7 +302,7 @@ def bind_gqa(
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    return assemble(g, layer, t, p, backend.ops, quant), report
+    return assemble(g, layer, t, p, backend.ops, quant, into), report
 
 
 def assemble(
@@ -311,11 +312,13 @@ def assemble(
     p: BlockPlan,
     ops: Any,
     quant: LayerQuant | None,
+    into: Any = None,
 ) -> GqaWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_gqa`` passes the uploaded arrays and its
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out."""
+    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
+    where the ops write each field they make; the caller copies in what they do not."""
     return GqaWeights(
         # [heads_r * head_dim, hidden] + [kv_heads_r * head_dim, hidden] + [kv_heads_r * head_dim, hidden] -> [heads_r * head_dim + kv_heads_r * head_dim + kv_heads_r * head_dim, hidden]: q_proj.weight, k_proj.weight, v_proj.weight, each this rank's share, in order
         qkv_proj=ops.concat_squeeze(
@@ -326,6 +329,7 @@ def assemble(
             ),
             axis=0,
             squeeze=None,
+            into=into,
         ),
         o_proj=t["self_attn.o_proj.weight"],
         q_norm=t.get("self_attn.q_norm.weight"),

@@ -298,6 +298,7 @@ def bind_mla_lora(
     ep_rank: int = 0,
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
+    into: Any = None,
 ) -> tuple[MlaLoraWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -310,7 +311,7 @@ def bind_mla_lora(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    sharded = ShardedSource(inner=src, plan=p, layer=layer)
+    sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
         layer=layer,
@@ -327,7 +328,7 @@ def bind_mla_lora(
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
-    return assemble(g, layer, t, p, backend.ops, quant), report
+    return assemble(g, layer, t, p, backend.ops, quant, into), report
 
 
 def assemble(
@@ -337,11 +338,13 @@ def assemble(
     p: BlockPlan,
     ops: Any,
     quant: LayerQuant | None,
+    into: Any = None,
 ) -> MlaLoraWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_mla_lora`` passes the uploaded arrays and its
     backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out."""
+    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
+    where the ops write each field they make; the caller copies in what they do not."""
     return MlaLoraWeights(
         # [q_lora_rank, hidden] + [kv_lora_rank + qk_rope_head_dim, hidden] -> [q_lora_rank + (kv_lora_rank + qk_rope_head_dim), hidden]: q_a_proj.weight, kv_a_proj_with_mqa.weight, each this rank's share, in order
         fused_qkv_a_proj=ops.concat_squeeze(
@@ -351,6 +354,7 @@ def assemble(
             ),
             axis=0,
             squeeze=None,
+            into=into,
         ),
         q_a_layernorm=t["self_attn.q_a_layernorm.weight"],
         q_b_proj=t["self_attn.q_b_proj.weight"],

@@ -1,0 +1,131 @@
+"""Binding into the caller's memory (``into=Arena``): every field of the result lies in the
+arena, equals the plain bind's field byte for byte, and each field an op makes (a stack, a
+concat, an absorb) is made there, not copied in afterwards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import TINY
+
+import specbind
+from specbind.core.errors import BindError
+from specbind.generated import MODELS
+from specbind.runtime.backends import Arena, Backend
+from specbind.runtime.bind import ReportOnly, bind_checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
+from specbind.synth import synth
+
+TABLE = MODELS["glm-5.3-flash"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("arena") / "ck"
+    synth(TABLE, out, dict(TINY), layers=8, seed=5)
+    return out
+
+
+def _bind(ckpt: Path, tp: int, rank: int, ep: int = 1, into: Arena | None = None) -> Any:
+    return bind_checkpoint(
+        CheckpointDir(ckpt), TABLE, tp_size=tp, tp_rank=rank, ep_size=ep, progress=False,
+        into=into,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("tp", "rank", "ep"), [(1, 0, 1), (2, 1, 1), (4, 3, 2)])
+def test_every_field_bound_into_an_arena_lies_in_it_and_equals_the_plain_bind(
+    ckpt: Path, tp: int, rank: int, ep: int
+) -> None:
+    arena = Arena(chunk_bytes=1 << 16)  # small chunks: fields spread over many
+    got = _bind(ckpt, tp, rank, ep, arena).fields()
+    want = _bind(ckpt, tp, rank, ep).fields()
+    assert got.keys() == want.keys()
+    for name, (_, a) in got.items():
+        b = want[name][1]
+        assert arena.holds(a), name
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        assert a.tobytes() == b.tobytes(), name
+    assert arena.used >= sum(a.nbytes for _, a in got.values())
+
+
+def test_stacks_concats_and_absorbs_are_made_in_the_arena_and_only_views_are_copied_in(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copied: list[Any] = []
+    place = Arena.place
+
+    def spy(self: Arena, a: Any) -> Any:
+        if a is not None and not self.holds(a):
+            copied.append(a)
+        return place(self, a)
+
+    monkeypatch.setattr(Arena, "place", spy)
+    arena = Arena()
+    result = _bind(ckpt, 2, 0, 1, arena)
+    made = {"w13", "w2", "q_absorb", "o_absorb", "shared_gate_up"}
+    seen = set()
+    for layer in result.layers:
+        for slot in layer.slots.values():
+            for name, rule in slot.fields.items():
+                if name in made and name in slot.weights.arrays():
+                    seen.add(name)
+                    assert rule.kind != "verbatim", name
+    assert seen == made  # the tiny model has every kind of made field
+    # what the sweep copied in were views of the map (read-only), never an op's own result
+    assert copied and all(not a.flags.writeable for a in copied)
+
+
+def test_a_stacked_column_shard_family_is_gathered_straight_into_the_arena(ckpt: Path) -> None:
+    arena = Arena()
+    result = _bind(ckpt, 2, 1, 1, arena)
+    moe = next(s for x in result.layers for s in x.slots.values() if s.block == "moe")
+    w2 = moe.weights.w2  # [experts, hidden, expert_intermediate_r]: columns of down_proj
+    used_before = arena.used
+    again = arena.place(w2)
+    assert again is w2 and arena.used == used_before  # already there: no second copy
+
+
+def test_reset_hands_the_same_bytes_out_again_without_growing(ckpt: Path) -> None:
+    arena = Arena()
+    first = _bind(ckpt, 2, 0, 1, arena).fields()
+    size, used = arena.nbytes, arena.used
+    addresses = [a.ctypes.data for _, a in first.values()]
+    del first
+    arena.reset()
+    second = _bind(ckpt, 2, 0, 1, arena).fields()
+    assert arena.nbytes == size and arena.used == used
+    assert [a.ctypes.data for _, a in second.values()] == addresses
+
+
+def test_an_arena_is_refused_with_a_streaming_sink_and_on_a_device_backend(ckpt: Path) -> None:
+    with pytest.raises(BindError, match="streaming bind"):
+        bind_checkpoint(CheckpointDir(ckpt), TABLE, progress=False, into=Arena(), sink=ReportOnly())
+    device = Backend("cupy", np, device=True)  # type: ignore[arg-type]
+    with pytest.raises(BindError, match="binds on the device"):
+        bind_checkpoint(CheckpointDir(ckpt), TABLE, progress=False, into=Arena(), backend=device)
+
+
+def test_arena_arrays_are_aligned_and_a_bad_chunk_size_is_refused() -> None:
+    arena = Arena(chunk_bytes=1000)
+    a = arena.empty((3,), np.uint8)
+    b = arena.empty((5, 7), np.float32)  # 140 B: fits the first chunk after alignment
+    c = arena.empty((400,), np.float32)  # 1600 B: a chunk of its own
+    for x in (a, b, c):
+        assert x.ctypes.data % 64 == 0 and x.flags.c_contiguous and arena.holds(x)
+    assert not arena.holds(np.empty(4)) and not arena.holds([1, 2])
+    assert arena.holds(b[1:3]) and arena.used == 3 + 140 + 1600
+    with pytest.raises(BindError, match="chunk_bytes"):
+        Arena(chunk_bytes=0)
+
+
+def test_the_api_binds_into_an_arena(ckpt: Path) -> None:
+    arena = specbind.Arena()
+    m = specbind.open(ckpt).bind(tp_size=2, tp_rank=1, into=arena)
+    want = _bind(ckpt, 2, 1).fields()
+    got = m.tensors()
+    assert got.keys() == want.keys()
+    assert all(arena.holds(a) and a.tobytes() == want[k][1].tobytes() for k, a in got.items())
