@@ -55,4 +55,3 @@ def __getattr__(name: str) -> Any:
 
         return Arena
     raise AttributeError(f"module 'specbind' has no attribute {name!r}")
-
