@@ -228,6 +228,10 @@ class CheckpointDir:
         fn = self._where.get(name)
         return None if fn is None else self._files[fn].raw(name)
 
+    def file_of(self, name: str) -> str | None:
+        """The shard file (relative to ``root``) that holds ``name``, or None."""
+        return self._where.get(name)
+
     def release(self, names: Iterable[str]) -> None:
         """Drop this process's map pages of ``names`` (the page cache keeps them): a streaming
         bind calls it after each layer, so its RSS does not grow by every byte it has read.
