@@ -129,3 +129,14 @@ def test_the_api_binds_into_an_arena(ckpt: Path) -> None:
     got = m.tensors()
     assert got.keys() == want.keys()
     assert all(arena.holds(a) and a.tobytes() == want[k][1].tobytes() for k, a in got.items())
+
+
+def test_torch_on_the_host_shares_the_arena_and_copies_nothing_again(ckpt: Path) -> None:
+    torch = pytest.importorskip("torch")
+    arena = specbind.Arena()
+    m = specbind.open(ckpt).bind(tp_size=2, tp_rank=0, backend="torch", into=arena)
+    used = arena.used
+    for name, x in m.tensors().items():
+        assert isinstance(x, torch.Tensor) and x.is_contiguous(), name
+        assert arena.holds(x.view(torch.uint8).numpy()), name  # the arena's bytes, not a copy
+    assert arena.used == used
