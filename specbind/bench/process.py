@@ -14,7 +14,8 @@ a zero-copy view of the map counts only once copied), timed from start to exit, 
 - baseline (``BASELINE``): NumPy, ml_dtypes and ``baselines/vllm_style.py`` loaded by its path,
   so it pays none of specbind's imports (importing it as ``specbind.bench.baselines...`` would
   run ``specbind/__init__``); the blocks to load are handed to it; each block's fields go into
-  the arena as soon as the block is loaded, then are dropped.
+  the arena as soon as the block is loaded, then are dropped, and the map pages it read are
+  released (``Loader.release``), as the streaming bind releases each layer's.
 Memory: neither side holds two copies of the rank: peak is the arena plus one block (a 6.2 GB
 arena at tp 1 on the full-geometry slice). The arena (``ARENA``, the same code on both sides)
 is one buffer per block, each field at a 64-byte aligned offset.
@@ -92,6 +93,7 @@ spec.loader.exec_module(vllm_style)
 loader = vllm_style.Loader(Path({ckpt!r}))
 for i, block in {blocks!r}:
     arena.take(list(loader.load(block, i, {tp}, 0).values()))
+    loader.release()
 """
 
 # What each process prints: the bytes it copied into its arena, its peak RSS in MiB.
@@ -131,6 +133,8 @@ def check(
             got = loader.load(bound.block, index, tp, rank, ep, ep_rank)
             theirs = {f"{where}.{k}": v for k, v in got.items()}
             wide.update(check_equal(ours, theirs, computed_fields(table, [bound.block])))
+            del got, theirs
+            loader.release()
             blocks.append((index, bound.block))
             fields[0] += len(ours)
 

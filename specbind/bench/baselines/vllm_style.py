@@ -36,7 +36,7 @@ _DTYPES: dict[str, Any] = {
 
 
 class _Shard:
-    """One shard: its header (safetensors' JSON) and its data buffer as a read-only memmap.
+    """One shard: its header (safetensors' JSON) and its data buffer as a read-only map.
 
     Why not ``safe_open(framework="numpy").get_slice``: with safetensors 0.8 it cannot hand out
     BF16 (``TypeError: data type 'bfloat16' not understood``), and every weight here is BF16;
@@ -44,12 +44,22 @@ class _Shard:
 
     def __init__(self, path: Path) -> None:
         import json
+        import mmap
 
         with open(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
             self.head: dict[str, Any] = json.loads(f.read(n))
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.head.pop("__metadata__", None)
-        self.data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
+        self.data: Arr = np.frombuffer(self._map, dtype=np.uint8, offset=8 + n)
+
+    def release(self) -> None:
+        """Drop this process's pages of the map (the page cache keeps them; a later read maps
+        them again), as closing a ``safe_open`` handle does."""
+        import mmap
+
+        if hasattr(mmap, "MADV_DONTNEED"):  # Linux and most Unixes
+            self._map.madvise(mmap.MADV_DONTNEED)
 
     def view(self, name: str) -> Arr:
         t = self.head[name]
@@ -70,6 +80,12 @@ class Loader:
 
     def _slice(self, name: str) -> Arr:
         return self._files[self._where[name]].view(name)
+
+    def release(self) -> None:
+        """Drop the map pages read so far from this process's memory (between blocks, so a
+        whole-model load does not hold every page it has read)."""
+        for f in self._files.values():
+            f.release()
 
     def row_view(self, name: str, tp: int, rank: int) -> Arr:
         """This rank's rows of ``name`` as a view of the map (read when copied)."""
