@@ -81,3 +81,26 @@ def test_the_whole_process_row_refuses_sides_that_copied_different_bytes(
     monkeypatch.setattr(process, "BASELINE", skips_the_head)
     with pytest.raises(SpecbindError, match="copied out different byte counts"):
         process.row(ck, TABLE, 8, 1)
+
+
+def test_a_computed_field_is_compared_chunk_by_chunk_against_the_largest_magnitude_of_all() -> None:
+    import ml_dtypes
+
+    from specbind.bench import equal
+
+    want = np.linspace(-1.0, 1.0, 40).reshape(5, 8).astype(ml_dtypes.bfloat16)
+    got = want.copy()
+    got[4, 7] = np.nextafter(got[4, 7], np.inf)  # one BF16 ulp off, in the last chunk
+    got[0, 1] = want[0, 1] * (1 + 2**-6)  # several ulps, and far past 2**-16 of the max: refused
+    with pytest.raises(SpecbindError, match="more than 1 BF16 ulp"):
+        equal._beyond_one_ulp(got, want, "q_absorb", chunk=3)
+    got[0, 1] = want[0, 1]
+    tiny = np.zeros_like(want)
+    tiny[0, 0] = ml_dtypes.bfloat16(1.0)  # the largest magnitude, in the first chunk only:
+    near = tiny.copy()
+    near[3, 3] = ml_dtypes.bfloat16(2.0**-20)  # past 1 ulp of 0, within 2**-16 of that 1.0,
+    # which a per-chunk maximum (0 in this chunk) would refuse
+    assert equal._beyond_one_ulp(near, tiny, "q_absorb", chunk=3) == 1
+    assert equal._beyond_one_ulp(got, want, "q_absorb", chunk=3) == 0  # 1 ulp is not beyond
+    wide = equal.check_equal({"l.a.q_absorb": near}, {"l.a.q_absorb": tiny}, {"q_absorb"})
+    assert wide == {"l.a.q_absorb": 1}
