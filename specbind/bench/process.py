@@ -65,8 +65,12 @@ arena = Arena()
 """
 
 # The specbind side. Current API: a streaming bind whose sink copies each slot into the arena.
-# (To switch to a bind that writes every field straight into caller memory, replace this
-# string; it must leave ``arena.copied``, the bytes that ended in the process's memory.)
+# To switch to a bind that writes every field straight into caller memory, replace this string;
+# it must leave ``arena.copied``, the bytes of the rank's fields in the process's own memory
+# (a field that is not there must not count, so the byte check catches it), e.g.:
+#     into = Arena()   # the runtime's, not the class above
+#     r = bind_checkpoint(..., kinds={kinds!r}, progress=False, into=into)
+#     arena.copied = sum(a.nbytes for _, a in r.fields().values() if into.holds(a))
 SPECBIND = """
 from specbind.generated import MODELS
 from specbind.runtime.bind import bind_checkpoint

@@ -121,7 +121,9 @@ class Loader:
     def load(
         self, block: str, i: int, tp: int, rank: int, ep: int = 1, ep_rank: int = 0
     ) -> dict[str, Arr]:
-        """Layer ``i``'s ``block`` ("kda", "dsa" or "moe") at (tp, rank) and (ep, ep_rank)."""
+        """Layer ``i``'s ``block`` (a block name of the specs: "kda", "dsa", "moe", "dense",
+        "layer_norms", "mhc", "lm_globals" (``i`` unused), "mla", "mla_indexed", "gqa") at
+        (tp, rank) and (ep, ep_rank), its fields named as specbind names them."""
         if block == "moe":
             return self.moe(i, tp, rank, ep, ep_rank)
         # every other block is the same on each ep rank (vLLM: attention, dense MLPs, norms
