@@ -39,6 +39,13 @@ def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     assert fixed["specbind_min_s"] > 0 and fixed["floor_min_s"] > 0 and fixed["repeat"] == 1
     assert r["quick"] is True
     assert all(x["bytes"] > 0 for x in r["process_rows"])  # both sides copied out these bytes
+    whole = r["whole_rows"]  # every field of the slice, checked equal, then raced
+    assert [(x["tp"], x["part"], x["fields"]) for x in whole] == [
+        (1, "whole", 99),
+        (2, "whole", 99),
+    ]
+    assert all(w["bytes"] > a["bytes"] for w, a in zip(whole, r["process_rows"], strict=True))
+    assert all(x["specbind_min_s"] > 0 and x["baseline_min_s"] > 0 for x in whole)
     lim = r["limits"]
     assert [(x["tp"], x["ep"]) for x in lim["rank"]] == [(2, 2)]
     for x in [*lim["rank"], lim["out"]]:
@@ -52,13 +59,20 @@ def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     else:
         assert "runai-model-streamer is not installed" in runai["skipped"]
     assert "runai row skipped" in proc.stderr or runai_installed()
-    for step in ("attention tp 2:", "rank tp 2 x ep 2", "--out tp 2 x ep 2 vs dd", "planning"):
+    for step in (
+        "whole slice tp 2,",
+        "attention tp 2:",
+        "rank tp 2 x ep 2",
+        "--out tp 2 x ep 2 vs dd",
+        "planning",
+    ):
         assert f"]: {step}" in proc.stderr, step  # each slow step says what it does
     from specbind.bench import main as bench
 
     text = bench.render(r)
     assert "| 1 | 2 | " in text  # the text table has the ep row
     assert "| tp 2 x ep 2 |" in text and "dd conv=fdatasync" in text
+    assert "whole slice (every block, every field)" in text and "| 2 | 99 | " in text
 
 
 def runai_installed() -> bool:

@@ -4,6 +4,8 @@ On a cached full-geometry checkpoint slice (the first layers of the model, as fe
 block of its ``attention`` slot and an expert block of its ``mlp`` slot), on a warm page cache:
 
 - attention, for each tp (rank 0): every layer's ``attention`` slot;
+- whole slice and attention, each side a fresh process (``process``), for each tp (rank 0):
+  every block of the slice (the row issue #23's target reads), then the attention slot alone;
 - MoE, for each tp at ep 1 and each ep > 1 (of the same sizes) at tp 1 (ranks 0): the ``mlp``
   slot of the layers whose block has an expert family, alone (the dense MLPs of the other
   layers are written to the slice but not timed);
@@ -13,9 +15,11 @@ on a shared machine falls on all of them alike):
 - specbind: bind on the NumPy backend straight into a preallocated arena (``into=Arena``, the
   same arena every round, reset between them): each field made in it, each view of the map
   copied in, every byte of the rank written once, where the caller wants it;
-- baseline: ``baselines/vllm_style.py`` (safe_open + get_slice per tensor, NumPy for the rest),
-  then the same arena copy; its outputs are checked against specbind's before timing (byte for
-  byte, and within 1 BF16 ulp for a field the spec computes: the absorbs);
+- baseline: ``baselines/vllm_style.py`` (safe_open + get_slice per tensor, merged fields
+  copied into preallocated arrays, NumPy for the rest), then a copy of every field into the
+  arena, as vLLM's ``weight_loader`` copies each loaded tensor into its parameter; its outputs
+  are checked against specbind's before timing (byte for byte, and within 1 BF16 ulp for a
+  field the spec computes: the absorbs);
 - memcpy: a plain copy of the same shard bytes out of the page cache into a preallocated arena
   — the limit for a loader that moves this rank's bytes once and computes nothing — starting,
   as every loader does, with the files mapped afresh (map, copy, unmap: the kernel maps each
@@ -525,10 +529,13 @@ def run(
             say(f"MoE tp {tp} x ep {ep}: specbind, the vLLM-style loader, memcpy")
             moe_rows.append(measure(ckpt, table, "experts", tp, ep, repeat))
     n = process_repeats(repeat, quick)
-    process_rows = []
+    whole_rows, process_rows = [], []
+    for tp in tps:
+        say(f"whole slice tp {tp}, whole processes: specbind, the vLLM-style loader")
+        whole_rows.append(bench_process.row(ckpt, table, tp, n, "whole"))
     for tp in tps:
         say(f"attention tp {tp}, whole processes: specbind, the vLLM-style loader")
-        process_rows.append(bench_process.row(ckpt, table, tp, n))
+        process_rows.append(bench_process.row(ckpt, table, tp, n, "attention"))
     if rss:
         say("peak RSS, each method in its own process")
         add_rss(ckpt, rows + moe_rows)
@@ -558,6 +565,7 @@ def run(
         "repeat": repeat,
         "rows": rows,
         "moe_rows": moe_rows,
+        "whole_rows": whole_rows,
         "process_rows": process_rows,
         "moe_skipped": skipped,
         "absorb": absorb,
@@ -679,9 +687,17 @@ def render(r: dict[str, Any]) -> str:
             f"{x.get('copy_only_fraction_of_memcpy', float('nan')):.2f}", *_rss_cells(x),
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    if r.get("process_rows"):
-        from specbind.bench import process as bench_process
+    from specbind.bench import process as bench_process
 
+    if r.get("whole_rows"):
+        lines += [
+            "",
+            "whole slice (every block, every field), each side a whole fresh process (imports, "
+            "load, every byte copied into its own memory):",
+            "",
+        ]
+        lines += bench_process.render(r["whole_rows"])
+    if r.get("process_rows"):
         lines += ["", "attention, each side a whole fresh process (imports, load, copy out):", ""]
         lines += bench_process.render(r["process_rows"])
     lines += ["", "MoE (the slot of the expert blocks, expert layers only):", ""]

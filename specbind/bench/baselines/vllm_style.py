@@ -1,15 +1,21 @@
-"""The loader a vLLM user would write by hand for GLM-5.3-Flash attention and MoE (and Kimi
-Linear's and DeepSeek-V3.2's MLA, and grouped-query attention), as the baseline.
+"""The loader a vLLM user would write by hand for every block of the GLM-5.3-Flash slice
+(KDA and DSA attention, the dense and MoE MLPs, the layer norms, mHC, the embedding, final norm
+and LM head), Kimi Linear's and DeepSeek-V3.2's MLA and grouped-query attention, as the baseline.
 
 Per tensor, a slice of the shard's memmap copied out reads this rank's rows or columns (what
-``safe_open(...).get_slice(name)[...]`` and vLLM's sharded ``weight_loader`` do; NumPy only, no
-torch import), and NumPy does the rest: the conv concat, the MLA absorbs as batched matmuls
-over this rank's heads only, in F32, the scale, the casts;
-for the MoE, each of this ep rank's experts' gate and up rows and down columns for this tp
-rank, concatenated and stacked into w13 / w2 with ``np.concatenate`` / ``np.stack``, the shared
-experts merged the same way, the router and its bias verbatim. It knows the layer layout and
-vLLM's expert map by hand; it checks nothing. Its outputs are compared with specbind's before
-anything is timed.
+``safe_open(...).get_slice(name)`` and vLLM's sharded ``weight_loader`` do; NumPy only, no
+torch import, no specbind import: ``process`` loads this file by path), sharded as vLLM's
+layers shard: column-parallel linears by rows, row-parallel ones by columns, norms and mHC
+replicated, the embedding and head by vocabulary rows (``VocabParallelEmbedding`` /
+``ParallelLMHead``, without vLLM's padding of the vocabulary to a multiple of 64: specbind splits
+it evenly, and the two are compared). NumPy does the rest: the MLA absorbs as batched matmuls
+over this rank's heads only, in F32, the scale, the casts. A field merged from several
+tensors (the KDA conv, a dense or shared ``gate_up``, the MoE ``w13`` / ``w2``) is allocated
+once with ``np.empty`` and each source slice is copied straight from the map into its rows,
+as vLLM's ``MergedColumnParallelLinear`` and ``FusedMoE`` weight loaders copy into their
+preallocated parameters: no ``np.concatenate`` / ``np.stack`` of temporaries. It knows the
+layer layout and vLLM's expert map by hand; it checks nothing. Its outputs are compared with
+specbind's before anything is timed.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ _DTYPES: dict[str, Any] = {
 
 
 class _Shard:
-    """One shard: its header (safetensors' JSON) and its data buffer as a read-only memmap.
+    """One shard: its header (safetensors' JSON) and its data buffer as a read-only map.
 
     Why not ``safe_open(framework="numpy").get_slice``: with safetensors 0.8 it cannot hand out
     BF16 (``TypeError: data type 'bfloat16' not understood``), and every weight here is BF16;
@@ -38,12 +44,22 @@ class _Shard:
 
     def __init__(self, path: Path) -> None:
         import json
+        import mmap
 
         with open(path, "rb") as f:
             n = int.from_bytes(f.read(8), "little")
             self.head: dict[str, Any] = json.loads(f.read(n))
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.head.pop("__metadata__", None)
-        self.data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n)
+        self.data: Arr = np.frombuffer(self._map, dtype=np.uint8, offset=8 + n)
+
+    def release(self) -> None:
+        """Drop this process's pages of the map (the page cache keeps them; a later read maps
+        them again), as closing a ``safe_open`` handle does."""
+        import mmap
+
+        if hasattr(mmap, "MADV_DONTNEED"):  # Linux and most Unixes
+            self._map.madvise(mmap.MADV_DONTNEED)
 
     def view(self, name: str) -> Arr:
         t = self.head[name]
@@ -65,15 +81,39 @@ class Loader:
     def _slice(self, name: str) -> Arr:
         return self._files[self._where[name]].view(name)
 
-    def rows(self, name: str, tp: int, rank: int) -> Arr:
+    def release(self) -> None:
+        """Drop the map pages read so far from this process's memory (between blocks, so a
+        whole-model load does not hold every page it has read)."""
+        for f in self._files.values():
+            f.release()
+
+    def row_view(self, name: str, tp: int, rank: int) -> Arr:
+        """This rank's rows of ``name`` as a view of the map (read when copied)."""
         s = self._slice(name)
         n = s.shape[0] // tp
-        return np.array(s[rank * n : (rank + 1) * n])  # a copy, as get_slice makes
+        return s[rank * n : (rank + 1) * n]
 
-    def cols(self, name: str, tp: int, rank: int) -> Arr:
+    def col_view(self, name: str, tp: int, rank: int) -> Arr:
         s = self._slice(name)
         n = s.shape[-1] // tp
-        return np.array(s[:, rank * n : (rank + 1) * n])
+        return s[:, rank * n : (rank + 1) * n]
+
+    def rows(self, name: str, tp: int, rank: int) -> Arr:
+        return np.array(self.row_view(name, tp, rank))  # a copy, as get_slice makes
+
+    def cols(self, name: str, tp: int, rank: int) -> Arr:
+        return np.array(self.col_view(name, tp, rank))
+
+    def merged_rows(self, names: list[str], tp: int, rank: int) -> Arr:
+        """This rank's rows of each of ``names``, one after another, in one preallocated array
+        (``MergedColumnParallelLinear``: rank r holds [a_r; b_r; ...])."""
+        views = [self.row_view(n, tp, rank) for n in names]
+        out = np.empty((sum(v.shape[0] for v in views), *views[0].shape[1:]), views[0].dtype)
+        at = 0
+        for v in views:
+            out[at : at + v.shape[0]] = v  # straight from the map, no temporary
+            at += v.shape[0]
+        return out
 
     def full(self, name: str) -> Arr:
         return np.array(self._slice(name))
@@ -81,11 +121,21 @@ class Loader:
     def load(
         self, block: str, i: int, tp: int, rank: int, ep: int = 1, ep_rank: int = 0
     ) -> dict[str, Arr]:
-        """Layer ``i``'s ``block`` ("kda", "dsa" or "moe") at (tp, rank) and (ep, ep_rank)."""
+        """Layer ``i``'s ``block`` (a block name of the specs: "kda", "dsa", "moe", "dense",
+        "layer_norms", "mhc", "lm_globals" (``i`` unused), "mla", "mla_indexed", "gqa") at
+        (tp, rank) and (ep, ep_rank), its fields named as specbind names them."""
         if block == "moe":
             return self.moe(i, tp, rank, ep, ep_rank)
-        if ep != 1:
-            raise ValueError(f"{block} has no experts to split over ep={ep}")
+        # every other block is the same on each ep rank (vLLM: attention, dense MLPs, norms
+        # and the vocabulary are split over tp only)
+        if block == "dense":
+            return self.dense(i, tp, rank)
+        if block == "layer_norms":
+            return self.layer_norms(i)
+        if block == "mhc":
+            return self.mhc(i)
+        if block == "lm_globals":
+            return self.lm_globals(tp, rank)
         if block == "kda":
             return self.kda(i, tp, rank)
         if block == "dsa":
@@ -123,9 +173,10 @@ class Loader:
             ("q_proj", "q_proj.weight"), ("k_proj", "k_proj.weight"), ("v_proj", "v_proj.weight"),
             ("f_b", "f_b_proj.weight"), ("g_b", "g_b_proj.weight"), ("b_proj", "b_proj.weight"),
             ("a_log", "A_log"), ("dt_bias", "dt_bias")]}  # fmt: skip
-        convs = [self.rows(p + f"{x}_conv1d.weight", tp, rank) for x in "qkv"]
+        # [q_r; k_r; v_r] of the [n, 1, K] convs, then [3 n_r, 1, K] -> [3 n_r, K]
+        conv = self.merged_rows([p + f"{x}_conv1d.weight" for x in "qkv"], tp, rank)
         return rows | {
-            "conv": np.concatenate(convs, axis=0).squeeze(1),
+            "conv": conv.reshape(conv.shape[0], conv.shape[-1]),
             "f_a": self.full(p + "f_a_proj.weight"),
             "g_a": self.full(p + "g_a_proj.weight"),
             "o_norm": self.full(p + "o_norm.weight"),
@@ -252,14 +303,16 @@ class Loader:
         first = ep_rank * base + min(ep_rank, rem)
         mine = range(first, first + base + (1 if ep_rank < rem else 0))
         e = p + "experts.{}."
-        w13 = np.stack([
-            np.concatenate([
-                self.rows(e.format(j) + "gate_proj.weight", tp, rank),
-                self.rows(e.format(j) + "up_proj.weight", tp, rank),
-            ], axis=0)
-            for j in mine
-        ])  # fmt: skip
-        w2 = np.stack([self.cols(e.format(j) + "down_proj.weight", tp, rank) for j in mine])
+        gate = self.row_view(e.format(first) + "gate_proj.weight", tp, rank)  # [n_r, hidden]
+        down = self.col_view(e.format(first) + "down_proj.weight", tp, rank)  # [hidden, n_r]
+        n_r = gate.shape[0]
+        # vLLM's FusedMoE parameters, allocated once; each expert's shards copied into them
+        w13 = np.empty((len(mine), 2 * n_r, gate.shape[1]), gate.dtype)
+        w2 = np.empty((len(mine), *down.shape), down.dtype)
+        for k, j in enumerate(mine):
+            w13[k, :n_r] = self.row_view(e.format(j) + "gate_proj.weight", tp, rank)
+            w13[k, n_r:] = self.row_view(e.format(j) + "up_proj.weight", tp, rank)
+            w2[k] = self.col_view(e.format(j) + "down_proj.weight", tp, rank)
         s = p + "shared_experts."
         out = {"router": self.full(p + "gate.weight"), "w13": w13, "w2": w2}
         if p + "gate.e_score_correction_bias" in self._where:  # a sigmoid router's bias
@@ -267,12 +320,45 @@ class Loader:
         if s + "gate_proj.weight" not in self._where:  # no shared experts (Qwen3-MoE)
             return out
         return out | {
-            "shared_gate_up": np.concatenate(
-                [
-                    self.rows(s + "gate_proj.weight", tp, rank),
-                    self.rows(s + "up_proj.weight", tp, rank),
-                ],
-                axis=0,
+            "shared_gate_up": self.merged_rows(
+                [s + "gate_proj.weight", s + "up_proj.weight"], tp, rank
             ),
             "shared_down": self.cols(s + "down_proj.weight", tp, rank),
+        }
+
+    def dense(self, i: int, tp: int, rank: int) -> dict[str, Arr]:
+        """A dense SwiGLU MLP: gate and up merged by rows (column-parallel), down by columns
+        (row-parallel)."""
+        p = f"layers.{i}.mlp."
+        return {
+            "gate_up": self.merged_rows([p + "gate_proj.weight", p + "up_proj.weight"], tp, rank),
+            "down": self.cols(p + "down_proj.weight", tp, rank),
+        }
+
+    def layer_norms(self, i: int) -> dict[str, Arr]:
+        p = f"layers.{i}."
+        return {
+            "input_norm": self.full(p + "input_layernorm.weight"),
+            "post_attention_norm": self.full(p + "post_attention_layernorm.weight"),
+        }
+
+    def mhc(self, i: int) -> dict[str, Arr]:
+        """mHC, replicated: the projections widened to F32 (the engine keeps them F32), the
+        bases and scales as stored (F32)."""
+        p = f"layers.{i}.hc_"
+        out = {}
+        for at in ("attn", "ffn"):
+            out[f"{at}_fn"] = self._slice(f"{p}{at}_fn").astype(np.float32)
+            out[f"{at}_base"] = self.full(f"{p}{at}_base")
+            out[f"{at}_scale"] = self.full(f"{p}{at}_scale")
+        return out
+
+    def lm_globals(self, tp: int, rank: int) -> dict[str, Arr]:
+        """The embedding and the LM head by vocabulary rows, the final norm replicated; a tied
+        head is the embedding's rows."""
+        tied = self.config.get("tie_word_embeddings", False)
+        return {
+            "embed_tokens": self.rows("embed_tokens.weight", tp, rank),
+            "norm": self.full("norm.weight"),
+            "lm_head": self.rows("embed_tokens.weight" if tied else "lm_head.weight", tp, rank),
         }
