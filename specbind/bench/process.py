@@ -8,17 +8,18 @@ Each side is a ``python -c``: the imports, the load, and a copy of every output 
 arena the process owns (so both end with the rank's weights materialised, every byte touched:
 a zero-copy view of the map counts only once copied), timed from start to exit, interleaved
 (specbind, baseline, specbind, ...), at least 5 rounds, min and median.
-- specbind (``SPECBIND``, the one string to change when the API changes): its API and NumPy
-  only, none of the bench's imports; a bind whose sink copies each slot into the arena as soon
-  as it is bound, after which the bind drops the slot and releases the layer's map pages.
+- specbind (``SPECBIND``): its API and NumPy only, none of the bench's imports; a bind into an
+  ``Arena`` (``into=``): each field made in the process's own memory or copied there once, each
+  byte of the rank written once.
 - baseline (``BASELINE``): NumPy, ml_dtypes and ``baselines/vllm_style.py`` loaded by its path,
   so it pays none of specbind's imports (importing it as ``specbind.bench.baselines...`` would
   run ``specbind/__init__``); the blocks to load are handed to it; each block's fields go into
-  the arena as soon as the block is loaded, then are dropped, and the map pages it read are
-  released (``Loader.release``), as the streaming bind releases each layer's.
+  the arena as soon as the block is loaded (as vLLM's ``weight_loader`` copies each loaded
+  tensor into its parameter), then are dropped, and the map pages it read are released
+  (``Loader.release``).
 Memory: neither side holds two copies of the rank: peak is the arena plus one block (a 6.2 GB
-arena at tp 1 on the full-geometry slice). The arena (``ARENA``, the same code on both sides)
-is one buffer per block, each field at a 64-byte aligned offset.
+arena at tp 1 on the full-geometry slice). The baseline's arena (``ARENA``) is one buffer per
+block, each field at a 64-byte aligned offset; specbind's is its ``Arena``, chunks of 256 MiB.
 
 Equal work is checked, not assumed: before timing, ``check`` binds the rank with specbind and
 compares each slot, as it is bound, with the baseline's load of the same block
@@ -64,29 +65,22 @@ class Arena:
 arena = Arena()
 """
 
-# The specbind side. Current API: a streaming bind whose sink copies each slot into the arena.
-# To switch to a bind that writes every field straight into caller memory, replace this string;
-# it must leave ``arena.copied``, the bytes of the rank's fields in the process's own memory
-# (a field that is not there must not count, so the byte check catches it), e.g.:
-#     into = Arena()   # the runtime's, not the class above
-#     r = bind_checkpoint(..., kinds={kinds!r}, progress=False, into=into)
-#     arena.copied = sum(a.nbytes for _, a in r.fields().values() if into.holds(a))
+# The specbind side: a bind straight into the caller's memory (``into=Arena``): every field is
+# made in the arena or copied into it once, so the process ends holding every byte of the rank
+# in memory of its own. ``arena.copied`` counts only fields the arena holds, so a field left
+# outside it (a view of the map) fails the byte check.
 SPECBIND = """
 from specbind.generated import MODELS
+from specbind.runtime.backends import Arena as Into
 from specbind.runtime.bind import bind_checkpoint
 from specbind.runtime.checkpoint import CheckpointDir
 
-class Into:
-    def start(self, expected):
-        pass
-
-    def slot(self, where, bound):
-        arena.take(list(bound.weights.arrays().values()))
-
-bind_checkpoint(
+into = Into()
+r = bind_checkpoint(
     CheckpointDir(Path({ckpt!r})), MODELS[{model!r}], tp_size={tp}, kinds={kinds!r},
-    progress=False, sink=Into(),
+    progress=False, into=into,
 )
+arena.copied = sum(a.nbytes for _, a in r.fields().values() if into.holds(a))
 """
 
 BASELINE = """
