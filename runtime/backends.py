@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
@@ -19,6 +18,7 @@ import numpy as np
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import SpecbindError
+from specbind.core.record import record
 from specbind.runtime import ops as numpy_ops
 from specbind.runtime.checks import Array
 from specbind.runtime.ops import Ops
@@ -28,7 +28,7 @@ F8 = tuple(
 )
 
 
-@dataclass(frozen=True)
+@record
 class Backend:
     name: str
     ops: Ops

@@ -26,7 +26,6 @@ import math
 import mmap
 import weakref
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +35,7 @@ from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, at
 from specbind.core.patterns import fill, parts
 from specbind.core.planning import BlockPlan, TensorPlan
+from specbind.core.record import replace
 from specbind.runtime.source import MapSpan, RawTensor, TensorSource
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
+from specbind.core.record import record
 from specbind.runtime.bind_options import BindOptions
 
 if TYPE_CHECKING:
@@ -38,13 +38,13 @@ W = TypeVar("W")
 BackendName = Literal["numpy", "cupy", "torch"]
 
 
-@dataclass(frozen=True)
+@record
 class BoundSlot(Generic[T]):
     """One slot of one layer (or the model-level ``globals``): its block and bound fields."""
 
     slot: str
     block: str
-    weights: Any  # the generated ``<Block>Weights`` dataclass, holding T; see ``weights_as``
+    weights: Any  # the generated ``<Block>Weights`` record, holding T; see ``weights_as``
     tensors: dict[str, T]  # field name -> tensor, as ``weights.arrays()``
     dtypes: dict[str, str]  # field name -> safetensors dtype (BF16, F32, F8_E4M3, ...)
     report: BindReport
@@ -62,14 +62,14 @@ class BoundSlot(Generic[T]):
         return self.weights
 
 
-@dataclass(frozen=True)
+@record
 class BoundLayer(Generic[T]):
     index: int
     role: str  # "decoder" | "mtp"
     slots: dict[str, BoundSlot[T]]
 
 
-@dataclass(frozen=True)
+@record
 class BoundModel(Generic[T]):
     """This rank's share of the whole model, in the layout the kernels read."""
 
@@ -472,15 +472,14 @@ def _converter(backend: str, device: str | None) -> Any:
 
 
 def _slot(s: Any, convert: Any) -> BoundSlot[Any]:
-    import dataclasses
-
+    from specbind.core.record import fields, is_record, replace
     from specbind.runtime.quant import QuantFields
 
     dtypes = {name: s.fields[name].dtype for name in s.weights.arrays()}
     weights = s.weights
-    if dataclasses.is_dataclass(weights) and not isinstance(weights, type):
+    if is_record(weights) and not isinstance(weights, type):
         changes: dict[str, Any] = {}
-        for f in dataclasses.fields(weights):
+        for f in fields(weights):
             v = getattr(weights, f.name)
             if v is None:
                 continue
@@ -488,6 +487,6 @@ def _slot(s: Any, convert: Any) -> BoundSlot[Any]:
                 changes[f.name] = convert(v, dtypes[f.name])
             elif isinstance(v, QuantFields):  # quantized fields' companions, by field name
                 converted = {k: convert(a, dtypes[k]) for k, a in v.arrays.items()}
-                changes[f.name] = dataclasses.replace(v, arrays=converted)
-        weights = dataclasses.replace(weights, **changes)
+                changes[f.name] = replace(v, arrays=converted)
+        weights = replace(weights, **changes)
     return BoundSlot(s.slot, s.block, weights, weights.arrays(), dtypes, s.report)
