@@ -295,8 +295,7 @@ def _make(cls: C, frozen: bool) -> C:
         else:
             f = Field(default=value)
         f.name, f.type = name, annotation
-        fields.pop(name, None)
-        fields[name] = f
+        fields[name] = f  # an inherited field keeps its place
     ordered = tuple(fields.values())
     seen_default = False
     for f in ordered:
