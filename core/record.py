@@ -105,55 +105,48 @@ class _Spec:
     """A record class's fields, precomputed for the shared methods."""
 
     __slots__ = (
-        "dc_fields",
-        "factory_tails",
-        "fields",
-        "frozen",
-        "heads",
-        "init_names",
-        "init_set",
-        "key",
-        "n",
-        "need",
-        "noinit",
-        "post_init",
-        "repr_fields",
-        "required",
-        "static_tails",
+        "by_args", "dc_fields", "fields", "frozen", "init", "init_names", "init_set", "key", "n",
+        "noinit", "post_init", "repr_fields", "required",
     )  # fmt: skip
 
     def __init__(self, fields: tuple[Field, ...], frozen: bool, post_init: bool) -> None:
         self.fields = fields
         self.frozen = frozen
         self.post_init = post_init
-        init = [f for f in fields if f.init]
-        self.init_names = tuple(f.name for f in init)
+        self.init = tuple(f for f in fields if f.init)
+        self.init_names = tuple(f.name for f in self.init)
         self.init_set = frozenset(self.init_names)
-        self.n = len(init)
+        self.n = len(self.init)
         # the fields without a default come first (as in a dataclass, checked in _make)
-        self.required = sum(1 for f in init if _no_default(f))
-        names, req = self.init_names, self.required
-        # by k positional arguments: the fields they fill (heads), the fields without a default
-        # that keywords must give (need), the others' static defaults and default factories
-        self.heads = tuple(frozenset(names[:k]) for k in range(self.n + 1))
-        self.need = tuple(frozenset(names[k:req]) for k in range(self.n + 1))
-        self.static_tails = tuple(
-            {f.name: f.default for f in init[k:] if f.default is not MISSING}
-            for k in range(self.n + 1)
-        )
-        self.factory_tails = tuple(
-            tuple((f.name, f.default_factory) for f in init[k:] if f.default_factory is not MISSING)
-            for k in range(self.n + 1)
-        )
+        self.required = sum(1 for f in self.init if _no_default(f))
+        # by_args[k]: a call with k positional arguments, worked out on the first such call
+        self.by_args: list[_ByArgs | None] = [None] * (self.n + 1)
         self.noinit = tuple(
             (f.name, f.default, f.default_factory)
             for f in fields
             if not f.init and not _no_default(f)
         )
         self.repr_fields = tuple(f.name for f in fields if f.repr)
-        compared = [f.name for f in fields if f.compare]
-        self.key = _key(compared)
+        self.key = _key([f.name for f in fields if f.compare])
         self.dc_fields: dict[str, Any] | None = None
+
+    def args(self, k: int) -> _ByArgs:
+        """What a call with ``k`` positional arguments needs; ``0 <= k <= n``."""
+        found = self.by_args[k]
+        if found is None:
+            names, rest = self.init_names, self.init[k:]
+            found = self.by_args[k] = (
+                frozenset(names[:k]),  # the fields the arguments fill
+                frozenset(names[k : self.required]),  # those without a default keywords must give
+                {f.name: f.default for f in rest if f.default is not MISSING},  # the others'
+                tuple((f.name, f.default_factory) for f in rest if f.default_factory is not MISSING),
+            )
+        return found
+
+
+_ByArgs = tuple[
+    frozenset[str], frozenset[str], dict[str, Any], tuple[tuple[str, Callable[[], Any]], ...]
+]
 
 
 def _no_default(f: Field) -> bool:
@@ -174,22 +167,26 @@ def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     spec: _Spec = self.__record__
     d = self.__dict__
     n = len(args)
-    if n == spec.n and not kwargs:
+    if not kwargs and n == spec.n:  # every field by position
         d.update(zip(spec.init_names, args, strict=False))
+    elif not kwargs and spec.required <= n < spec.n:  # the rest from their defaults
+        by = spec.by_args[n] or spec.args(n)
+        d.update(zip(spec.init_names, args, strict=False))
+        d.update(by[2])
+        for name, factory in by[3]:
+            d[name] = factory()
     else:
+        if n > spec.n:
+            _refuse(type(self), spec, args, kwargs)
+        heads, need, defaults, factories = spec.by_args[n] or spec.args(n)
         keys = kwargs.keys()
-        if not (
-            n <= spec.n
-            and keys <= spec.init_set
-            and spec.need[n] <= keys
-            and keys.isdisjoint(spec.heads[n])
-        ):
+        if not (keys <= spec.init_set and need <= keys and keys.isdisjoint(heads)):
             _refuse(type(self), spec, args, kwargs)
         if n:
             d.update(zip(spec.init_names, args, strict=False))
-        d.update(spec.static_tails[n])
+        d.update(defaults)
         d.update(kwargs)
-        for name, factory in spec.factory_tails[n]:
+        for name, factory in factories:
             if name not in kwargs:
                 d[name] = factory()
     if spec.noinit:
@@ -286,13 +283,13 @@ def _make(cls: C, frozen: bool) -> C:
         if _is_classvar(annotation):
             continue
         value = cls.__dict__.get(name, MISSING)
-        if isinstance(value, Field):
+        if isinstance(value, Field):  # the class attribute becomes the default, or goes
             f = value
             if f.default is MISSING:
                 delattr(cls, name)
             else:
                 setattr(cls, name, f.default)
-        else:
+        else:  # the class attribute is the default already
             f = Field(default=value)
         f.name, f.type = name, annotation
         fields[name] = f  # an inherited field keeps its place
