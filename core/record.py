@@ -135,11 +135,13 @@ class _Spec:
         found = self.by_args[k]
         if found is None:
             names, rest = self.init_names, self.init[k:]
+            # the fields the arguments fill; those without a default that keywords must give;
+            # the other fields' defaults, and their default factories
             found = self.by_args[k] = (
-                frozenset(names[:k]),  # the fields the arguments fill
-                frozenset(names[k : self.required]),  # those without a default keywords must give
-                {f.name: f.default for f in rest if f.default is not MISSING},  # the others'
-                tuple((f.name, f.default_factory) for f in rest if f.default_factory is not MISSING),
+                frozenset(names[:k]),
+                frozenset(names[k : self.required]),
+                {f.name: f.default for f in rest if f.default is not MISSING},
+                tuple((f.name, f.default_factory) for f in rest if _has_factory(f)),
             )
         return found
 
@@ -151,6 +153,10 @@ _ByArgs = tuple[
 
 def _no_default(f: Field) -> bool:
     return f.default is MISSING and f.default_factory is MISSING
+
+
+def _has_factory(f: Field) -> bool:
+    return f.default_factory is not MISSING
 
 
 def _key(names: list[str]) -> Callable[[Any], tuple[Any, ...]]:
