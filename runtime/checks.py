@@ -32,7 +32,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, GeometryError, at
@@ -42,7 +41,7 @@ from specbind.core.planning import BlockPlan
 from specbind.core.record import field, record
 from specbind.runtime.source import TensorSource, WholeSource
 
-Array = npt.NDArray[Any]
+Array = np.ndarray[Any, np.dtype[Any]]  # numpy.typing.NDArray[Any], without importing it
 # The largest stored tensor (on-disk bytes) a narrowing reads whole for its verdict; above it
 # the check is this rank's slice only (see the module docstring).
 WHOLE_CHECK_BYTES = 4 << 20

@@ -19,9 +19,9 @@ that a rank multiplies only its own heads.
 
 from __future__ import annotations
 
+import _thread
 import math
 import os
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -49,8 +49,8 @@ class OpStats:
 
 
 _stats: OpStats | None = None
-_lock = threading.Lock()
-_blas_lock = threading.Lock()
+_lock = _thread.allocate_lock()  # threading.Lock itself, without importing threading
+_blas_lock = _thread.allocate_lock()
 
 
 @contextmanager

@@ -25,7 +25,7 @@ import signal
 import sys
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from specbind.core.errors import SpecbindError
 
@@ -476,9 +476,33 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def parser() -> argparse.ArgumentParser:
+class _Unused:
+    """The parser of a command that is not the one run: every call is taken and ignored."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self
+
+
+COMMANDS = ("generate", "synth", "audit", "bind", "plan", "bench")
+
+
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with ``command``, one that knows that command alone (what
+    ``main`` builds when the first argument names one): each ``ArgumentParser`` looks its
+    messages up in gettext's catalogues and each ``add_argument`` builds a help formatter, so
+    the other five commands' parsers cost every start ~5 ms."""
     p = _Parser(prog="specbind", description="Spec-driven strict tensor binders.")
-    sub = p.add_subparsers(dest="command", required=True)
+    subparsers = p.add_subparsers(dest="command", required=True)
+
+    class Sub:
+        @staticmethod
+        def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+            if command is not None and name != command:
+                unused: Any = _Unused()
+                return cast(argparse.ArgumentParser, unused)
+            return subparsers.add_parser(name, **kwargs)
+
+    sub = Sub()
 
     g = sub.add_parser("generate", help="validate specs/ and render generated/")
     g.add_argument(
@@ -727,7 +751,8 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = parser(given[0] if given and given[0] in COMMANDS else None).parse_args(argv)
     previous: Any = None
     with contextlib.suppress(ValueError):  # only the main thread may set a handler
         previous = signal.signal(signal.SIGTERM, _terminated)
