@@ -21,10 +21,10 @@ is built, importing ``dataclasses``, the first time something asks for it.
 
 Traps: annotations are read as text (every module of the project has ``from __future__ import
 annotations``): one that starts with ``ClassVar`` is not a field; ``InitVar`` and ``KW_ONLY``
-are not supported. Making an instance costs about what a dataclass's does (the one shared
-``__init__`` reads its class's table first: 0.1-0.7 us more a call here, per-tensor planning
-~5 us either way): calls by position, with or without the defaults, take the shortest path,
-keyword calls check their names as sets, and ``_refuse`` words every refusal.
+are not supported. Making an instance costs what a dataclass's does when the call gives
+every field by position or every field by keyword (the shared ``__init__``'s shortest paths);
+a call that leaves fields to their defaults costs ~0.5 us more here (per-tensor planning ~5 us
+either way); ``_refuse`` words every refusal.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class _Spec:
 
     __slots__ = (
         "by_args", "dc_fields", "fields", "frozen", "init", "init_names", "init_set", "key", "n",
-        "noinit", "post_init", "repr_fields", "required",
+        "noinit", "plain", "post_init", "repr_fields", "required",
     )  # fmt: skip
 
     def __init__(self, fields: tuple[Field, ...], frozen: bool, post_init: bool) -> None:
@@ -135,6 +135,7 @@ class _Spec:
         # by_args[k]: a call with k positional arguments, worked out on the first such call
         self.by_args: list[_ByArgs | None] = [None] * (self.n + 1)
         self.noinit = tuple(noinit)
+        self.plain = not noinit and not post_init  # __init__ sets the arguments, and is done
         self.repr_fields = tuple(shown)
         self.key = _key(compared)
         self.dc_fields: dict[str, Any] | None = None
@@ -175,36 +176,51 @@ def _key(names: list[str]) -> Callable[[Any], tuple[Any, ...]]:
 
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+    # zip without strict=: its keyword costs every call, and the lengths are checked first
     spec: _Spec = self.__record__
-    d = self.__dict__
     n = len(args)
     if not kwargs and n == spec.n:  # every field by position
-        d.update(zip(spec.init_names, args, strict=False))
+        self.__dict__.update(zip(spec.init_names, args))  # noqa: B905
+        if spec.plain:
+            return
+    elif not n and len(kwargs) == spec.n and kwargs.keys() == spec.init_set:  # all by keyword
+        self.__dict__.update(kwargs)
+        if spec.plain:
+            return
     elif not kwargs and spec.required <= n < spec.n:  # the rest from their defaults
         by = spec.by_args[n] or spec.args(n)
-        d.update(zip(spec.init_names, args, strict=False))
+        d = self.__dict__
+        d.update(zip(spec.init_names, args))  # noqa: B905
         d.update(by[2])
         for name, factory in by[3]:
             d[name] = factory()
     else:
-        if n > spec.n:
-            _refuse(type(self), spec, args, kwargs)
-        heads, need, defaults, factories = spec.by_args[n] or spec.args(n)
-        keys = kwargs.keys()
-        if not (keys <= spec.init_set and need <= keys and keys.isdisjoint(heads)):
-            _refuse(type(self), spec, args, kwargs)
-        if n:
-            d.update(zip(spec.init_names, args, strict=False))
-        d.update(defaults)
-        d.update(kwargs)
-        for name, factory in factories:
-            if name not in kwargs:
-                d[name] = factory()
+        _keywords(self, spec, args, kwargs)
     if spec.noinit:
+        d = self.__dict__
         for name, default, factory in spec.noinit:
             d[name] = default if factory is MISSING else factory()
     if spec.post_init:
         self.__post_init__()
+
+
+def _keywords(self: Any, spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """``_init`` for a call with keywords (or one to refuse)."""
+    n = len(args)
+    if n > spec.n:
+        _refuse(type(self), spec, args, kwargs)
+    heads, need, defaults, factories = spec.by_args[n] or spec.args(n)
+    keys = kwargs.keys()
+    if not (keys <= spec.init_set and need <= keys and keys.isdisjoint(heads)):
+        _refuse(type(self), spec, args, kwargs)
+    d = self.__dict__
+    if n:
+        d.update(zip(spec.init_names, args))  # noqa: B905
+    d.update(defaults)
+    d.update(kwargs)
+    for name, factory in factories:
+        if name not in kwargs:
+            d[name] = factory()
 
 
 def _refuse(cls: type, spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> NoReturn:
