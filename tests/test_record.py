@@ -209,3 +209,14 @@ def test_a_record_class_is_built_without_compiling_code() -> None:
     methods are the ones shared by every record."""
     assert Rec.__init__ is Box.__init__ and Rec.__repr__ is Child.__repr__
     assert Rec.__eq__ is Tally.__eq__ and Rec.__hash__ is Checked.__hash__
+
+
+def test_a_record_survives_pickle_and_deepcopy_as_an_equal_frozen_copy() -> None:
+    import copy
+    import pickle
+
+    r = Rec(1, "x", (2,), [3])
+    for again in (pickle.loads(pickle.dumps(r)), copy.deepcopy(r), copy.copy(r)):
+        assert again == r and again.d == [3] and type(again) is Rec
+        with pytest.raises(FrozenRecordError):
+            again.a = 2  # type: ignore[misc]
