@@ -16,10 +16,10 @@ from __future__ import annotations
 import ast
 import copy
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from specbind.core import algebra_ops
 from specbind.core.errors import AlgebraError
+from specbind.core.record import record
 
 MAX_EXPR_LEN = 300
 MAX_DEPTH = 32
@@ -44,7 +44,7 @@ _CMP: dict[type[ast.cmpop], str] = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class Expr:
     """A parsed, whitelisted expression and the text it came from."""
 

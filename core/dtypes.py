@@ -7,14 +7,15 @@ bound as an array.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
+from specbind.core.record import record
 
-@dataclass(frozen=True)
+
+@record
 class DType:
     name: str
     bits: int

@@ -18,15 +18,15 @@ construction.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from functools import lru_cache
 
 from specbind.core.errors import AlgebraError
+from specbind.core.record import record
 
 _FORM = re.compile(r"[a-z]{1,8},[a-z]{1,8}->[a-z]{1,8}")
 
 
-@dataclass(frozen=True)
+@record
 class Lowering:
     """``einsum`` as ``matmul`` of [batch, left, contract] by [batch, contract, right]."""
 

@@ -16,11 +16,11 @@ tensor's rank with ``ShardRule.resolved`` before indexing a shape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Literal
 
 from specbind.core.algebra import Expr
 from specbind.core.patterns import fill
+from specbind.core.record import field, record
 
 ShardKind = Literal["replicated", "rows", "cols", "axis"]
 FieldKind = Literal["verbatim", "concat", "transform", "stack", "tie"]
@@ -28,7 +28,7 @@ LayerRole = Literal["decoder", "mtp"]
 SlotScope = Literal["all", "decoder", "mtp"]
 
 
-@dataclass(frozen=True)
+@record
 class ShardRule:
     """How one tensor splits across tensor-parallel ranks: whole ``unit``s along ``axis``."""
 
@@ -40,7 +40,7 @@ class ShardRule:
         return self.axis % rank if rank else 0
 
 
-@dataclass(frozen=True)
+@record
 class TieRule:
     """``config`` true: the tensor is bound from ``to`` and a stored copy is refused."""
 
@@ -48,7 +48,7 @@ class TieRule:
     config: str
 
 
-@dataclass(frozen=True)
+@record
 class TensorRule:
     name: str  # relative to the layer (or, for globals, to the text model); may hold `{f}`
     dtype: str  # the dtype that is bound
@@ -82,7 +82,7 @@ class TensorRule:
         )  # fmt: skip
 
 
-@dataclass(frozen=True)
+@record
 class FamilyRule:
     """An indexed family (``e`` in ``range(E)``), split whole across ep ranks (``experts``)."""
 
@@ -91,7 +91,7 @@ class FamilyRule:
     shard: Literal["experts"]
 
 
-@dataclass(frozen=True)
+@record
 class FieldRule:
     kind: FieldKind
     dtype: str  # the bound field's dtype
@@ -102,7 +102,7 @@ class FieldRule:
     join: int = 0  # a concat or stack: the axis its sources are joined along
 
 
-@dataclass(frozen=True)
+@record
 class SharedScaleRule:
     """Linear weights whose quantization scale must be one value: their ``global`` weight
     scales within each member (q/k/v read by one fused GEMM), or their ``input`` scales across
@@ -114,14 +114,14 @@ class SharedScaleRule:
     why: str
 
 
-@dataclass(frozen=True)
+@record
 class GroupRule:
     name: str
     optional: bool
     why: str
 
 
-@dataclass(frozen=True)
+@record
 class ConstraintRule:
     name: str
     check: str
@@ -129,7 +129,7 @@ class ConstraintRule:
     expr: Expr | None = field(default=None, compare=False, repr=False)  # generator only
 
 
-@dataclass(frozen=True)
+@record
 class GeometryField:
     name: str
     config: str | None
@@ -141,7 +141,7 @@ class GeometryField:
     expr: str | None = None  # always computed from other symbols (no config field)
 
 
-@dataclass(frozen=True)
+@record
 class LayerGroupRule:
     """An optional group's presence per layer: by a per-layer config list (``config``, the
     values meaning ``present`` / ``absent``), or ``required`` in every layer of this model."""
@@ -153,7 +153,7 @@ class LayerGroupRule:
     required: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class SlotRule:
     """One part of a layer (attention, mlp, norms, ...): the blocks that may fill it, tried in
     order, where it applies, and the per-layer config list that says which block it holds."""
@@ -171,7 +171,7 @@ class SlotRule:
         return None
 
 
-@dataclass(frozen=True)
+@record
 class NameRule:
     """Another writer's layer-relative name: ``source`` (a prefix) read as ``to[0]``, or, with
     several ``to``, one stored tensor read as that many row sections, in order: equal ones
@@ -183,7 +183,7 @@ class NameRule:
     sizes: tuple[str, ...] = ()  # one row count per ``to``; empty: equal segments
 
 
-@dataclass(frozen=True)
+@record
 class UnboundRule:
     """Checkpoint names under ``prefix`` that this model declares it does not bind, and why."""
 
@@ -191,7 +191,7 @@ class UnboundRule:
     why: str
 
 
-@dataclass(frozen=True)
+@record
 class SynthList:
     """A per-layer config.json list of a synthetic checkpoint: ``head``, then ``pattern``
     repeated."""
@@ -206,7 +206,7 @@ class SynthList:
         return self.pattern[(index - len(self.head)) % len(self.pattern)]
 
 
-@dataclass(frozen=True)
+@record
 class SynthRule:
     """What ``specbind synth`` writes for a model (from the model spec's ``synth`` section)."""
 

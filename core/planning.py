@@ -28,15 +28,15 @@ contents; only the column shard is right (the tests compare values, not lengths)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
 from typing import Any
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import GeometryError
 from specbind.core.ir import ShardKind, TensorRule
+from specbind.core.record import record, replace
 
 
-@dataclass(frozen=True)
+@record
 class TensorPlan:
     name: str
     dtype: str
@@ -76,7 +76,7 @@ class TensorPlan:
         }
 
 
-@dataclass(frozen=True)
+@record
 class BlockPlan:
     block: str
     tp_size: int
@@ -219,7 +219,7 @@ def rank_units(units: int, tp: int) -> tuple[int, int]:
     return 1, tp // units
 
 
-@dataclass(frozen=True)
+@record
 class Ranks:
     """Where this process sits: its tensor-parallel and expert-parallel rank and sizes."""
 

@@ -21,8 +21,9 @@ Trap: ``div`` on the packed weight's ``I`` is elements per byte, not a group siz
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal
+
+from specbind.core.record import record
 
 CompanionRole = Literal["weight", "block_scale", "global_scale", "input_scale"]
 GlobalOp = Literal["multiply", "divide", "none"]
@@ -31,7 +32,7 @@ GlobalOp = Literal["multiply", "divide", "none"]
 ExcludeMatch = Literal["glob", "glob_prefix", "compressed_tensors"]
 
 
-@dataclass(frozen=True)
+@record
 class DimRule:
     """One companion dim: ``of`` (O, I or a literal 1) divided by ``div``, rounded up if
     ``ceil``."""
@@ -63,7 +64,7 @@ class DimRule:
         return f"ceil({self.of} / {self.div})" if self.ceil else f"{self.of} / {self.div}"
 
 
-@dataclass(frozen=True)
+@record
 class CompanionRule:
     suffix: str  # the tensor's name is the linear's module name + "." + suffix
     dtype: str
@@ -91,7 +92,7 @@ class CompanionRule:
         return tuple(d.size(o, i) for d in self.dims)
 
 
-@dataclass(frozen=True)
+@record
 class DetectRule:
     """``file``'s ``field`` (dotted; ``*`` is any key) holds one of ``values``."""
 
@@ -100,7 +101,7 @@ class DetectRule:
     values: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@record
 class DequantRule:
     """The declared dequant formula, carried out by the ``Ops`` method ``op``."""
 
@@ -111,7 +112,7 @@ class DequantRule:
     scale: str = ""  # the block scale's format where its dtype does not say it: e8m0
 
 
-@dataclass(frozen=True)
+@record
 class SchemeRule:
     name: str
     doc: str

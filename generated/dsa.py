@@ -15,7 +15,6 @@ Traps: see the spec's comments; a concat fixes its order and squeezes a literal-
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from specbind.core import algebra_ops
@@ -28,6 +27,7 @@ from specbind.core.ir import (
     TensorRule,
 )
 from specbind.core.planning import BlockPlan, plan_block
+from specbind.core.record import record
 from specbind.runtime import ops as numpy_ops
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.checks import Array, BindReport, bind_tensors, check_dims
@@ -52,7 +52,7 @@ DOC = "Multi-head latent attention with low-rank Q (q_a, q_b) and a compressed K
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record
 class DsaGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
@@ -452,7 +452,7 @@ def check_constraints(g: DsaGeometry) -> None:
     check_dims(block=BLOCK, shapes=expected_shapes(g))
 
 
-@dataclass(frozen=True)
+@record
 class DsaWeights(Generic[T]):
     """The bound weights of one ``dsa`` block, in the layout the kernels read."""
 

@@ -15,7 +15,6 @@ Traps: see the spec's comments; a concat fixes its order and squeezes a literal-
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from specbind.core.ir import (
@@ -28,6 +27,7 @@ from specbind.core.ir import (
     TieRule,
 )
 from specbind.core.planning import BlockPlan, plan_block
+from specbind.core.record import record
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.checks import BindReport, bind_tensors, check_dims
 from specbind.runtime.quant import (
@@ -49,7 +49,7 @@ DOC = "Token embedding, final RMSNorm and the LM head (optionally tied to the em
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record
 class LmGlobalsGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
@@ -188,7 +188,7 @@ def check_constraints(g: LmGlobalsGeometry) -> None:
     check_dims(block=BLOCK, shapes=expected_shapes(g))
 
 
-@dataclass(frozen=True)
+@record
 class LmGlobalsWeights(Generic[T]):
     """The bound weights of one ``lm_globals`` block, in the layout the kernels read."""
 

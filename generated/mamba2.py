@@ -15,7 +15,6 @@ Traps: see the spec's comments; a concat fixes its order and squeezes a literal-
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from specbind.core import algebra_ops
@@ -28,6 +27,7 @@ from specbind.core.ir import (
     TensorRule,
 )
 from specbind.core.planning import BlockPlan, plan_block
+from specbind.core.record import record
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.checks import BindReport, bind_tensors, check_dims, require
 from specbind.runtime.quant import (
@@ -49,7 +49,7 @@ DOC = "Mamba2 mixer: in_proj read as its z, x, B, C, dt sections, the depthwise 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record
 class Mamba2Geometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
@@ -358,7 +358,7 @@ def check_constraints(g: Mamba2Geometry) -> None:
     check_dims(block=BLOCK, shapes=expected_shapes(g))
 
 
-@dataclass(frozen=True)
+@record
 class Mamba2Weights(Generic[T]):
     """The bound weights of one ``mamba2`` block, in the layout the kernels read."""
 

@@ -15,7 +15,6 @@ Traps: see the spec's comments; a concat fixes its order and squeezes a literal-
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from specbind.core.ir import (
@@ -27,6 +26,7 @@ from specbind.core.ir import (
     TensorRule,
 )
 from specbind.core.planning import BlockPlan, plan_block
+from specbind.core.record import record
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.checks import BindReport, bind_tensors, check_dims
 from specbind.runtime.quant import (
@@ -48,7 +48,7 @@ DOC = "Grouped-query attention without biases: q, k, v projections fused per ran
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record
 class MixerAttentionGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
@@ -193,7 +193,7 @@ def check_constraints(g: MixerAttentionGeometry) -> None:
     check_dims(block=BLOCK, shapes=expected_shapes(g))
 
 
-@dataclass(frozen=True)
+@record
 class MixerAttentionWeights(Generic[T]):
     """The bound weights of one ``mixer_attention`` block, in the layout the kernels read."""
 

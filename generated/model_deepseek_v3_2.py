@@ -11,7 +11,7 @@ per-layer config lists are cross-checked against what the names say, never trust
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
     ConstraintRule,
@@ -24,9 +24,12 @@ from specbind.core.ir import (
     UnboundRule,
 )
 from specbind.core.planning import Ranks
-from specbind.generated import dense, layer_norms, lm_globals, mla_indexed, moe, mtp_head
+from specbind.core.record import record
 from specbind.generated.schemes import SCHEMES
 from specbind.runtime.model import BlockEntry, ModelTable
+
+if TYPE_CHECKING:  # each block module is imported on first use (runtime.model.BlockEntry)
+    from specbind.generated import dense, layer_norms, lm_globals, mla_indexed, moe, mtp_head
 
 MODEL = "deepseek-v3.2"
 DOC = "DeepSeek-V3.2 (MLA with RoPE and the DSA indexer, MoE), as written by transformers' deepseek_v32."
@@ -115,7 +118,7 @@ GEOMETRY: tuple[GeometryField, ...] = (
 )
 
 
-@dataclass(frozen=True)
+@record
 class Geometry:
     """Every geometry symbol of the model."""
 
@@ -183,6 +186,8 @@ def geometry(values: dict[str, int]) -> Geometry:
 
 def mla_indexed_geometry(m: Geometry, ranks: Ranks) -> mla_indexed.MlaIndexedGeometry:
     """The ``mla_indexed`` block's symbols from the model's geometry."""
+    import specbind.generated.mla_indexed as mla_indexed  # imported on first use
+
     return mla_indexed.MlaIndexedGeometry(
         hidden=m.hidden,
         heads=m.heads,
@@ -200,6 +205,8 @@ def mla_indexed_geometry(m: Geometry, ranks: Ranks) -> mla_indexed.MlaIndexedGeo
 
 def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
     """The ``moe`` block's symbols from the model's geometry."""
+    import specbind.generated.moe as moe  # imported on first use
+
     return moe.MoeGeometry(
         hidden=m.hidden,
         experts=m.experts,
@@ -212,6 +219,8 @@ def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
 
 def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
     """The ``dense`` block's symbols from the model's geometry."""
+    import specbind.generated.dense as dense  # imported on first use
+
     return dense.DenseGeometry(
         hidden=m.hidden,
         intermediate=m.intermediate,
@@ -222,6 +231,8 @@ def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
 
 def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeometry:
     """The ``layer_norms`` block's symbols from the model's geometry."""
+    import specbind.generated.layer_norms as layer_norms  # imported on first use
+
     return layer_norms.LayerNormsGeometry(
         hidden=m.hidden,
         tp=ranks.tp_size,
@@ -231,6 +242,8 @@ def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeo
 
 def mtp_head_geometry(m: Geometry, ranks: Ranks) -> mtp_head.MtpHeadGeometry:
     """The ``mtp_head`` block's symbols from the model's geometry."""
+    import specbind.generated.mtp_head as mtp_head  # imported on first use
+
     return mtp_head.MtpHeadGeometry(
         hidden=m.hidden,
         vocab=m.vocab,
@@ -241,6 +254,8 @@ def mtp_head_geometry(m: Geometry, ranks: Ranks) -> mtp_head.MtpHeadGeometry:
 
 def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeometry:
     """The ``lm_globals`` block's symbols from the model's geometry."""
+    import specbind.generated.lm_globals as lm_globals  # imported on first use
+
     return lm_globals.LmGlobalsGeometry(
         hidden=m.hidden,
         vocab=m.vocab,
@@ -250,12 +265,12 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry(mla_indexed, mla_indexed.bind_mla_indexed, mla_indexed_geometry),
-    BlockEntry(moe, moe.bind_moe, moe_geometry),
-    BlockEntry(dense, dense.bind_dense, dense_geometry),
-    BlockEntry(layer_norms, layer_norms.bind_layer_norms, layer_norms_geometry),
-    BlockEntry(mtp_head, mtp_head.bind_mtp_head, mtp_head_geometry),
-    BlockEntry(lm_globals, lm_globals.bind_lm_globals, lm_globals_geometry),
+    BlockEntry("mla_indexed", "specbind.generated.mla_indexed", mla_indexed_geometry),
+    BlockEntry("moe", "specbind.generated.moe", moe_geometry),
+    BlockEntry("dense", "specbind.generated.dense", dense_geometry),
+    BlockEntry("layer_norms", "specbind.generated.layer_norms", layer_norms_geometry),
+    BlockEntry("mtp_head", "specbind.generated.mtp_head", mtp_head_geometry),
+    BlockEntry("lm_globals", "specbind.generated.lm_globals", lm_globals_geometry),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

@@ -11,7 +11,7 @@ per-layer config lists are cross-checked against what the names say, never trust
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
     ConstraintRule,
@@ -24,10 +24,13 @@ from specbind.core.ir import (
     UnboundRule,
 )
 from specbind.core.planning import Ranks
-from specbind.generated import dense, dsa, kda, layer_norms, lm_globals, mhc, moe, mtp_head
+from specbind.core.record import record
 from specbind.generated.schemes import SCHEMES
 from specbind.runtime.checks import require
 from specbind.runtime.model import BlockEntry, ModelTable
+
+if TYPE_CHECKING:  # each block module is imported on first use (runtime.model.BlockEntry)
+    from specbind.generated import dense, dsa, kda, layer_norms, lm_globals, mhc, moe, mtp_head
 
 MODEL = "glm-5.3-flash"
 DOC = "GLM-5.3-Flash (hybrid KDA + DSA, MoE, mHC), as written by transformers' glm5_next."
@@ -185,7 +188,7 @@ GEOMETRY: tuple[GeometryField, ...] = (
 )
 
 
-@dataclass(frozen=True)
+@record
 class Geometry:
     """Every geometry symbol of the model."""
 
@@ -286,6 +289,8 @@ def geometry(values: dict[str, int]) -> Geometry:
 
 def dsa_geometry(m: Geometry, ranks: Ranks) -> dsa.DsaGeometry:
     """The ``dsa`` block's symbols from the model's geometry."""
+    import specbind.generated.dsa as dsa  # imported on first use
+
     return dsa.DsaGeometry(
         hidden=m.hidden,
         heads=m.heads,
@@ -304,6 +309,8 @@ def dsa_geometry(m: Geometry, ranks: Ranks) -> dsa.DsaGeometry:
 
 def kda_geometry(m: Geometry, ranks: Ranks) -> kda.KdaGeometry:
     """The ``kda`` block's symbols from the model's geometry."""
+    import specbind.generated.kda as kda  # imported on first use
+
     return kda.KdaGeometry(
         hidden=m.hidden,
         linear_heads=m.linear_heads,
@@ -317,6 +324,8 @@ def kda_geometry(m: Geometry, ranks: Ranks) -> kda.KdaGeometry:
 
 def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
     """The ``moe`` block's symbols from the model's geometry."""
+    import specbind.generated.moe as moe  # imported on first use
+
     return moe.MoeGeometry(
         hidden=m.hidden,
         experts=m.experts,
@@ -329,6 +338,8 @@ def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
 
 def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
     """The ``dense`` block's symbols from the model's geometry."""
+    import specbind.generated.dense as dense  # imported on first use
+
     return dense.DenseGeometry(
         hidden=m.hidden,
         intermediate=m.intermediate,
@@ -339,6 +350,8 @@ def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
 
 def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeometry:
     """The ``layer_norms`` block's symbols from the model's geometry."""
+    import specbind.generated.layer_norms as layer_norms  # imported on first use
+
     return layer_norms.LayerNormsGeometry(
         hidden=m.hidden,
         tp=ranks.tp_size,
@@ -348,6 +361,8 @@ def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeo
 
 def mhc_geometry(m: Geometry, ranks: Ranks) -> mhc.MhcGeometry:
     """The ``mhc`` block's symbols from the model's geometry."""
+    import specbind.generated.mhc as mhc  # imported on first use
+
     return mhc.MhcGeometry(
         hidden=m.hidden,
         hc_mult=m.hc_mult,
@@ -358,6 +373,8 @@ def mhc_geometry(m: Geometry, ranks: Ranks) -> mhc.MhcGeometry:
 
 def mtp_head_geometry(m: Geometry, ranks: Ranks) -> mtp_head.MtpHeadGeometry:
     """The ``mtp_head`` block's symbols from the model's geometry."""
+    import specbind.generated.mtp_head as mtp_head  # imported on first use
+
     return mtp_head.MtpHeadGeometry(
         hidden=m.hidden,
         vocab=m.vocab,
@@ -368,6 +385,8 @@ def mtp_head_geometry(m: Geometry, ranks: Ranks) -> mtp_head.MtpHeadGeometry:
 
 def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeometry:
     """The ``lm_globals`` block's symbols from the model's geometry."""
+    import specbind.generated.lm_globals as lm_globals  # imported on first use
+
     return lm_globals.LmGlobalsGeometry(
         hidden=m.hidden,
         vocab=m.vocab,
@@ -377,14 +396,14 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry(dsa, dsa.bind_dsa, dsa_geometry),
-    BlockEntry(kda, kda.bind_kda, kda_geometry),
-    BlockEntry(moe, moe.bind_moe, moe_geometry),
-    BlockEntry(dense, dense.bind_dense, dense_geometry),
-    BlockEntry(layer_norms, layer_norms.bind_layer_norms, layer_norms_geometry),
-    BlockEntry(mhc, mhc.bind_mhc, mhc_geometry),
-    BlockEntry(mtp_head, mtp_head.bind_mtp_head, mtp_head_geometry),
-    BlockEntry(lm_globals, lm_globals.bind_lm_globals, lm_globals_geometry),
+    BlockEntry("dsa", "specbind.generated.dsa", dsa_geometry),
+    BlockEntry("kda", "specbind.generated.kda", kda_geometry),
+    BlockEntry("moe", "specbind.generated.moe", moe_geometry),
+    BlockEntry("dense", "specbind.generated.dense", dense_geometry),
+    BlockEntry("layer_norms", "specbind.generated.layer_norms", layer_norms_geometry),
+    BlockEntry("mhc", "specbind.generated.mhc", mhc_geometry),
+    BlockEntry("mtp_head", "specbind.generated.mtp_head", mtp_head_geometry),
+    BlockEntry("lm_globals", "specbind.generated.lm_globals", lm_globals_geometry),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

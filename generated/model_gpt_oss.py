@@ -11,7 +11,7 @@ per-layer config lists are cross-checked against what the names say, never trust
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
     ConstraintRule,
@@ -24,9 +24,12 @@ from specbind.core.ir import (
     UnboundRule,
 )
 from specbind.core.planning import Ranks
-from specbind.generated import layer_norms, lm_globals, sink_attention, stacked_moe
+from specbind.core.record import record
 from specbind.generated.schemes import SCHEMES
 from specbind.runtime.model import BlockEntry, ModelTable
+
+if TYPE_CHECKING:  # each block module is imported on first use (runtime.model.BlockEntry)
+    from specbind.generated import layer_norms, lm_globals, sink_attention, stacked_moe
 
 MODEL = "gpt-oss"
 DOC = (
@@ -90,7 +93,7 @@ GEOMETRY: tuple[GeometryField, ...] = (
 )
 
 
-@dataclass(frozen=True)
+@record
 class Geometry:
     """Every geometry symbol of the model."""
 
@@ -137,6 +140,8 @@ def geometry(values: dict[str, int]) -> Geometry:
 
 def sink_attention_geometry(m: Geometry, ranks: Ranks) -> sink_attention.SinkAttentionGeometry:
     """The ``sink_attention`` block's symbols from the model's geometry."""
+    import specbind.generated.sink_attention as sink_attention  # imported on first use
+
     return sink_attention.SinkAttentionGeometry(
         hidden=m.hidden,
         heads=m.heads,
@@ -149,6 +154,8 @@ def sink_attention_geometry(m: Geometry, ranks: Ranks) -> sink_attention.SinkAtt
 
 def stacked_moe_geometry(m: Geometry, ranks: Ranks) -> stacked_moe.StackedMoeGeometry:
     """The ``stacked_moe`` block's symbols from the model's geometry."""
+    import specbind.generated.stacked_moe as stacked_moe  # imported on first use
+
     return stacked_moe.StackedMoeGeometry(
         hidden=m.hidden,
         experts=m.experts,
@@ -160,6 +167,8 @@ def stacked_moe_geometry(m: Geometry, ranks: Ranks) -> stacked_moe.StackedMoeGeo
 
 def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeometry:
     """The ``layer_norms`` block's symbols from the model's geometry."""
+    import specbind.generated.layer_norms as layer_norms  # imported on first use
+
     return layer_norms.LayerNormsGeometry(
         hidden=m.hidden,
         tp=ranks.tp_size,
@@ -169,6 +178,8 @@ def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeo
 
 def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeometry:
     """The ``lm_globals`` block's symbols from the model's geometry."""
+    import specbind.generated.lm_globals as lm_globals  # imported on first use
+
     return lm_globals.LmGlobalsGeometry(
         hidden=m.hidden,
         vocab=m.vocab,
@@ -178,10 +189,10 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry(sink_attention, sink_attention.bind_sink_attention, sink_attention_geometry),
-    BlockEntry(stacked_moe, stacked_moe.bind_stacked_moe, stacked_moe_geometry),
-    BlockEntry(layer_norms, layer_norms.bind_layer_norms, layer_norms_geometry),
-    BlockEntry(lm_globals, lm_globals.bind_lm_globals, lm_globals_geometry),
+    BlockEntry("sink_attention", "specbind.generated.sink_attention", sink_attention_geometry),
+    BlockEntry("stacked_moe", "specbind.generated.stacked_moe", stacked_moe_geometry),
+    BlockEntry("layer_norms", "specbind.generated.layer_norms", layer_norms_geometry),
+    BlockEntry("lm_globals", "specbind.generated.lm_globals", lm_globals_geometry),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

@@ -11,7 +11,7 @@ per-layer config lists are cross-checked against what the names say, never trust
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
     ConstraintRule,
@@ -24,9 +24,12 @@ from specbind.core.ir import (
     UnboundRule,
 )
 from specbind.core.planning import Ranks
-from specbind.generated import dense, kda, layer_norms, lm_globals, mla, moe
+from specbind.core.record import record
 from specbind.generated.schemes import SCHEMES
 from specbind.runtime.model import BlockEntry, ModelTable
+
+if TYPE_CHECKING:  # each block module is imported on first use (runtime.model.BlockEntry)
+    from specbind.generated import dense, kda, layer_norms, lm_globals, mla, moe
 
 MODEL = "kimi-linear"
 DOC = "Kimi Linear (hybrid KDA + MLA without RoPE, MoE), as written by transformers' kimi_linear."
@@ -167,7 +170,7 @@ GEOMETRY: tuple[GeometryField, ...] = (
 )
 
 
-@dataclass(frozen=True)
+@record
 class Geometry:
     """Every geometry symbol of the model."""
 
@@ -238,6 +241,8 @@ def geometry(values: dict[str, int]) -> Geometry:
 
 def mla_geometry(m: Geometry, ranks: Ranks) -> mla.MlaGeometry:
     """The ``mla`` block's symbols from the model's geometry."""
+    import specbind.generated.mla as mla  # imported on first use
+
     return mla.MlaGeometry(
         hidden=m.hidden,
         heads=m.heads,
@@ -252,6 +257,8 @@ def mla_geometry(m: Geometry, ranks: Ranks) -> mla.MlaGeometry:
 
 def kda_geometry(m: Geometry, ranks: Ranks) -> kda.KdaGeometry:
     """The ``kda`` block's symbols from the model's geometry."""
+    import specbind.generated.kda as kda  # imported on first use
+
     return kda.KdaGeometry(
         hidden=m.hidden,
         linear_heads=m.linear_heads,
@@ -265,6 +272,8 @@ def kda_geometry(m: Geometry, ranks: Ranks) -> kda.KdaGeometry:
 
 def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
     """The ``moe`` block's symbols from the model's geometry."""
+    import specbind.generated.moe as moe  # imported on first use
+
     return moe.MoeGeometry(
         hidden=m.hidden,
         experts=m.experts,
@@ -277,6 +286,8 @@ def moe_geometry(m: Geometry, ranks: Ranks) -> moe.MoeGeometry:
 
 def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
     """The ``dense`` block's symbols from the model's geometry."""
+    import specbind.generated.dense as dense  # imported on first use
+
     return dense.DenseGeometry(
         hidden=m.hidden,
         intermediate=m.intermediate,
@@ -287,6 +298,8 @@ def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
 
 def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeometry:
     """The ``layer_norms`` block's symbols from the model's geometry."""
+    import specbind.generated.layer_norms as layer_norms  # imported on first use
+
     return layer_norms.LayerNormsGeometry(
         hidden=m.hidden,
         tp=ranks.tp_size,
@@ -296,6 +309,8 @@ def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeo
 
 def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeometry:
     """The ``lm_globals`` block's symbols from the model's geometry."""
+    import specbind.generated.lm_globals as lm_globals  # imported on first use
+
     return lm_globals.LmGlobalsGeometry(
         hidden=m.hidden,
         vocab=m.vocab,
@@ -305,12 +320,12 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry(mla, mla.bind_mla, mla_geometry),
-    BlockEntry(kda, kda.bind_kda, kda_geometry),
-    BlockEntry(moe, moe.bind_moe, moe_geometry),
-    BlockEntry(dense, dense.bind_dense, dense_geometry),
-    BlockEntry(layer_norms, layer_norms.bind_layer_norms, layer_norms_geometry),
-    BlockEntry(lm_globals, lm_globals.bind_lm_globals, lm_globals_geometry),
+    BlockEntry("mla", "specbind.generated.mla", mla_geometry),
+    BlockEntry("kda", "specbind.generated.kda", kda_geometry),
+    BlockEntry("moe", "specbind.generated.moe", moe_geometry),
+    BlockEntry("dense", "specbind.generated.dense", dense_geometry),
+    BlockEntry("layer_norms", "specbind.generated.layer_norms", layer_norms_geometry),
+    BlockEntry("lm_globals", "specbind.generated.lm_globals", lm_globals_geometry),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

@@ -11,7 +11,7 @@ per-layer config lists are cross-checked against what the names say, never trust
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
     ConstraintRule,
@@ -23,9 +23,12 @@ from specbind.core.ir import (
     UnboundRule,
 )
 from specbind.core.planning import Ranks
-from specbind.generated import dense, gqa, layer_norms, lm_globals
+from specbind.core.record import record
 from specbind.generated.schemes import SCHEMES
 from specbind.runtime.model import BlockEntry, ModelTable
+
+if TYPE_CHECKING:  # each block module is imported on first use (runtime.model.BlockEntry)
+    from specbind.generated import dense, gqa, layer_norms, lm_globals
 
 MODEL = "llama"
 DOC = "Llama (grouped-query attention, dense SwiGLU MLP), as written by transformers' llama."
@@ -79,7 +82,7 @@ GEOMETRY: tuple[GeometryField, ...] = (
 )
 
 
-@dataclass(frozen=True)
+@record
 class Geometry:
     """Every geometry symbol of the model."""
 
@@ -123,6 +126,8 @@ def geometry(values: dict[str, int]) -> Geometry:
 
 def gqa_geometry(m: Geometry, ranks: Ranks) -> gqa.GqaGeometry:
     """The ``gqa`` block's symbols from the model's geometry."""
+    import specbind.generated.gqa as gqa  # imported on first use
+
     return gqa.GqaGeometry(
         hidden=m.hidden,
         heads=m.heads,
@@ -135,6 +140,8 @@ def gqa_geometry(m: Geometry, ranks: Ranks) -> gqa.GqaGeometry:
 
 def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
     """The ``dense`` block's symbols from the model's geometry."""
+    import specbind.generated.dense as dense  # imported on first use
+
     return dense.DenseGeometry(
         hidden=m.hidden,
         intermediate=m.intermediate,
@@ -145,6 +152,8 @@ def dense_geometry(m: Geometry, ranks: Ranks) -> dense.DenseGeometry:
 
 def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeometry:
     """The ``layer_norms`` block's symbols from the model's geometry."""
+    import specbind.generated.layer_norms as layer_norms  # imported on first use
+
     return layer_norms.LayerNormsGeometry(
         hidden=m.hidden,
         tp=ranks.tp_size,
@@ -154,6 +163,8 @@ def layer_norms_geometry(m: Geometry, ranks: Ranks) -> layer_norms.LayerNormsGeo
 
 def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeometry:
     """The ``lm_globals`` block's symbols from the model's geometry."""
+    import specbind.generated.lm_globals as lm_globals  # imported on first use
+
     return lm_globals.LmGlobalsGeometry(
         hidden=m.hidden,
         vocab=m.vocab,
@@ -163,10 +174,10 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry(gqa, gqa.bind_gqa, gqa_geometry),
-    BlockEntry(dense, dense.bind_dense, dense_geometry),
-    BlockEntry(layer_norms, layer_norms.bind_layer_norms, layer_norms_geometry),
-    BlockEntry(lm_globals, lm_globals.bind_lm_globals, lm_globals_geometry),
+    BlockEntry("gqa", "specbind.generated.gqa", gqa_geometry),
+    BlockEntry("dense", "specbind.generated.dense", dense_geometry),
+    BlockEntry("layer_norms", "specbind.generated.layer_norms", layer_norms_geometry),
+    BlockEntry("lm_globals", "specbind.generated.lm_globals", lm_globals_geometry),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

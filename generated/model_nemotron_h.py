@@ -11,7 +11,7 @@ per-layer config lists are cross-checked against what the names say, never trust
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
     ConstraintRule,
@@ -24,16 +24,19 @@ from specbind.core.ir import (
     UnboundRule,
 )
 from specbind.core.planning import Ranks
-from specbind.generated import (
-    backbone_globals,
-    mamba2,
-    mixer_attention,
-    mixer_mlp,
-    mixer_moe,
-    pre_norm,
-)
+from specbind.core.record import record
 from specbind.generated.schemes import SCHEMES
 from specbind.runtime.model import BlockEntry, ModelTable
+
+if TYPE_CHECKING:  # each block module is imported on first use (runtime.model.BlockEntry)
+    from specbind.generated import (
+        backbone_globals,
+        mamba2,
+        mixer_attention,
+        mixer_mlp,
+        mixer_moe,
+        pre_norm,
+    )
 
 MODEL = "nemotron-h"
 DOC = "NemotronH (transformers' nemotron_h): a hybrid of Mamba2 mixers, grouped-query attention, non-gated MLPs and non-gated MoE layers, one mixer and one pre-norm per layer. The geometry values are transformers 5.23's NemotronHConfig defaults (4 layers: Mamba2, MoE, attention, MLP)."
@@ -164,7 +167,7 @@ GEOMETRY: tuple[GeometryField, ...] = (
 )
 
 
-@dataclass(frozen=True)
+@record
 class Geometry:
     """Every geometry symbol of the model."""
 
@@ -232,6 +235,8 @@ def geometry(values: dict[str, int]) -> Geometry:
 
 def mamba2_geometry(m: Geometry, ranks: Ranks) -> mamba2.Mamba2Geometry:
     """The ``mamba2`` block's symbols from the model's geometry."""
+    import specbind.generated.mamba2 as mamba2  # imported on first use
+
     return mamba2.Mamba2Geometry(
         hidden=m.hidden,
         heads=m.mamba_heads,
@@ -246,6 +251,8 @@ def mamba2_geometry(m: Geometry, ranks: Ranks) -> mamba2.Mamba2Geometry:
 
 def mixer_attention_geometry(m: Geometry, ranks: Ranks) -> mixer_attention.MixerAttentionGeometry:
     """The ``mixer_attention`` block's symbols from the model's geometry."""
+    import specbind.generated.mixer_attention as mixer_attention  # imported on first use
+
     return mixer_attention.MixerAttentionGeometry(
         hidden=m.hidden,
         heads=m.heads,
@@ -258,6 +265,8 @@ def mixer_attention_geometry(m: Geometry, ranks: Ranks) -> mixer_attention.Mixer
 
 def mixer_moe_geometry(m: Geometry, ranks: Ranks) -> mixer_moe.MixerMoeGeometry:
     """The ``mixer_moe`` block's symbols from the model's geometry."""
+    import specbind.generated.mixer_moe as mixer_moe  # imported on first use
+
     return mixer_moe.MixerMoeGeometry(
         hidden=m.hidden,
         experts=m.experts,
@@ -270,6 +279,8 @@ def mixer_moe_geometry(m: Geometry, ranks: Ranks) -> mixer_moe.MixerMoeGeometry:
 
 def mixer_mlp_geometry(m: Geometry, ranks: Ranks) -> mixer_mlp.MixerMlpGeometry:
     """The ``mixer_mlp`` block's symbols from the model's geometry."""
+    import specbind.generated.mixer_mlp as mixer_mlp  # imported on first use
+
     return mixer_mlp.MixerMlpGeometry(
         hidden=m.hidden,
         inter=m.intermediate,
@@ -280,6 +291,8 @@ def mixer_mlp_geometry(m: Geometry, ranks: Ranks) -> mixer_mlp.MixerMlpGeometry:
 
 def pre_norm_geometry(m: Geometry, ranks: Ranks) -> pre_norm.PreNormGeometry:
     """The ``pre_norm`` block's symbols from the model's geometry."""
+    import specbind.generated.pre_norm as pre_norm  # imported on first use
+
     return pre_norm.PreNormGeometry(
         hidden=m.hidden,
         tp=ranks.tp_size,
@@ -291,6 +304,8 @@ def backbone_globals_geometry(
     m: Geometry, ranks: Ranks
 ) -> backbone_globals.BackboneGlobalsGeometry:
     """The ``backbone_globals`` block's symbols from the model's geometry."""
+    import specbind.generated.backbone_globals as backbone_globals  # imported on first use
+
     return backbone_globals.BackboneGlobalsGeometry(
         hidden=m.hidden,
         vocab=m.vocab,
@@ -300,12 +315,14 @@ def backbone_globals_geometry(
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry(mamba2, mamba2.bind_mamba2, mamba2_geometry),
-    BlockEntry(mixer_attention, mixer_attention.bind_mixer_attention, mixer_attention_geometry),
-    BlockEntry(mixer_moe, mixer_moe.bind_mixer_moe, mixer_moe_geometry),
-    BlockEntry(mixer_mlp, mixer_mlp.bind_mixer_mlp, mixer_mlp_geometry),
-    BlockEntry(pre_norm, pre_norm.bind_pre_norm, pre_norm_geometry),
-    BlockEntry(backbone_globals, backbone_globals.bind_backbone_globals, backbone_globals_geometry),
+    BlockEntry("mamba2", "specbind.generated.mamba2", mamba2_geometry),
+    BlockEntry("mixer_attention", "specbind.generated.mixer_attention", mixer_attention_geometry),
+    BlockEntry("mixer_moe", "specbind.generated.mixer_moe", mixer_moe_geometry),
+    BlockEntry("mixer_mlp", "specbind.generated.mixer_mlp", mixer_mlp_geometry),
+    BlockEntry("pre_norm", "specbind.generated.pre_norm", pre_norm_geometry),
+    BlockEntry(
+        "backbone_globals", "specbind.generated.backbone_globals", backbone_globals_geometry
+    ),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

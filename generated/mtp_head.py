@@ -15,7 +15,6 @@ Traps: see the spec's comments; a concat fixes its order and squeezes a literal-
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from specbind.core.ir import (
@@ -27,6 +26,7 @@ from specbind.core.ir import (
     TensorRule,
 )
 from specbind.core.planning import BlockPlan, plan_block
+from specbind.core.record import record
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.checks import BindReport, bind_tensors, check_dims
 from specbind.runtime.quant import (
@@ -48,7 +48,7 @@ DOC = "MTP layer extras (enorm, hnorm, eh_proj, shared_head.norm; optionally the
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record
 class MtpHeadGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
@@ -224,7 +224,7 @@ def check_constraints(g: MtpHeadGeometry) -> None:
     check_dims(block=BLOCK, shapes=expected_shapes(g))
 
 
-@dataclass(frozen=True)
+@record
 class MtpHeadWeights(Generic[T]):
     """The bound weights of one ``mtp_head`` block, in the layout the kernels read."""
 

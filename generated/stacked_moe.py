@@ -16,7 +16,6 @@ Traps: see the spec's comments; a concat fixes its order and squeezes a literal-
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from specbind.core.ir import (
@@ -28,6 +27,7 @@ from specbind.core.ir import (
     TensorRule,
 )
 from specbind.core.planning import BlockPlan, plan_block
+from specbind.core.record import record
 from specbind.runtime import ops as numpy_ops
 from specbind.runtime.backends import NUMPY, Backend
 from specbind.runtime.checks import Array, BindReport, bind_tensors, check_dims
@@ -52,7 +52,7 @@ DOC = "Softmax top-k router with a bias; experts stacked on axis 0 with biases, 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record
 class StackedMoeGeometry:
     """The block's symbols at one model geometry, and the tensor- and expert-parallel sizes."""
 
@@ -262,7 +262,7 @@ def check_constraints(g: StackedMoeGeometry) -> None:
     check_dims(block=BLOCK, shapes=expected_shapes(g))
 
 
-@dataclass(frozen=True)
+@record
 class StackedMoeWeights(Generic[T]):
     """The bound weights of one ``stacked_moe`` block, in the layout the kernels read."""
 

@@ -307,6 +307,7 @@ def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
         lines.append("from specbind.core import algebra_ops")
     lines.append(f"from specbind.core.ir import {', '.join(sorted(ir))}")
     lines.append("from specbind.core.planning import BlockPlan, plan_block")
+    lines.append("from specbind.core.record import record")
     if has_transform:
         lines.append("from specbind.runtime import ops as numpy_ops")
     lines.append("from specbind.runtime.backends import NUMPY, Backend")

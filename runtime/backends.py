@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
@@ -20,6 +19,7 @@ import numpy as np
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, SpecbindError
+from specbind.core.record import record
 from specbind.runtime import ops as numpy_ops
 from specbind.runtime.checks import Array
 from specbind.runtime.ops import Ops
@@ -29,7 +29,7 @@ F8 = tuple(
 )
 
 
-@dataclass(frozen=True)
+@record
 class Backend:
     name: str
     ops: Ops

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from specbind.core.errors import BindError, SpecbindError
 from specbind.core.ir import FieldRule
 from specbind.core.planning import Ranks
+from specbind.core.record import field, record
 from specbind.runtime.backends import NUMPY, Arena, Backend
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.checks import BindReport
@@ -38,7 +38,7 @@ from specbind.runtime.view import open_layout, slot_quant
 GLOBALS = -1  # the "layer" index the model-level tensors are reported under
 
 
-@dataclass
+@record(frozen=False)
 class SlotResult:
     slot: str
     block: str
@@ -47,7 +47,7 @@ class SlotResult:
     fields: Mapping[str, FieldRule]  # how each bound field is made and laid out
 
 
-@dataclass
+@record(frozen=False)
 class LayerResult:
     index: int
     role: str  # "decoder" | "mtp"
@@ -71,7 +71,7 @@ class LayerResult:
         }
 
 
-@dataclass
+@record(frozen=False)
 class BindResult:
     ranks: Ranks
     layers: list[LayerResult]
@@ -265,7 +265,7 @@ class Sink(Protocol):
     def slot(self, where: str, bound: SlotResult) -> None: ...
 
 
-@dataclass(frozen=True)
+@record
 class Expected:
     """What a bind will produce, known before any tensor is read: every field name that may be
     written (optional fields may not be) and each layer's role and slot blocks."""

@@ -12,13 +12,13 @@ specbind`` re-exports it and must stay fast); the list of outputs is read when a
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from specbind.core.errors import BindError
+from specbind.core.record import record
 
 
-@dataclass(frozen=True)
+@record
 class BindOptions:
     """``quant_output``: optional layouts of quantized fields besides the packed one
     (``"swizzled"`` block scales, ``"dequantized"`` BF16), as ``--quant-output``;

@@ -20,11 +20,11 @@ Invariant: nothing here reads tensor bytes; one slot's expectation is computed o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from specbind.core.errors import ReloadError, SpecbindError
 from specbind.core.planning import Ranks
+from specbind.core.record import record
 from specbind.runtime.bound_format import Layers
 from specbind.runtime.model import BlockEntry, ModelTable
 from specbind.runtime.quant import LayerQuant
@@ -33,13 +33,13 @@ from specbind.runtime.shapes import Shaped
 GLOBALS = -1  # the layer index the model-level tensors are bound under (runtime.bind)
 
 
-@dataclass(frozen=True)
+@record
 class Entry:
     dtype: str
     shape: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@record
 class _Slot:
     where: str  # "layers.3.mlp", or "globals"
     index: int

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import xxhash
@@ -59,6 +58,7 @@ import xxhash
 from specbind.core.errors import ReloadError
 from specbind.core.patterns import is_index
 from specbind.core.planning import Ranks
+from specbind.core.record import field, record
 from specbind.runtime.quant import OUTPUTS, quant_metadata
 
 ALGORITHM = "xxh3_128"
@@ -99,7 +99,7 @@ NEEDED = ("model", "specs_sha256", "tp_size", "tp_rank", "ep_size", "ep_rank", "
 Layers = Mapping[int, tuple[str, Mapping[str, str]]]  # index -> (role, slot -> block)
 
 
-@dataclass(frozen=True)
+@record
 class QuantMeta:
     """What a quantized bind records: the scheme, weight-only or not, the optional layouts."""
 
@@ -111,7 +111,7 @@ class QuantMeta:
         return quant_metadata(self.scheme, self.weight_only, self.outputs)
 
 
-@dataclass(frozen=True)
+@record
 class BoundMeta:
     """The metadata of one rank's bound file (the module docstring lists the keys)."""
 
@@ -191,7 +191,7 @@ def is_count(text: str) -> bool:
     return text.isascii() and text.isdecimal() and len(text) <= 18
 
 
-@dataclass(frozen=True)
+@record
 class _Decoder:
     meta: Mapping[str, str]
     where: str

@@ -31,13 +31,13 @@ import hashlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.planning import Ranks, TensorPlan
+from specbind.core.record import record
 from specbind.runtime.layout import Layout
 from specbind.runtime.model import ModelTable
 from specbind.runtime.quant import LayerQuant, quantize_rules
@@ -47,7 +47,7 @@ from specbind.runtime.tp import shard_raw
 DIGEST_BYTES = 16  # blake2b-128: a collision by chance is not a concern at any model size
 
 
-@dataclass(frozen=True)
+@record
 class Piece:
     name: str  # the tensor's full checkpoint name
     nbytes: int  # the whole tensor's bytes on disk

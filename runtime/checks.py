@@ -29,26 +29,25 @@ wrong; ``ops.concat_squeeze`` checks the squeezed dim really is 1.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, GeometryError, at
 from specbind.core.ir import ConstraintRule, GroupRule, TensorRule
 from specbind.core.patterns import Matcher, fill, matcher
 from specbind.core.planning import BlockPlan
+from specbind.core.record import field, record
 from specbind.runtime.source import TensorSource, WholeSource
 
-Array = npt.NDArray[Any]
+Array = np.ndarray[Any, np.dtype[Any]]  # numpy.typing.NDArray[Any], without importing it
 # The largest stored tensor (on-disk bytes) a narrowing reads whole for its verdict; above it
 # the check is this rank's slice only (see the module docstring).
 WHOLE_CHECK_BYTES = 4 << 20
 
 
-@dataclass
+@record(frozen=False)
 class BindReport:
     index: int
     kind: str  # the block
@@ -112,7 +111,7 @@ def members(t: Mapping[str, Any], pattern: str, family: str, plan: BlockPlan) ->
     return [t[fill(pattern, i)] for i in plan.members[family]]
 
 
-@dataclass
+@record(frozen=False)
 class Census:
     """What a block's rules make of the names it is given (names only: nothing is read)."""
 

@@ -17,7 +17,6 @@ mpirun binds alone, with its rank from those variables (``specbind.launcher``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from datetime import timedelta
 from typing import Any, Protocol, TypeVar
 
 from specbind.core.errors import DistributedError
@@ -84,6 +83,8 @@ class TorchComm:
             ) from None
         self._dist = dist
         self.timeout_s = timeout_s
+        from datetime import timedelta  # here: `bind` imports this module on every start
+
         where = f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}"
         cuda = torch.cuda.is_available()
         self.backend = "nccl" if cuda else "gloo"

@@ -40,13 +40,13 @@ import json
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 from specbind.core.errors import DistributedError, GeometryError, SpecbindError
 from specbind.core.planning import Ranks
+from specbind.core.record import record
 from specbind.runtime import agreement, byte_coverage
 from specbind.runtime.atomic import atomic_writer
 from specbind.runtime.backends import Backend
@@ -66,7 +66,7 @@ INDEX = "specbind-index.json"
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@record
 class Job:
     """One ``bind`` across ranks, as the CLI was asked for it (the same on every rank)."""
 
@@ -138,7 +138,7 @@ def _raise_first(comm: Comm, phase: str, errors: list[str | None]) -> None:
         raise DistributedError(f"rank {r} of {comm.world} failed while {phase}: {msg}{more}")
 
 
-@dataclass
+@record(frozen=False)
 class _Prepared:
     ranks: Ranks
     ckpt: CheckpointDir

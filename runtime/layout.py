@@ -26,19 +26,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from specbind.core.errors import CheckpointError
 from specbind.core.patterns import INDEX, Matcher, layer_pattern, parts
+from specbind.core.record import field, record
 from specbind.runtime.checks import family_matcher
 from specbind.runtime.config import config_count, config_lookup, expected_groups
 from specbind.runtime.model import BlockEntry, ModelTable
 from specbind.runtime.source import RawTensor, TensorSource
 
 
-@dataclass
+@record(frozen=False)
 class LayerSplit:
     prefix: str
     layers: dict[int, list[str]] = field(default_factory=dict)  # index -> layer-relative names
@@ -133,7 +133,7 @@ class LayerSource:
         return self._ckpt.get(self._prefix + name)
 
 
-@dataclass
+@record(frozen=False)
 class SlotFill:
     slot: str
     block: BlockEntry[Any] | None  # None: no block of the slot matches
@@ -142,7 +142,7 @@ class SlotFill:
     nearest: str = ""
 
 
-@dataclass
+@record(frozen=False)
 class LayerLayout:
     index: int
     role: str  # "decoder" | "mtp"
@@ -150,7 +150,7 @@ class LayerLayout:
     unclaimed: list[str] = field(default_factory=list)
 
 
-@dataclass
+@record(frozen=False)
 class Layout:
     split: LayerSplit
     layers: dict[int, LayerLayout]

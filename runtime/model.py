@@ -9,8 +9,8 @@ config.json is read in ``runtime.config``, not here.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -27,6 +27,7 @@ from specbind.core.ir import (
 )
 from specbind.core.planning import BlockPlan, Ranks, expand
 from specbind.core.quant import SchemeRule
+from specbind.core.record import record
 from specbind.runtime.backends import Backend
 from specbind.runtime.checks import Array, BindReport
 from specbind.runtime.quant import LayerQuant, quantize_rules
@@ -44,23 +45,22 @@ def map_arrays(weights: Any, fn: Callable[[str, Any], Any]) -> Any:
     """``weights`` (a generated ``<Block>Weights``) with every array replaced by ``fn(field,
     array)``: each bound field, and each companion of a quantized field, by its name in
     ``arrays()``. An absent optional field stays absent."""
-    import dataclasses
-
+    from specbind.core.record import fields, is_record, replace
     from specbind.runtime.quant import QuantFields
 
-    if not dataclasses.is_dataclass(weights) or isinstance(weights, type):
+    if not is_record(weights) or isinstance(weights, type):
         return weights  # a streamed slot's weights: none kept
     changes: dict[str, Any] = {}
-    for f in dataclasses.fields(weights):
+    for f in fields(weights):
         v = getattr(weights, f.name)
         if v is None:
             continue
         if isinstance(v, QuantFields):  # quantized fields' companions, by field name
             arrays = {k: fn(k, a) for k, a in v.arrays.items()}
-            changes[f.name] = dataclasses.replace(v, arrays=arrays)
+            changes[f.name] = replace(v, arrays=arrays)
         else:
             changes[f.name] = fn(f.name, v)
-    return dataclasses.replace(weights, **changes)
+    return replace(weights, **changes)
 
 
 class Binder(Protocol):
@@ -81,20 +81,32 @@ class Binder(Protocol):
     ) -> tuple[Weights, BindReport]: ...
 
 
-@dataclass(frozen=True)
+@record
 class BlockEntry(Generic[G]):
-    """One generated block as a model table uses it: the block module, its binder, and how
-    the model's geometry becomes the block's (``geometry``). Every method takes the model's
-    geometry and, where the answer depends on it, this process's ranks; each is one call into
-    the generated module, so "go to definition" from here lands on generated code."""
+    """One generated block as a model table uses it: the block's name, the block module that
+    holds its binder (``bind_<name>``), and how the model's geometry becomes the block's
+    (``geometry``). Every method takes the model's geometry and, where the answer depends on it,
+    this process's ranks; each is one call into the generated module, so "go to definition"
+    from here lands on generated code.
+    The module is named, not held: it is imported the first time something asks for it, so a
+    start that refuses before it reads a checkpoint, or binds a model that does not use a
+    block, does not build that block's module (two records and its tables)."""
 
-    module: ModuleType  # the generated block module (generated/<block>.py)
-    binder: Binder  # its bind_<block>
+    name: str  # the block, as its module's BLOCK says (tests/test_tables checks they agree)
+    module_name: str  # the generated block module (``specbind.generated.<block>``)
     geometry: Callable[[G, Ranks], Any]  # (model geometry, ranks) -> the block's Geometry
 
     @property
-    def name(self) -> str:
-        return str(self.module.BLOCK)
+    def module(self) -> ModuleType:
+        """The generated block module, imported on first use."""
+        found = sys.modules.get(self.module_name)
+        return found if found is not None else importlib.import_module(self.module_name)
+
+    @property
+    def binder(self) -> Binder:
+        """The module's ``bind_<block>``."""
+        binder: Binder = getattr(self.module, f"bind_{self.name}")
+        return binder
 
     @property
     def prefix(self) -> str:
@@ -195,7 +207,7 @@ class BlockEntry(Generic[G]):
         return [r.name for r in expand(rules, whole)[0]]
 
 
-@dataclass(frozen=True)
+@record
 class ModelTable(Generic[G]):
     name: str
     layer_pattern: str
@@ -234,7 +246,7 @@ class ModelTable(Generic[G]):
         return [s for s in self.slots if s.scope in ("all", scope)]
 
 
-@dataclass(frozen=True)
+@record
 class ModelEntry:
     """What the generated registry knows of a model without importing its table: the module
     that holds it, the config.json ``model_type`` values it claims, and whether it is the
@@ -247,8 +259,8 @@ class ModelEntry:
 
 class Registry(Mapping[str, "ModelTable[Any]"]):
     """The generated models by name (``specbind.generated.MODELS``), each table imported on
-    first use: a model's table imports its block modules (tens of dataclasses each), which a
-    process binding one model should not pay for the others. Picking a model by name, by
+    first use: a process binding one model should not pay for the others (and a table's block
+    modules are imported when first used, see ``BlockEntry``). Picking a model by name, by
     ``model_type`` or as the default reads ``entries`` only and imports nothing."""
 
     def __init__(self, package: str, entries: Mapping[str, ModelEntry]) -> None:
@@ -274,7 +286,7 @@ class Registry(Mapping[str, "ModelTable[Any]"]):
         return name in self.entries
 
 
-@dataclass(frozen=True)
+@record
 class EngineTable(Generic[G]):
     """One engine's layout of one model (``generated/engines/``): a model table whose blocks bind
     the fields that engine reads, and the engine's parameter name of each field.

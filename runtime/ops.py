@@ -22,12 +22,11 @@ that a rank multiplies only its own heads.
 
 from __future__ import annotations
 
+import _thread
 import math
 import os
-import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,6 +34,7 @@ import numpy as np
 from specbind.core.dtypes import DTYPES
 from specbind.core.einsum import Lowering, lower
 from specbind.core.errors import BindError, GeometryError
+from specbind.core.record import field, record
 from specbind.runtime import quant_numerics
 from specbind.runtime.checks import Array
 from specbind.runtime.quant_numerics import swizzle_blockscale as swizzle_blockscale
@@ -43,7 +43,7 @@ from specbind.runtime.tp import stacked_run
 F32 = np.dtype(np.float32)
 
 
-@dataclass
+@record(frozen=False)
 class OpStats:
     flops: int = 0  # 2 x multiply-adds
     operand_elements: int = 0
@@ -52,8 +52,8 @@ class OpStats:
 
 
 _stats: OpStats | None = None
-_lock = threading.Lock()
-_blas_lock = threading.Lock()
+_lock = _thread.allocate_lock()  # threading.Lock itself, without importing threading
+_blas_lock = _thread.allocate_lock()
 
 
 @contextmanager

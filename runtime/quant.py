@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
 from specbind.core.errors import BindError, GeometryError, at
@@ -36,6 +35,7 @@ from specbind.core.ir import FieldRule, ShardKind, ShardRule, SharedScaleRule, T
 from specbind.core.patterns import fill, index_of, member_of, parts, placeholders
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.core.quant import CompanionRule, SchemeRule, window
+from specbind.core.record import field, record, replace
 from specbind.runtime.checks import Array, BindReport, check_one, members
 from specbind.runtime.quant_config import QuantConfig
 from specbind.runtime.source import TensorSource
@@ -74,7 +74,7 @@ def stored_module(stored: str, scheme: SchemeRule) -> str:
     return stored.removesuffix(packed) if stored.endswith(packed) else module_of(stored)
 
 
-@dataclass(frozen=True)
+@record
 class LayerQuant:
     """One slot of one layer: the scheme and which linear rules (by pattern) it quantizes."""
 
@@ -441,7 +441,7 @@ def _dequant(
     return q.dequant_nvfp4(t[name], s, gs, divide=d.global_op == "divide", group=d.group[0])
 
 
-@dataclass
+@record(frozen=False)
 class QuantFields:
     """Fields bound beside a block's own: the companions of its quantized fields."""
 

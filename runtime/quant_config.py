@@ -28,12 +28,12 @@ map), because that is what the tools wrote into their configs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from specbind.core.config_patterns import Kind, NameMatcher
 from specbind.core.errors import CheckpointError
 from specbind.core.quant import DetectRule, SchemeRule
+from specbind.core.record import field, record
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.config import quantization_config
 
@@ -54,7 +54,7 @@ def lookup(doc: Any, dotted: str) -> list[Any]:
     return found
 
 
-@dataclass(frozen=True)
+@record
 class QuantConfig:
     """One checkpoint's quantization: the scheme, and what the config says is quantized."""
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ import numpy as np
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import CheckpointError, ReloadError, SpecbindError
 from specbind.core.planning import Ranks
+from specbind.core.record import record
 from specbind.runtime.bound_check import Entry, check_fields
 from specbind.runtime.bound_format import (
     RECORD_KEY,
@@ -60,7 +60,7 @@ from specbind.runtime.quant import LayerQuant
 from specbind.runtime.safetensors_file import SafetensorsFile
 
 
-@dataclass
+@record(frozen=False)
 class BoundFile:
     path: Path
     model: str

@@ -19,17 +19,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from specbind.core.einsum import lower
 from specbind.core.errors import BindError
 from specbind.core.planning import BlockPlan
+from specbind.core.record import record
 from specbind.runtime.ops import matmul_dims
 from specbind.runtime.quant_numerics import fp8_block_geometry, nvfp4_geometry, padded_shape
 
 
-@dataclass(frozen=True)
+@record
 class Shaped:
     """An array's shape and dtype, nothing else."""
 

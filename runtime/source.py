@@ -9,11 +9,12 @@ and raw bytes untouched (no cast, no copy for a memory-mapped source).
 from __future__ import annotations
 
 import mmap
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from specbind.core.record import record
 
-@dataclass(frozen=True)
+
+@record
 class MapSpan:
     """Where a tensor's bytes sit in a memory map, so a reader can release pages it is done with."""
 
@@ -21,7 +22,7 @@ class MapSpan:
     offset: int  # offset of the tensor's first byte in the map (= its file offset)
 
 
-@dataclass(frozen=True)
+@record
 class RawTensor:
     dtype: str
     shape: tuple[int, ...]

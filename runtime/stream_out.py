@@ -40,7 +40,6 @@ import sys
 from collections import deque
 from collections.abc import Callable, Iterable
 from contextlib import ExitStack
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -48,6 +47,7 @@ import numpy as np
 
 from specbind.core.dtypes import DTYPES, dtype_name
 from specbind.core.errors import OutputError
+from specbind.core.record import replace
 from specbind.runtime.atomic import atomic_writer
 from specbind.runtime.backends import Backend
 from specbind.runtime.bound_format import HEX, BoundMeta, quant_of, tensor_hasher

@@ -26,17 +26,19 @@ import math
 import mmap
 import weakref
 from collections.abc import Sequence
-from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, at
 from specbind.core.patterns import fill, parts
 from specbind.core.planning import BlockPlan, TensorPlan
+from specbind.core.record import replace
 from specbind.runtime.source import MapSpan, RawTensor, TensorSource
+
+if TYPE_CHECKING:  # annotations only: numpy.typing costs every start ~1 ms
+    import numpy.typing as npt
 
 
 def shard_raw(

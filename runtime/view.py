@@ -39,7 +39,6 @@ Trap: ``audit`` does not use ``open_layout``: it reports these problems instead 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,7 @@ from specbind.core import algebra
 from specbind.core.errors import BindError, CheckpointError
 from specbind.core.ir import NameRule
 from specbind.core.patterns import LayerPattern, fill, index_of, layer_pattern, parts
+from specbind.core.record import record
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.config import values_from_config
 from specbind.runtime.layout import Layout, layout
@@ -181,7 +181,7 @@ def _mapped(
     return [(name, 0, 1, ())]
 
 
-@dataclass(frozen=True)
+@record
 class OpenLayout:
     qconf: QuantConfig | None  # the checkpoint's quantization, as its own config declares it
     view: NamedView  # its tensors under the specs' names (the name map, packed names)

@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
+from specbind.core.record import record
 from specbind.runtime.bind_options import BindOptions
 
 if TYPE_CHECKING:
@@ -39,13 +39,13 @@ W = TypeVar("W")
 BackendName = Literal["numpy", "cupy", "torch"]
 
 
-@dataclass(frozen=True)
+@record
 class BoundSlot(Generic[T]):
     """One slot of one layer (or the model-level ``globals``): its block and bound fields."""
 
     slot: str
     block: str
-    weights: Any  # the generated ``<Block>Weights`` dataclass, holding T; see ``weights_as``
+    weights: Any  # the generated ``<Block>Weights`` record, holding T; see ``weights_as``
     tensors: dict[str, T]  # field name -> tensor, as ``weights.arrays()``
     dtypes: dict[str, str]  # field name -> safetensors dtype (BF16, F32, F8_E4M3, ...)
     report: BindReport
@@ -63,14 +63,14 @@ class BoundSlot(Generic[T]):
         return self.weights
 
 
-@dataclass(frozen=True)
+@record
 class BoundLayer(Generic[T]):
     index: int
     role: str  # "decoder" | "mtp"
     slots: dict[str, BoundSlot[T]]
 
 
-@dataclass(frozen=True)
+@record
 class BoundModel(Generic[T]):
     """This rank's share of the whole model, in the layout the kernels read."""
 

@@ -23,10 +23,9 @@ import os
 import re
 import signal
 import sys
-import traceback
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from specbind.core.errors import SpecbindError
 
@@ -200,7 +199,6 @@ def cmd_bind(a: argparse.Namespace) -> int:
         return cmd_bind_ranks(a)
     from specbind.core.planning import Ranks
     from specbind.generated import SPECS_SHA256
-    from specbind.generated import kernels as generated_kernels
     from specbind.launcher import resolve_tp
     from specbind.runtime import backends
     from specbind.runtime.bind import ReportOnly, bind_checkpoint
@@ -211,7 +209,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     overrides = _sets(a.set)
     opts = _options(a)
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
-    backend = backends.get(a.backend, generated_kernels)
+    backend = backends.get(a.backend, _kernels(a.backend))
     ckpt = CheckpointDir(Path(a.ckpt))
     out = None
     if a.out is not None:  # the writer's modules only when there is a file to write
@@ -265,6 +263,15 @@ def cmd_bind(a: argparse.Namespace) -> int:
             + (f"; wrote {a.out}" if a.out else "")
         )
     return 0
+
+
+def _kernels(backend: str) -> Any:
+    """The generated kernels' module for the cupy backend; the numpy backend runs none."""
+    if backend != "cupy":
+        return None
+    from specbind.generated import kernels
+
+    return kernels
 
 
 def _options(a: argparse.Namespace) -> BindOptions:
@@ -435,9 +442,67 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specbind", description="Spec-driven strict tensor binders.")
-    sub = p.add_subparsers(dest="command", required=True)
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help layout, its width read as ``shutil.get_terminal_size`` reads it but
+    without importing ``shutil`` (which imports bz2, lzma and zlib): argparse builds a formatter
+    for every ``add_argument``, so every start paid that import (~4 ms)."""
+
+    def __init__(
+        self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:  # fmt: skip
+        if width is None:
+            width = _columns() - 2  # as HelpFormatter: the terminal's columns less 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+def _columns() -> int:
+    """``shutil.get_terminal_size().columns``: $COLUMNS, else stdout's terminal, else 80."""
+    with contextlib.suppress(KeyError, ValueError):
+        columns = int(os.environ["COLUMNS"])
+        if columns > 0:
+            return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` (its subcommands' too) with ``_Formatter`` as its help layout."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+
+class _Unused:
+    """The parser of a command that is not the one run: every call is taken and ignored."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self
+
+
+COMMANDS = ("generate", "synth", "audit", "bind", "plan", "bench")
+
+
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with ``command``, one that knows that command alone (what
+    ``main`` builds when the first argument names one): each ``ArgumentParser`` looks its
+    messages up in gettext's catalogues and each ``add_argument`` builds a help formatter, so
+    the other five commands' parsers cost every start ~5 ms."""
+    p = _Parser(prog="specbind", description="Spec-driven strict tensor binders.")
+    subparsers = p.add_subparsers(dest="command", required=True)
+
+    class Sub:
+        @staticmethod
+        def add_parser(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+            if command is not None and name != command:
+                unused: Any = _Unused()
+                return cast(argparse.ArgumentParser, unused)
+            return subparsers.add_parser(name, **kwargs)
+
+    sub = Sub()
 
     g = sub.add_parser("generate", help="validate specs/ and render generated/")
     g.add_argument(
@@ -686,7 +751,8 @@ def _terminated(signum: int, frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    args = parser(given[0] if given and given[0] in COMMANDS else None).parse_args(argv)
     previous: Any = None
     with contextlib.suppress(ValueError):  # only the main thread may set a handler
         previous = signal.signal(signal.SIGTERM, _terminated)
@@ -711,6 +777,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:  # a bug in specbind: say so, in one line
         if os.environ.get("SPECBIND_DEBUG") == "1":
+            import traceback
+
             traceback.print_exc()
         _say(
             f"specbind: internal error: {type(e).__name__}: {e} "

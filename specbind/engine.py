@@ -18,13 +18,13 @@ both gets both.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from specbind.core.errors import BindError, SpecbindError
+from specbind.core.record import record
 
 # A field's safetensors dtype -> torch's dtype name (the bytes are copied, never converted).
 TORCH_DTYPES = {
@@ -34,7 +34,7 @@ TORCH_DTYPES = {
 }  # fmt: skip
 
 
-@dataclass(frozen=True)
+@record
 class EngineField:
     name: str  # the engine's parameter name
     where: str  # the bound field, as ``bind --out`` names it (layers.3.mlp.w13)

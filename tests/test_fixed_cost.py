@@ -58,6 +58,23 @@ def test_start_to_first_work_imports_one_models_tables_and_nothing_it_has_not_us
     # a thread pool (and logging with it), RE2 for quantized configs' lists, the --out writer
     for unused in ("concurrent.futures", "logging", "re2", "specbind.runtime.stream_out"):
         assert unused not in mods, unused
+    # the table names its blocks: no block module is built before a block is used; records
+    # (core.record) compile no code, and nothing on the way imports dataclasses instead
+    table = MODELS[picked[0]]
+    assert {b.module_name for b in table.blocks}.isdisjoint(mods)
+    assert "dataclasses" not in mods
+    assert "traceback" not in mods and "shutil" not in mods  # an internal error's; argparse's
+
+
+def test_each_table_names_its_blocks_as_their_modules_do() -> None:
+    from specbind.generated import MODELS
+    from specbind.generated.engines import ENGINES
+
+    tables = [*MODELS.values(), *(x.table for x in ENGINES.values())]
+    for table in tables:
+        for b in table.blocks:
+            assert b.name == b.module.BLOCK, (table.name, b.module_name)
+            assert callable(b.binder)
 
 
 def test_bind_with_progress_asked_for_still_draws_the_bar(ckpt: Path) -> None:

@@ -12,9 +12,8 @@ feeds some parameter and that each declared engine shape equals its field at eve
 
 from __future__ import annotations
 
-import dataclasses
-
 from specbind.core.planning import Ranks
+from specbind.core.record import replace
 from specbind.generated import model_deepseek_v3 as model
 from specbind.generated.engines import vllm_mla_lora
 from specbind.runtime.model import BlockEntry, EngineTable
@@ -76,7 +75,7 @@ def mla_lora_geometry(m: model.Geometry, ranks: Ranks) -> vllm_mla_lora.MlaLoraG
 # The blocks bound by a variant of their own; every other block (read as the block binds it,
 # or MTP-only and left out) by the model's own binder, in the model's order.
 VARIANTS: dict[str, BlockEntry[model.Geometry]] = {
-    "mla_lora": BlockEntry(vllm_mla_lora, vllm_mla_lora.bind_mla_lora, mla_lora_geometry),
+    "mla_lora": BlockEntry("mla_lora", vllm_mla_lora.__name__, mla_lora_geometry),
 }
 BLOCKS: tuple[BlockEntry[model.Geometry], ...] = tuple(
     VARIANTS.get(b.name, b) for b in model.TABLE.blocks
@@ -84,7 +83,7 @@ BLOCKS: tuple[BlockEntry[model.Geometry], ...] = tuple(
 
 LAYOUT: EngineTable[model.Geometry] = EngineTable(
     engine=ENGINE,
-    table=dataclasses.replace(model.TABLE, blocks=BLOCKS),
+    table=replace(model.TABLE, blocks=BLOCKS),
     layers=LAYERS,
     parameters=PARAMETERS,
     skip_mtp="vLLM's DeepseekV3ForCausalLM holds no MTP layer (its DeepSeekMTP is a separate draft model)",

@@ -12,9 +12,8 @@ feeds some parameter and that each declared engine shape equals its field at eve
 
 from __future__ import annotations
 
-import dataclasses
-
 from specbind.core.planning import Ranks
+from specbind.core.record import replace
 from specbind.generated import model_llama as model
 from specbind.generated.engines import vllm_gqa
 from specbind.runtime.model import BlockEntry, EngineTable
@@ -63,7 +62,7 @@ def gqa_geometry(m: model.Geometry, ranks: Ranks) -> vllm_gqa.GqaGeometry:
 # The blocks bound by a variant of their own; every other block (read as the block binds it,
 # or MTP-only and left out) by the model's own binder, in the model's order.
 VARIANTS: dict[str, BlockEntry[model.Geometry]] = {
-    "gqa": BlockEntry(vllm_gqa, vllm_gqa.bind_gqa, gqa_geometry),
+    "gqa": BlockEntry("gqa", vllm_gqa.__name__, gqa_geometry),
 }
 BLOCKS: tuple[BlockEntry[model.Geometry], ...] = tuple(
     VARIANTS.get(b.name, b) for b in model.TABLE.blocks
@@ -71,7 +70,7 @@ BLOCKS: tuple[BlockEntry[model.Geometry], ...] = tuple(
 
 LAYOUT: EngineTable[model.Geometry] = EngineTable(
     engine=ENGINE,
-    table=dataclasses.replace(model.TABLE, blocks=BLOCKS),
+    table=replace(model.TABLE, blocks=BLOCKS),
     layers=LAYERS,
     parameters=PARAMETERS,
     skip_mtp=None,

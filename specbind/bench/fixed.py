@@ -3,8 +3,9 @@
 The row times, as whole processes interleaved (A B A B ...), ``python -c "import numpy,
 ml_dtypes"`` (the floor: specbind cannot start faster than the two libraries it binds with) and
 ``python -m specbind bind <a missing directory>``: every import ``bind`` needs, the argument
-parse, the model table, then a one-line refusal at the first thing ``bind`` reads — start to
-first work, plus exit. Target: at most 1.3x the floor (issue #15).
+parse, the model table (its block modules are imported when first used, so none here), then a
+one-line refusal at the first thing ``bind`` reads — start to first work, plus exit. Target: at
+most 1.2x the floor (issue #23; 1.3x in issue #15).
 Trap: with ``PYTHONDONTWRITEBYTECODE`` set on an editable install every start recompiles
 specbind (15-20 ms); that is a property of the install, not of specbind, and the row reports
 whether bytecode was cached so a slow figure can be read for what it is.
