@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import mmap
 from collections.abc import Mapping
 from typing import Any
 
@@ -95,6 +96,18 @@ def get(name: str, kernels: Any = None) -> Backend:
 
 
 ALIGN = 64  # bytes: every array an Arena hands out starts on a cache line
+PAGE = mmap.PAGESIZE
+POPULATE_STEP = 16 << 20  # bytes a background populate maps per call
+
+
+def _populate_write(chunk: Any) -> None:
+    """Map every page of ``chunk`` writable, a step at a time (see ``Arena.reserve``)."""
+    from specbind.runtime.ops import MADV_POPULATE_WRITE, advise
+
+    base, size = chunk.ctypes.data, chunk.nbytes
+    for off in range(0, size, POPULATE_STEP):
+        if not advise(base + off, min(POPULATE_STEP, size - off), MADV_POPULATE_WRITE):
+            return
 
 
 class Arena:
@@ -127,6 +140,29 @@ class Arena:
         self._off = 0  # the next free byte in it
         self.used = 0  # bytes handed out since the last reset (alignment padding excluded)
 
+    def reserve(self, nbytes: int) -> None:
+        """Room for ``nbytes`` more bytes, as one new chunk whose pages a background thread maps
+        in (``MADV_POPULATE_WRITE``) front to back, ahead of the writes. The first touch of
+        fresh memory is the kernel zeroing it (and, on a virtual machine, the host backing it):
+        done by the bind's own writes it stalls every copy; done ahead on another core it
+        overlaps them. Only a hint: bytes past it grow the arena as before, and a kernel without
+        the advice (before 5.14) leaves the writes to fault the pages in."""
+        free = sum(int(c.nbytes) for c in self._chunks[self._at :]) - self._off
+        if nbytes <= free:
+            return
+        chunk = self._new_chunk(nbytes - free)
+        import threading
+
+        threading.Thread(target=_populate_write, args=(chunk,), daemon=True).start()
+
+    def _new_chunk(self, nbytes: int) -> Any:
+        """A chunk of at least ``nbytes`` at the end of the arena (an anonymous private map)."""
+        size = -(-(nbytes + ALIGN) // PAGE) * PAGE
+        m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        chunk = np.frombuffer(m, dtype=np.uint8)  # [size B]: the array keeps the map alive
+        self._chunks.append(chunk)
+        return chunk
+
     @property
     def nbytes(self) -> int:
         """The arena's size: every chunk's bytes."""
@@ -148,7 +184,7 @@ class Arena:
                 if self._at + 1 < len(self._chunks):  # a chunk kept from before a reset
                     self._at, self._off = self._at + 1, 0
                     continue
-            self._chunks.append(np.empty(max(self._chunk, n + ALIGN), dtype=np.uint8))
+            self._new_chunk(max(self._chunk, n))
             self._at, self._off = len(self._chunks) - 1, 0
 
     def holds(self, a: Any) -> bool:

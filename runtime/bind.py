@@ -171,8 +171,11 @@ def bind_checkpoint(
 
     With ``into`` (an ``Arena``: the caller's host memory) every field of the result lies in
     the arena: the ops write the fields they make there, and each field that would be a view of
-    the mapped checkpoint is copied in once. Each byte of the rank is written once, where the
-    caller wants it; a streaming bind (``sink``) keeps no field, so the two are refused together.
+    the mapped checkpoint is copied in once, so each byte of the rank is written once, where the
+    caller wants it. The arena reserves the rank's planned bytes first (their pages mapped in
+    ahead of the writes, on another core), and, as a streaming bind does, each layer's map
+    pages are released once it is bound: memory holds the arena, not the arena and the mapped
+    checkpoint. A streaming bind (``sink``) keeps no field, so the two are refused together.
     """
     t0 = time.perf_counter()
     if into is not None and sink is not None:
@@ -208,6 +211,8 @@ def bind_checkpoint(
         b.check(geometry, ranks)
     # each slot's quantization, from names and configs alone: refused before any byte is read
     quant = slot_quant(table, opened, geometry, qout, allow_unshared_scales)
+    if into is not None:  # the rank's planned bytes: their pages mapped ahead of the writes
+        into.reserve(_planned_bytes(lay, kinds, glob_block, geometry, ranks))
     if sink is not None:
         sink.start(_expected(lay, kinds, glob_block, quant, qmeta))
     out: list[LayerResult] = []
@@ -227,7 +232,7 @@ def bind_checkpoint(
             if sink is not None:
                 where = f"layers.{lay_layer.index}.{slot}"
                 bound.slots[slot] = _handed(sink, where, bound.slots[slot])
-        if sink is not None:
+        if sink is not None or into is not None:  # no field views the map: drop its pages
             ckpt.release(
                 view.on_disk(full + n) for fill in lay_layer.slots.values() for n in fill.names
             )
@@ -240,10 +245,38 @@ def bind_checkpoint(
         )
         if sink is not None:
             glob = _handed(sink, "globals", glob)
+        if sink is not None or into is not None:
             ckpt.release(view.on_disk(n) for n in lay.globals.values())
     unbound = {p: len(ns) for p, ns in lay.unbound.items() if ns}
     seconds = time.perf_counter() - t0
     return BindResult(ranks, out, glob, unbound, seconds, flags, qmeta, sorted(lay.mtp_skipped))
+
+
+def _planned_bytes(
+    lay: Layout,
+    kinds: Collection[str] | None,
+    glob: BlockEntry[Any] | None,
+    geometry: Any,
+    ranks: Ranks,
+) -> int:
+    """This rank's bytes of every tensor the bind will read (the plans' local bytes): about
+    what an arena receives (a made field's size may differ from its sources')."""
+    plans: dict[str, Any] = {}
+
+    def planned(block: BlockEntry[Any], names: Collection[str]) -> int:
+        plan = plans.get(block.name)
+        if plan is None:
+            plan = plans[block.name] = block.plan(geometry, ranks)
+        return sum(p.local_bytes for n, p in plan.tensors.items() if n in names)
+
+    total = 0
+    for x in lay.layers.values():
+        for fill in x.slots.values():
+            if fill.block is not None and (kinds is None or fill.block.name in kinds):
+                total += planned(fill.block, fill.names)
+    if glob is not None and (kinds is None or glob.name in kinds):
+        total += planned(glob, lay.globals)
+    return total
 
 
 def refuse_idle_ep(model: str, blocks: Collection[BlockEntry[Any]], ep_size: int) -> None:

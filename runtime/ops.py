@@ -244,9 +244,17 @@ def populate(a: Array) -> None:
     skipped, and a kernel without the advice (before 5.14) or any other refusal leaves the
     copy to fault as before.
     ``mmap.madvise`` cannot be used here: the array does not say which map it views."""
-    global _madvise
     if a.flags.writeable or not a.flags.c_contiguous or a.nbytes < _POPULATE_MIN:
         return
+    advise(a.ctypes.data, a.nbytes, MADV_POPULATE_READ)
+
+
+def advise(address: int, length: int, advice: int) -> bool:
+    """``madvise`` over the pages holding ``[address, address + length)``; False (and never
+    asked again) where libc has no madvise or the kernel refuses the advice (before 5.14 for
+    the populate ones). Through ctypes, which releases the GIL for the call, so a thread that
+    populates pages runs beside one that copies."""
+    global _madvise
     if _madvise is None:
         import ctypes
 
@@ -254,19 +262,22 @@ def populate(a: Array) -> None:
             fn = ctypes.CDLL(None, use_errno=True).madvise
         except (OSError, AttributeError):  # no libc madvise: never try again
             _madvise = False
-            return
+            return False
         fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
         fn.restype = ctypes.c_int
         _madvise = fn
     if _madvise is False:
-        return
+        return False
     page = 4096
-    start = a.ctypes.data // page * page
-    if _madvise(start, a.ctypes.data + a.nbytes - start, MADV_POPULATE_READ) != 0:
+    start = address // page * page
+    if _madvise(start, address + length - start, advice) != 0:
         _madvise = False  # refused (EINVAL on an old kernel): stop asking
+        return False
+    return True
 
 
-MADV_POPULATE_READ = 22  # Linux's value; Python 3.11's mmap module has no name for it
+MADV_POPULATE_READ = 22  # Linux's values; Python 3.11's mmap module has no names for them
+MADV_POPULATE_WRITE = 23
 
 
 class Ops(Protocol):

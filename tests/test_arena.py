@@ -140,3 +140,23 @@ def test_torch_on_the_host_shares_the_arena_and_copies_nothing_again(ckpt: Path)
         assert isinstance(x, torch.Tensor) and x.is_contiguous(), name
         assert arena.holds(x.view(torch.uint8).numpy()), name  # the arena's bytes, not a copy
     assert arena.used == used
+
+
+def test_reserved_room_is_carved_before_the_arena_grows_and_is_not_reserved_twice() -> None:
+    arena = Arena(chunk_bytes=1 << 12)
+    arena.reserve(1 << 20)
+    size = arena.nbytes
+    assert size >= 1 << 20
+    arena.reserve(1 << 19)  # fits what is free: no second chunk
+    assert arena.nbytes == size
+    parts = [arena.empty((1 << 16,), np.uint8) for _ in range(15)]  # 960 KiB, 64-aligned
+    assert arena.nbytes == size and all(arena.holds(p) for p in parts)
+    for i, p in enumerate(parts):
+        p[:] = i  # the populated pages take writes like any others
+    assert [int(p[0]) for p in parts] == list(range(15))
+
+
+def test_a_bind_into_an_arena_reserves_about_the_ranks_bytes_up_front(ckpt: Path) -> None:
+    arena = Arena(chunk_bytes=1 << 12)  # tiny chunks: without the reservation, one per field
+    fields = _bind(ckpt, 2, 0, 1, arena).fields()
+    assert len(arena._chunks) < len(fields) // 2  # most fields came out of the reservation
