@@ -102,7 +102,8 @@ POPULATE_STEP = 16 << 20  # bytes a background populate maps per call
 
 def _populate_write(chunk: Any) -> None:
     """Map every page of ``chunk`` writable, a step at a time (see ``Arena.reserve``)."""
-    from specbind.runtime.ops import MADV_POPULATE_WRITE, advise
+    from specbind.runtime.ops import advise
+    from specbind.runtime.tp import MADV_POPULATE_WRITE
 
     base, size = chunk.ctypes.data, chunk.nbytes
     for off in range(0, size, POPULATE_STEP):

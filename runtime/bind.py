@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from specbind.core.errors import BindError, SpecbindError
 from specbind.core.ir import FieldRule
-from specbind.core.planning import Ranks
+from specbind.core.planning import BlockPlan, Ranks
 from specbind.core.record import field, record
 from specbind.runtime.backends import NUMPY, Arena, Backend
 from specbind.runtime.checkpoint import CheckpointDir
@@ -206,13 +206,14 @@ def bind_checkpoint(
     if glob_block is not None:
         used[glob_block.name] = glob_block
     refuse_idle_ep(table.name, table.blocks, ranks.ep_size)
-    for b in used.values():  # refuse a bad (geometry, ranks) before reading any tensor
-        b.plan(geometry, ranks)
+    plans: dict[str, BlockPlan] = {}  # a bad (geometry, ranks) is refused before any read
+    for b in used.values():
+        plans[b.name] = b.plan(geometry, ranks)
         b.check(geometry, ranks)
     # each slot's quantization, from names and configs alone: refused before any byte is read
     quant = slot_quant(table, opened, geometry, qout, allow_unshared_scales)
     if into is not None:  # the rank's planned bytes: their pages mapped ahead of the writes
-        into.reserve(_planned_bytes(lay, kinds, glob_block, geometry, ranks))
+        into.reserve(_planned_bytes(lay, kinds, glob_block, plans))
     if sink is not None:
         sink.start(_expected(lay, kinds, glob_block, quant, qmeta))
     out: list[LayerResult] = []
@@ -256,18 +257,14 @@ def _planned_bytes(
     lay: Layout,
     kinds: Collection[str] | None,
     glob: BlockEntry[Any] | None,
-    geometry: Any,
-    ranks: Ranks,
+    plans: Mapping[str, BlockPlan],
 ) -> int:
-    """This rank's bytes of every tensor the bind will read (the plans' local bytes): about
-    what an arena receives (a made field's size may differ from its sources')."""
-    plans: dict[str, Any] = {}
+    """This rank's bytes of every tensor the bind will read (``plans``: each block's plan on
+    this rank): about what an arena receives (a made field's size may differ from its
+    sources')."""
 
     def planned(block: BlockEntry[Any], names: Collection[str]) -> int:
-        plan = plans.get(block.name)
-        if plan is None:
-            plan = plans[block.name] = block.plan(geometry, ranks)
-        return sum(p.local_bytes for n, p in plan.tensors.items() if n in names)
+        return sum(p.local_bytes for n, p in plans[block.name].tensors.items() if n in names)
 
     total = 0
     for x in lay.layers.values():

@@ -38,7 +38,7 @@ from specbind.core.record import field, record
 from specbind.runtime import quant_numerics
 from specbind.runtime.checks import Array
 from specbind.runtime.quant_numerics import swizzle_blockscale as swizzle_blockscale
-from specbind.runtime.tp import stacked_run
+from specbind.runtime.tp import MADV_POPULATE_READ, stacked_run
 
 F32 = np.dtype(np.float32)
 
@@ -276,8 +276,6 @@ def advise(address: int, length: int, advice: int) -> bool:
     return True
 
 
-MADV_POPULATE_READ = 22  # Linux's values; Python 3.11's mmap module has no names for them
-MADV_POPULATE_WRITE = 23
 
 
 class Ops(Protocol):

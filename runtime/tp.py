@@ -127,9 +127,11 @@ def shard_view(
 
 
 GATHER_BLOCK = 4 << 20  # bytes of source rows mapped at a time during a column gather
-# Linux's MADV_POPULATE_READ (5.14+; Python 3.11's mmap module has no name for it): map every
-# page of a range in one call instead of one fault per touched page.
+# Linux's madvise values (5.14+; Python 3.11's mmap module has no names for them): map every
+# page of a range in one call (read: a file's pages; write: fresh memory's) instead of one
+# fault per touched page. ``runtime.ops`` and the arena use them too.
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 
 def _gather_cols(
