@@ -38,7 +38,7 @@ from specbind.core.record import field, record
 from specbind.runtime import quant_numerics
 from specbind.runtime.checks import Array
 from specbind.runtime.quant_numerics import swizzle_blockscale as swizzle_blockscale
-from specbind.runtime.tp import MADV_POPULATE_READ, stacked_run
+from specbind.runtime.tp import MADV_POPULATE_READ, empty_in, stacked_run
 
 F32 = np.dtype(np.float32)
 
@@ -148,12 +148,6 @@ def take(a: Array, axis: int, start: int, stop: int, what: str) -> Array:
     return a[tuple(index)]
 
 
-def _empty(shape: tuple[int, ...], dtype: Any, into: Any) -> Array:
-    """A result's memory: inside ``into`` (an ``Arena``) when one is given, else its own."""
-    out: Array = np.empty(shape, dtype=dtype) if into is None else into.empty(shape, dtype)
-    return out
-
-
 def permute(a: Array, axes: tuple[int, ...], what: str, into: Any = None) -> Array:
     """The axes reordered (``axes[i]`` is the source axis of result axis i), in C order: a
     copy, so the result's bytes are the row-major layout a kernel reads."""
@@ -162,7 +156,7 @@ def permute(a: Array, axes: tuple[int, ...], what: str, into: Any = None) -> Arr
     if into is None:
         return np.ascontiguousarray(a.transpose(axes))
     moved = a.transpose(axes)
-    out = _empty(moved.shape, a.dtype, into)
+    out = empty_in(moved.shape, a.dtype, into)
     np.copyto(out, moved)
     return out
 
@@ -190,7 +184,7 @@ def concat_squeeze(
     else:
         shape = list(parts[0].shape)
         shape[axis] = sum(p.shape[axis] for p in parts)
-        joined = _empty(tuple(shape), np.result_type(*parts), into)
+        joined = empty_in(tuple(shape), np.result_type(*parts), into)
         for p in parts:
             populate(p)
         np.concatenate(parts, axis=axis, out=joined)
@@ -222,7 +216,7 @@ def stack(
         run = stacked_run(groups[0])  # the members were gathered into one buffer, in order
         if run is not None and (into is None or into.holds(run)):
             return run
-    out = _empty((n, *member), first[0].dtype, into)  # [n, *member shape]
+    out = empty_in((n, *member), first[0].dtype, into)  # [n, *member shape]
     for i in range(n):
         dest = out[i] if squeeze is None else np.expand_dims(out[i], squeeze)  # a view
         parts = [g[i] for g in groups]
@@ -274,8 +268,6 @@ def advise(address: int, length: int, advice: int) -> bool:
         _madvise = False  # refused (EINVAL on an old kernel): stop asking
         return False
     return True
-
-
 
 
 class Ops(Protocol):
@@ -334,7 +326,7 @@ def cast(a: Array, dtype: str, into: Any = None) -> Array:
     assert np_dtype is not None
     if into is None:
         return a.astype(np_dtype, order="C")
-    out = _empty(a.shape, np_dtype, into)
+    out = empty_in(a.shape, np_dtype, into)
     np.copyto(out, a, casting="unsafe")  # the same conversion loop as astype
     return out
 
@@ -384,7 +376,7 @@ def contract(
     out_shape = tuple(mid_shape[i] for i in perm_out)
     np_dtype = DTYPES[dtype].numpy
     assert np_dtype is not None
-    result = _empty(out_shape, np_dtype, into)
+    result = empty_in(out_shape, np_dtype, into)
     inverse = tuple(int(i) for i in np.argsort(perm_out))
     # [out letters] -> [B, L, R]: a view of `result` when each group has at most one letter
     mid = result.transpose(inverse).reshape(nbatch, nleft, nright)

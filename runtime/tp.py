@@ -179,6 +179,13 @@ def _gather_cols(
     return out.reshape(-1).data
 
 
+def empty_in(shape: tuple[int, ...], dtype: Any, into: Any) -> npt.NDArray[Any]:
+    """New memory for a result: inside ``into`` (an ``Arena``, the caller's) when one is
+    given, else an array of its own. What every op that makes a field, and the gather, call."""
+    out: npt.NDArray[Any] = np.empty(shape, dtype) if into is None else into.empty(shape, dtype)
+    return out
+
+
 # Each family buffer a ShardedSource gathered column shards into, by its address: what
 # ``ops.stack`` looks up to return the buffer itself when the members it is given are exactly
 # its slots, in order (``stacked_run``). Weak: a buffer lives only as long as its arrays.
@@ -227,8 +234,7 @@ class ShardedSource:
         if fam is None or self.plan.members is None or fam not in self.plan.members:
             if self._into is None or p.local_shape == p.full_shape or p.members is not None:
                 return None
-            room: npt.NDArray[np.uint8] = self._into.empty((p.local_bytes,), np.uint8)
-            return room
+            return empty_in((p.local_bytes,), np.uint8, self._into)
         slots = self._slots.get(p.pattern)
         if slots is None:
             order = self.plan.members[fam]
@@ -240,11 +246,7 @@ class ShardedSource:
         buf = self._buffers.get(p.pattern)
         if buf is None:
             shape = (len(slots), p.local_bytes)  # [members, local B]
-            buf = (
-                np.empty(shape, np.uint8)
-                if self._into is None
-                else self._into.empty(shape, np.uint8)
-            )
+            buf = empty_in(shape, np.uint8, self._into)
             self._buffers[p.pattern] = buf
             _FAMILY_BUFFERS[buf.ctypes.data] = buf
         row: npt.NDArray[np.uint8] = buf[k]  # member k's local bytes: a view
