@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -203,7 +203,10 @@ def shard_views(
     ep_rank: int = 0,
 ) -> list[Array]:
     """This rank's bytes of every bound source tensor, as views of the memory map."""
-    return [v for v in _shard_reads(ckpt, table, tp, rank, kinds, ep, ep_rank, views=True)]
+    return mapped(ckpt, shard_reads(ckpt, table, tp, rank, kinds, ep, ep_rank))[0]
+
+
+Read = tuple[str, int, int, Any, str]  # shard file, file offset, bytes, plan, stored dtype
 
 
 def shard_reads(
@@ -214,57 +217,17 @@ def shard_reads(
     kinds: Collection[str],
     ep: int = 1,
     ep_rank: int = 0,
-) -> list[tuple[str, int, int, Any, str]]:
+) -> list[Read]:
     """This rank's share of every bound source tensor as (shard file, the tensor's file offset,
     its bytes, its plan, its stored dtype): what a reader maps and slices."""
-    return list(_shard_reads(ckpt, table, tp, rank, kinds, ep, ep_rank, views=False))
-
-
-def memcpy_fresh(ckpt: Path, reads: list[tuple[str, int, int, Any, str]], arena: Array) -> int:
-    """Map each shard file afresh, copy this rank's bytes of every tensor into ``arena`` (in
-    order, as ``upload`` lays them), unmap: what moving the rank's bytes out of the page cache
-    costs a process that has not mapped them yet."""
-    import mmap
-
-    from specbind.runtime.tp import shard_view
-
-    maps: dict[str, mmap.mmap] = {}
-    pos = 0
-    try:
-        for fn, off, n, plan, dtype in reads:
-            m = maps.get(fn)
-            if m is None:
-                with open(ckpt / fn, "rb") as f:
-                    m = maps[fn] = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-            v = shard_view(plan, np.frombuffer(m, np.uint8, n, off).data, dtype)
-            k = v.nbytes
-            np.copyto(arena[pos : pos + k].reshape(v.shape), v)  # [k B] -> the view's shape
-            pos += k
-            del v
-    finally:
-        for m in maps.values():
-            m.close()
-    return pos
-
-
-def _shard_reads(
-    ckpt: Path,
-    table: ModelTable[Any],
-    tp: int,
-    rank: int,
-    kinds: Collection[str],
-    ep: int,
-    ep_rank: int,
-    views: bool,
-) -> Iterator[Any]:
     from specbind.core.planning import Ranks
     from specbind.runtime.config import values_from_config
     from specbind.runtime.layout import layout
-    from specbind.runtime.tp import shard_view
 
     ck = CheckpointDir(ckpt)
     geometry = table.make_geometry(values_from_config(table, ck.config))
     lay = layout(table, ck.names(), ck.config)
+    reads: list[Read] = []
     for index, x in lay.layers.items():
         for fill in x.slots.values():
             block = fill.block
@@ -278,10 +241,38 @@ def _shard_reads(
                 full = lay.split.full_name(table, index, name)
                 t = ck.get(full)
                 assert t is not None and t.span is not None
-                if views:
-                    yield shard_view(p, t.data)
-                else:
-                    yield ck.file_of(full) or "", t.span.offset, len(t.data), p, t.dtype
+                reads.append((ck.file_of(full) or "", t.span.offset, len(t.data), p, t.dtype))
+    return reads
+
+
+def mapped(ckpt: Path, reads: list[Read]) -> tuple[list[Array], list[Any]]:
+    """Each read's share as a view of its shard file, every file mapped once, and the maps."""
+    import mmap
+
+    from specbind.runtime.tp import shard_view
+
+    maps: dict[str, mmap.mmap] = {}
+    views = []
+    for fn, off, n, plan, dtype in reads:
+        m = maps.get(fn)
+        if m is None:
+            with open(ckpt / fn, "rb") as f:
+                m = maps[fn] = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+        views.append(shard_view(plan, np.frombuffer(m, np.uint8, n, off).data, dtype))
+    return views, list(maps.values())
+
+
+def memcpy_fresh(ckpt: Path, reads: list[Read], arena: Array) -> int:
+    """Map each shard file afresh, copy this rank's bytes of every tensor into ``arena`` (as
+    ``upload`` lays them), unmap: what moving the rank's bytes out of the page cache costs a
+    process that has not mapped them yet."""
+    views, maps = mapped(ckpt, reads)
+    try:
+        return upload(views, arena)
+    finally:
+        del views
+        for m in maps:
+            m.close()
 
 
 def upload(fields: list[Array], arena: Array) -> int:
@@ -362,8 +353,8 @@ def measure(
     theirs = baseline_load(ckpt, table, tp, 0, kinds, ep)
     wide = check_equal(ours, theirs, computed_fields(table, kinds))
     del theirs
-    views = shard_views(ckpt, table, tp, 0, kinds, ep)
     reads = shard_reads(ckpt, table, tp, 0, kinds, ep)
+    views = mapped(ckpt, reads)[0]
     shard_bytes = sum(v.nbytes for v in views)
     arena = np.zeros(max(shard_bytes, sum(a.nbytes for a in ours.values())), dtype=np.uint8)
     del ours
@@ -394,8 +385,8 @@ def measure(
     cheap = copy_only(table, kinds)
     cheap_views: list[Array] = []
     if cheap and cheap != kinds:  # the blocks that only move bytes, beside their own limit
-        cheap_views = shard_views(ckpt, table, tp, 0, cheap, ep)
         cheap_reads = shard_reads(ckpt, table, tp, 0, cheap, ep)
+        cheap_views = mapped(ckpt, cheap_reads)[0]
         fns |= {
             "copy_only_specbind": bind_into(cheap),
             "copy_only_memcpy": lambda: memcpy_fresh(ckpt, cheap_reads, arena),
