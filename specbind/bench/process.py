@@ -4,10 +4,10 @@ Two rows per tp, both at (tp, rank 0, ep 1): **whole**, every block of the slice
 the dense and MoE MLPs, the layer norms, mHC, the embedding, final norm and LM head: the row
 issue #23's target reads), and **attention**, the attention slot of every slice layer alone.
 
-Each side is a ``python -c``: the imports, the load, and a copy of every output byte into an
-arena the process owns (so both end with the rank's weights materialised, every byte touched:
-a zero-copy view of the map counts only once copied), timed from start to exit, interleaved
-(specbind, baseline, specbind, ...), at least 5 rounds, min and median.
+Each side is a ``python -c``: the imports and the load, ending with every byte of the rank's
+fields in memory the process owns (a zero-copy view of the map counts only once copied), timed
+from start to exit, interleaved (specbind, baseline, specbind, ...), at least 5 rounds, min
+and median.
 - specbind (``SPECBIND``): its API and NumPy only, none of the bench's imports; a bind into an
   ``Arena`` (``into=``): each field made in the process's own memory or copied there once, each
   byte of the rank written once.
@@ -17,16 +17,16 @@ a zero-copy view of the map counts only once copied), timed from start to exit, 
   the arena as soon as the block is loaded (as vLLM's ``weight_loader`` copies each loaded
   tensor into its parameter), then are dropped, and the map pages it read are released
   (``Loader.release``).
-Memory: neither side holds two copies of the rank: peak is the arena plus one block (a 6.2 GB
-arena at tp 1 on the full-geometry slice). The baseline's arena (``ARENA``) is one buffer per
-block, each field at a 64-byte aligned offset; specbind's is its ``Arena``, chunks of 256 MiB.
+Memory: neither side holds two copies of the rank: the baseline's peak is its arena
+(``ARENA``: one buffer per block, each field at a 64-byte aligned offset) plus one block;
+specbind's is its ``Arena`` (a 6.2 GB rank at tp 1 on the full-geometry slice).
 
 Equal work is checked, not assumed: before timing, ``check`` binds the rank with specbind and
 compares each slot, as it is bound, with the baseline's load of the same block
 (``equal.check_equal``: byte for byte, a computed field within rounding), one slot of each in
 memory at a time; the baseline process then loads exactly the blocks compared. Each process
-prints how many bytes it copied into its arena and its peak RSS; every run of both sides must
-print the same count or the row raises.
+prints how many bytes of fields it holds in its own memory (``copied``) and its peak RSS;
+every run of both sides must print the same count or the row raises.
 Target (issue #23): specbind / baseline <= 0.5 at tp 1 and 2, <= 0.65 at tp 8, on the whole row.
 """
 
@@ -41,8 +41,8 @@ from typing import Any
 
 from specbind.core.errors import SpecbindError
 
-# The arena both sides copy into: one buffer per block (what the block's fields need, each
-# field at a 64-byte aligned offset), allocated when the block is loaded.
+# The baseline's arena: one buffer per block (what the block's fields need, each field at a
+# 64-byte aligned offset), allocated when the block is loaded.
 ARENA = """
 from pathlib import Path
 import numpy as np
@@ -67,9 +67,10 @@ arena = Arena()
 
 # The specbind side: a bind straight into the caller's memory (``into=Arena``): every field is
 # made in the arena or copied into it once, so the process ends holding every byte of the rank
-# in memory of its own. ``arena.copied`` counts only fields the arena holds, so a field left
-# outside it (a view of the map) fails the byte check.
+# in memory of its own. ``copied`` counts only fields the arena holds, so a field left outside
+# it (a view of the map) fails the byte check.
 SPECBIND = """
+from pathlib import Path
 from specbind.generated import MODELS
 from specbind.runtime.backends import Arena as Into
 from specbind.runtime.bind import bind_checkpoint
@@ -80,7 +81,7 @@ r = bind_checkpoint(
     CheckpointDir(Path({ckpt!r})), MODELS[{model!r}], tp_size={tp}, kinds={kinds!r},
     progress=False, into=into,
 )
-arena.copied = sum(a.nbytes for _, a in r.fields().values() if into.holds(a))
+copied = sum(a.nbytes for _, a in r.fields().values() if into.holds(a))
 """
 
 BASELINE = """
@@ -92,12 +93,13 @@ loader = vllm_style.Loader(Path({ckpt!r}))
 for i, block in {blocks!r}:
     arena.take(list(loader.load(block, i, {tp}, 0).values()))
     loader.release()
+copied = arena.copied
 """
 
-# What each process prints: the bytes it copied into its arena, its peak RSS in MiB.
+# What each process prints: the bytes of fields it holds in its own memory, its peak RSS in MiB.
 REPORT = """
 hwm = [int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:")]
-print(arena.copied, (hwm or [0])[0] // 1024)
+print(copied, (hwm or [0])[0] // 1024)
 """
 
 LOADER = Path(__file__).resolve().parent / "baselines" / "vllm_style.py"
@@ -164,7 +166,7 @@ def row(ckpt: Path, table: Any, tp: int, repeat: int, part: str = "whole") -> di
     kinds = None if part == "whole" else sorted(parts(table)[part])
     checked = check(ckpt, table, tp, kinds=kinds)
     codes = {
-        "specbind": ARENA + SPECBIND.format(model=table.name, ckpt=str(ckpt), tp=tp, kinds=kinds),
+        "specbind": SPECBIND.format(model=table.name, ckpt=str(ckpt), tp=tp, kinds=kinds),
         "baseline": ARENA
         + BASELINE.format(loader=str(LOADER), ckpt=str(ckpt), blocks=checked["blocks"], tp=tp),
     }
