@@ -14,10 +14,13 @@ import time
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any, Protocol
 
+from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, SpecbindError
 from specbind.core.ir import FieldRule
+from specbind.core.patterns import parts
 from specbind.core.planning import BlockPlan, Ranks
 from specbind.core.record import field, record
+from specbind.runtime.backends import ALIGN as ARENA_ALIGN
 from specbind.runtime.backends import NUMPY, Arena, Backend
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.checks import BindReport
@@ -212,8 +215,8 @@ def bind_checkpoint(
         b.check(geometry, ranks)
     # each slot's quantization, from names and configs alone: refused before any byte is read
     quant = slot_quant(table, opened, geometry, qout, allow_unshared_scales)
-    if into is not None:  # the rank's planned bytes: their pages mapped ahead of the writes
-        into.reserve(_planned_bytes(lay, kinds, glob_block, plans))
+    if into is not None:  # what the bind will carve: its pages mapped ahead of the writes
+        into.reserve(_arena_bytes(lay, kinds, glob_block, plans, geometry, ranks, quant))
     if sink is not None:
         sink.start(_expected(lay, kinds, glob_block, quant, qmeta))
     out: list[LayerResult] = []
@@ -253,27 +256,59 @@ def bind_checkpoint(
     return BindResult(ranks, out, glob, unbound, seconds, flags, qmeta, sorted(lay.mtp_skipped))
 
 
-def _planned_bytes(
+def _arena_bytes(
     lay: Layout,
     kinds: Collection[str] | None,
     glob: BlockEntry[Any] | None,
     plans: Mapping[str, BlockPlan],
+    geometry: Any,
+    ranks: Ranks,
+    quant: Mapping[tuple[int, str], LayerQuant | None],
 ) -> int:
-    """This rank's bytes of every tensor the bind will read (``plans``: each block's plan on
-    this rank): about what an arena receives (a made field's size may differ from its
-    sources')."""
+    """What a bind into an arena carves out of it, from shapes alone: every bound field (the
+    binder's own shapes, ``BlockEntry.bound_shapes``, with the slot's quantization and without
+    the optional groups its names lack; a tied field shares its source's bytes), plus the room
+    a column shard is gathered into when a transform, not a field, keeps it (an ``o_proj`` an
+    absorb reads), each rounded up to the arena's alignment. Exact where the ops make every
+    field in the arena: the reservation then populates no page the bind does not write."""
+    shapes: dict[tuple[str, frozenset[str], frozenset[str]], int] = {}
 
-    def planned(block: BlockEntry[Any], names: Collection[str]) -> int:
-        return sum(p.local_bytes for n, p in plans[block.name].tensors.items() if n in names)
+    def slot_bytes(block: BlockEntry[Any], index: int, names: Collection[str], lq: Any) -> int:
+        plan = plans[block.name]
+        held = [p for n, p in plan.tensors.items() if n in names]
+        group = {r.name: r.group for r in block.tensors}
+        present = {group.get(p.pattern) for p in held}
+        absent = frozenset(g for g in block.optional_groups if g not in present)
+        key = (block.name, frozenset() if lq is None else lq.quantized, absent)
+        if key not in shapes:
+            bound = block.bound_shapes(geometry, ranks, index, lq, absent)
+            shapes[key] = sum(
+                _aligned(DTYPES[x.dtype].nbytes(x.shape))
+                for f, x in bound.items()
+                if block.fields.get(f) is None or block.fields[f].kind != "tie"
+            )
+        kept = {s[0] for f, s in block.sources.items() if block.fields[f].kind == "verbatim"}
+        room = sum(
+            _aligned(p.local_bytes)
+            for p in held
+            if p.kind != "replicated" and p.axis != 0 and p.local_shape != p.full_shape
+            and p.members is None and p.pattern not in kept
+            and not (plan.members and parts(p.pattern)[1] in plan.members)
+        )  # fmt: skip
+        return shapes[key] + room
 
     total = 0
     for x in lay.layers.values():
-        for fill in x.slots.values():
+        for slot, fill in x.slots.items():
             if fill.block is not None and (kinds is None or fill.block.name in kinds):
-                total += planned(fill.block, fill.names)
+                total += slot_bytes(fill.block, x.index, fill.names, quant.get((x.index, slot)))
     if glob is not None and (kinds is None or glob.name in kinds):
-        total += planned(glob, lay.globals)
+        total += slot_bytes(glob, GLOBALS, lay.globals, None)
     return total
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ARENA_ALIGN) * ARENA_ALIGN
 
 
 def refuse_idle_ep(model: str, blocks: Collection[BlockEntry[Any]], ep_size: int) -> None:

@@ -230,9 +230,11 @@ class ShardedSource:
         (it is gathered, or viewed, on its own)."""
         if p.kind == "replicated" or p.axis == 0 or t.span is None or t.dtype != p.dtype:
             return None
+        if p.local_shape == p.full_shape:  # read whole (tp 1): a view, nothing gathered
+            return None
         fam = parts(p.pattern)[1]
         if fam is None or self.plan.members is None or fam not in self.plan.members:
-            if self._into is None or p.local_shape == p.full_shape or p.members is not None:
+            if self._into is None or p.members is not None:
                 return None
             return empty_in((p.local_bytes,), np.uint8, self._into)
         slots = self._slots.get(p.pattern)
