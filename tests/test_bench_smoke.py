@@ -37,6 +37,7 @@ def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     assert all(x["specbind_min_s"] > 0 and x["baseline_min_s"] > 0 for x in r["process_rows"])
     fixed = r["fixed_cost"]
     assert fixed["specbind_min_s"] > 0 and fixed["floor_min_s"] > 0 and fixed["repeat"] == 1
+    assert fixed["numpy_min_s"] > 0  # the floor's own floor, so a slow ml_dtypes shows
     assert r["quick"] is True
     assert all(x["bytes"] > 0 for x in r["process_rows"])  # both sides copied out these bytes
     whole = r["whole_rows"]  # every field of the slice, checked equal, then raced
