@@ -11,7 +11,9 @@ Invariants (each violation is a ``CheckpointError`` naming the file and the tens
 - the entries tile the data buffer exactly: sorted by offset they are contiguous from 0 with no
   overlap and no hole, and end at the end of the file;
 - tensors are memoryview slices of the map: nothing is read until it is used; each also
-  carries a ``MapSpan`` so a strided read can release the pages it has copied from.
+  carries a ``MapSpan`` so a strided read can release the pages it has copied from;
+- ``read_into`` copies a contiguous view's bytes with ``preadv`` from the very file mapped (its
+  device and inode checked), else says it did not, and the caller copies from the map.
 Trap: the mmap stays open while any view of it lives.
 """
 
@@ -22,6 +24,7 @@ import mmap
 import os
 import stat
 import struct
+import weakref
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -189,6 +192,11 @@ class SafetensorsFile:
             os.close(fd)  # the map keeps its own reference to the file
         self._view = memoryview(self._map) if self._map is not None else memoryview(b"")
         self.size = size
+        self._inode = (st.st_dev, st.st_ino)
+        if self._map is not None:
+            import numpy as np
+
+            _MAPPED[int(np.frombuffer(self._map, np.uint8).ctypes.data)] = self
 
     @property
     def view(self) -> memoryview:
@@ -215,3 +223,52 @@ class SafetensorsFile:
         view = self._view[start : self.data_start + e.end]
         span = MapSpan(self._map, start) if self._map is not None else None
         return RawTensor(e.dtype, e.shape, view, span)
+
+
+# Each open file by its map's first address, so a holder of nothing but a view of the map (a
+# field about to be copied into an arena) can find the file and offset it came from. Weak: an
+# entry goes with its file (and its map).
+_MAPPED: weakref.WeakValueDictionary[int, SafetensorsFile] = weakref.WeakValueDictionary()
+READ_STEP = 1 << 30  # bytes one preadv asks for (Linux moves at most ~2 GiB a call)
+
+
+def read_into(out: Any, address: int) -> bool:
+    """Copy the bytes at ``address`` (inside a mapped file's map) into ``out``, a writable
+    1-D ``uint8`` array of as many bytes, with ``preadv`` from the file; False, having written
+    nothing the caller keeps, where that cannot be done (no mapped file holds the range, no
+    ``preadv``, the path now names another file, a short read): the caller copies from the map.
+
+    Why not copy from the map: the copy then faults the map's pages into this process (or
+    populates them), and the kernel unmaps them again on release; ``preadv`` moves the same
+    page-cache bytes into ``out`` without mapping them at all: a 158 MB row shard in 23 ms
+    against 34 ms for populate, copy and release (medians of 11, warm page cache).
+    Trap: the file is opened again by path, so its device and inode are compared with the
+    mapped one's: a checkpoint rewritten in place since it was opened is read from the map."""
+    nbytes = int(out.nbytes)
+    if not hasattr(os, "preadv"):  # Windows
+        return False
+    for base, f in list(_MAPPED.items()):
+        if base <= address and address + nbytes <= base + f.size:
+            break
+    else:
+        return False
+    try:
+        fd = os.open(f.path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != f._inode:
+            return False
+        view = memoryview(out)
+        at, offset = 0, address - base
+        while at < nbytes:
+            got = os.preadv(fd, [view[at : min(nbytes, at + READ_STEP)]], offset + at)
+            if got <= 0:
+                return False
+            at += got
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

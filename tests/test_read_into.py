@@ -1,0 +1,70 @@
+"""``safetensors_file.read_into``: a contiguous view of a mapped checkpoint file is read with
+``preadv`` from that very file, and refused (the caller copies from the map) wherever that
+could give other bytes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specbind.runtime import safetensors_file
+from specbind.runtime.backends import Arena
+from specbind.runtime.safetensors_file import SafetensorsFile, read_into
+
+
+def _write(path: Path, data: np.ndarray) -> None:
+    """A one-tensor U8 safetensors file holding ``data``."""
+    import json
+
+    head = json.dumps({"t": {"dtype": "U8", "shape": [data.size], "data_offsets": [0, data.size]}})
+    raw = head.encode() + b" " * (-len(head) % 8)
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data.tobytes())
+
+
+def _view(f: SafetensorsFile) -> np.ndarray:
+    return np.frombuffer(f.raw("t").data, np.uint8)
+
+
+def test_a_view_of_the_map_is_read_from_the_file_byte_for_byte(tmp_path: Path) -> None:
+    data = np.random.default_rng(0).integers(0, 256, 3 << 20, dtype=np.uint8)
+    _write(tmp_path / "a.safetensors", data)
+    f = SafetensorsFile(tmp_path / "a.safetensors")
+    v = _view(f)[12345 : 12345 + (2 << 20)]  # starts off any page boundary
+    out = np.zeros(v.size, np.uint8)
+    assert read_into(out, v.ctypes.data)
+    assert out.tobytes() == data[12345 : 12345 + (2 << 20)].tobytes()
+
+
+def test_a_file_replaced_since_it_was_mapped_is_not_read_by_path(tmp_path: Path) -> None:
+    """A checkpoint rewritten in place (a new inode at the same path) holds other bytes: the
+    map still shows the file that was opened, so the read is refused, not taken from the new
+    file."""
+    path = tmp_path / "a.safetensors"
+    old = np.full(1 << 16, 7, np.uint8)
+    _write(path, old)
+    f = SafetensorsFile(path)
+    _write(tmp_path / "b.safetensors", np.full(1 << 16, 9, np.uint8))
+    os.replace(tmp_path / "b.safetensors", path)
+    out = np.zeros(old.size, np.uint8)
+    assert not read_into(out, _view(f).ctypes.data)
+    arena = Arena()
+    placed = arena.place(_view(f))  # the arena falls back to the map: the opened file's bytes
+    assert arena.holds(placed) and placed.tobytes() == old.tobytes()
+
+
+def test_an_address_in_no_mapped_file_is_refused(tmp_path: Path) -> None:
+    mine = np.ones(4096, np.uint8)
+    assert not read_into(np.zeros(4096, np.uint8), mine.ctypes.data)
+
+
+def test_a_read_that_comes_up_short_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = np.arange(1 << 16, dtype=np.uint16).view(np.uint8)
+    _write(tmp_path / "a.safetensors", data)
+    f = SafetensorsFile(tmp_path / "a.safetensors")
+    monkeypatch.setattr(safetensors_file.os, "preadv", lambda fd, bufs, off: 0)  # at EOF
+    assert not read_into(np.zeros(data.size, np.uint8), _view(f).ctypes.data)
