@@ -201,16 +201,14 @@ class Arena:
 
     def place(self, a: Any) -> Any:
         """``a`` itself if the arena holds it, else a copy in the arena (one read of ``a``: a
-        contiguous view of a mapped checkpoint file is read from the file, ``read_into``)."""
+        contiguous view of a mapped checkpoint file is read from the file, ``read_view``)."""
         if a is None or self.holds(a):
             return a
         from specbind.runtime.ops import populate
-        from specbind.runtime.safetensors_file import read_into
+        from specbind.runtime.safetensors_file import read_view
 
         out = self.empty(a.shape, a.dtype)
-        raw = out.reshape(-1).view(np.uint8)  # [n] -> [n * itemsize B]: a view of out
-        # a contiguous view of a mapped file: read from the file, else copied from the map
-        if a.flags.c_contiguous and not a.flags.writeable and read_into(raw, a.ctypes.data):
+        if read_view(out, a):  # a contiguous view of a mapped file: read from the file
             return out
         populate(a)  # its pages mapped in one call, not faulted one by one
         np.copyto(out, a)

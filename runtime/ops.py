@@ -220,10 +220,34 @@ def stack(
     for i in range(n):
         dest = out[i] if squeeze is None else np.expand_dims(out[i], squeeze)  # a view
         parts = [g[i] for g in groups]
+        if axis == 0 and _read_rows(dest, parts):
+            continue
         for p in parts:
             populate(p)
         np.concatenate(parts, axis=axis, out=dest)
     return out
+
+
+def _read_rows(dest: Array, parts: Sequence[Array]) -> bool:
+    """``parts`` concatenated along axis 0 into ``dest``, each part whose rows are a contiguous
+    view of a mapped checkpoint file read from the file (``read_view``: its pages never mapped
+    in), any other copied; False, before writing, unless every part can be placed this way."""
+    from specbind.runtime.safetensors_file import read_view
+
+    if (
+        not dest.flags.c_contiguous
+        or any(p.dtype != dest.dtype or p.shape[1:] != dest.shape[1:] for p in parts)
+        or sum(p.shape[0] for p in parts) != dest.shape[0]
+    ):
+        return False  # np.concatenate copies, or says what does not fit
+    at = 0
+    for p in parts:
+        piece = dest[at : at + p.shape[0]]  # this part's rows of dest: contiguous
+        if not read_view(piece, p):
+            populate(p)
+            np.copyto(piece, p)
+        at += p.shape[0]
+    return True
 
 
 _POPULATE_MIN = 1 << 20  # bytes: below this the one call costs more than the faults it saves

@@ -232,6 +232,20 @@ _MAPPED: weakref.WeakValueDictionary[int, SafetensorsFile] = weakref.WeakValueDi
 READ_STEP = 1 << 30  # bytes one preadv asks for (Linux moves at most ~2 GiB a call)
 
 
+def read_view(dest: Any, src: Any) -> bool:
+    """``src`` (a NumPy view of a mapped checkpoint file) copied into ``dest`` (an array of the
+    same dtype and shape) by ``read_into``, when both are C-contiguous and ``src`` is
+    read-only (a map's view, not memory of its own); False where not: the caller copies."""
+    if (
+        src.dtype != dest.dtype
+        or src.shape != dest.shape
+        or src.flags.writeable
+        or not (src.flags.c_contiguous and dest.flags.c_contiguous)
+    ):
+        return False
+    return read_into(dest.reshape(-1).view("u1"), src.ctypes.data)  # [n] -> [n * itemsize B]
+
+
 def read_into(out: Any, address: int) -> bool:
     """Copy the bytes at ``address`` (inside a mapped file's map) into ``out``, a writable
     1-D ``uint8`` array of as many bytes, with ``preadv`` from the file; False, having written

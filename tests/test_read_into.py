@@ -68,3 +68,31 @@ def test_a_read_that_comes_up_short_is_refused(
     f = SafetensorsFile(tmp_path / "a.safetensors")
     monkeypatch.setattr(safetensors_file.os, "preadv", lambda fd, bufs, off: 0)  # at EOF
     assert not read_into(np.zeros(data.size, np.uint8), _view(f).ctypes.data)
+
+
+def test_a_stack_of_row_views_reads_each_from_the_file_and_equals_numpys_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ops.stack`` of [gate; up] row shards (views of the map) reads each part from the file
+    into its rows of the result; the bytes are NumPy's concatenate-then-stack of the same."""
+    from specbind.runtime import ops
+
+    data = np.random.default_rng(1).integers(0, 256, 6 * 8 * 64, dtype=np.uint8)
+    _write(tmp_path / "a.safetensors", data)
+    f = SafetensorsFile(tmp_path / "a.safetensors")  # kept open, as a CheckpointDir keeps it
+    rows = _view(f).view(np.uint16).reshape(6, 8, 32)
+    gate = [rows[e, :4] for e in range(3)]  # [3 members] of [4, 32], views of the map
+    up = [rows[e + 3, 4:] for e in range(3)]
+    reads: list[tuple[int, bool]] = []
+    real = safetensors_file.read_view
+
+    def spy(dest: np.ndarray, src: np.ndarray) -> bool:
+        done = real(dest, src)
+        reads.append((src.nbytes, done))
+        return done
+
+    monkeypatch.setattr(safetensors_file, "read_view", spy)
+    got = ops.stack([gate, up], axis=0, squeeze=None)
+    want = np.stack([np.concatenate([g, u]) for g, u in zip(gate, up, strict=True)])
+    assert got.shape == (3, 8, 32) and got.tobytes() == want.tobytes()
+    assert reads == [(4 * 32 * 2, True)] * 6  # every part was read from the file
