@@ -201,17 +201,11 @@ class Arena:
 
     def place(self, a: Any) -> Any:
         """``a`` itself if the arena holds it, else a copy in the arena (one read of ``a``: a
-        contiguous view of a mapped checkpoint file is read from the file, ``read_view``)."""
+        contiguous view of a mapped checkpoint file is read from the file, ``ops.copy_in``)."""
         if a is None or self.holds(a):
             return a
-        from specbind.runtime.ops import populate
-        from specbind.runtime.safetensors_file import read_view
-
         out = self.empty(a.shape, a.dtype)
-        if read_view(out, a):  # a contiguous view of a mapped file: read from the file
-            return out
-        populate(a)  # its pages mapped in one call, not faulted one by one
-        np.copyto(out, a)
+        numpy_ops.copy_in(out, a)
         return out
 
     def reset(self) -> None:

@@ -17,7 +17,6 @@ from typing import Any, Protocol
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, SpecbindError
 from specbind.core.ir import FieldRule
-from specbind.core.patterns import parts
 from specbind.core.planning import BlockPlan, Ranks
 from specbind.core.record import field, record
 from specbind.runtime.backends import ALIGN as ARENA_ALIGN
@@ -36,6 +35,7 @@ from specbind.runtime.progress import bar as progress_bar
 from specbind.runtime.quant import OUTPUTS as QUANT_OUTPUTS
 from specbind.runtime.quant import LayerQuant, quant_metadata, quantized_names
 from specbind.runtime.source import RawTensor, TensorSource
+from specbind.runtime.tp import gather_room
 from specbind.runtime.view import open_layout, slot_quant
 
 GLOBALS = -1  # the "layer" index the model-level tensors are reported under
@@ -277,24 +277,23 @@ def _arena_bytes(
         plan = plans[block.name]
         held = [p for n, p in plan.tensors.items() if n in names]
         group = {r.name: r.group for r in block.tensors}
-        present = {group.get(p.pattern) for p in held}
-        absent = frozenset(g for g in block.optional_groups if g not in present)
+        absent = frozenset(block.optional_groups) - {group.get(p.pattern) for p in held}
         key = (block.name, frozenset() if lq is None else lq.quantized, absent)
         if key not in shapes:
             bound = block.bound_shapes(geometry, ranks, index, lq, absent)
             shapes[key] = sum(
                 _aligned(DTYPES[x.dtype].nbytes(x.shape))
                 for f, x in bound.items()
-                if block.fields.get(f) is None or block.fields[f].kind != "tie"
+                if f not in block.fields or block.fields[f].kind != "tie"
             )
+        # a column shard gathered into room of its own that no field keeps as it is (an absorb's
+        # o_proj); one a verbatim field is made of is that field's bytes, counted above
         kept = {s[0] for f, s in block.sources.items() if block.fields[f].kind == "verbatim"}
         room = sum(
             _aligned(p.local_bytes)
             for p in held
-            if p.kind != "replicated" and p.axis != 0 and p.local_shape != p.full_shape
-            and p.members is None and p.pattern not in kept
-            and not (plan.members and parts(p.pattern)[1] in plan.members)
-        )  # fmt: skip
+            if gather_room(plan, p) == "shard" and p.pattern not in kept
+        )
         return shapes[key] + room
 
     total = 0

@@ -228,12 +228,20 @@ def stack(
     return out
 
 
-def _read_rows(dest: Array, parts: Sequence[Array]) -> bool:
-    """``parts`` concatenated along axis 0 into ``dest``, each part whose rows are a contiguous
-    view of a mapped checkpoint file read from the file (``read_view``: its pages never mapped
-    in), any other copied; False, before writing, unless every part can be placed this way."""
+def copy_in(dest: Array, src: Array) -> None:
+    """``src`` copied into ``dest`` (same shape and dtype): a contiguous view of a mapped
+    checkpoint file read from the file (``read_view``: its pages never mapped in), anything
+    else copied, a view of the map populated first (``populate``)."""
     from specbind.runtime.safetensors_file import read_view
 
+    if not read_view(dest, src):
+        populate(src)
+        np.copyto(dest, src)
+
+
+def _read_rows(dest: Array, parts: Sequence[Array]) -> bool:
+    """``parts`` concatenated along axis 0 into ``dest``, each by ``copy_in`` into its rows;
+    False, before writing, where the parts do not tile ``dest`` by rows."""
     if (
         not dest.flags.c_contiguous
         or any(p.dtype != dest.dtype or p.shape[1:] != dest.shape[1:] for p in parts)
@@ -242,10 +250,7 @@ def _read_rows(dest: Array, parts: Sequence[Array]) -> bool:
         return False  # np.concatenate copies, or says what does not fit
     at = 0
     for p in parts:
-        piece = dest[at : at + p.shape[0]]  # this part's rows of dest: contiguous
-        if not read_view(piece, p):
-            populate(p)
-            np.copyto(piece, p)
+        copy_in(dest[at : at + p.shape[0]], p)  # this part's rows of dest: contiguous
         at += p.shape[0]
     return True
 

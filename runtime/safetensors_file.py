@@ -12,8 +12,9 @@ Invariants (each violation is a ``CheckpointError`` naming the file and the tens
   overlap and no hole, and end at the end of the file;
 - tensors are memoryview slices of the map: nothing is read until it is used; each also
   carries a ``MapSpan`` so a strided read can release the pages it has copied from;
-- ``read_into`` copies a contiguous view's bytes with ``preadv`` from the very file mapped (its
-  device and inode checked), else says it did not, and the caller copies from the map.
+- ``read_view`` copies a contiguous view's bytes with ``preadv`` from the very file mapped (its
+  descriptor, kept open as long as the file), else says it did not, and the caller copies from
+  the map.
 Trap: the mmap stays open while any view of it lives.
 """
 
@@ -188,15 +189,21 @@ class SafetensorsFile:
             self.data_start = 8 + n
             self.entries, self.metadata = parse_header(raw, size - self.data_start, self.where)
             self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size > 0 else None
-        finally:
-            os.close(fd)  # the map keeps its own reference to the file
+        except BaseException:
+            os.close(fd)
+            raise
         self._view = memoryview(self._map) if self._map is not None else memoryview(b"")
         self.size = size
-        self._inode = (st.st_dev, st.st_ino)
+        # The descriptor stays open as long as the map: ``read_view`` reads the very file mapped
+        # (a path could name another file by then).
+        self._fd = fd
+        weakref.finalize(self, os.close, fd)
+        self._base = 0
         if self._map is not None:
             import numpy as np
 
-            _MAPPED[int(np.frombuffer(self._map, np.uint8).ctypes.data)] = self
+            self._base = int(np.frombuffer(self._map, np.uint8).ctypes.data)
+            _MAPPED[self._base] = self
 
     @property
     def view(self) -> memoryview:
@@ -229,60 +236,54 @@ class SafetensorsFile:
 # field about to be copied into an arena) can find the file and offset it came from. Weak: an
 # entry goes with its file (and its map).
 _MAPPED: weakref.WeakValueDictionary[int, SafetensorsFile] = weakref.WeakValueDictionary()
+# the file the last read came from (weak), looked at first
+_last: list[weakref.ref[SafetensorsFile] | None] = [None]
 READ_STEP = 1 << 30  # bytes one preadv asks for (Linux moves at most ~2 GiB a call)
 
 
 def read_view(dest: Any, src: Any) -> bool:
     """``src`` (a NumPy view of a mapped checkpoint file) copied into ``dest`` (an array of the
-    same dtype and shape) by ``read_into``, when both are C-contiguous and ``src`` is
-    read-only (a map's view, not memory of its own); False where not: the caller copies."""
+    same dtype and shape) with ``preadv`` from the file's own descriptor; False, having written
+    nothing the caller keeps, where that cannot be done: the caller copies from the map. That
+    is when either is not C-contiguous, ``src`` is writable (memory of its own, not a map's
+    view), no open file's map holds ``src``, there is no ``preadv`` (Windows), or a read comes
+    up short.
+
+    Why not copy from the map: the copy faults the map's pages into this process (or populates
+    them), and the kernel unmaps them again on release; ``preadv`` moves the same page-cache
+    bytes into ``dest`` without mapping them at all: a 158 MB row shard in 23 ms against 34 ms
+    for populate, copy and release (medians of 11, warm page cache)."""
     if (
         src.dtype != dest.dtype
         or src.shape != dest.shape
         or src.flags.writeable
         or not (src.flags.c_contiguous and dest.flags.c_contiguous)
+        or not hasattr(os, "preadv")
     ):
         return False
-    return read_into(dest.reshape(-1).view("u1"), src.ctypes.data)  # [n] -> [n * itemsize B]
-
-
-def read_into(out: Any, address: int) -> bool:
-    """Copy the bytes at ``address`` (inside a mapped file's map) into ``out``, a writable
-    1-D ``uint8`` array of as many bytes, with ``preadv`` from the file; False, having written
-    nothing the caller keeps, where that cannot be done (no mapped file holds the range, no
-    ``preadv``, the path now names another file, a short read): the caller copies from the map.
-
-    Why not copy from the map: the copy then faults the map's pages into this process (or
-    populates them), and the kernel unmaps them again on release; ``preadv`` moves the same
-    page-cache bytes into ``out`` without mapping them at all: a 158 MB row shard in 23 ms
-    against 34 ms for populate, copy and release (medians of 11, warm page cache).
-    Trap: the file is opened again by path, so its device and inode are compared with the
-    mapped one's: a checkpoint rewritten in place since it was opened is read from the map."""
-    nbytes = int(out.nbytes)
-    if not hasattr(os, "preadv"):  # Windows
+    address, nbytes = int(src.ctypes.data), int(src.nbytes)
+    f = _holder(address, nbytes)
+    if f is None:
         return False
-    for base, f in list(_MAPPED.items()):
-        if base <= address and address + nbytes <= base + f.size:
-            break
-    else:
-        return False
+    view = memoryview(dest.reshape(-1).view("u1"))  # [n] -> [n * itemsize B]: dest's bytes
+    at, offset = 0, address - f._base
     try:
-        fd = os.open(f.path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != f._inode:
-            return False
-        view = memoryview(out)
-        at, offset = 0, address - base
         while at < nbytes:
-            got = os.preadv(fd, [view[at : min(nbytes, at + READ_STEP)]], offset + at)
+            got = os.preadv(f._fd, [view[at : min(nbytes, at + READ_STEP)]], offset + at)
             if got <= 0:
                 return False
             at += got
-        return True
     except OSError:
         return False
-    finally:
-        os.close(fd)
+    return True
+
+
+def _holder(address: int, nbytes: int) -> SafetensorsFile | None:
+    """The open file whose map holds ``[address, address + nbytes)``: the last one read from
+    first (a layer's tensors mostly share a shard), else a scan of every open file."""
+    last = _last[0]() if _last[0] is not None else None
+    for f in ([last] if last is not None else []) + list(_MAPPED.values()):
+        if f._base <= address and address + nbytes <= f._base + f.size:
+            _last[0] = weakref.ref(f)
+            return f
+    return None

@@ -26,7 +26,7 @@ import math
 import mmap
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -194,6 +194,20 @@ _FAMILY_BUFFERS: weakref.WeakValueDictionary[int, npt.NDArray[np.uint8]] = (
 )
 
 
+def gather_room(plan: BlockPlan, p: TensorPlan) -> Literal["family", "shard"] | None:
+    """Where ``ShardedSource`` gathers tensor ``p``'s column shard: ``"family"``, a slot of its
+    family's stacked buffer (a member of a family ``plan`` splits by rank); ``"shard"``, room
+    of its own in the caller's arena, when there is one; None, no gather at all (a row shard
+    is a view, as is a tensor read whole, and a family member's rows past ``members``). The
+    one rule, read by the bind's arena reservation too (``runtime.bind``)."""
+    if p.kind == "replicated" or p.axis == 0 or p.local_shape == p.full_shape:
+        return None
+    fam = parts(p.pattern)[1]
+    if fam is not None and plan.members is not None and fam in plan.members:
+        return "family"
+    return "shard" if p.members is None else None
+
+
 class ShardedSource:
     """A layer source that yields this rank's slice of every planned tensor.
 
@@ -228,18 +242,15 @@ class ShardedSource:
         """This member's slot of its family's buffer, for a column shard read at its planned
         dtype; with an arena, room in it for any other column shard; None for anything else
         (it is gathered, or viewed, on its own)."""
-        if p.kind == "replicated" or p.axis == 0 or t.span is None or t.dtype != p.dtype:
+        room = gather_room(self.plan, p)
+        if room is None or t.span is None or t.dtype != p.dtype:
             return None
-        if p.local_shape == p.full_shape:  # read whole (tp 1): a view, nothing gathered
-            return None
-        fam = parts(p.pattern)[1]
-        if fam is None or self.plan.members is None or fam not in self.plan.members:
-            if self._into is None or p.members is not None:
-                return None
-            return empty_in((p.local_bytes,), np.uint8, self._into)
+        if room == "shard":
+            return None if self._into is None else empty_in((p.local_bytes,), np.uint8, self._into)
+        assert self.plan.members is not None
         slots = self._slots.get(p.pattern)
         if slots is None:
-            order = self.plan.members[fam]
+            order = self.plan.members[parts(p.pattern)[1] or ""]
             slots = {fill(p.pattern, i): k for k, i in enumerate(order)}
             self._slots[p.pattern] = slots
         k = slots.get(name)

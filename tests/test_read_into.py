@@ -1,6 +1,6 @@
-"""``safetensors_file.read_into``: a contiguous view of a mapped checkpoint file is read with
-``preadv`` from that very file, and refused (the caller copies from the map) wherever that
-could give other bytes."""
+"""``safetensors_file.read_view``: a contiguous view of a mapped checkpoint file is read with
+``preadv`` from that very file (its own descriptor), and refused (the caller copies from the
+map) wherever that could give other bytes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from specbind.runtime import safetensors_file
 from specbind.runtime.backends import Arena
-from specbind.runtime.safetensors_file import SafetensorsFile, read_into
+from specbind.runtime.safetensors_file import SafetensorsFile, read_view
 
 
 def _write(path: Path, data: np.ndarray) -> None:
@@ -34,14 +34,14 @@ def test_a_view_of_the_map_is_read_from_the_file_byte_for_byte(tmp_path: Path) -
     f = SafetensorsFile(tmp_path / "a.safetensors")
     v = _view(f)[12345 : 12345 + (2 << 20)]  # starts off any page boundary
     out = np.zeros(v.size, np.uint8)
-    assert read_into(out, v.ctypes.data)
+    assert read_view(out, v)
     assert out.tobytes() == data[12345 : 12345 + (2 << 20)].tobytes()
 
 
-def test_a_file_replaced_since_it_was_mapped_is_not_read_by_path(tmp_path: Path) -> None:
-    """A checkpoint rewritten in place (a new inode at the same path) holds other bytes: the
-    map still shows the file that was opened, so the read is refused, not taken from the new
-    file."""
+def test_a_file_replaced_since_it_was_mapped_is_read_as_it_was_opened(tmp_path: Path) -> None:
+    """A checkpoint rewritten in place (a new file at the same path) holds other bytes; the
+    read goes through the descriptor opened with the map, so it gives the bytes the map
+    shows, never the new file's."""
     path = tmp_path / "a.safetensors"
     old = np.full(1 << 16, 7, np.uint8)
     _write(path, old)
@@ -49,15 +49,23 @@ def test_a_file_replaced_since_it_was_mapped_is_not_read_by_path(tmp_path: Path)
     _write(tmp_path / "b.safetensors", np.full(1 << 16, 9, np.uint8))
     os.replace(tmp_path / "b.safetensors", path)
     out = np.zeros(old.size, np.uint8)
-    assert not read_into(out, _view(f).ctypes.data)
+    assert read_view(out, _view(f))
+    assert out.tobytes() == old.tobytes()
     arena = Arena()
-    placed = arena.place(_view(f))  # the arena falls back to the map: the opened file's bytes
+    placed = arena.place(_view(f))
     assert arena.holds(placed) and placed.tobytes() == old.tobytes()
 
 
-def test_an_address_in_no_mapped_file_is_refused(tmp_path: Path) -> None:
-    mine = np.ones(4096, np.uint8)
-    assert not read_into(np.zeros(4096, np.uint8), mine.ctypes.data)
+def test_memory_of_its_own_or_a_closed_files_view_is_refused(tmp_path: Path) -> None:
+    """A writable array is no map's view; a read-only array in no open file's map (its file
+    gone, or never mapped) has no descriptor to read from: both are left to the copy."""
+    assert not read_view(np.zeros(4096, np.uint8), np.ones(4096, np.uint8))
+    _write(tmp_path / "a.safetensors", np.full(4096, 3, np.uint8))
+    gone = _view(SafetensorsFile(tmp_path / "a.safetensors"))  # the file object is dropped
+    assert not read_view(np.zeros(4096, np.uint8), gone)
+    stray = np.ones(4096, np.uint8)
+    stray.flags.writeable = False
+    assert not read_view(np.zeros(4096, np.uint8), stray)
 
 
 def test_a_read_that_comes_up_short_is_refused(
@@ -67,7 +75,7 @@ def test_a_read_that_comes_up_short_is_refused(
     _write(tmp_path / "a.safetensors", data)
     f = SafetensorsFile(tmp_path / "a.safetensors")
     monkeypatch.setattr(safetensors_file.os, "preadv", lambda fd, bufs, off: 0)  # at EOF
-    assert not read_into(np.zeros(data.size, np.uint8), _view(f).ctypes.data)
+    assert not read_view(np.zeros(data.size, np.uint8), _view(f))
 
 
 def test_a_stack_of_row_views_reads_each_from_the_file_and_equals_numpys_stack(
