@@ -213,3 +213,22 @@ def swizzle_blockscale(scale: Any, *, what: str = "block-scale swizzle") -> Any:
     if scale.ndim < 2:
         raise BindError(f"{what}: the scale is {scale.ndim}-D, expected [..., M, K]")
     return kernels.swizzle_blockscale_b1(_bytes(scale, what, "the scale"))
+
+
+def dequant_mxfp4(blocks: Any, scales: Any, *, what: str = "MXFP4 dequant") -> Any:
+    """As :func:`runtime.quant_numerics.dequant_mxfp4`, with CuPy array ops and the narrow
+    kernel: each product of an E2M1 value and a power of two is exact in F32, so the one
+    rounding is the kernel's nearest-even narrow (overflow to ±inf, E8M0 255 gives NaN)."""
+    cp = _cp()
+    blocks, scales = _bytes(blocks, what, "the blocks"), _bytes(scales, what, "the scales")
+    if blocks.ndim < 2 or blocks.shape[-1] != 16 or tuple(blocks.shape[:-1]) != scales.shape:
+        raise BindError(
+            f"{what}: blocks {list(blocks.shape)} and scales {list(scales.shape)} are not "
+            "[..., O, I/32, 16] and [..., O, I/32]"
+        )
+    power = cp.ldexp(cp.ones(scales.shape, cp.float32), scales.astype(cp.int32) - 127)
+    power[scales == 255] = cp.float32("nan")  # 2^(s-127); E8M0 255: NaN
+    vals = cp.take(cp.asarray(qn.PAIRS[True]), blocks, axis=0)  # [.., G, 16] -> [.., 16, 2] F32
+    prod = vals.reshape(*scales.shape, 32) * power[..., None]  # [..., O, G, 32], exact
+    out = kernels.narrow_f32_bf16(cp.ascontiguousarray(prod))
+    return out.reshape(*scales.shape[:-1], scales.shape[-1] * 32)  # [..., O, G, 32] -> [..., O, I]

@@ -1,13 +1,25 @@
-"""Bandwidth of each generated kernel on a GPU, beside a device-to-device copy of the same
-bytes, in one run (``make gpu-check``). Needs CuPy and a CUDA device."""
+"""Bandwidth on a GPU (``make gpu-check`` step 4). Needs CuPy and a CUDA device.
+
+- ``run``: each generated kernel's GB/s beside a device-to-device copy of the same bytes;
+- ``transfers``: host-to-device GB/s of the link (one pinned buffer, the best of three), of a
+  rank's bytes through two pinned staging buffers on two streams (``Stager``: one host copy
+  into a buffer while the other's copy to the device runs), and of the backend's own upload
+  (``Backend.upload``: pageable memory);
+- ``rank_bind``: one rank of the model's bench slice bound on the host and on the GPU.
+Timings are wall clock after a device synchronize (CUDA events for the kernels). Nothing here
+is a gate: the check reports each figure beside its target.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
+
+import numpy as np
 
 from specbind.runtime import backends
 
@@ -82,6 +94,109 @@ def _quant_cases(cp: Any, k: Any, n: int) -> list[tuple[str, Callable[[], object
          3 * n),
         ("swizzle_blockscale_b1", lambda: k.swizzle_blockscale_b1(sw), 2 * n),
     ]  # fmt: skip
+
+
+def _sync(cp: Any) -> None:
+    cp.cuda.Device().synchronize()
+
+
+def _best(cp: Any, fn: Callable[[], object], repeat: int = 3) -> float:
+    """The fastest of ``repeat`` runs of ``fn`` (after one warm-up), in seconds."""
+    fn()
+    _sync(cp)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        _sync(cp)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+class Stager:
+    """Two pinned host buffers of ``chunk`` bytes and a stream for each, allocated once."""
+
+    def __init__(self, cp: Any, chunk: int = 32 << 20) -> None:
+        self.cp, self.chunk = cp, chunk
+        self.bufs = [np.frombuffer(cp.cuda.alloc_pinned_memory(chunk), np.uint8, chunk)
+                     for _ in "ab"]  # fmt: skip
+        self.streams = [cp.cuda.Stream(non_blocking=True) for _ in "ab"]
+
+    def upload(self, arrays: list[Any]) -> list[Any]:
+        """Each host array's bytes on the device (flat ``uint8``), the two buffers taking
+        turns: while one buffer's copy to the device runs on its stream, the next piece is
+        copied into the other."""
+        out, turn, chunk = [], 0, self.chunk
+        for a in arrays:
+            src = np.ascontiguousarray(a).reshape(-1).view(np.uint8)  # [..] -> [bytes]
+            dev = self.cp.empty(src.size, dtype=self.cp.uint8)
+            for off in range(0, src.size, chunk):
+                n = min(chunk, src.size - off)
+                buf, stream = self.bufs[turn % 2], self.streams[turn % 2]
+                stream.synchronize()  # this buffer's last copy has left it
+                buf[:n] = src[off : off + n]
+                dev[off : off + n].set(buf[:n], stream=stream)
+                turn += 1
+            out.append(dev)
+        for stream in self.streams:
+            stream.synchronize()
+        return out
+
+
+def transfers(cp: Any, arrays: list[Any], link_bytes: int = 256 << 20) -> dict[str, Any]:
+    from specbind.generated import kernels as k
+
+    nbytes = sum(int(a.nbytes) for a in arrays)
+    pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(link_bytes), np.uint8, link_bytes)
+    pinned[:] = 1
+    dst = cp.empty(link_bytes, dtype=cp.uint8)
+    link_s = _best(cp, lambda: dst.set(pinned))
+    stager = Stager(cp)
+    staged_s = _best(cp, lambda: stager.upload(arrays))
+    device = backends.cupy_backend(k)
+    host = {str(i): a for i, a in enumerate(arrays)}
+    upload_s = _best(cp, lambda: device.upload(host))
+    back = stager.upload(arrays)
+    same = all(
+        b.get().tobytes() == np.ascontiguousarray(a).reshape(-1).view(np.uint8).tobytes()
+        for a, b in zip(arrays, back, strict=True)
+    )
+    link = link_bytes / link_s / 1e9
+    return {
+        "rank_bytes": nbytes,
+        "link_pinned_gbps": link,
+        "staged_pinned_gbps": nbytes / staged_s / 1e9,
+        "staged_over_link": nbytes / staged_s / 1e9 / link,
+        "staged_bytes_equal": same,
+        "backend_upload_pageable_gbps": nbytes / upload_s / 1e9,
+    }
+
+
+def rank_bind(ck: Any, table: Any, tp: int, rank: int, repeat: int = 2) -> dict[str, Any]:
+    """One rank of ``ck`` bound on the host (NumPy) and on the GPU (CuPy), best of ``repeat``
+    each, and its host fields for ``transfers``."""
+    from specbind.generated import kernels as k
+    from specbind.runtime.bind import bind_checkpoint
+
+    cp = k.cupy()
+    device = backends.cupy_backend(k)
+
+    def host_bind() -> Any:
+        return bind_checkpoint(ck, table, tp_size=tp, tp_rank=rank, progress=False)
+
+    def gpu_bind() -> Any:
+        return bind_checkpoint(ck, table, tp_size=tp, tp_rank=rank, progress=False,
+                               backend=device)  # fmt: skip
+
+    host_s = _best(cp, host_bind, repeat)
+    gpu_s = _best(cp, gpu_bind, repeat)
+    fields = [a for _, a in host_bind().fields().values()]
+    nbytes = sum(int(a.nbytes) for a in fields)
+    return {
+        "model": table.name, "tp_size": tp, "tp_rank": rank, "rank_bytes": nbytes,
+        "host_bind_s": host_s, "gpu_bind_s": gpu_s, "gpu_over_host": host_s / gpu_s,
+        "fields": fields,
+    }  # fmt: skip
 
 
 if __name__ == "__main__":
