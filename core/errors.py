@@ -2,6 +2,11 @@
 
 Invariant: the CLI prints ``str(error)`` of a ``SpecbindError`` on one line and exits non-zero;
 anything else escaping is a bug in specbind, reported as such (never a bare traceback).
+Two kinds, told apart by the exit status (``specbind.cli.EXIT``): a refusal (the checkpoint, its
+config, a spec or a bound file is wrong: exit 1) and a ``UsageError`` (what was asked cannot be
+done as asked: a flag, a value out of range, a path that is not there: exit 2, as argparse's own
+usage errors). Trap: a usage error that is also a refusal class (``NoCheckpointError`` is a
+``CheckpointError``) keeps working for a caller that catches the refusal class.
 """
 
 from __future__ import annotations
@@ -9,6 +14,11 @@ from __future__ import annotations
 
 class SpecbindError(Exception):
     """Base of every error specbind raises on purpose."""
+
+
+class UsageError(SpecbindError):
+    """What was asked is malformed, not what was read: a flag, an argument, a value out of
+    range, a path that is not there. Nothing of the checkpoint is judged."""
 
 
 class SpecError(SpecbindError):
@@ -34,6 +44,18 @@ class GeometryError(SpecbindError):
 
 class CheckpointError(SpecbindError):
     """A checkpoint file, header, index or config.json is malformed or unsafe."""
+
+
+class NoCheckpointError(CheckpointError, UsageError):
+    """The checkpoint path does not exist or is not a directory: nothing to judge."""
+
+
+class OverrideError(GeometryError, UsageError):
+    """An override (``--set``, ``overrides=``) naming no geometry symbol, or not an integer."""
+
+
+class RankError(GeometryError, UsageError):
+    """A tp or ep size or rank out of range (``--tp-size``, ``--ep-rank``, a launcher's)."""
 
 
 class BindError(SpecbindError):

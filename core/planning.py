@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specbind.core.dtypes import DTYPES
-from specbind.core.errors import GeometryError
+from specbind.core.errors import GeometryError, RankError
 from specbind.core.ir import ShardKind, TensorRule
 from specbind.core.record import record, replace
 
@@ -93,16 +93,16 @@ class BlockPlan:
 
 def check_tp(tp_size: int, tp_rank: int, what: str = "tp") -> None:
     if tp_size < 1:
-        raise GeometryError(f"{what} size {tp_size} must be >= 1")
+        raise RankError(f"{what} size {tp_size} must be >= 1")
     if not 0 <= tp_rank < tp_size:
-        raise GeometryError(f"{what} rank {tp_rank} is outside [0, {tp_size})")
+        raise RankError(f"{what} rank {tp_rank} is outside [0, {tp_size})")
 
 
 def member_range(count: int, ep_size: int, ep_rank: int) -> range:
     """The contiguous members ep rank ``ep_rank`` owns out of ``count`` (vLLM's expert map)."""
     check_tp(ep_size, ep_rank, "ep")
     if ep_size > count:
-        raise GeometryError(
+        raise RankError(
             f"ep size {ep_size} is larger than the {count} experts: a rank would hold none"
         )
     base, rem = divmod(count, ep_size)

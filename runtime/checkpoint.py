@@ -37,7 +37,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from specbind.core.errors import CheckpointError
+from specbind.core.errors import CheckpointError, NoCheckpointError
 from specbind.runtime.safetensors_file import SafetensorsFile
 from specbind.runtime.source import RawTensor
 
@@ -82,11 +82,11 @@ class CheckpointDir:
         try:
             mode = self.root.stat().st_mode
         except (FileNotFoundError, NotADirectoryError):
-            raise CheckpointError(f"{self.root}: no such directory") from None
+            raise NoCheckpointError(f"{self.root}: no such directory") from None
         except OSError as e:
-            raise CheckpointError(f"{self.root}: cannot read: {e.strerror}") from None
+            raise NoCheckpointError(f"{self.root}: cannot read: {e.strerror}") from None
         if not stat.S_ISDIR(mode):
-            raise CheckpointError(f"{self.root}: not a directory")
+            raise NoCheckpointError(f"{self.root}: not a directory")
         self._real_root = self.root.resolve()
         self._files: dict[str, SafetensorsFile] = {}
         self._real: dict[str, Path] = {}  # file name as named -> its checked real path

@@ -260,6 +260,7 @@ def check_one(
     t = src.get(name)
     if t is None:
         raise BindError(f"{at(layer)}: missing {name} (a {block} block requires it)")
+    label, row0 = stored_label(src, name)
     if t.dtype != rule.dtype and t.dtype not in rule.stored:
         why = rule.why_dtype or (
             "the spec accepts no other stored dtype here (`stored:` lists the ones converted "
@@ -267,12 +268,12 @@ def check_one(
         )
         also = f" (or {', '.join(rule.stored)}, converted exactly)" if rule.stored else ""
         raise BindError(
-            f"{at(layer)}: {name} is {t.dtype} but a {block} block requires "
+            f"{at(layer)}: {label} is {t.dtype} but a {block} block requires "
             f"{rule.dtype}{also} — {why}"
         )
     if tuple(t.shape) != want:
         raise BindError(
-            f"{at(layer)}: {name} has shape {list(t.shape)}, expected {list(want)} ({rule.shape})"
+            f"{at(layer)}: {label} has shape {list(t.shape)}, expected {list(want)} ({rule.shape})"
         )
     dt = DTYPES[t.dtype]
     expect = dt.nbytes(want)
@@ -288,11 +289,29 @@ def check_one(
     if t.dtype == rule.dtype:
         return arr
     rep.cast.append(f"{name}: {t.dtype} -> {rule.dtype}")
-    return _converted(src, name, t.dtype, rule.dtype, arr, f"{at(layer)}: {name}", rep)
+    return _converted(src, name, t.dtype, rule.dtype, arr, f"{at(layer)}: {label}", rep, row0)
+
+
+def stored_label(src: TensorSource, name: str) -> tuple[str, int]:
+    """How a message names ``name``, and the stored row its first row is: a section of a fused
+    stored tensor (a name map's ``sections``/``segments``) by the stored name, the section
+    named beside it, so a coordinate points into the file the user has; else the name, 0."""
+    where = getattr(src, "stored", None)
+    hit = where(name) if where is not None else None
+    if hit is None:
+        return name, 0
+    return f"{hit[0]} (its rows from {hit[1]}, read as {name})", hit[1]
 
 
 def _converted(
-    src: TensorSource, name: str, stored: str, dtype: str, arr: Array, what: str, rep: BindReport
+    src: TensorSource,
+    name: str,
+    stored: str,
+    dtype: str,
+    arr: Array,
+    what: str,
+    rep: BindReport,
+    row0: int = 0,
 ) -> Array:
     """``arr`` (this rank's slice) converted exactly, the verdict taken on the whole tensor when
     the conversion may change a value and the whole is at most ``WHOLE_CHECK_BYTES``."""
@@ -302,7 +321,7 @@ def _converted(
         return arr.astype(np_dtype)  # a widening: every value survives, on every rank
     full = src.whole(name) if isinstance(src, WholeSource) else None
     if full is None or len(full.data) == arr.nbytes:
-        return exact_cast(arr, stored, dtype, what)  # this rank reads the whole tensor
+        return exact_cast(arr, stored, dtype, what, row0=row0)  # the rank reads it whole
     if len(full.data) > WHOLE_CHECK_BYTES:
         return exact_cast(
             arr, stored, dtype, what,
@@ -311,15 +330,19 @@ def _converted(
             "may bind its slice)",
         )  # fmt: skip
     whole = np.frombuffer(full.data, dtype=arr.dtype).reshape(full.shape)
-    exact_cast(whole, stored, dtype, what)  # refused in the whole tensor's coordinates
+    exact_cast(whole, stored, dtype, what, row0=row0)  # in the whole tensor's coordinates
     rep.verdict_bytes += len(full.data) - arr.nbytes
     return arr.astype(np_dtype)  # exact: every value of the whole survives
 
 
-def exact_cast(a: Array, stored: str, dtype: str, what: str, scope: str = "") -> Array:
+def exact_cast(
+    a: Array, stored: str, dtype: str, what: str, scope: str = "", row0: int = 0
+) -> Array:
     """``a`` (on-disk dtype ``stored``) converted to ``dtype`` when every value survives the
     round trip; else refused, naming the first element that would change (``scope`` says
-    which part of the tensor was checked). NaN stays NaN and the sign of zero must survive."""
+    which part of the tensor was checked; ``row0``: the stored row ``a``'s first row is, so
+    the element is named in the stored tensor's coordinates). NaN stays NaN and the sign of
+    zero must survive."""
     np_dtype = DTYPES[dtype].numpy
     assert np_dtype is not None
     out = a.astype(np_dtype)
@@ -329,9 +352,10 @@ def exact_cast(a: Array, stored: str, dtype: str, what: str, scope: str = "") ->
         same |= np.isnan(back.astype(np.float32)) & np.isnan(a.astype(np.float32))
     if not bool(np.all(same)):
         bad = np.unravel_index(int(np.argmin(same)), a.shape)
+        at_ = [int(i) + (row0 if k == 0 else 0) for k, i in enumerate(bad)]
         raise BindError(
             f"{what} is stored as {stored}; converting it to {dtype} would change element "
-            f"{[int(i) for i in bad]} from {float(a[bad])!r} to {float(back[bad])!r} — refused "
+            f"{at_} from {float(a[bad])!r} to {float(back[bad])!r} — refused "
             f"(a conversion is exact or not done){scope}"
         )
     return out

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from specbind.core.errors import CheckpointError, GeometryError
+from specbind.core.errors import CheckpointError, GeometryError, OverrideError
 from specbind.core.geometry import computed, resolve
 
 if TYPE_CHECKING:  # a type only: model -> quant -> quant_config -> config at run time
@@ -124,9 +124,9 @@ def checked_values(
     values = dict(values)
     for k, v in overrides.items():
         if k not in values:
-            raise GeometryError(f"unknown geometry symbol {k!r} (known: {', '.join(values)})")
+            raise OverrideError(f"unknown geometry symbol {k!r} (known: {', '.join(values)})")
         if type(v) is not int:  # the API's overrides are the caller's objects, not parsed text
-            raise GeometryError(
+            raise OverrideError(
                 f"override {k}={v!r} is a {type(v).__name__}, not an integer (a geometry value)"
             )
         values[k] = v

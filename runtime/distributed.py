@@ -44,7 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from specbind.core.errors import DistributedError, GeometryError, SpecbindError
+from specbind.core.errors import DistributedError, RankError, SpecbindError
 from specbind.core.planning import Ranks
 from specbind.core.record import record
 from specbind.runtime import agreement, byte_coverage
@@ -91,13 +91,13 @@ def rank_file(rank: int, world: int) -> str:
 def place(world: int, rank: int, tp_size: int | None, ep_size: int) -> Ranks:
     """This rank's (tp, ep) place in a world of ``tp_size x ep_size`` ranks."""
     if ep_size < 1:
-        raise GeometryError(f"--ep-size {ep_size}: must be >= 1")
+        raise RankError(f"--ep-size {ep_size}: must be >= 1")
     if tp_size is None:
         if world % ep_size:
-            raise GeometryError(f"--ep-size {ep_size} does not divide the {world} rank(s)")
+            raise RankError(f"--ep-size {ep_size} does not divide the {world} rank(s)")
         tp_size = world // ep_size
     if tp_size * ep_size != world:
-        raise GeometryError(
+        raise RankError(
             f"--tp-size {tp_size} x --ep-size {ep_size} = {tp_size * ep_size} ranks, but "
             f"{world} rank(s) run (launch them with torchrun --nproc-per-node)"
         )

@@ -132,6 +132,15 @@ class LayerSource:
     def get(self, name: str) -> RawTensor | None:
         return self._ckpt.get(self._prefix + name)
 
+    def stored(self, name: str) -> tuple[str, int] | None:
+        """As ``NamedView.stored``, layer-relative: where a fused tensor's section sits."""
+        inner = getattr(self._ckpt, "stored", None)
+        hit = inner(self._prefix + name) if inner is not None else None
+        if hit is None:
+            return None
+        stored, row = hit
+        return stored.removeprefix(self._prefix), row
+
 
 @record(frozen=False)
 class SlotFill:
@@ -350,8 +359,11 @@ def _cross_check(
         if not members:
             continue
         has = any(m in names for m in members)
-        if must and not has:
-            out.append(f"layer {index}: {why}, but the layer has no {group} tensors")
+        if must and not has:  # name the tensors, not only the group they belong to
+            shown = members[0] if len(members) == 1 else f"{len(members)} tensors: {members}"
+            out.append(
+                f"layer {index}: {why}, but the layer has no {group} tensors: missing {shown}"
+            )
         if has and not must:
             out.append(f"layer {index}: {why}, but the layer carries {group} tensors")
     return out

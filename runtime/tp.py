@@ -265,6 +265,11 @@ class ShardedSource:
         row: npt.NDArray[np.uint8] = buf[k]  # member k's local bytes: a view
         return row
 
+    def stored(self, name: str) -> tuple[str, int] | None:
+        """As ``LayerSource.stored``: where a fused tensor's section sits in the file."""
+        inner = getattr(self._inner, "stored", None)
+        return inner(name) if inner is not None else None
+
     def whole(self, name: str) -> RawTensor | None:
         """The whole tensor as stored (a zero-copy view of a mapped file), checked against the
         plan's full shape as ``get`` checks it: what a rule about the whole tensor reads on

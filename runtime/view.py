@@ -101,6 +101,20 @@ class NamedView:
     def on_disk(self, name: str) -> str:
         return self._map[name][0] if name in self._map else name
 
+    def stored(self, name: str) -> tuple[str, int] | None:
+        """(the stored name, the first stored row) of a name read as a segment or section of
+        a fused tensor, for messages that must point into the file; None for any other name."""
+        hit = self._map.get(name)
+        if hit is None or hit[2] == 1:
+            return None
+        stored, seg, of, sizes = hit
+        t = self._ckpt.get(stored)
+        rows = t.shape[0] if t is not None and t.shape else 0
+        if not sizes:
+            return stored, seg * (rows // of)
+        got = self._sizes.get("\0".join(sizes))
+        return (stored, sum(got[:seg])) if got is not None else (stored, 0)
+
     def aliases(self, module: str) -> list[str]:
         """Other names of a module (full name) by the renames, read backwards: a tool's config
         may list transformers' own module names while its tensors carry the hub names."""

@@ -350,14 +350,14 @@ def model_table(
     A checkpoint whose config names no model type, a non-string one, or one no generated model
     claims is refused naming the known model types and ``how`` to choose one (``--model``,
     ``model=``): a default model would only be refused later by a field it lacks."""
-    from specbind.core.errors import SpecbindError
+    from specbind.core.errors import SpecbindError, UsageError
     from specbind.generated import MODELS
 
     # each model's model_types and default flag, from the registry: no table imported to pick
     types = {n: e.model_types for n, e in MODELS.entries.items()}
     if name is not None:
         if name not in MODELS:
-            raise SpecbindError(f"unknown model {name!r} (generated: {', '.join(MODELS)})")
+            raise UsageError(f"unknown model {name!r} (generated: {', '.join(MODELS)})")
         if config is not None:
             _not_anothers(types, name, config, how)
         return MODELS[name]

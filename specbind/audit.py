@@ -8,9 +8,18 @@ declared-unbound ones with the reason, and whatever nothing accounts for. ``cove
 the tensor count: bound + declared unbound + unaccounted.
 
 Invariant: the audit reports, it never refuses a layer — a malformed *file* is still an error.
+Invariant: it is a gate. ``ok`` is true exactly when ``problems`` is empty, and ``verdict`` says
+so in one line (``OK: 21 of 21 tensors bound …`` / ``REFUSED: 2 problem(s): …``); the CLI exits
+1 on a problem. The census reads names, dtypes and config; what only a bind sees (a shape, a
+geometry constraint, a value a conversion would change) is found by then binding rank 0 of tp 1
+report-only (``verify``): each rank binds a share of that, and every check that a share fails
+is decided on the whole tensor or the whole layout, so a checkpoint bind refuses at some legal
+rank fails here too. That step reads every tensor once (as ``bind`` does) and runs only when
+the census found nothing: bind would refuse on the census's first problem anyway.
 Trap: identical bytes are found by hashing only tensors whose byte count collides with
 another, and never family members (288 experts a layer would mean reading the whole
-checkpoint), so a checkpoint of unique sizes is never read beyond its headers.
+checkpoint); with ``verify=False`` (``audit --names-only``) a checkpoint of unique sizes is
+never read beyond its headers, and the verdict says that shapes and values went unchecked.
 """
 
 from __future__ import annotations
@@ -171,11 +180,13 @@ def audit(
     progress: bool | None = None,
     overrides: dict[str, int] | None = None,
     mtp: bool = True,
+    verify: bool = True,
 ) -> dict[str, Any]:
     """The census of every tensor bind's layout sees, and every problem bind would refuse with
     the same geometry (``overrides``: ``--set``, as bind takes it; ``mtp=False`` as
     ``bind --no-mtp``: the MTP layers config.json counts are counted as not bound, not
-    required)."""
+    required); with ``verify``, a census without problems is confirmed by a report-only bind
+    of tp rank 0 of 1, and its refusal is the problem (see the module docstring)."""
     problems: list[str] = []
     try:
         qconf = detect(ckpt, table.schemes)
@@ -251,14 +262,17 @@ def audit(
     layer_unclaimed = sum(len(x.unclaimed) for x in lay.layers.values())
     unaccounted = layer_unclaimed + len(lay.unclaimed) + undeclared
     why = {u.prefix: u.why for u in table.unbound}
-    return {
+    if verify and not problems:
+        problems += _bind_problems(ckpt, table, overrides, mtp, progress)
+    bound = claimed - undeclared + len(lay.globals)
+    rep = {
         "checkpoint": str(ckpt.root),
         "model": table.name,
         "layer_prefix": split.prefix + table.layer_pattern,
         "tensors": len(view.names()),  # as the specs name them: a fused conv read as three
         "stored_tensors": len(ckpt.names()),
         "coverage": {
-            "bound": claimed - undeclared + len(lay.globals),
+            "bound": bound,
             "declared_unbound": unbound,
             "unaccounted": unaccounted,
             **(
@@ -284,7 +298,51 @@ def audit(
         "quantisation_artefacts": sum(
             len(s["quantisation_artefacts"]) for r in layers for s in r["slots"].values()
         ),
+        "checked": "bind" if verify else "names",
     }
+    rep["ok"] = not problems
+    rep["verdict"] = verdict(rep)
+    return rep
+
+
+def _bind_problems(
+    ckpt: CheckpointDir, table: ModelTable[Any], overrides: dict[str, int] | None, mtp: bool,
+    progress: bool | None,
+) -> list[str]:  # fmt: skip
+    """What a report-only bind of tp rank 0 of 1 refuses (nothing kept, each slot dropped once
+    bound), as the one problem it stops at; none when it binds."""
+    from specbind.runtime.bind import ReportOnly, bind_checkpoint
+
+    try:
+        bind_checkpoint(
+            ckpt, table, overrides, progress=progress, mtp=mtp, sink=ReportOnly()
+        )  # fmt: skip
+    except SpecbindError as e:
+        return [f"bind: {e}"]
+    return []
+
+
+def verdict(rep: dict[str, Any]) -> str:
+    """The audit's one-line verdict: ``OK: …`` when nothing would be refused, else
+    ``REFUSED: N problem(s): …`` with the first ones (all of them are under ``problems``)."""
+    problems: list[str] = rep["problems"]
+    if problems:
+        shown = "; ".join(problems[:3])
+        more = f"; and {len(problems) - 3} more" if len(problems) > 3 else ""
+        return f"REFUSED: {len(problems)} problem(s): {shown}{more}"
+    cov = rep["coverage"]
+    parts = [f"OK: {cov['bound']} of {rep['tensors']} tensors bound"]
+    if cov["declared_unbound"]:
+        parts.append(f"{cov['declared_unbound']} declared unbound (not read)")
+    if cov.get("mtp_not_bound"):
+        parts.append(f"{cov['mtp_not_bound']} of MTP layer(s) not bound (--no-mtp)")
+    layers = len(rep["layers"])
+    how = (
+        "names, dtypes and config checked, shapes and values not (--names-only)"
+        if rep["checked"] == "names"
+        else "bind accepts it at tp rank 0 of 1"
+    )
+    return f"{', '.join(parts)} in {layers} layer(s); {how}"
 
 
 class _Probe:
@@ -380,4 +438,5 @@ def render_text(rep: dict[str, Any]) -> str:
     lines.append(f"quantisation artefacts: {rep['quantisation_artefacts']}")
     if rep["unindexed_files"]:
         lines.append(f"not read (no index entry names them): {rep['unindexed_files']}")
+    lines.append(rep["verdict"])
     return "\n".join(lines)

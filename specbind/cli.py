@@ -1,8 +1,11 @@
 """The ``specbind`` command line.
 
-Invariant: every refusal is one line on stderr and a non-zero exit — ``SpecbindError`` exits 2
-with its message; anything else is reported as an internal error (exit 3), with the traceback
-only when ``SPECBIND_DEBUG=1``. Results go to stdout; progress bars go to stderr.
+Invariant: every refusal is one line on stderr and a non-zero exit, by ``EXIT``: 1 a refusal
+(a ``SpecbindError``: the checkpoint, config, spec or bound file is wrong, or the system would
+not let the work finish; ``audit`` with a problem; ``generate --check`` when stale), 2 a usage
+error (argparse's own, or a ``UsageError``: a flag, a value, a path that is not there), 3 an
+internal error (anything else: a bug, the traceback only when ``SPECBIND_DEBUG=1``), 130 / 143
+interrupted / terminated. Results go to stdout; progress bars go to stderr.
 Trap: ``generated`` is imported lazily, so ``specbind generate`` works when it is stale or gone.
 Fixed cost: a command imports only what it uses (jinja2, jsonschema and yaml in ``generate``,
 tqdm only when a bar is drawn), and the console entry ``entry`` flushes and leaves through
@@ -23,11 +26,12 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from specbind.core.errors import SpecbindError
+from specbind.core.errors import SpecbindError, UsageError
 
 if TYPE_CHECKING:
     from specbind.runtime.bind_options import BindOptions
@@ -36,6 +40,9 @@ if TYPE_CHECKING:
 # links to the top-level folders), the installed package in a wheel. Resolved through the
 # generated/ link so it holds even while `make drift` has removed generated/.
 REPO = (Path(__file__).resolve().parent / "generated").resolve().parent
+
+# The exit statuses of every command (README, CLI): what a script or CI may branch on.
+EXIT = {"ok": 0, "refused": 1, "usage": 2, "internal": 3, "interrupted": 130, "terminated": 143}
 
 
 def _table(name: str | None, ckpt: str | None = None) -> Any:
@@ -59,11 +66,11 @@ def _sets(items: list[str]) -> dict[str, int]:
     for item in items:
         key, sep, val = item.partition("=")
         if not sep or not key.isidentifier():
-            raise SpecbindError(f"--set {item!r}: expected NAME=INTEGER")
+            raise UsageError(f"--set {item!r}: expected NAME=INTEGER")
         if not re.fullmatch(r"-?[0-9]{1,12}", val):  # int() also takes '1_6', '+1', '１６'
-            raise SpecbindError(f"--set {item!r}: {val!r} is not an integer")
+            raise UsageError(f"--set {item!r}: {val!r} is not an integer")
         if key in out:
-            raise SpecbindError(f"--set {key} is given twice ({out[key]} and {val})")
+            raise UsageError(f"--set {key} is given twice ({out[key]} and {val})")
         out[key] = int(val)
     return out
 
@@ -100,9 +107,9 @@ def cmd_synth(a: argparse.Namespace) -> int:
 
     table = _table(a.model)
     if a.seed < 0:
-        raise SpecbindError(f"--seed {a.seed}: must be >= 0")
+        raise UsageError(f"--seed {a.seed}: must be >= 0")
     if a.shards is not None and a.shards < 1:
-        raise SpecbindError(f"--shards {a.shards}: must be >= 1")
+        raise UsageError(f"--shards {a.shards}: must be >= 1")
     base = table.default_values() if a.full else tiny_values(table)
     values = checked_values(table, base, _sets(a.set))
     layers = a.layers if a.layers is not None else (table.synth.layers if table.synth else 1)
@@ -138,9 +145,22 @@ def cmd_audit(a: argparse.Namespace) -> int:
         progress=a.progress,
         overrides=overrides,
         mtp=not a.no_mtp,
+        verify=not a.names_only,
     )
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
-    return 0
+    return EXIT["ok"] if rep["ok"] else EXIT["refused"]
+
+
+@contextlib.contextmanager
+def _usage() -> Iterator[None]:
+    """A refusal raised in here is about what the command line gave (an ``--out`` path), not
+    about the checkpoint: reported as a usage error."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except SpecbindError as e:
+        raise UsageError(str(e)) from None
 
 
 def _or(given: int | None, default: int) -> int:
@@ -163,9 +183,11 @@ def cmd_reload(a: argparse.Namespace) -> int:
     from specbind.api import open_bound
 
     if a.ckpt is not None:
-        raise SpecbindError(f"bind: give a checkpoint or --from, not both ({a.ckpt}, {a.from_})")
+        raise UsageError(f"bind: give a checkpoint or --from, not both ({a.ckpt}, {a.from_})")
     if a.out is not None or a.set:
-        raise SpecbindError("bind --from: --out and --set apply to a bind from a checkpoint")
+        raise UsageError("bind --from: --out and --set apply to a bind from a checkpoint")
+    if not os.path.lexists(a.from_):  # a path not there is the command line's, not the file's
+        raise UsageError(f"{a.from_}: cannot open: No such file or directory")
     t0 = time.perf_counter()
     f = open_bound(
         a.from_, model=a.model, tp_size=a.tp_size, tp_rank=a.tp_rank, ep_size=a.ep_size,
@@ -194,7 +216,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     if a.from_ is not None:
         return cmd_reload(a)
     if a.ckpt is None:
-        raise SpecbindError("bind: give a checkpoint directory, or --from a bound file")
+        raise UsageError("bind: give a checkpoint directory, or --from a bound file")
     if a.out_dir is not None or launched(os.environ):
         return cmd_bind_ranks(a)
     from specbind.core.planning import Ranks
@@ -215,7 +237,8 @@ def cmd_bind(a: argparse.Namespace) -> int:
     if a.out is not None:  # the writer's modules only when there is a file to write
         from specbind.runtime.out_path import check_out_path
 
-        out = check_out_path(a.out, ckpt.files(), "--out", ckpt.dirs())
+        with _usage():  # the path given is wrong, not the checkpoint
+            out = check_out_path(a.out, ckpt.files(), "--out", ckpt.dirs())
     values = values_from_config(table, ckpt.config, overrides)  # refuse a bad --set first
     _note_overrides(overrides)
     run = partial(
@@ -294,17 +317,17 @@ def cmd_bind_ranks(a: argparse.Namespace) -> int:
     from specbind.runtime.comm import Comm, LocalComm, TorchComm, launched
 
     if a.out is not None:
-        raise SpecbindError(
+        raise UsageError(
             "--out under torchrun: every rank would write the same file; use --out-dir"
         )
     for flag, value in (("--tp-rank", a.tp_rank), ("--ep-rank", a.ep_rank)):
         if value is not None:
-            raise SpecbindError(
+            raise UsageError(
                 f"{flag} with --out-dir or under torchrun: the rank comes from the process "
                 "group (rank = ep_rank * tp_size + tp_rank)"
             )
     if a.timeout <= 0:
-        raise SpecbindError(f"--timeout {a.timeout:g}: must be > 0 seconds")
+        raise UsageError(f"--timeout {a.timeout:g}: must be > 0 seconds")
     opts = _options(a)
     job = distributed.Job(
         ckpt=Path(a.ckpt), table=_table(a.model, a.ckpt), specs_sha256=SPECS_SHA256,
@@ -318,6 +341,8 @@ def cmd_bind_ranks(a: argparse.Namespace) -> int:
         importlib.import_module("cupy").cuda.Device(int(os.environ.get("LOCAL_RANK", "0"))).use()
     comm: Comm = TorchComm(os.environ, a.timeout) if launched(os.environ) else LocalComm()
     try:
+        # flags the world cannot hold: the same usage error on every rank, before any work
+        distributed.place(comm.world, comm.rank, a.tp_size, _or(a.ep_size, 1))
         rep = distributed.run(job, comm)
     finally:
         comm.close()
@@ -341,7 +366,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
         from specbind.runtime.config import values_from_config
 
         if a.quant is not None:
-            raise SpecbindError("--quant plans the spec's model; a checkpoint says its own")
+            raise UsageError("--quant plans the spec's model; a checkpoint says its own")
         ckpt = CheckpointDir(Path(a.ckpt))
         values = values_from_config(table, ckpt.config, _sets(a.set))
         layers, quant = checkpoint_layers(table, ckpt, values, mtp=not a.no_mtp)
@@ -383,7 +408,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
 def _scheme(table: Any, name: str) -> Any:
     known = {s.name: s for s in table.schemes}
     if name not in known:
-        raise SpecbindError(f"--quant {name!r}: no such scheme (known: {', '.join(known)})")
+        raise UsageError(f"--quant {name!r}: no such scheme (known: {', '.join(known)})")
     return known[name]
 
 
@@ -392,9 +417,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     table = _table(a.model)
     if a.repeat < 1:
-        raise SpecbindError("--repeat must be >= 1")
+        raise UsageError("--repeat must be >= 1")
     if any(n < 1 for n in a.ranks or []):
-        raise SpecbindError("--ranks must be >= 1")
+        raise UsageError("--ranks must be >= 1")
     if a.quant is not None:
         from specbind.bench import quant as bench_quant
 
@@ -577,9 +602,17 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
             "nor bound (an engine that does not speculate; a checkpoint saved without them)",
         )
 
-    au = sub.add_parser("audit", help="census of every tensor of a checkpoint")
+    au = sub.add_parser(
+        "audit", help="census of every tensor of a checkpoint; exit 1 if bind would refuse it"
+    )
     au.add_argument("ckpt")
     au.add_argument("--json", action="store_true")
+    au.add_argument(
+        "--names-only",
+        action="store_true",
+        help="the census alone: names, dtypes and config.json, no tensor read (shapes and "
+        "values unchecked; fast on a huge checkpoint)",
+    )
     common(au)
     progress(au)
     no_mtp(au)
@@ -761,20 +794,23 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     except Terminated:
         _say("specbind: terminated")
-        return 143
+        return EXIT["terminated"]
+    except UsageError as e:
+        _say(f"specbind: error: {e}")
+        return EXIT["usage"]
     except SpecbindError as e:
         _say(f"specbind: error: {e}")
-        return 2
+        return EXIT["refused"]
     except BrokenPipeError:  # stdout closed early (`| head`): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
         _say("specbind: interrupted")
-        return 130
+        return EXIT["interrupted"]
     except OSError as e:  # a path the user gave that cannot be read or written as asked
         where = f"{e.filename}: " if e.filename else ""
         _say(f"specbind: error: {where}{e.strerror or e}")
-        return 2
+        return EXIT["refused"]
     except Exception as e:  # a bug in specbind: say so, in one line
         if os.environ.get("SPECBIND_DEBUG") == "1":
             import traceback
@@ -784,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
             f"specbind: internal error: {type(e).__name__}: {e} "
             "(SPECBIND_DEBUG=1 shows the traceback)"
         )
-        return 3
+        return EXIT["internal"]
     finally:  # main() called in-process (tests, an engine's tool) leaves no handler behind
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

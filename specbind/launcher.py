@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from specbind.core.errors import GeometryError
+from specbind.core.errors import GeometryError, RankError
 from specbind.core.planning import check_tp
 
 LAUNCHERS = (("WORLD_SIZE", "RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"))
@@ -22,9 +22,9 @@ def _int(env: Mapping[str, str], key: str) -> int | None:
     try:
         value = int(raw.strip())
     except ValueError:
-        raise GeometryError(f"environment {key}={raw!r} is not an integer") from None
+        raise RankError(f"environment {key}={raw!r} is not an integer") from None
     if value < 0:
-        raise GeometryError(f"environment {key}={raw!r} is negative")
+        raise RankError(f"environment {key}={raw!r} is negative")
     return value
 
 
@@ -45,5 +45,5 @@ def resolve_tp(size: int | None, rank: int | None, env: Mapping[str, str]) -> tu
     try:
         check_tp(tp_size, tp_rank)
     except GeometryError as e:
-        raise GeometryError(f"{e}{source}") from None
+        raise RankError(f"{e}{source}") from None
     return tp_size, tp_rank

@@ -15,6 +15,7 @@ import pytest
 import safetensors
 from helpers import copy_with
 
+from specbind.cli import EXIT
 from specbind.generated import SPECS_SHA256
 
 
@@ -24,9 +25,10 @@ def specbind(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def refused(proc: subprocess.CompletedProcess[str]) -> str:
-    """A refusal: non-zero exit, one line on stderr, no traceback."""
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+def refused(proc: subprocess.CompletedProcess[str], code: int = EXIT["refused"]) -> str:
+    """A refusal (``code``: a usage error's status instead): that exit status, one line on
+    stderr, no traceback."""
+    assert proc.returncode == code, (proc.returncode, proc.stderr)
     assert "Traceback" not in proc.stderr
     lines = [x for x in proc.stderr.strip().splitlines() if not x.startswith("specbind: note: ")]
     assert len(lines) == 1, proc.stderr
@@ -202,24 +204,46 @@ def test_audit_reports_quantisation_artefacts_and_identical_bytes(
     assert ["layers.0.self_attn.A_log", "layers.1.self_attn.A_log"] in rep["identical_bytes"]
 
 
+USAGE = EXIT["usage"]
+
+
 @pytest.mark.parametrize(
-    ("args", "fragment"),
+    ("args", "fragment", "code"),
     [
-        (["bind", "/nonexistent/ckpt"], "/nonexistent/ckpt: no such directory"),
-        (["audit", "/nonexistent/ckpt"], "/nonexistent/ckpt: no such directory"),
-        (["bind", __file__], f"{__file__}: not a directory"),
-        (["bind", "."], "no model.safetensors and no model.safetensors.index.json"),
-        (["synth", "/tmp", "--layers", "2"], "exists and is not an empty directory"),
-        (["bind", ".", "--model", "falcon"], "unknown model 'falcon'"),
-        (["bind", ".", "--set", "hidden=big"], "not an integer"),
-        (["bind", ".", "--set", "hidden=1_6"], "'1_6' is not an integer"),
-        (["bind", ".", "--set", "hidden=+16"], "'+16' is not an integer"),
-        (["bind", ".", "--set", "hidden=64", "--set", "hidden=72"], "--set hidden is given twice"),
-        (["synth", "/tmp/x-never", "--shards", "0"], "--shards 0: must be >= 1"),
+        (["bind", "/nonexistent/ckpt"], "/nonexistent/ckpt: no such directory", USAGE),
+        (["audit", "/nonexistent/ckpt"], "/nonexistent/ckpt: no such directory", USAGE),
+        (["plan", "/nonexistent/ckpt"], "/nonexistent/ckpt: no such directory", USAGE),
+        (["bind", __file__], f"{__file__}: not a directory", USAGE),
+        (["bind", "."], "no model.safetensors and no model.safetensors.index.json", 1),
+        (["audit", "."], "no model.safetensors and no model.safetensors.index.json", 1),
+        (["synth", "/tmp", "--layers", "2"], "exists and is not an empty directory", USAGE),
+        (["bind", ".", "--model", "falcon"], "unknown model 'falcon'", USAGE),
+        (["audit", ".", "--model", "falcon"], "unknown model 'falcon'", USAGE),
+        (["bind", ".", "--set", "hidden=big"], "not an integer", USAGE),
+        (["bind", ".", "--set", "hidden=1_6"], "'1_6' is not an integer", USAGE),
+        (["bind", ".", "--set", "hidden=+16"], "'+16' is not an integer", USAGE),
+        (["bind", ".", "--set", "hidden=64", "--set", "hidden=72"], "given twice", USAGE),
+        (["synth", "/tmp/x-never", "--shards", "0"], "--shards 0: must be >= 1", USAGE),
+        (["bind", ".", "--tp-size", "2", "--tp-rank", "2"], "tp rank 2 is outside [0, 2)", USAGE),
+        (["plan", "--tp-size", "0"], "tp size 0 must be >= 1", USAGE),
+        (["bind", "--from", "/nonexistent/f.safetensors"], "cannot open", USAGE),
     ],
 )
-def test_bad_invocations_are_refused_in_one_line(args: list[str], fragment: str) -> None:
-    assert fragment in refused(specbind(*args))
+def test_bad_invocations_are_refused_in_one_line_usage_apart_from_refusals(
+    args: list[str], fragment: str, code: int
+) -> None:
+    assert fragment in refused(specbind(*args), code)
+
+
+@pytest.mark.parametrize("command", ["audit", "plan", "bind"])
+def test_a_flag_argparse_does_not_know_exits_with_the_usage_status(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specbind.cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main([command, ".", "--no-such-flag"])
+    assert stop.value.code == USAGE and "unrecognized arguments" in capsys.readouterr().err
 
 
 def test_a_chunk_override_that_breaks_the_shared_memory_ceiling_is_refused(ckpt: Path) -> None:
@@ -244,7 +268,7 @@ def test_a_set_override_is_announced_on_stderr_and_recorded_in_the_out_file(
 
 def test_a_bad_set_is_refused_without_announcing_an_override(ckpt: Path) -> None:
     proc = specbind("bind", str(ckpt), "--set", "nonsense=3")
-    assert "unknown geometry symbol 'nonsense'" in refused(proc)
+    assert "unknown geometry symbol 'nonsense'" in refused(proc, USAGE)
     assert "note:" not in proc.stderr, "no override happened, so none is announced"
 
 
@@ -260,7 +284,7 @@ def test_rank_flags_win_over_a_broken_launcher_environment(ckpt: Path) -> None:
         [sys.executable, "-m", "specbind", "bind", str(ckpt)],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
-    assert "tp rank 1 is outside [0, 1) (from WORLD_SIZE/RANK)" in refused(proc)
+    assert "tp rank 1 is outside [0, 1) (from WORLD_SIZE/RANK)" in refused(proc, USAGE)
 
 
 class _Writes:
@@ -287,6 +311,6 @@ def test_a_refusal_reaches_stderr_in_one_write_so_ranks_sharing_it_never_interle
 
     err = _Writes()
     monkeypatch.setattr(sys, "stderr", err)
-    assert main(args) == 2
+    assert main(args) == EXIT["usage"]
     assert len(err.calls) == 1 and err.calls[0].endswith("\n"), err.calls
     assert err.calls[0].startswith("specbind: error: ") and err.calls[0].count("\n") == 1

@@ -86,7 +86,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def one_line(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)  # refused
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specbind: error: "), proc.stderr
     return lines[0]

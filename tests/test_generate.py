@@ -162,6 +162,6 @@ def test_generate_without_ruff_says_in_one_line_to_install_the_generate_extra() 
         "runpy.run_module('specbind', run_name='__main__', alter_sys=True)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code, str(REPO)], capture_output=True, text=True)
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "pip install 'specbind[generate]'" in proc.stderr

@@ -66,7 +66,7 @@ def test_a_checkpoint_naming_no_known_model_is_refused_naming_the_choices(
 ) -> None:
     d = with_model_type(ckpt, tmp_path / "c", value)
     proc = cli(cmd, str(d))
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # refused: the checkpoint names no model
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specbind: error: config.json: "), lines
     msg = lines[0]
@@ -111,7 +111,7 @@ def test_a_model_chosen_by_hand_that_the_checkpoint_says_is_another_is_refused_n
     wrong = other_model(TABLE.name)
     kind = json.loads((ckpt / "config.json").read_text())["model_type"]
     proc = cli(cmd, "--model", wrong, str(ckpt))
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # refused: the checkpoint says it is another
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, lines
     assert f"--model {wrong}" in lines[0] and repr(kind) in lines[0] and TABLE.name in lines[0]

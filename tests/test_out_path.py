@@ -112,7 +112,7 @@ def specbind(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def refused(proc: subprocess.CompletedProcess[str]) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)  # a usage error: the path given
     assert proc.stdout == "", "refused before binding: no report printed"
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("specbind: error: --out "), proc.stderr

@@ -194,7 +194,7 @@ def test_a_write_that_fails_in_the_writer_thread_is_one_line_and_leaves_the_prev
     ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """ENOSPC on the third tensor, raised in the background writer: the bind stops with one
-    line naming the file and the cause, exit 2, the previous file as it was, no temp file."""
+    line naming the file and the cause, exit 1, the previous file as it was, no temp file."""
     import errno
     import os
 
@@ -212,7 +212,7 @@ def test_a_write_that_fails_in_the_writer_thread_is_one_line_and_leaves_the_prev
         return real(self, *item)
 
     monkeypatch.setattr(stream_out._Background, "_write", full)
-    assert main(["bind", str(ckpt), "--out", str(out), "--no-progress"]) == 2
+    assert main(["bind", str(ckpt), "--out", str(out), "--no-progress"]) == 1
     err = capsys.readouterr().err
     assert err == f"specbind: error: {out}: writing failed: No space left on device\n"
     assert len(calls) == 3, "nothing is written after the failure"
@@ -236,7 +236,7 @@ def test_a_file_size_limit_hit_by_the_writer_thread_is_reported_and_leaves_no_fi
     import subprocess
 
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     assert proc.stderr == f"specbind: error: {out}: writing failed: File too large\n"
     assert list(tmp_path.iterdir()) == []
 

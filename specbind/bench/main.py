@@ -54,7 +54,7 @@ import numpy as np
 
 from specbind.bench.common import filled, interleaved, parts, peak_rss_mb, say
 from specbind.bench.equal import check_equal, computed_fields
-from specbind.core.errors import SpecbindError
+from specbind.core.errors import SpecbindError, UsageError
 from specbind.runtime.backends import Arena
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.checks import Array
@@ -76,7 +76,7 @@ def cache_dir(given: str | None) -> Path:
     spec says."""
     if given is not None:
         if not given:
-            raise SpecbindError("--cache '': an empty path; --cache names a directory")
+            raise UsageError("--cache '': an empty path; --cache names a directory")
         return Path(given)
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"

@@ -29,7 +29,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from specbind.core.dtypes import DTYPES
-from specbind.core.errors import SpecbindError
+from specbind.core.errors import SpecbindError, UsageError
 from specbind.core.geometry import computed
 from specbind.core.patterns import fill
 from specbind.core.planning import Ranks, expand
@@ -157,9 +157,9 @@ def synth(
     ``sparse``: headers only, the data left as holes (``synth.sparse``), in shards of
     about 5 GB unless ``shards`` is given. ``progress``: a bar per shard (``runtime.progress``)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise SpecbindError(f"{out}: exists and is not an empty directory; refusing to overwrite")
+        raise UsageError(f"{out}: exists and is not an empty directory; refusing to overwrite")
     if layers < 0 or layers > 4096:
-        raise SpecbindError(f"--layers {layers} is out of range (0..4096)")
+        raise UsageError(f"--layers {layers} is out of range (0..4096)")
     full = table.default_values() | values
     geometry = table.make_geometry(full)
     plans = schedule(table, layers, mtp)
@@ -180,7 +180,7 @@ def synth(
         entries += list(block_tensors(block, geometry, groups, gates_bf16))
     total = sum(DTYPES[d].nbytes(s) for _, d, s in entries)
     if shards is not None and shards > len(entries):
-        raise SpecbindError(
+        raise UsageError(
             f"--shards {shards}: there are only {len(entries)} tensors to spread over them"
         )
     if sparse:
