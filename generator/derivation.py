@@ -90,13 +90,34 @@ def check_sum_units(model: Model, block: Block, use: BlockUse, ctx: str) -> None
             absent = [g.name for g in model.geometry if g.default] if defaults else []
             when = f" where config.json lacks {', '.join(absent)}" if absent else ""
             rel = block.rel(t.name)
+            via = derivations(model, block, use, t.dims[axis].names, defaults)
             raise block.located.error(
                 ("tensors", rel, "shard"),
                 f"{ctx}: {rel} shards {t.shard.kind} on {t.shard.unit}, but dim {axis} "
-                f"({t.dims[axis].text}) is {render(dim)} in {model.name}'s base symbols{when}: "
+                f"({t.dims[axis].text}) is {render(dim)} in {model.name}'s base symbols{when}"
+                f"{via}: "
                 f"a sum of terms over different units ({', '.join(stray)} not over {gunit}), "
                 f"so a contiguous share of {t.shard.unit} would cross sections; declare its "
                 f"sections (model names: with sections:, each with its own unit), or "
                 f"interleave: true on the shard where each {t.shard.unit} unit holds its rows "
                 f"of every term together",
             )
+
+
+def derivations(
+    model: Model, block: Block, use: BlockUse, names: frozenset[str], defaults: bool
+) -> str:
+    """`` (via a = b / c, ...)``: how each of ``names`` that is not a base symbol is derived."""
+    fields = {g.name: g for g in model.geometry}
+    out = []
+    for s in sorted(names):
+        if s in block.derived:
+            out.append(f"{s} = {block.derived[s].text}")
+            continue
+        g = fields[use.symbols[s]]
+        shown = s if s == g.name else f"{s} ({g.name})"
+        if g.expr is not None:
+            out.append(f"{shown} = {g.expr}")
+        elif defaults and g.default is not None:
+            out.append(f"{shown} = {g.default} (its default)")
+    return f" (via {', '.join(out)})" if out else ""

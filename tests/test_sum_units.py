@@ -150,6 +150,7 @@ def test_a_fused_conv_written_with_a_model_ratio_and_sharded_by_key_heads_is_ref
     err = _refusal(tmp_path, FUSED_BLOCK)
     assert err.file == "specs/blocks/conv.yaml" and err.path == "tensors.conv1d.weight.shard"
     assert "2 * k_dim * k_heads + v_dim * v_heads" in err.message
+    assert "(via v_per_k = v_heads / k_heads)" in err.message
     assert "(v_dim * v_heads not over k_heads)" in err.message
 
 
@@ -171,7 +172,10 @@ def test_a_default_is_seen_through_where_config_json_lacks_its_field(tmp_path: P
     )
     block = FUSED_BLOCK.replace("(2 * k_dim + v_per_k * v_dim)", "(2 * k_dim + v_dim)")
     err = _refusal(tmp_path, block, model)
-    assert "where config.json lacks k_dim" in err.message
+    assert (
+        "where config.json lacks k_dim (via k_dim = v_heads * v_dim / k_heads (its default))"
+        in (err.message)
+    )
     assert "2 * v_dim * v_heads" in err.message
 
 
