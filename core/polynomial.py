@@ -117,6 +117,16 @@ def _expand(node: ast.expr, subst: Callable[[str], Poly]) -> Poly:
     raise NotPolynomial(f"{type(node).__name__} does not expand")
 
 
+def value(p: Poly, env: Mapping[str, int]) -> Fraction:
+    """``p`` at ``env`` (every symbol non-zero where it has a negative power)."""
+    total = Fraction(0)
+    for m, c in p.items():
+        for s, e in m:
+            c *= Fraction(env[s]) ** e
+        total += c
+    return total
+
+
 def power_of(m: Monomial, name: str) -> int:
     return dict(m).get(name, 0)
 

@@ -19,6 +19,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from budget import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specbind.core import algebra
 from specbind.core import polynomial as poly
@@ -249,3 +252,33 @@ def test_an_expansion_multiplies_out_and_cancels(text: str, expanded: str) -> No
 def test_what_does_not_expand_says_so(text: str) -> None:
     with pytest.raises(poly.NotPolynomial):
         poly.expand(algebra.parse(text), poly.symbol)
+
+
+_LEAF = st.sampled_from(["a", "b", "c", "1", "2", "3"])
+_EXPR = st.recursive(
+    _LEAF,
+    lambda inner: st.tuples(inner, st.sampled_from(["+", "-", "*", "/"]), inner).map(
+        lambda t: f"({t[0]} {t[1]} {t[2]})"
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=examples(0.5))  # cheap, small space
+@given(_EXPR, st.integers(1, 9), st.integers(1, 9), st.integers(1, 9))
+def test_an_expansion_is_the_expression_wherever_the_expression_evaluates(
+    text: str, a: int, b: int, c: int
+) -> None:
+    from specbind.core.errors import GeometryError
+
+    e, env = algebra.parse(text), {"a": a, "b": b, "c": c}
+    try:
+        want = algebra.evaluate(e, env)
+    except GeometryError:  # not exact here, or a zero divisor: nothing to compare
+        return
+    try:
+        p = poly.expand(e, poly.symbol)
+    except poly.NotPolynomial:  # a division by a sum
+        assert "/ (" in text
+        return
+    assert poly.value(p, env) == want
