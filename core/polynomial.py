@@ -31,6 +31,7 @@ Poly = dict[Monomial, Fraction]
 
 _MAX_TERMS = 256
 _MAX_POWER = 8
+_MAX_TRIES = 128  # assignments of the other symbols tried by can_equal (each solves for one)
 
 
 class NotPolynomial(Exception):
@@ -224,7 +225,7 @@ def can_equal(
         choices = [sorted({reals[s], lows[s], *(d for d in small if d >= lows[s])}) for s in others]
         for combo in product(*choices):
             tried += 1
-            if tried > 20000:
+            if tried > _MAX_TRIES:
                 return None
             env = dict(zip(others, combo, strict=True))
             for v in _roots(p, x, env, target):
