@@ -17,8 +17,9 @@ Invariants (the proof, :func:`check_sum_units`):
   unit, or ``interleave: true`` on the shard;
 - a ``default:`` field is proven both ways: the field present (a base symbol) and absent (its
   default expanded).
-Not proven (traps): a sum whose every term holds the unit (MLA's ``heads * (nope + v)``) or a
-single term with a coefficient (``2 * inter``) is taken as per-unit, unit-major, which cannot
+Not proven (traps): a sum whose every term holds the unit (MLA's ``heads * (nope + v)``; the
+conv1d above where the ratio is the config field and ``v_heads`` is ``expr: k_heads * v_per_k``)
+or a single term with a coefficient (``2 * inter``) is taken as per-unit, unit-major, which cannot
 be told from equal sections by shapes alone; a symbol computed with ``//``, ``%`` or a power
 by a symbol is held as a base symbol, and a dim written so is left to the scaling check
 (``evaluate.check_whole_units``).
