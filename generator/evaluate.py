@@ -15,6 +15,7 @@ from specbind.core.geometry import computed
 from specbind.core.planning import plan_block, rank_units
 from specbind.generator import transforms
 from specbind.generator.coverage import check_coverage
+from specbind.generator.derivation import check_sum_units
 from specbind.generator.spec import Block, Model
 
 
@@ -184,6 +185,7 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
         env = block_env(block, real)
         _check_shapes(block, env, ctx)
         check_whole_units(block, real, ctx)
+        check_sum_units(model, block, use, ctx)
         check_transforms(block, real, ctx)
         if model.synth is not None:  # every element read by some output, at the tiny geometry
             tiny = tiny_geometry(model)

@@ -43,6 +43,7 @@ from specbind.core.ir import (
     UnboundRule,
 )
 from specbind.core.patterns import placeholders
+from specbind.core.polynomial import can_equal
 from specbind.generator import transforms
 from specbind.generator.yamlio import Located, PathKey
 
@@ -86,6 +87,9 @@ class Block:
     located: Located
     families: dict[str, FamilyRule] = dataclass_field(default_factory=dict)
     shared_scales: tuple[SharedScaleRule, ...] = ()
+    # tensors whose shard declares `interleave: true`: the sharded axis is its units one after
+    # another, each unit's share of every term together (not sections of the whole)
+    interleaved: frozenset[str] = frozenset()
 
     def tensor(self, full_name: str) -> TensorRule:
         return next(t for t in self.tensors if t.name == full_name)
@@ -403,7 +407,12 @@ def parse_block(doc: Located) -> Block:
         name, doc.file, prefix, d.get("doc", ""), symbols, derived, tuple(constraints),
         markers, groups, tuple(tensors), outputs, doc, families,
         _shared_scales(doc, prefix, by_full, families),
+        frozenset(prefix + n for n, t in d["tensors"].items() if _interleave(t["shard"])),
     )  # fmt: skip
+
+
+def _interleave(raw: Any) -> bool:
+    return isinstance(raw, dict) and raw.get("interleave") is True
 
 
 def _shared_scales(
@@ -745,6 +754,21 @@ def _geometry_expressions(doc: Located, geometry: tuple[GeometryField, ...]) -> 
             raise doc.error(
                 ("geometry", g.name, "value"),
                 f"value {g.value}, but {g.expr} gives {got[g.name]} at this geometry",
+            )
+    lows = {g.name: g.min for g in geometry}
+    for g in geometry:
+        # A default stands in for a field config.json lacks; the real model may carry the
+        # field with another value (Qwen3's head_dim 128, not hidden / heads), but a default
+        # that no geometry turns into the value (hidden * 3 for 128) is a spec error.
+        if (
+            g.default is not None
+            and can_equal(algebra.parse(g.default), g.value, lows, got) is False
+        ):
+            names = ", ".join(sorted(algebra.parse(g.default).names))
+            raise doc.error(
+                ("geometry", g.name, "default"),
+                f"{g.name}: default {g.default} can never be its value {g.value} (no whole "
+                f"values of {names} give {g.value})",
             )
 
 

@@ -2,7 +2,9 @@
 the file, the path inside it and the line, leaves generated/ untouched, and executes nothing.
 
 Each corpus file states what it expects in its first two lines (``# expect:``, ``# path:``)
-and marks the line the error must name with ``# <- error``.
+and marks the line the error must name with ``# <- error``. A case whose refusal needs a model
+(a derivation only the model's geometry says) has one of the same name under ``models/``,
+copied in beside the real models; the error is still the block's.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def test_the_corpus_has_at_least_forty_malformed_specs() -> None:
 def test_a_malformed_spec_is_refused_naming_file_path_and_line(root: Path, case: Path) -> None:
     expect, where, line = expectation(case)
     shutil.copy(case, root / "specs" / "blocks" / "bad.yaml")
+    model = case.parent / "models" / case.name
+    if model.exists():
+        shutil.copy(model, root / "specs" / "models" / "bad.yaml")
     before = {p: p.read_bytes() for p in (root / "generated").rglob("*") if p.is_file()}
     PWNED.unlink(missing_ok=True)
     with pytest.raises(SpecError) as e:

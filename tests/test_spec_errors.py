@@ -329,6 +329,15 @@ CASES = [
         "blocks[1].block",
         "unknown block 'kdb'",
     ),
+    (
+        "models/llama.yaml",  # checked like `expr:`: 128 is no multiple of 3
+        "{config: head_dim, default: hidden / heads, value: 128}",
+        "{config: head_dim, default: hidden * 3, value: 128}",
+        "default: hidden * 3",
+        "geometry.head_dim.default",
+        "head_dim: default hidden * 3 can never be its value 128 (no whole values of hidden "
+        "give 128)",
+    ),
 ]
 
 
@@ -447,3 +456,25 @@ def test_a_block_symbol_with_no_geometry_symbol_of_its_name_must_be_mapped(root:
         load_specs(root)
     assert e.value.path == "blocks[2].symbols"
     assert "block moe symbols not bound: expert_intermediate" in e.value.message
+
+
+@pytest.mark.parametrize(
+    ("default", "value", "reals", "verdict"),
+    [
+        # Qwen3-MoE: hidden / heads is 64 at its real geometry, 128 at hidden 4096: accepted
+        ("hidden / heads", 128, {"hidden": 2048, "heads": 32}, True),
+        ("hidden * 3", 128, {"hidden": 2048, "heads": 32}, False),
+        ("hidden * heads * 3", 129, {"hidden": 2048, "heads": 32}, True),  # 43 * 1 * 3
+        ("heads * heads * 3", 129, {"hidden": 2048, "heads": 32}, False),  # 43 is no square
+        ("hidden - heads", 128, {"hidden": 2048, "heads": 32}, True),
+        ("hidden // heads", 128, {"hidden": 2048, "heads": 32}, None),  # cannot tell: accepted
+    ],
+)
+def test_a_default_is_refused_only_where_no_geometry_gives_its_value(
+    default: str, value: int, reals: dict[str, int], verdict: bool | None
+) -> None:
+    from specbind.core import algebra
+    from specbind.core.polynomial import can_equal
+
+    lows = dict.fromkeys(reals, 1)
+    assert can_equal(algebra.parse(default), value, lows, reals) is verdict

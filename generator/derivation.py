@@ -1,0 +1,124 @@
+"""How every symbol is derived, and the whole-units proof that sees through the derivations.
+
+A geometry symbol is a config field (``config:``), an engine setting (``value`` only), computed
+(``expr:``, e.g. a ratio ``v_heads / k_heads``), or a config field with a ``default:`` for
+when config.json lacks it; a block symbol is a geometry symbol; a block ``derived:`` symbol is
+a product or other expression of block symbols. :func:`block_expansions` rewrites a block's
+symbols as sums of terms over the base symbols (config fields and settings), so a ratio is no
+longer a symbol independent of the count it divides.
+
+Invariants (the proof, :func:`check_sum_units`):
+- a sharded dim that expands to two or more terms, one of which does not hold the shard unit
+  as a factor, is refused naming the tensor and the terms: Qwen3-Next's fused conv1d written
+  ``k_heads * (2 * k_dim + v_per_k * v_dim)`` is ``2*k_dim*k_heads + v_dim*v_heads``, terms over
+  key heads and value heads. Its layout is sections (what the checkpoint holds; a contiguous
+  share of the whole has the right shape and the wrong rows) or a per-unit interleave, and
+  the spec says which: sections by the model's ``names:`` ``sections:``, each with its own
+  unit, or ``interleave: true`` on the shard;
+- a ``default:`` field is proven both ways: the field present (a base symbol) and absent (its
+  default expanded).
+Not proven (traps): a sum whose every term holds the unit (MLA's ``heads * (nope + v)``; the
+conv1d above where the ratio is the config field and ``v_heads`` is ``expr: k_heads * v_per_k``)
+or a single term with a coefficient (``2 * inter``) is taken as per-unit, unit-major, which cannot
+be told from equal sections by shapes alone; a symbol computed with ``//``, ``%`` or a power
+by a symbol is held as a base symbol, and a dim written so is left to the scaling check
+(``evaluate.check_whole_units``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from specbind.core import algebra
+from specbind.core.polynomial import NotPolynomial, Poly, expand, over, render, render_term, symbol
+from specbind.generator.spec import Block, BlockUse, Model
+
+
+def geometry_expansions(model: Model, defaults: bool) -> dict[str, Poly]:
+    """Every geometry symbol over the base symbols; ``defaults``: a ``default:`` field read as
+    absent from config.json (its default stands in), else as present."""
+    fields = {g.name: g for g in model.geometry}
+    out: dict[str, Poly] = {}
+
+    def of(name: str) -> Poly:
+        if name not in out:  # the spec checks refuse cycles before this runs
+            g = fields[name]
+            text = g.expr if g.expr is not None else g.default if defaults else None
+            out[name] = symbol(name)
+            if text is not None:
+                with contextlib.suppress(NotPolynomial):  # else held as a base symbol
+                    out[name] = expand(algebra.parse(text), of)
+        return out[name]
+
+    for g in model.geometry:
+        of(g.name)
+    return out
+
+
+def block_expansions(block: Block, use: BlockUse, geometry: dict[str, Poly]) -> dict[str, Poly]:
+    """Every block symbol and derived symbol over the model's base symbols."""
+    out = {s: geometry[g] for s, g in use.symbols.items()}
+    for name, e in block.derived.items():  # in order: a derived symbol reads earlier ones
+        try:
+            out[name] = expand(e, out.__getitem__)
+        except NotPolynomial:
+            out[name] = symbol(f"{block.name}.{name}")
+    return out
+
+
+def check_sum_units(model: Model, block: Block, use: BlockUse, ctx: str) -> None:
+    """Refuse a sharded dim that is a sum of terms over different units, unless its shard
+    declares ``interleave: true`` (see the module's invariants)."""
+    readings = [False] + ([True] if any(g.default for g in model.geometry) else [])
+    for defaults in readings:
+        expanded = block_expansions(block, use, geometry_expansions(model, defaults))
+        for t in block.tensors:
+            if t.shard.unit is None or not t.dims or t.name in block.interleaved:
+                continue
+            axis = t.shard.resolved(len(t.dims))
+            try:
+                dim = expand(t.dims[axis], expanded.__getitem__)
+            except NotPolynomial:
+                continue
+            unit = expanded[t.shard.unit]
+            if len(dim) < 2 or len(unit) != 1:
+                continue
+            ((unit_term, _),) = unit.items()
+            stray = [render_term(m, abs(c)) for m, c in dim.items() if not over(m, unit_term)]
+            if not stray:
+                continue
+            gunit = use.symbols[t.shard.unit]
+            absent = [g.name for g in model.geometry if g.default] if defaults else []
+            when = f" where config.json lacks {', '.join(absent)}" if absent else ""
+            rel = block.rel(t.name)
+            via = derivations(model, block, use, t.dims[axis].names, defaults)
+            raise block.located.error(
+                ("tensors", rel, "shard"),
+                f"{ctx}: {rel} shards {t.shard.kind} on {t.shard.unit}, but dim {axis} "
+                f"({t.dims[axis].text}) is {render(dim)} in {model.name}'s base symbols{when}"
+                f"{via}: "
+                f"a sum of terms over different units ({', '.join(stray)} not over {gunit}), "
+                f"so a contiguous share of {t.shard.unit} would cross sections; declare its "
+                f"sections (model names: with sections:, each with its own unit), or "
+                f"interleave: true on the shard where each {t.shard.unit} unit holds its rows "
+                f"of every term together",
+            )
+
+
+def derivations(
+    model: Model, block: Block, use: BlockUse, names: frozenset[str], defaults: bool
+) -> str:
+    """`` (via a = b / c, ...)``: how each of ``names`` that is not a base symbol is derived."""
+    fields = {g.name: g for g in model.geometry}
+    out = []
+    for s in sorted(names):
+        if s in block.derived:
+            out.append(f"{s} = {block.derived[s].text}")
+            continue
+        g = fields[use.symbols[s]]
+        shown = s if s == g.name else f"{s} ({g.name})"
+        if g.expr is not None:
+            out.append(f"{shown} = {g.expr}")
+        elif defaults and g.default is not None:
+            out.append(f"{shown} = {g.default} (its default)")
+    return f" (via {', '.join(out)})" if out else ""
