@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "70d508e8dc1d6fb3e8c6436cd63c835fcdfba449667bc69fd7df702e7a9a5261"
+SPECS_SHA256 = "9a30a377b4e6b23732d17dc648a60b7b21ddc2773d271285494b23691442c3ef"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
