@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from specbind.core.ir import (
+    ConditionKind,
     LayerGroupRule,
     LayerList,
     ScheduleCondition,
@@ -29,7 +30,7 @@ from specbind.core.ir import (
 from specbind.core.schedule import ConfigSchedule
 from specbind.generator.yamlio import Located, PathKey
 
-_KINDS = ("from", "below", "every", "in", "not_in")
+_KINDS: tuple[ConditionKind, ...] = ("from", "below", "every", "in", "not_in")
 
 
 def slot_lists(
