@@ -94,8 +94,9 @@ class ConfigSchedule:
             value = _BAD
         self._fields[name] = (value, where)
 
-    def _value(self, name: str, default: Any) -> Read | None:
-        """(value, where) of a field, its default when absent; None when undecidable."""
+    def _value(self, name: str, default: Any) -> tuple[Any, str] | None:
+        """(value, the words that say it: ``x is 3``, ``x is absent, read as 3``) of a field,
+        its default when absent; None when undecidable."""
         value, where = self._fields[name]
         if value is _BAD:
             return None
@@ -103,8 +104,8 @@ class ConfigSchedule:
             if default is None:
                 return None
             shown = list(default) if isinstance(default, tuple) else default
-            return shown, f"{where} (absent: {shown!r})"
-        return value, where
+            return shown, f"{where} is absent, read as {shown}"
+        return value, f"{where} is {_short(value)}"
 
     def _holds(self, c: ScheduleCondition, index: int) -> tuple[bool, str] | None:
         """Whether ``c`` holds at layer ``index``, and the words that say why; None when a
@@ -112,28 +113,27 @@ class ConfigSchedule:
         got = self._value(c.config, c.default)
         if got is None:
             return None
-        value, where = got
-        offset, off_words = c.offset, ""
+        value, said = got
+        offset = c.offset
         if c.offset_config is not None:
             off = self._value(c.offset_config, c.offset_default)
             if off is None:
                 return None
-            offset, off_where = off
-            off_words = f" and {off_where} is {offset}"
+            offset, off_said = off
+            said += f" and {off_said}"
         n = index - offset
         n_text = f"layer {index}" if offset == 0 else f"{_signed(index, offset)} = {n}"
         if c.kind in ("from", "below"):
             holds = n >= value if c.kind == "from" else n < value
             sign = ">=" if n >= value else "<"
-            return holds, f"{where} is {value}{off_words} ({n_text} {sign} {value})"
+            return holds, f"{said} ({n_text} {sign} {value})"
         if c.kind == "every":
             holds = n % value == 0
             words = "is a multiple" if holds else "is not a multiple"
-            return holds, f"{where} is {value}{off_words} ({n_text} {words} of {value})"
+            return holds, f"{said} ({n_text} {words} of {value})"
         inside = n in value
-        shown = value if len(value) <= 16 else [*value[:16], "..."]
         words = "is in it" if inside else "is not in it"
-        return inside == (c.kind == "in"), f"{where} is {shown}{off_words} ({n_text} {words})"
+        return inside == (c.kind == "in"), f"{said} ({n_text} {words})"
 
     def scheduled(self, rules: tuple[ScheduleRule, ...], index: int) -> tuple[str, str] | None:
         """The block the schedule gives layer ``index`` and why (the deciding words), or None
@@ -163,6 +163,13 @@ class ConfigSchedule:
             return None, f"{where} has {len(values)} {kind}, none for layer {index}", True
         entry = values[index]
         return lst.block_for(entry), f"{where}[{index}] is {entry!r}", False
+
+
+def _short(value: Any) -> str:
+    """A field's value for a message: a long index list cut after 16 entries."""
+    if isinstance(value, list) and len(value) > 16:
+        return str([*value[:16], "..."])
+    return str(value)
 
 
 def _signed(index: int, offset: int) -> str:
