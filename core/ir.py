@@ -141,16 +141,68 @@ class GeometryField:
     expr: str | None = None  # always computed from other symbols (no config field)
 
 
+ConditionKind = Literal["from", "below", "every", "in", "not_in"]
+FlagValue = str | bool | int
+
+
 @record
 class LayerGroupRule:
     """An optional group's presence per layer: by a per-layer config list (``config``, the
-    values meaning ``present`` / ``absent``), or ``required`` in every layer of this model."""
+    values meaning ``present`` / ``absent``), by one config value for every layer (``flag``:
+    ``use_qk_norm``; true present, false absent unless ``present`` / ``absent`` say; a file
+    without the field reads as ``missing`` if given, else is not cross-checked), or
+    ``required`` in every layer of this model.
+    Trap: a flag value matches by type and value (``1`` is not ``true``)."""
 
     group: str
     config: str = ""
-    present: tuple[str, ...] = ()
-    absent: tuple[str, ...] = ()
+    present: tuple[FlagValue, ...] = ()
+    absent: tuple[FlagValue, ...] = ()
     required: bool = False
+    flag: str = ""
+    missing: bool | None = None  # flag only: whether a file without the field carries it
+
+
+@record
+class ScheduleCondition:
+    """One test of a decoder layer's index against a config.json field (``config``, dotted
+    into nested objects), on ``n = index - offset`` (``offset`` a number, or the value of
+    ``offset_config``): ``from`` n >= value (a dense-first count), ``below`` n < value,
+    ``every`` n % value == 0 (a step or period), ``in`` / ``not_in`` n in the value's list.
+    ``default``: the value a file without the field (or with null) is read as; None: such a
+    file leaves the schedule undecided for that layer (not cross-checked)."""
+
+    kind: ConditionKind
+    config: str
+    default: int | tuple[int, ...] | None = None
+    offset: int = 0
+    offset_config: str | None = None
+    offset_default: int | None = None
+
+
+@record
+class ScheduleRule:
+    """A slot's block in every decoder layer where all of ``when`` hold (none: every layer the
+    earlier rules leave); a slot's rules are tried in order, the first that holds decides."""
+
+    block: str
+    when: tuple[ScheduleCondition, ...] = ()
+
+
+@record
+class LayerList:
+    """A per-layer config.json list naming a slot's block (``values``: block -> the entries
+    meaning it); a string is read one character per layer (NemotronH's
+    ``hybrid_override_pattern``)."""
+
+    config: str
+    values: tuple[tuple[str, tuple[str, ...]], ...]
+
+    def block_for(self, value: object) -> str | None:
+        for block, vals in self.values:
+            if value in vals:
+                return block
+        return None
 
 
 @record
@@ -163,6 +215,13 @@ class SlotRule:
     scope: SlotScope = "all"
     config: str | None = None  # e.g. layer_types
     values: tuple[tuple[str, tuple[str, ...]], ...] = ()  # block -> config values meaning it
+    lists: tuple[LayerList, ...] = ()  # more per-layer lists (or strings) naming the block
+    schedule: tuple[ScheduleRule, ...] = ()  # the block from config.json counts and periods
+
+    def all_lists(self) -> tuple[LayerList, ...]:
+        """``config`` / ``values`` and ``lists``, as one tuple of per-layer lists."""
+        first = () if self.config is None else (LayerList(self.config, self.values),)
+        return first + self.lists
 
     def block_for(self, value: object) -> str | None:
         for block, vals in self.values:

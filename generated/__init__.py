@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "8e249f06c0e15764a5abb68445c6a0f4c8a3f10f6cb3b3569f062d08ed778941"
+SPECS_SHA256 = "107db462aaf908dae6690a8fa316780318338bf5f231a916d29923ba16f004bb"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.

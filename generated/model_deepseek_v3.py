@@ -18,6 +18,8 @@ from specbind.core.ir import (
     GeometryField,
     LayerGroupRule,
     NameRule,
+    ScheduleCondition,
+    ScheduleRule,
     SlotRule,
     SynthRule,
     UnboundRule,
@@ -35,17 +37,48 @@ DOC = "DeepSeek-V3 (MLA with q LoRA and RoPE, MoE with shared experts), as trans
 LAYER_PATTERN = "layers.{index}."
 LAYER_PREFIXES: tuple[str, ...] = ("", "model.")
 
-# Per-layer config.json lists that say which layers carry an optional group.
+# Which layers carry an optional group: by a per-layer config.json list, a config flag, always.
 LAYER_GROUPS: tuple[LayerGroupRule, ...] = (
     LayerGroupRule(group="correction", required=True),
     LayerGroupRule(group="shared", required=True),
 )
 
 # The parts of a layer, each filled by the first of its blocks whose markers are all present;
-# `config` names the per-layer config.json list that must agree with what the names say.
+# `config` and `lists` name the per-layer config.json lists, `schedule` the counts, steps and
+# periods, that must agree with what the names say (core.schedule).
 SLOTS: tuple[SlotRule, ...] = (
     SlotRule(name="attention", blocks=("mla_lora",), scope="all", config=None, values=()),
-    SlotRule(name="mlp", blocks=("moe", "dense"), scope="all", config=None, values=()),
+    SlotRule(
+        name="mlp",
+        blocks=("moe", "dense"),
+        scope="all",
+        config=None,
+        values=(),
+        schedule=(
+            ScheduleRule(
+                block="moe",
+                when=(
+                    ScheduleCondition(
+                        kind="from",
+                        config="first_k_dense_replace",
+                        default=3,
+                        offset=0,
+                        offset_config=None,
+                        offset_default=None,
+                    ),
+                    ScheduleCondition(
+                        kind="every",
+                        config="moe_layer_freq",
+                        default=1,
+                        offset=0,
+                        offset_config=None,
+                        offset_default=None,
+                    ),
+                ),
+            ),
+            ScheduleRule(block="dense", when=()),
+        ),
+    ),
     SlotRule(name="norms", blocks=("layer_norms",), scope="all", config=None, values=()),
     SlotRule(name="mtp", blocks=("mtp_head",), scope="mtp", config=None, values=()),
 )

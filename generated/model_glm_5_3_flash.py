@@ -43,7 +43,7 @@ LAYER_PREFIXES: tuple[str, ...] = (
     "language_model.model.",
 )
 
-# Per-layer config.json lists that say which layers carry an optional group.
+# Which layers carry an optional group: by a per-layer config.json list, a config flag, always.
 LAYER_GROUPS: tuple[LayerGroupRule, ...] = (
     LayerGroupRule(group="indexer", config="indexer_types", present=("full",), absent=("shared",)),
     LayerGroupRule(group="correction", required=True),
@@ -51,7 +51,8 @@ LAYER_GROUPS: tuple[LayerGroupRule, ...] = (
 )
 
 # The parts of a layer, each filled by the first of its blocks whose markers are all present;
-# `config` names the per-layer config.json list that must agree with what the names say.
+# `config` and `lists` name the per-layer config.json lists, `schedule` the counts, steps and
+# periods, that must agree with what the names say (core.schedule).
 SLOTS: tuple[SlotRule, ...] = (
     SlotRule(
         name="attention",

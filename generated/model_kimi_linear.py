@@ -18,6 +18,8 @@ from specbind.core.ir import (
     GeometryField,
     LayerGroupRule,
     NameRule,
+    ScheduleCondition,
+    ScheduleRule,
     SlotRule,
     SynthList,
     SynthRule,
@@ -36,14 +38,15 @@ DOC = "Kimi Linear (hybrid KDA + MLA without RoPE, MoE), as written by transform
 LAYER_PATTERN = "layers.{index}."
 LAYER_PREFIXES: tuple[str, ...] = ("", "model.")
 
-# Per-layer config.json lists that say which layers carry an optional group.
+# Which layers carry an optional group: by a per-layer config.json list, a config flag, always.
 LAYER_GROUPS: tuple[LayerGroupRule, ...] = (
     LayerGroupRule(group="correction", required=True),
     LayerGroupRule(group="shared", required=True),
 )
 
 # The parts of a layer, each filled by the first of its blocks whose markers are all present;
-# `config` names the per-layer config.json list that must agree with what the names say.
+# `config` and `lists` name the per-layer config.json lists, `schedule` the counts, steps and
+# periods, that must agree with what the names say (core.schedule).
 SLOTS: tuple[SlotRule, ...] = (
     SlotRule(
         name="attention",
@@ -51,6 +54,22 @@ SLOTS: tuple[SlotRule, ...] = (
         scope="all",
         config="layer_types",
         values=(("mla", ("full_attention",)), ("kda", ("linear_attention",))),
+        schedule=(
+            ScheduleRule(
+                block="kda",
+                when=(
+                    ScheduleCondition(
+                        kind="in",
+                        config="linear_attn_config.kda_layers",
+                        default=None,
+                        offset=-1,
+                        offset_config=None,
+                        offset_default=None,
+                    ),
+                ),
+            ),
+            ScheduleRule(block="mla", when=()),
+        ),
     ),
     SlotRule(
         name="mlp",
@@ -58,6 +77,30 @@ SLOTS: tuple[SlotRule, ...] = (
         scope="all",
         config="mlp_layer_types",
         values=(("moe", ("sparse",)), ("dense", ("dense",))),
+        schedule=(
+            ScheduleRule(
+                block="moe",
+                when=(
+                    ScheduleCondition(
+                        kind="from",
+                        config="first_k_dense_replace",
+                        default=0,
+                        offset=0,
+                        offset_config=None,
+                        offset_default=None,
+                    ),
+                    ScheduleCondition(
+                        kind="every",
+                        config="moe_layer_freq",
+                        default=1,
+                        offset=0,
+                        offset_config=None,
+                        offset_default=None,
+                    ),
+                ),
+            ),
+            ScheduleRule(block="dense", when=()),
+        ),
     ),
     SlotRule(name="norms", blocks=("layer_norms",), scope="all", config=None, values=()),
 )

@@ -35,11 +35,12 @@ DOC = "Llama (grouped-query attention, dense SwiGLU MLP), as written by transfor
 LAYER_PATTERN = "layers.{index}."
 LAYER_PREFIXES: tuple[str, ...] = ("", "model.")
 
-# Per-layer config.json lists that say which layers carry an optional group.
+# Which layers carry an optional group: by a per-layer config.json list, a config flag, always.
 LAYER_GROUPS: tuple[LayerGroupRule, ...] = ()
 
 # The parts of a layer, each filled by the first of its blocks whose markers are all present;
-# `config` names the per-layer config.json list that must agree with what the names say.
+# `config` and `lists` name the per-layer config.json lists, `schedule` the counts, steps and
+# periods, that must agree with what the names say (core.schedule).
 SLOTS: tuple[SlotRule, ...] = (
     SlotRule(name="attention", blocks=("gqa",), scope="all", config=None, values=()),
     SlotRule(name="mlp", blocks=("dense",), scope="all", config=None, values=()),

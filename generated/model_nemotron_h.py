@@ -17,6 +17,7 @@ from specbind.core.ir import (
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
+    LayerList,
     NameRule,
     SlotRule,
     SynthList,
@@ -43,11 +44,12 @@ DOC = "NemotronH (transformers' nemotron_h): a hybrid of Mamba2 mixers, grouped-
 LAYER_PATTERN = "layers.{index}."
 LAYER_PREFIXES: tuple[str, ...] = ("", "backbone.", "model.")
 
-# Per-layer config.json lists that say which layers carry an optional group.
+# Which layers carry an optional group: by a per-layer config.json list, a config flag, always.
 LAYER_GROUPS: tuple[LayerGroupRule, ...] = ()
 
 # The parts of a layer, each filled by the first of its blocks whose markers are all present;
-# `config` names the per-layer config.json list that must agree with what the names say.
+# `config` and `lists` name the per-layer config.json lists, `schedule` the counts, steps and
+# periods, that must agree with what the names say (core.schedule).
 SLOTS: tuple[SlotRule, ...] = (
     SlotRule(
         name="mixer",
@@ -59,6 +61,17 @@ SLOTS: tuple[SlotRule, ...] = (
             ("mixer_attention", ("full_attention", "attention")),
             ("mixer_moe", ("moe",)),
             ("mixer_mlp", ("mlp",)),
+        ),
+        lists=(
+            LayerList(
+                config="hybrid_override_pattern",
+                values=(
+                    ("mamba2", ("M",)),
+                    ("mixer_attention", ("*",)),
+                    ("mixer_moe", ("E",)),
+                    ("mixer_mlp", ("-",)),
+                ),
+            ),
         ),
     ),
     SlotRule(name="norms", blocks=("pre_norm",), scope="all", config=None, values=()),

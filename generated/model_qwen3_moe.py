@@ -18,6 +18,8 @@ from specbind.core.ir import (
     GeometryField,
     LayerGroupRule,
     NameRule,
+    ScheduleCondition,
+    ScheduleRule,
     SlotRule,
     SynthRule,
     UnboundRule,
@@ -35,14 +37,45 @@ DOC = "Qwen3-MoE (GQA with q/k norms, softmax-routed MoE), as written by transfo
 LAYER_PATTERN = "layers.{index}."
 LAYER_PREFIXES: tuple[str, ...] = ("", "model.")
 
-# Per-layer config.json lists that say which layers carry an optional group.
+# Which layers carry an optional group: by a per-layer config.json list, a config flag, always.
 LAYER_GROUPS: tuple[LayerGroupRule, ...] = (LayerGroupRule(group="qk_norm", required=True),)
 
 # The parts of a layer, each filled by the first of its blocks whose markers are all present;
-# `config` names the per-layer config.json list that must agree with what the names say.
+# `config` and `lists` name the per-layer config.json lists, `schedule` the counts, steps and
+# periods, that must agree with what the names say (core.schedule).
 SLOTS: tuple[SlotRule, ...] = (
     SlotRule(name="attention", blocks=("gqa",), scope="all", config=None, values=()),
-    SlotRule(name="mlp", blocks=("moe", "dense"), scope="all", config=None, values=()),
+    SlotRule(
+        name="mlp",
+        blocks=("moe", "dense"),
+        scope="all",
+        config=None,
+        values=(),
+        schedule=(
+            ScheduleRule(
+                block="moe",
+                when=(
+                    ScheduleCondition(
+                        kind="not_in",
+                        config="mlp_only_layers",
+                        default=(),
+                        offset=0,
+                        offset_config=None,
+                        offset_default=None,
+                    ),
+                    ScheduleCondition(
+                        kind="every",
+                        config="decoder_sparse_step",
+                        default=1,
+                        offset=-1,
+                        offset_config=None,
+                        offset_default=None,
+                    ),
+                ),
+            ),
+            ScheduleRule(block="dense", when=()),
+        ),
+    ),
     SlotRule(name="norms", blocks=("layer_norms",), scope="all", config=None, values=()),
 )
 

@@ -44,7 +44,7 @@ from specbind.core.ir import (
 )
 from specbind.core.patterns import placeholders
 from specbind.core.polynomial import can_equal
-from specbind.generator import transforms
+from specbind.generator import schedules, transforms
 from specbind.generator.yamlio import Located, PathKey
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "specs" / "schema"
@@ -653,6 +653,9 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         if r.get("required"):
             rules.append(LayerGroupRule(g, required=True))
             continue
+        if "flag" in r:
+            rules.append(schedules.flag_group(doc, ("layers", "groups", g), g, r))
+            continue
         if set(r["present"]) & set(r["absent"]):
             raise doc.error(("layers", "groups", g), "a value cannot mean both present and absent")
         rules.append(LayerGroupRule(g, r["config"], tuple(r["present"]), tuple(r["absent"])))
@@ -676,13 +679,16 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
                 raise doc.error((*path, "values", b), f"{b!r} is not a block of this slot")
         if values and "config" not in raw:
             raise doc.error((*path, "values"), "values need the config list they are read from")
+        blocks_here = tuple(raw["blocks"])
         slots.append(
             SlotRule(
                 sname,
-                tuple(raw["blocks"]),
+                blocks_here,
                 raw.get("scope", "all"),
                 raw.get("config"),
                 tuple((b, tuple(v)) for b, v in values.items()),
+                schedules.slot_lists(doc, path, raw, blocks_here),
+                schedules.slot_schedule(doc, path, raw.get("schedule"), blocks_here),
             )
         )
     glob = d.get("globals")
@@ -704,12 +710,13 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
     flags = sorted(
         {t.tie.config for u in uses for t in blocks[u.block].tensors if t.tie is not None}
     )
+    synth = _synth(doc, d.get("synth"), gnames, slots)
+    schedules.check_synth(doc, tuple(slots), synth)
     return Model(
         d["model"], doc.file, d.get("doc", ""), layers["pattern"],
         tuple(layers.get("prefixes", [""])), geometry, tuple(uses), doc, tuple(rules),
         tuple(slots), glob, unbound, (layers.get("count") or {}).get("config"),
-        (layers.get("mtp") or {}).get("config"), tuple(flags),
-        _synth(doc, d.get("synth"), gnames, slots),
+        (layers.get("mtp") or {}).get("config"), tuple(flags), synth,
         int((layers.get("count") or {}).get("value", 0)),
         int((layers.get("mtp") or {}).get("value", 0)),
         names,

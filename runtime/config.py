@@ -14,6 +14,7 @@ Trap: a flag (``tie_word_embeddings``) is read at the top level first, unlike ge
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from specbind.core.errors import CheckpointError, GeometryError, OverrideError
 from specbind.core.geometry import computed, resolve
 
 if TYPE_CHECKING:  # a type only: model -> quant -> quant_config -> config at run time
+    from specbind.core.ir import LayerGroupRule
     from specbind.runtime.model import ModelTable
 
 MAX_LAYERS = 1 << 16  # a layer count past this is a broken config, not a model
@@ -97,6 +99,11 @@ def expected_groups(
         if rule.required:
             out[rule.group] = (True, f"model {table.name} requires the {rule.group} group")
             continue
+        if rule.flag:
+            flagged = flag_group(rule, config)
+            if flagged is not None:
+                out[rule.group] = flagged
+            continue
         found = config_lookup(config, rule.config)
         if found is None:
             continue  # the checkpoint does not say; nothing to cross-check
@@ -115,6 +122,31 @@ def expected_groups(
             )
         out[rule.group] = (v in rule.present, f"config.json {rule.config}[{layer}] is {v!r}")
     return out
+
+
+def flag_group(rule: LayerGroupRule, config: Mapping[str, Any]) -> tuple[bool, str] | None:
+    """A flag rule's verdict for every layer: (the group must be present, why); None when the
+    file lacks the field (or has null) and the rule declares no ``missing``. A value that is
+    neither ``present`` nor ``absent`` (by type and value: ``1`` is not ``true``) is refused."""
+    found = config_lookup(config, rule.flag)
+    if found is None or found[0] is None:
+        if rule.missing is None:
+            return None
+        said = "carries" if rule.missing else "has no"
+        return rule.missing, f"config.json has no {rule.flag} (a layer then {said} {rule.group})"
+    value, where = found
+    present = rule.present or (True,)
+    absent = rule.absent or (False,)
+
+    def among(vals: tuple[Any, ...]) -> bool:
+        return any(type(v) is type(value) and v == value for v in vals)
+
+    if not among(present) and not among(absent):
+        known = ", ".join(json.dumps(v) for v in present + absent)
+        raise CheckpointError(
+            f"config.json: {where} is {json.dumps(value)}, expected one of {known}"
+        )
+    return among(present), f"config.json {where} is {json.dumps(value)}"
 
 
 def checked_values(

@@ -32,6 +32,7 @@ from typing import Any
 from specbind.core.errors import CheckpointError
 from specbind.core.patterns import INDEX, Matcher, layer_pattern, parts
 from specbind.core.record import field, record
+from specbind.core.schedule import ConfigSchedule, slot_problems
 from specbind.runtime.checks import family_matcher
 from specbind.runtime.config import config_count, config_lookup, expected_groups
 from specbind.runtime.model import BlockEntry, ModelTable
@@ -264,6 +265,8 @@ def layout(
                 f"layer {i}: {told}, so there is no layer {i}, but the checkpoint has one"
                 + mtp_hint
             )
+    cs = ConfigSchedule(table.slots, lambda name: config_lookup(config, name))
+    problems += cs.problems
     layers: dict[int, LayerLayout] = {}
     for index, lnames in split.layers.items():
         role = "mtp" if n_layers is not None and index >= n_layers else "decoder"
@@ -285,7 +288,8 @@ def layout(
                         f"layer {index}: {n} is claimed by slots {owner[n]} and {rule.name}"
                     )
                 owner[n] = rule.name
-            problems += _cross_check(table, config, index, rule.name, fill)
+            problems += slot_problems(cs, rule, index, fill.block.name, role == "decoder")
+            problems += _group_check(table, config, index, fill)
         lay.unclaimed = sorted(n for n in lnames if n not in owner)
         if lay.unclaimed and all(f.block is not None for f in lay.slots.values()):
             shown = _shown(lay.unclaimed)
@@ -317,35 +321,13 @@ def _shown(names: list[str], most: int = 12) -> str:
     return str(names if len(names) <= most else [*names[:most], f"... {len(names) - most} more"])
 
 
-def _cross_check(
-    table: ModelTable[Any], config: Mapping[str, Any], index: int, slot: str, fill: SlotFill
+def _group_check(
+    table: ModelTable[Any], config: Mapping[str, Any], index: int, fill: SlotFill
 ) -> list[str]:
-    """What config.json's per-layer lists say about this slot, where they disagree."""
+    """Where the model's group rules (``required``, a per-layer list, a config flag) say a
+    group the layer's block has must be present or absent, and the layer disagrees."""
     assert fill.block is not None
     out: list[str] = []
-    rule = next(s for s in table.slots if s.name == slot)
-    if rule.config is not None:
-        found = config_lookup(config, rule.config)
-        if found is not None:
-            values, where = found
-            if not isinstance(values, list):
-                raise CheckpointError(
-                    f"config.json: {where} is {type(values).__name__}, not a list"
-                )
-            if index < len(values):
-                want = rule.block_for(values[index])
-                if want is None:
-                    known = sorted(v for _, vs in rule.values for v in vs)
-                    out.append(
-                        f"layer {index}: config.json {rule.config}[{index}] is "
-                        f"{values[index]!r}, expected one of {known}"
-                    )
-                elif want != fill.block.name:
-                    out.append(
-                        f"layer {index}: config.json {rule.config}[{index}] is "
-                        f"{values[index]!r} (a {want} {slot}), but the layer's tensors are "
-                        f"{fill.block.name}"
-                    )
     names = set(fill.names)
     mine = {t.group for t in fill.block.tensors if t.group is not None}
     if not mine & {r.group for r in table.layer_groups}:
@@ -359,10 +341,10 @@ def _cross_check(
         if not members:
             continue
         has = any(m in names for m in members)
-        if must and not has:  # name the tensors, not only the group they belong to
-            shown = members[0] if len(members) == 1 else f"{len(members)} tensors: {members}"
+        if must and not has:
             out.append(
-                f"layer {index}: {why}, but the layer has no {group} tensors: missing {shown}"
+                f"layer {index}: {why}, but the layer has no {group} tensors "
+                f"(missing {_shown(members)})"
             )
         if has and not must:
             out.append(f"layer {index}: {why}, but the layer carries {group} tensors")

@@ -13,6 +13,25 @@ from whole_model import Routing, expert_range, moe_forward, routing_margin
 MIN_MARGIN = 1e-4  # a routing decided by less is a near-tie, not a layout test
 
 
+def schedule_decided(table: Any, config: dict[str, Any], roles: dict[int, dict[str, str]]) -> int:
+    """How many (layer, slot) pairs the spec's schedules decide over this config.json, each
+    asserted equal to the block the layer's names give (``roles``: audit's layer -> slot ->
+    block); a schedule that cannot read the file (a field missing without a default) fails."""
+    from specbind.core.schedule import ConfigSchedule
+    from specbind.runtime.config import config_lookup
+
+    cs = ConfigSchedule(table.slots, lambda name: config_lookup(config, name))
+    assert cs.problems == []
+    decided = 0
+    for slot in (s for s in table.slots if s.schedule):
+        for i, blocks in roles.items():
+            got = cs.scheduled(slot.schedule, i)
+            assert got is not None, f"layer {i}: the {slot.name} schedule reads no decision"
+            assert got[0] == blocks[slot.name], (i, got)
+            decided += 1
+    return decided
+
+
 def same_values(bound: Any, theirs: Any) -> bool:
     """Equal values, bit for bit, through an exact widening to F64 (theirs: a torch tensor)."""
     ours = np.asarray(bound)

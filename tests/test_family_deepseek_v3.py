@@ -34,6 +34,7 @@ from family_checks import (
     moe_rank_sum,
     rel_err,
     same_values,
+    schedule_decided,
 )
 from helpers import cached_binds, rejoin
 from whole_model import Routing, module_output, read_checkpoint
@@ -92,6 +93,24 @@ def test_audit_accounts_for_every_tensor_once_the_missing_mtp_layer_is_named(ckp
     for i, slots in roles.items():
         assert slots["attention"] == "mla_lora"
         assert slots["mlp"] == ("moe" if i in SPARSE_LAYERS else "dense")
+    assert config["first_k_dense_replace"] == min(SPARSE_LAYERS) > 0
+    assert schedule_decided(TABLE, config, roles) == len(roles), "vLLM's rule, read from the file"
+
+
+def test_a_first_k_dense_replace_the_layers_contradict_is_refused(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    """transformers' own checkpoint with one dense layer fewer in config.json than it holds."""
+    path = shutil.copytree(ckpt, tmp_path / "ck")
+    config = json.loads((path / "config.json").read_text())
+    k = config["first_k_dense_replace"] = min(SPARSE_LAYERS) - 1
+    (path / "config.json").write_text(json.dumps(config))
+    rep = audit(CheckpointDir(path), TABLE, progress=False, mtp=False)
+    assert rep["problems"] == [
+        f"layer {k}: config.json first_k_dense_replace is {k} (layer {k} >= {k}); "
+        f"moe_layer_freq is absent, read as 1 (layer {k} is a multiple of 1), so its mlp is moe by "
+        "the schedule, but the layer's tensors are dense"
+    ]
 
 
 @pytest.mark.parametrize(("tp", "ep"), RANKS, ids=[f"tp{t}-ep{e}" for t, e in RANKS])

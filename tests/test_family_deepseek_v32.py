@@ -35,6 +35,7 @@ from family_checks import (
     moe_rank_sum,
     rel_err,
     same_values,
+    schedule_decided,
 )
 from helpers import cached_binds, rejoin
 from whole_model import Routing, module_output, read_checkpoint
@@ -92,6 +93,7 @@ def test_audit_accounts_for_every_tensor_and_follows_the_layer_types(deepseek_ck
     for i, mlp in enumerate(config["mlp_layer_types"]):
         assert roles[i]["attention"] == "mla_indexed"
         assert roles[i]["mlp"] == {"sparse": "moe", "dense": "dense"}[mlp]
+    assert schedule_decided(TABLE, config, roles) == len(roles), "first_k_dense_replace agrees"
 
 
 @pytest.mark.parametrize(("tp", "ep"), RANKS, ids=[f"tp{t}-ep{e}" for t, e in RANKS])

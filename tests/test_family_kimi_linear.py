@@ -30,6 +30,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+from family_checks import schedule_decided
 from helpers import cached_binds, rejoin
 from kimi_model import CONFIG, KDA_LAYERS, MLA_LAYERS, SPARSE_LAYERS, load_kimi_model
 from whole_model import (
@@ -98,6 +99,8 @@ def test_audit_accounts_for_every_tensor_and_follows_the_layer_types(kimi_ckpt: 
         assert roles[i]["attention"] == {"full_attention": "mla", "linear_attention": "kda"}[attn]
         assert roles[i]["mlp"] == {"sparse": "moe", "dense": "dense"}[mlp]
     assert [i for i in roles if roles[i]["attention"] == "mla"] == list(MLA_LAYERS)
+    # vLLM's rules (1-based kda_layers, first_k_dense_replace) decide every slot they cover
+    assert schedule_decided(TABLE, config, roles) == 2 * len(roles)
 
 
 @pytest.mark.parametrize(("tp", "ep"), RANKS, ids=[f"tp{t}-ep{e}" for t, e in RANKS])

@@ -14,13 +14,14 @@ Claims:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from family_checks import rel_err, same_values
+from family_checks import rel_err, same_values, schedule_decided
 from gqa_model import (
     QWEN3_MOE,
     attention_rank,
@@ -81,6 +82,9 @@ def test_audit_accounts_for_every_tensor(ckpt: Path) -> None:
         assert r["slots"]["attention"]["absent_optional_groups"] == []  # q/k norms present
         assert r["slots"]["mlp"]["block"] == "moe"
         assert sorted(r["slots"]["mlp"]["absent_optional_groups"]) == ["correction", "shared"]
+    config = json.loads((ckpt / "config.json").read_text())
+    roles = {r["index"]: {s: v["block"] for s, v in r["slots"].items()} for r in rep["layers"]}
+    assert schedule_decided(TABLE, config, roles) == len(roles), "mlp_only_layers, sparse step"
 
 
 @pytest.mark.parametrize(("tp", "ep"), RANKS, ids=[f"tp{t}-ep{e}" for t, e in RANKS])

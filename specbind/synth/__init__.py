@@ -4,8 +4,10 @@ What is written: ``config.json``, shards ``model-0000i-of-0000n.safetensors`` an
 ``model.safetensors.index.json``, through the safetensors library. Everything comes from the
 model table: tensor names, dtypes and shapes from the generated block tables, the layer
 schedule from the per-layer config lists of the model spec's ``synth`` section (each slot's
-block is the one its list value names), the MTP layers' blocks from ``synth.mtp``, and the
-extra config.json fields from ``synth.config``. Nothing here names a model or a tensor.
+block is the one its list value names) or the slot's schedule read over the synthetic
+config.json (``first_k_dense_replace`` ...; the generator proves the two agree), the MTP
+layers' blocks from ``synth.mtp``, and the extra config.json fields from ``synth.config``.
+Nothing here names a model or a tensor.
 
 Invariants: values are seeded and deterministic; every optional group a layer-group rule
 marks present is written whole; the output directory appears whole or not at all (written
@@ -34,7 +36,9 @@ from specbind.core.geometry import computed
 from specbind.core.patterns import fill
 from specbind.core.planning import Ranks, expand
 from specbind.core.quant import SchemeRule
+from specbind.core.schedule import ConfigSchedule
 from specbind.runtime.checks import Array
+from specbind.runtime.config import config_lookup, flag_group
 from specbind.runtime.model import BlockEntry, ModelTable
 from specbind.runtime.progress import bar
 from specbind.synth.quant import quant_config_files, quantized_entries
@@ -60,12 +64,19 @@ def schedule(table: ModelTable[Any], layers: int, mtp: bool = True) -> list[Laye
     if table.synth is None:
         raise SpecbindError(f"model {table.name} has no synth section in its spec")
     lists = {sl.config: sl for sl in table.synth.lists}
+    cfg: dict[str, Any] = json.loads(table.synth.config_json)
+    for sl in table.synth.lists:
+        cfg[sl.config] = [sl.value(i) for i in range(layers)]
+    planned = ConfigSchedule(table.slots, lambda name: config_lookup(cfg, name))
     optional = {g.group for g in table.layer_groups}
     out: list[LayerPlan] = []
     for i in range(layers):
         blocks: dict[str, str] = {}
         for slot in table.slot_blocks("decoder"):
             block = slot.blocks[0]
+            by_schedule = planned.scheduled(slot.schedule, i) if slot.schedule else None
+            if by_schedule is not None:
+                block = by_schedule[0]  # the generator proved the lists agree with it
             if slot.config is not None and slot.config in lists:
                 named = slot.block_for(lists[slot.config].value(i))
                 if named is None:
@@ -77,6 +88,11 @@ def schedule(table: ModelTable[Any], layers: int, mtp: bool = True) -> list[Laye
             blocks[slot.name] = block
         groups = set(optional)
         for rule in table.layer_groups:
+            if rule.flag:
+                verdict = flag_group(rule, cfg)
+                if verdict is None or not verdict[0]:
+                    groups.discard(rule.group)  # a flag the config does not set: not written
+                continue
             if rule.config in lists and lists[rule.config].value(i) not in rule.present:
                 groups.discard(rule.group)
         out.append(LayerPlan(i, "decoder", blocks, frozenset(groups)))
