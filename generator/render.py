@@ -320,6 +320,7 @@ def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
     quant += ["for_transforms"] if has_transform else []
     quant.append("quantize_rules")
     lines.append(f"from specbind.runtime.quant import {', '.join(quant)}")
+    lines.append("from specbind.runtime.quant_finite import check_finite")
     lines.append("from specbind.runtime.source import TensorSource")
     lines.append("from specbind.runtime.tp import ShardedSource")
     return lines

@@ -215,6 +215,11 @@ def bind_checkpoint(
         b.check(geometry, ranks)
     # each slot's quantization, from names and configs alone: refused before any byte is read
     quant = slot_quant(table, opened, geometry, qout, allow_unshared_scales)
+    if not any(
+        lq is not None and (kinds is None or _block_of(lay, i, s) in kinds)
+        for (i, s), lq in quant.items()
+    ):
+        qmeta = None  # no bound field is stored by the scheme: no record a reload could check
     if into is not None:  # what the bind will carve: its pages mapped ahead of the writes
         into.reserve(_arena_bytes(lay, kinds, glob_block, plans, geometry, ranks, quant))
     if sink is not None:
@@ -254,6 +259,12 @@ def bind_checkpoint(
     unbound = {p: len(ns) for p, ns in lay.unbound.items() if ns}
     seconds = time.perf_counter() - t0
     return BindResult(ranks, out, glob, unbound, seconds, flags, qmeta, sorted(lay.mtp_skipped))
+
+
+def _block_of(lay: Any, index: int, slot: str) -> str:
+    fill = lay.layers[index].slots[slot]
+    assert fill.block is not None
+    return str(fill.block.name)
 
 
 def _arena_bytes(

@@ -12,7 +12,8 @@ model table, geometry, ranks, layers and quantization, and refuses, naming the t
 So a geometry that disagrees with the tensors is refused naming the first field it misshapes.
 Quantization: the record names the scheme, not which linears it stored packed; a field whose
 stored dtype is the scheme's packed dtype (and not its own) is taken as packed, and then its
-companions, at their shapes, are required beside it; any other field must be unpacked.
+companions, at their shapes, are required beside it; any other field must be unpacked. A
+record whose scheme no field is stored by is refused (a bind records none then).
 Invariant: nothing here reads tensor bytes; one slot's expectation is computed once per
 (block, packed sources, absent groups) and reused across layers.
 """
@@ -70,9 +71,16 @@ def check_fields(
             )
         owned[slot.where].append(rest)
     cache: dict[tuple[str, frozenset[str], frozenset[str]], dict[str, Shaped]] = {}
+    packed = False
     for s in slots:
         have = {f: entries[f"{s.where}.{f}"] for f in owned[s.where]}
-        _check_slot(where, s, g, ranks, quant, have, cache)
+        packed |= _check_slot(where, s, g, ranks, quant, have, cache)
+    if quant is not None and not packed:
+        raise ReloadError(
+            f"{where}: metadata quant records scheme {quant.scheme.name}, but no field is "
+            f"stored in its packed layout ({quant.scheme.weight.dtype} beside its companions): "
+            "the record and the tensors disagree"
+        )
 
 
 def _slots(where: str, table: ModelTable[Any], layers: Layers) -> list[_Slot]:
@@ -127,7 +135,9 @@ def _check_slot(
     quant: LayerQuant | None,
     have: Mapping[str, Entry],
     cache: dict[tuple[str, frozenset[str], frozenset[str]], dict[str, Shaped]],
-) -> None:
+) -> bool:
+    """Refuse the slot's fields unless they are what its block binds; True when some field
+    is stored packed (the record's scheme is reflected)."""
     packed = _packed(s, quant, have)
     lq = None if quant is None or not packed else _with(quant, packed, s)
     full = _expected(where, s, g, ranks, lq, frozenset(), cache)
@@ -165,6 +175,7 @@ def _check_slot(
                 f"binds {x.dtype} {list(x.shape)} at the recorded geometry ({_ranks(ranks)}): "
                 "the tensor or the metadata geometry is wrong"
             )
+    return bool(packed)
 
 
 def _with(quant: LayerQuant, packed: frozenset[str], s: _Slot) -> LayerQuant:

@@ -259,6 +259,8 @@ class _Decoder:
         outputs = doc.get("outputs", [])
         if not isinstance(outputs, list) or not all(o in OUTPUTS for o in outputs):
             raise self.fail(f"metadata quant outputs {outputs!r}: not a list of {list(OUTPUTS)}")
+        if len(set(outputs)) != len(outputs):
+            raise self.fail(f"metadata quant outputs {outputs!r} name an output twice")
         weight_only = doc.get("weight_only", False)
         if type(weight_only) is not bool:
             raise self.fail(f"metadata quant weight_only {weight_only!r} is not true or false")

@@ -191,7 +191,18 @@ def _quant(p: Path, table: ModelTable[Any], q: QuantMeta | None) -> LayerQuant |
     schemes = {s.name: s for s in table.schemes}
     if q.scheme not in schemes:
         raise ReloadError(f"{p}: metadata quant names no scheme of {table.name} ({q.scheme!r})")
-    return LayerQuant(schemes[q.scheme], q.weight_only, frozenset(), frozenset(q.outputs))
+    scheme = schemes[q.scheme]
+    if "swizzled" in q.outputs and scheme.swizzle is None:
+        raise ReloadError(
+            f"{p}: metadata quant records the swizzled output, which {q.scheme} does not make "
+            "(it has no swizzled block scale): the record and the tensors disagree"
+        )
+    if q.weight_only and scheme.weight_only is None:
+        raise ReloadError(
+            f"{p}: metadata quant records weight_only, which {q.scheme} has no form of (it "
+            "stores no activation scale): the record and the tensors disagree"
+        )
+    return LayerQuant(scheme, q.weight_only, frozenset(), frozenset(q.outputs))
 
 
 def _np_dtype(dtype: str) -> np.dtype[Any]:

@@ -237,3 +237,56 @@ def test_the_reader_checks_against_the_tables_and_hash_its_caller_passes(
         read(bound[1], models=MODELS, specs_sha256="1" * 64)
     f = read(bound[1], models=MODELS, specs_sha256=SPECS_SHA256)
     assert f.meta.model == "glm-5.3-flash" and f.meta.ranks == f.ranks
+
+
+def _requant(bound: Path, dst: Path, quant: dict[str, object]) -> Path:
+    """``bound`` recording ``quant``, its record digest made again (a consistent forgery)."""
+    from specbind.runtime.bound_format import RECORD_KEY, record_digest
+
+    def edit(h: dict[str, dict[str, str]]) -> None:
+        h["__metadata__"]["quant"] = json.dumps(quant)
+        h["__metadata__"][RECORD_KEY] = record_digest(h["__metadata__"])
+
+    return _rewrite(bound, dst, edit)
+
+
+@pytest.mark.parametrize("scheme", ["mxfp4", "nvfp4-modelopt", "fp8-block"])
+def test_a_quant_record_no_field_reflects_is_refused_naming_the_scheme(
+    bound: tuple[Path, Path], tmp_path: Path, scheme: str
+) -> None:
+    bad = _requant(bound[1], tmp_path / "q.safetensors", {"scheme": scheme, "outputs": []})
+    with pytest.raises(ReloadError) as e:
+        open_bound(bad)
+    assert f"metadata quant records scheme {scheme}, but no field is stored in its packed" in str(
+        e.value
+    )
+
+
+@pytest.mark.parametrize(
+    ("quant", "message"),
+    [
+        ({"scheme": "nvfp4-modelopt", "outputs": ["swizzled", "swizzled"]}, "name an output twice"),
+        ({"scheme": "fp8-block", "outputs": ["swizzled"]}, "swizzled output, which fp8-block does"),
+        ({"scheme": "mxfp4", "weight_only": True}, "weight_only, which mxfp4 has no form of"),
+    ],
+)
+def test_a_quant_record_naming_what_its_scheme_cannot_make_is_refused(
+    bound: tuple[Path, Path], tmp_path: Path, quant: dict[str, object], message: str
+) -> None:
+    bad = _requant(bound[1], tmp_path / "q.safetensors", quant)
+    with pytest.raises(ReloadError, match=message):
+        open_bound(bad)
+
+
+def test_a_bind_that_stores_no_linear_quantized_records_no_quant_and_reloads(
+    tmp_path: Path,
+) -> None:
+    """mxfp4 stores stacked linears only: every linear of this model is left out (excluded),
+    so no field reflects the scheme and the file records none."""
+    ck, out = tmp_path / "q", tmp_path / "q.safetensors"
+    assert main(["synth", str(ck), "--layers", "2", "--quant", "mxfp4"]) == 0
+    assert main(["bind", str(ck), "--out", str(out)]) == 0
+    raw = out.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert "quant" not in json.loads(raw[8 : 8 + n])["__metadata__"]
+    assert open_bound(out).tensors

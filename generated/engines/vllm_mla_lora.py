@@ -36,6 +36,7 @@ from specbind.runtime.quant import (
     companion_fields,
     quantize_rules,
 )
+from specbind.runtime.quant_finite import check_finite
 from specbind.runtime.source import TensorSource
 from specbind.runtime.tp import ShardedSource
 
@@ -327,6 +328,7 @@ def bind_mla_lora(
         BLOCK, layer, host, SHARED_SCALES, p, quant,
         src=sharded, rules=rules, counts=counts(g), report=report,
     )  # fmt: skip
+    check_finite(layer, host, p, quant, src=sharded, report=report)  # every dequant finite
     t = backend.upload(host)  # this rank's bytes cross to the device once (NumPy: no copy)
     return assemble(g, layer, t, p, backend.ops, quant, into), report
 

@@ -35,13 +35,13 @@ from specbind.core.errors import SpecbindError, UsageError
 from specbind.core.geometry import computed
 from specbind.core.patterns import fill
 from specbind.core.planning import Ranks, expand
-from specbind.core.quant import SchemeRule
+from specbind.core.quant import CompanionRule, SchemeRule
 from specbind.core.schedule import ConfigSchedule
 from specbind.runtime.checks import Array
 from specbind.runtime.config import config_lookup, flag_group
 from specbind.runtime.model import BlockEntry, ModelTable
 from specbind.runtime.progress import bar
-from specbind.synth.quant import quant_config_files, quantized_entries
+from specbind.synth.quant import companion_values, quant_config_files, quantized_entries
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,8 @@ def _values(rng: np.random.Generator, dtype: str, shape: tuple[int, ...], name: 
     if name and (shape == () or shape == (1,)) and dtype == "F32":
         # a global or input scale: one value per checkpoint, so declared shared scales agree
         return np.full(shape, 0.0009765625, dtype=np.float32)
-    if dtype.startswith("F8") or (name and dtype == "F32" and "scale" in name.rsplit(".", 1)[-1]):
+    scale = name and dtype in ("F32", "BF16") and "scale" in name.rsplit(".", 1)[-1]
+    if dtype.startswith("F8") or scale:
         arr = np.abs(rng.standard_normal(size=shape, dtype=np.float32)) + 0.25  # scales > 0
         np_dtype = DTYPES[dtype].numpy
         assert np_dtype is not None
@@ -139,6 +140,18 @@ def _values(rng: np.random.Generator, dtype: str, shape: tuple[int, ...], name: 
     np_dtype = DTYPES[dtype].numpy
     assert np_dtype is not None
     return arr.astype(np_dtype)
+
+
+def _written(
+    rng: np.random.Generator, dtype: str, shape: tuple[int, ...], scheme: SchemeRule | None,
+    c: CompanionRule | None, name: str,
+) -> Array:  # fmt: skip
+    """A tensor's values: a companion's as its scheme's format asks, else ``_values``."""
+    if scheme is not None and c is not None:
+        got = companion_values(rng, c, scheme, shape)
+        if got is not None:
+            return got
+    return _values(rng, dtype, shape, name if scheme is not None else "")
 
 
 def block_tensors(
@@ -181,6 +194,7 @@ def synth(
     plans = schedule(table, layers, mtp)
     entries: list[tuple[str, str, tuple[int, ...]]] = []
     excluded: list[str] = []  # full module names the scheme cannot store (I % 16 != 0)
+    roles: dict[str, CompanionRule] = {}  # full companion name -> its rule
     for p in plans:
         pre = fill(table.layer_pattern, p.index)
         for bname in p.blocks.values():
@@ -188,7 +202,7 @@ def synth(
             block.check(geometry, Ranks())
             written = list(block_tensors(block, geometry, p.groups, gates_bf16))
             if quant is not None:
-                written = quantized_entries(block, written, quant, pre, excluded)
+                written = quantized_entries(block, written, quant, pre, excluded, roles)
             entries += [(pre + n, d, s) for n, d, s in written]
     if table.globals is not None:
         block = table.block(table.globals)
@@ -227,7 +241,7 @@ def synth(
             lo, hi = _span(i, n_shards, len(entries))
             chunk = entries[lo:hi]
             shown = bar(chunk, progress, f"synth shard {i + 1}/{n_shards}", "tensor")
-            tensors = {n: _values(rng, d, s, n if quant else "") for n, d, s in shown}
+            tensors = {n: _written(rng, d, s, quant, roles.get(n), n) for n, d, s in shown}
             save_file(tensors, str(tmp / fn), metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(tensors, fn))
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}

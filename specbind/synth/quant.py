@@ -7,17 +7,25 @@ shapes come from the scheme, and the config fields are the ones the scheme reads
 ``[O, I]`` the scheme cannot store in whole groups (``I % 16 != 0`` for NVFP4) is written in
 BF16 and listed as excluded by its full module name, so the checkpoint is one a real tool
 could have written.
-Invariant: a global or input scale is one value per checkpoint (see ``synth._values``), so
-the scales a block declares shared agree.
+Invariants: a global or input scale is one value per checkpoint (see ``synth._values``), so
+the scales a block declares shared agree; every scale is a positive finite value whose product
+with any code is a finite BF16 (an E8M0 block scale is a byte in ``E8M0_BYTES``, never the NaN
+byte 0xFF nor a power of two that overflows), so every written checkpoint dequantizes finite.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from specbind.core.patterns import member_of
-from specbind.core.quant import DetectRule, SchemeRule
+from specbind.core.quant import CompanionRule, DetectRule, SchemeRule
+from specbind.runtime.checks import Array
 from specbind.runtime.model import BlockEntry
+
+# E8M0 block scales written: 2^-8 .. 2^0, the range real MXFP4 weights use (never 0xFF, NaN)
+E8M0_BYTES = (119, 128)
 
 
 def quantized_entries(
@@ -26,9 +34,11 @@ def quantized_entries(
     scheme: SchemeRule,
     pre: str,
     excluded: list[str],
+    roles: dict[str, CompanionRule] | None = None,
 ) -> list[tuple[str, str, tuple[int, ...]]]:
     """``written`` (layer-relative names) with every storable linear replaced by companions;
-    the others are appended to ``excluded`` as full module names (``pre``: the layer prefix)."""
+    the others are appended to ``excluded`` as full module names (``pre``: the layer prefix).
+    ``roles`` gets each companion's full name and rule, for ``companion_values``."""
     linear = [r for r in block.tensors if r.linear]
     out: list[tuple[str, str, tuple[int, ...]]] = []
     for name, dtype, shape in written:
@@ -48,7 +58,20 @@ def quantized_entries(
         for c in scheme.companions:  # the packed weight under its stored suffix too
             stored = c.stored_name(name) if c.template else f"{module}.{c.suffix}"
             out.append((stored, c.dtype, (*lead, *c.shape(o, i))))
+            if roles is not None:
+                roles[pre + stored] = c
     return out
+
+
+def companion_values(
+    rng: np.random.Generator, c: CompanionRule, scheme: SchemeRule, shape: tuple[int, ...]
+) -> Array | None:
+    """The values of an E8M0 block scale (``scheme.dequant.scale``), bytes in ``E8M0_BYTES``;
+    None for any other companion, whose values ``synth._values`` writes (finite and, for a
+    scale, positive and small)."""
+    if c.role == "block_scale" and scheme.dequant.scale == "e8m0":
+        return rng.integers(*E8M0_BYTES, size=shape, dtype=np.uint8)
+    return None
 
 
 def _put(doc: dict[str, Any], dotted: str, value: Any) -> None:
