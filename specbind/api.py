@@ -140,7 +140,9 @@ class Checkpoint:
         """Every tensor's local shape and bytes on every rank: ``specbind plan --json``
         (``mtp=False``: the decoder alone, as ``--no-mtp``)."""
         from specbind.plan_report import checkpoint_layers, plan_report
+        from specbind.rank_args import check_size
 
+        tp_size, ep_size = check_size("plan", tp_size), check_size("plan", ep_size, "ep")
         layers, quant = checkpoint_layers(self._table, self._raw, self.values, mtp)
         return plan_report(
             self._table, self.values, tp_size, layers, str(self.path), ep_size=ep_size,
@@ -235,9 +237,12 @@ class Checkpoint:
         be a view of the mapped checkpoint is copied there (numpy, or torch on the host).
         """
         from specbind.core.errors import SpecbindError
+        from specbind.rank_args import check_ranks
         from specbind.runtime import backends
         from specbind.runtime.bind import bind_checkpoint
 
+        tp_size, tp_rank = check_ranks("bind", tp_size, tp_rank)
+        ep_size, ep_rank = check_ranks("bind", ep_size, ep_rank, "ep")
         if backend not in ("numpy", "cupy", "torch"):
             raise SpecbindError(f"unknown backend {backend!r} (numpy, cupy or torch)")
         if device is not None and not re.fullmatch(r"cpu|cuda(:[0-9]{1,3})?", device):
@@ -331,8 +336,13 @@ def open_bound(
     # a wrapper, not a re-export: importing runtime.reload at `import specbind` loads NumPy;
     # and the one place that hands the reader the generated tables it checks against
     from specbind.generated import MODELS, SPECS_SHA256
+    from specbind.rank_args import as_int
     from specbind.runtime.reload import read_bound
 
+    given = {"tp_size": tp_size, "tp_rank": tp_rank, "ep_size": ep_size, "ep_rank": ep_rank}
+    tp_size, tp_rank, ep_size, ep_rank = (
+        None if v is None else as_int("open_bound", k, v) for k, v in given.items()
+    )
     return read_bound(
         path, models=MODELS, specs_sha256=SPECS_SHA256, model=model, tp_size=tp_size,
         tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, copy=copy,
