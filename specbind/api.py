@@ -350,7 +350,10 @@ def open_bound(
 
 
 def model_table(
-    name: str | None, how: str = "model=", config: Mapping[str, Any] | None = None
+    name: str | None,
+    how: str = "model=",
+    config: Mapping[str, Any] | None = None,
+    advice: str | None = None,
 ) -> ModelTable[Any]:
     """The generated table of model ``name``; without a name, the only model, else for a
     checkpoint (``config``: its config.json) the one whose ``model_types`` hold its
@@ -374,7 +377,7 @@ def model_table(
     if len(MODELS) == 1:
         return next(iter(MODELS.values()))
     if config is not None:
-        return MODELS[_by_model_type(types, config, how)]
+        return MODELS[_by_model_type(types, config, how, advice)]
     pick = next((n for n, e in MODELS.entries.items() if e.default), None)
     if pick is None:
         raise SpecbindError(
@@ -416,14 +419,19 @@ def _not_anothers(
 
 
 def _by_model_type(
-    types: Mapping[str, tuple[str, ...]], config: Mapping[str, Any], how: str
+    types: Mapping[str, tuple[str, ...]],
+    config: Mapping[str, Any],
+    how: str,
+    advice: str | None = None,
 ) -> str:
-    """The name of the one model whose ``model_types`` hold the checkpoint's ``model_type``."""
+    """The name of the one model whose ``model_types`` hold the checkpoint's ``model_type``;
+    ``advice`` replaces "choose the model with ``how`` NAME" where the caller has no way to
+    name a model (inside vLLM)."""
     from specbind.core.errors import CheckpointError
 
     found = _model_types(config)
     known = "; ".join(f"{', '.join(t) or '(none)'} -> {n}" for n, t in types.items())
-    choose = f"choose the model with {how}{'' if how.endswith('=') else ' '}NAME"
+    choose = advice or f"choose the model with {how}{'' if how.endswith('=') else ' '}NAME"
     for where, kind in found:
         if not isinstance(kind, str):
             raise CheckpointError(

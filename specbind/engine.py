@@ -67,8 +67,11 @@ def bind_for_engine(
     tp_size: int = 1,
     tp_rank: int = 0,
     model: str | None = None,
+    advice: str | None = None,
 ) -> dict[str, EngineField]:
-    """This rank's share of the checkpoint at ``path``, by the engine's parameter names."""
+    """This rank's share of the checkpoint at ``path``, by the engine's parameter names
+    (``advice``: what a checkpoint no model claims is told to do, for a caller that cannot
+    pass ``model=``)."""
     from specbind.api import model_table
     from specbind.rank_args import check_ranks
     from specbind.runtime import backends
@@ -77,7 +80,7 @@ def bind_for_engine(
 
     tp_size, tp_rank = check_ranks("bind_for_engine", tp_size, tp_rank)
     raw = CheckpointDir(Path(path))
-    base = model_table(model, "model=", raw.config)
+    base = model_table(model, "model=", raw.config, advice)
     layout = layout_for(engine, base.name)
     result = bind_checkpoint(
         raw,

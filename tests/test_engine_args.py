@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import specbind
-from specbind.core.errors import BindError, GeometryError
+from specbind.core.errors import BindError, GeometryError, SpecbindError
 from specbind.engine import EngineField, bind_for_engine, fill
 
 
@@ -92,3 +92,82 @@ def test_fill_refuses_meta_device_parameters_by_name_and_device(
     with pytest.raises(BindError, match=rf"^vllm: parameter '{meta}' is on device 'meta'"):
         fill("vllm", params, fields)
     assert not any(p.any() for n, p in params.items() if n != meta), "nothing is copied"
+
+
+# -- inside vLLM, without vLLM: the parallel layouts accepted, the advice, the relay ---------
+
+
+def test_expert_parallel_is_accepted_at_one_expert_rank_and_refused_over_more() -> None:
+    from specbind.vllm_loader import check_parallel
+
+    check_parallel(1, 1, 1, True)  # tp 1, dp 1: vLLM's own loader binds the unsplit layout
+    check_parallel(1, 2, 2, False)
+    with pytest.raises(SpecbindError, match=r"expert parallelism over 2 ranks \(tp 2 x dp 1\)"):
+        check_parallel(1, 2, 1, True)
+    with pytest.raises(SpecbindError, match=r"expert parallelism over 2 ranks \(tp 1 x dp 2\)"):
+        check_parallel(1, 1, 2, True)
+    with pytest.raises(SpecbindError, match=r"pipeline parallelism is not supported \(pp size 2\)"):
+        check_parallel(2, 1, 1, False)
+
+
+def test_an_unclaimed_model_type_inside_vllm_gets_advice_a_vllm_user_can_follow(
+    ckpt: Path, tmp_path: Path
+) -> None:
+    import json
+    import shutil
+
+    from specbind.vllm_loader import bind_rank
+
+    other = tmp_path / "other"
+    shutil.copytree(ckpt, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(config | {"model_type": "nonesuch"}))
+    with pytest.raises(SpecbindError) as e:
+        bind_rank(str(other), 1, 0)
+    said = str(e.value)
+    assert "model_type 'nonesuch': no generated model claims it" in said, said
+    assert "model=" not in said and "load it with vLLM's own loader" in said, said
+
+
+def test_a_refusal_in_an_engine_process_is_raised_where_vllm_waits_for_its_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's wait for its engine processes (stood in for here) raises only "Engine core
+    initialization failed"; the refusing process's line, written through the relay file the
+    first process named, is raised in its place, vLLM's error chained beneath it."""
+    import os
+    import subprocess
+    import sys
+    import types
+
+    from specbind import vllm_loader
+
+    relay = tmp_path / "refusals"
+    relay.write_text("")
+    monkeypatch.setenv(vllm_loader.RELAY, f"{os.getpid()}:{relay}")
+    child = (
+        "from specbind.core.errors import BindError; from specbind import vllm_loader; "
+        "vllm_loader._report(BindError('layer 1: missing mlp.up_proj.weight'))"
+    )
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": repo}
+    relay.write_text("BindError: an earlier engine's line, never raised\n")
+
+    def wait_for_engine_startup(refuse: bool = True) -> None:
+        if refuse:  # an engine process refuses while vLLM waits for it, then exits
+            subprocess.run([sys.executable, "-c", child], check=True, env=env, timeout=60)
+        raise RuntimeError("Engine core initialization failed. See root cause above.")
+
+    utils = types.ModuleType("vllm.v1.engine.utils")
+    utils.wait_for_engine_startup = wait_for_engine_startup  # type: ignore[attr-defined]
+    for name in ("vllm", "vllm.v1", "vllm.v1.engine"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.engine.utils", utils)
+    vllm_loader._relay()
+    vllm_loader._report(BindError("in the first process: raised as it is, never relayed"))
+    with pytest.raises(SpecbindError) as e:
+        utils.wait_for_engine_startup()  # type: ignore[attr-defined]
+    assert str(e.value) == "BindError: layer 1: missing mlp.up_proj.weight"
+    assert isinstance(e.value.__cause__, RuntimeError)
+    with pytest.raises(RuntimeError, match="Engine core initialization failed"):
+        utils.wait_for_engine_startup(refuse=False)  # type: ignore[attr-defined]
