@@ -17,7 +17,12 @@ Invariants:
 - a ``*.safetensors`` file no index entry names (``consolidated.safetensors`` beside HF shards)
   is not read, and ``unindexed_files`` lists it so the audit can say so;
 - a tensor name appears in exactly one shard;
-- shards are opened lazily, each once, and read through memory maps;
+- shards are opened lazily, each once, and read through memory maps, one descriptor each (every
+  shard of an index is open at once): a soft ``RLIMIT_NOFILE`` too low for them all (1,024 is
+  a common default) is raised as far as they need, never past the hard limit, as many tools
+  do (``make_room``); past the hard limit the open is refused up front naming the limit and
+  the shard count, not at some shard with "Too many open files". The limit is never lowered;
+  ``select()``-based code is not affected below 1,024;
 - ``config.json`` must be a JSON object;
 - a JSON file is read only up to a cap: ``MAX_JSON_BYTES`` (64 MiB) for the index, which names
   every tensor; ``MAX_CONFIG_BYTES`` (16 MiB) for ``config.json`` and the side files beside it
@@ -63,6 +68,47 @@ def read_json(path: Path, what: str, cap: int = MAX_JSON_BYTES) -> Any:
         raise CheckpointError(f"{what}: not UTF-8") from None
     except (ValueError, RecursionError) as e:
         raise CheckpointError(f"{what}: not valid JSON: {e}") from None
+
+
+# descriptors ``make_room`` leaves for all but the shards: at least MIN_SPARE (read_view's 8, the
+# output, the index), and SPARE where the hard limit allows
+MIN_SPARE = 16
+SPARE = 48
+
+
+def _open_now() -> int:
+    """Descriptors this process holds now (an estimate where /proc is not there)."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # less listdir's own
+    except OSError:
+        return 3 + SPARE
+
+
+def make_room(shards: int, where: str) -> None:
+    """Make sure ``shards`` more files can be open at once, or refuse naming ``where``."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to raise
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    least = _open_now() + shards + MIN_SPARE
+    want = least - MIN_SPARE + SPARE
+    if soft == resource.RLIM_INFINITY or want <= soft:
+        return
+    if hard != resource.RLIM_INFINITY and least > hard:
+        raise CheckpointError(
+            f"{where}: {shards} shard files to open at once, but this process may hold at most "
+            f"{hard} open files (RLIMIT_NOFILE hard limit; at least {least} needed); raise it "
+            "(ulimit -n, LimitNOFILE= in a systemd unit)"
+        )
+    target = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as e:
+        raise CheckpointError(
+            f"{where}: {shards} shard files to open at once, but the open-file limit is {soft} "
+            f"and raising it to {target} failed ({e}); raise it (ulimit -n)"
+        ) from None
 
 
 def _encodable(fn: str) -> bool:
@@ -121,6 +167,7 @@ class CheckpointDir:
                 self._check_name(fn, name)
                 self._resolve(fn, f"{INDEX}: {name!r} -> {fn!r}")
         self._used = sorted(set(wm.values()))
+        make_room(len(self._used), str(self.root))  # every shard is open at once, from here
         for fn in self._used:
             f = self._open(fn, fn)
             for t in f.names():

@@ -12,20 +12,26 @@ Invariants (each violation is a ``CheckpointError`` naming the file and the tens
   overlap and no hole, and end at the end of the file;
 - tensors are memoryview slices of the map: nothing is read until it is used; each also
   carries a ``MapSpan`` so a strided read can release the pages it has copied from;
-- ``read_view`` copies a contiguous view's bytes with ``preadv`` from the very file mapped (its
-  descriptor, kept open as long as the file), else says it did not, and the caller copies from
-  the map.
+- ``read_view`` copies a contiguous view's bytes with ``preadv`` from the very file mapped (a
+  descriptor opened again by path, its device and inode compared with the mapped file's), else
+  says it did not, and the caller copies from the map;
+- one descriptor per open file: the map's own (Python's ``mmap`` keeps a duplicate of the
+  descriptor it was made from, which is closed once mapped). ``read_view``'s descriptors are
+  at most ``READERS``, the files read most recently (closed as others are read, or as their
+  file goes), so a checkpoint of 3,000 shards needs about 3,000 descriptors, not 6,000.
 Trap: the mmap stays open while any view of it lives.
 """
 
 from __future__ import annotations
 
+import _thread
 import json
 import mmap
 import os
 import stat
 import struct
 import weakref
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -189,15 +195,12 @@ class SafetensorsFile:
             self.data_start = 8 + n
             self.entries, self.metadata = parse_header(raw, size - self.data_start, self.where)
             self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size > 0 else None
-        except BaseException:
-            os.close(fd)
-            raise
+        finally:
+            os.close(fd)  # the map holds a descriptor of its own
         self._view = memoryview(self._map) if self._map is not None else memoryview(b"")
         self.size = size
-        # The descriptor stays open as long as the map: ``read_view`` reads the very file mapped
-        # (a path could name another file by then).
-        self._fd = fd
-        weakref.finalize(self, os.close, fd)
+        self._inode = (st.st_dev, st.st_ino)
+        weakref.finalize(self, _drop_reader, id(self))
         self._base = 0
         if self._map is not None:
             import numpy as np
@@ -232,6 +235,46 @@ class SafetensorsFile:
         return RawTensor(e.dtype, e.shape, view, span)
 
 
+# read_view's descriptors: id(file) -> fd, the most recently read last; at most READERS.
+READERS = 8
+_readers: OrderedDict[int, int] = OrderedDict()
+_readers_lock = _thread.allocate_lock()  # held over each read: no descriptor closed mid-read
+
+
+def _drop_reader(key: int) -> None:
+    with _readers_lock:
+        fd = _readers.pop(key, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _reader(f: SafetensorsFile) -> int | None:
+    """``f``'s read descriptor (call with ``_readers_lock`` held): kept, or opened again by path
+    and checked to be the file mapped (None: the path names another file now, or cannot be
+    opened; the caller reads from the map)."""
+    key = id(f)
+    fd = _readers.get(key)
+    if fd is not None:
+        _readers.move_to_end(key)
+        return fd
+    try:
+        fd = os.open(f.path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        return None
+    if (st.st_dev, st.st_ino) != f._inode:
+        os.close(fd)
+        return None
+    _readers[key] = fd
+    while len(_readers) > READERS:
+        os.close(_readers.popitem(last=False)[1])
+    return fd
+
+
 # Each open file by its map's first address, so a holder of nothing but a view of the map (a
 # field about to be copied into an arena) can find the file and offset it came from. Weak: an
 # entry goes with its file (and its map).
@@ -243,11 +286,11 @@ READ_STEP = 1 << 30  # bytes one preadv asks for (Linux moves at most ~2 GiB a c
 
 def read_view(dest: Any, src: Any) -> bool:
     """``src`` (a NumPy view of a mapped checkpoint file) copied into ``dest`` (an array of the
-    same dtype and shape) with ``preadv`` from the file's own descriptor; False, having written
+    same dtype and shape) with ``preadv`` from the file (``_reader``); False, having written
     nothing the caller keeps, where that cannot be done: the caller copies from the map. That
     is when either is not C-contiguous, ``src`` is writable (memory of its own, not a map's
-    view), no open file's map holds ``src``, there is no ``preadv`` (Windows), or a read comes
-    up short.
+    view), no open file's map holds ``src``, there is no ``preadv`` (Windows), the path names
+    another file than the one mapped (rewritten in place since), or a read comes up short.
 
     Why not copy from the map: the copy faults the map's pages into this process (or populates
     them), and the kernel unmaps them again on release; ``preadv`` moves the same page-cache
@@ -267,14 +310,18 @@ def read_view(dest: Any, src: Any) -> bool:
         return False
     view = memoryview(dest.reshape(-1).view("u1"))  # [n] -> [n * itemsize B]: dest's bytes
     at, offset = 0, address - f._base
-    try:
-        while at < nbytes:
-            got = os.preadv(f._fd, [view[at : min(nbytes, at + READ_STEP)]], offset + at)
-            if got <= 0:
-                return False
-            at += got
-    except OSError:
-        return False
+    with _readers_lock:
+        fd = _reader(f)
+        if fd is None:
+            return False
+        try:
+            while at < nbytes:
+                got = os.preadv(fd, [view[at : min(nbytes, at + READ_STEP)]], offset + at)
+                if got <= 0:
+                    return False
+                at += got
+        except OSError:
+            return False
     return True
 
 

@@ -48,7 +48,7 @@ import numpy as np
 from specbind.core.dtypes import DTYPES, dtype_name
 from specbind.core.errors import OutputError
 from specbind.core.record import replace
-from specbind.runtime.atomic import atomic_writer
+from specbind.runtime.atomic import atomic_writer, write_failed
 from specbind.runtime.backends import Backend
 from specbind.runtime.bound_format import HEX, BoundMeta, quant_of, tensor_hasher
 from specbind.runtime.checks import Array
@@ -129,7 +129,10 @@ class StreamWriter:
         names = sum(len(json.dumps(n)) for n in expected.names)
         reserve = len(meta) + names + _PER_ENTRY * len(expected.names) + 16
         self._reserved = reserve + (-reserve % 8)  # the data buffer starts 8-byte aligned
-        self._f.write(b"\0" * (8 + self._reserved))  # overwritten by _finish
+        try:
+            self._f.write(b"\0" * (8 + self._reserved))  # overwritten by _finish
+        except OSError as e:
+            raise write_failed(self._out, e, 0) from e
 
     def slot(self, where: str, bound: SlotResult) -> None:
         for name, a in sorted(bound.weights.arrays().items()):
@@ -160,10 +163,13 @@ class StreamWriter:
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
         if len(raw) > self._reserved:  # the bound is proven; this would be a bug
             raise OutputError(f"{self._out}: header {len(raw)} B is over its {self._reserved} B")
-        self._f.seek(0)
-        self._f.write(struct.pack("<Q", self._reserved))
-        self._f.write(raw + b" " * (self._reserved - len(raw)))
-        self._f.seek(0, 2)
+        try:
+            self._f.seek(0)
+            self._f.write(struct.pack("<Q", self._reserved))
+            self._f.write(raw + b" " * (self._reserved - len(raw)))
+            self._f.seek(0, 2)
+        except OSError as e:
+            raise write_failed(self._out, e) from e
         self.bytes = 8 + self._reserved + self._pos
 
 
@@ -191,6 +197,7 @@ class _Background:
         self._queued = 0  # bytes queued or being written
         self._error: BaseException | None = None
         self._stop = False
+        self._failed_at = 0  # where the tensor whose write failed began: the file's bytes before it
         self._synced = 0  # file offset up to which writeback was started
         self._waited = 0  # ... and up to which it was waited for
         self._sync = _sync_file_range()
@@ -226,10 +233,7 @@ class _Background:
     def _raise(self) -> None:
         e = self._error
         if e is not None:
-            why = (
-                e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
-            )
-            raise OutputError(f"{self._where}: writing failed: {why}") from e
+            raise write_failed(self._where, e, self._failed_at) from e
 
     def _run(self) -> None:
         while True:
@@ -244,6 +248,7 @@ class _Background:
             except BaseException as e:  # surfaced in the main thread; nothing more is written
                 with self._cond:
                     self._error = e
+                    self._failed_at = item[3] - item[1].nbytes
                     self._items.clear()
                     self._queued = 0
                     self._cond.notify_all()

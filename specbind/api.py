@@ -140,7 +140,9 @@ class Checkpoint:
         """Every tensor's local shape and bytes on every rank: ``specbind plan --json``
         (``mtp=False``: the decoder alone, as ``--no-mtp``)."""
         from specbind.plan_report import checkpoint_layers, plan_report
+        from specbind.rank_args import check_size
 
+        tp_size, ep_size = check_size("plan", tp_size), check_size("plan", ep_size, "ep")
         layers, quant = checkpoint_layers(self._table, self._raw, self.values, mtp)
         return plan_report(
             self._table, self.values, tp_size, layers, str(self.path), ep_size=ep_size,
@@ -235,9 +237,12 @@ class Checkpoint:
         be a view of the mapped checkpoint is copied there (numpy, or torch on the host).
         """
         from specbind.core.errors import SpecbindError
+        from specbind.rank_args import check_ranks
         from specbind.runtime import backends
         from specbind.runtime.bind import bind_checkpoint
 
+        tp_size, tp_rank = check_ranks("bind", tp_size, tp_rank)
+        ep_size, ep_rank = check_ranks("bind", ep_size, ep_rank, "ep")
         if backend not in ("numpy", "cupy", "torch"):
             raise SpecbindError(f"unknown backend {backend!r} (numpy, cupy or torch)")
         if device is not None and not re.fullmatch(r"cpu|cuda(:[0-9]{1,3})?", device):
@@ -331,8 +336,13 @@ def open_bound(
     # a wrapper, not a re-export: importing runtime.reload at `import specbind` loads NumPy;
     # and the one place that hands the reader the generated tables it checks against
     from specbind.generated import MODELS, SPECS_SHA256
+    from specbind.rank_args import as_int
     from specbind.runtime.reload import read_bound
 
+    given = {"tp_size": tp_size, "tp_rank": tp_rank, "ep_size": ep_size, "ep_rank": ep_rank}
+    tp_size, tp_rank, ep_size, ep_rank = (
+        None if v is None else as_int("open_bound", k, v) for k, v in given.items()
+    )
     return read_bound(
         path, models=MODELS, specs_sha256=SPECS_SHA256, model=model, tp_size=tp_size,
         tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, copy=copy,
@@ -340,7 +350,10 @@ def open_bound(
 
 
 def model_table(
-    name: str | None, how: str = "model=", config: Mapping[str, Any] | None = None
+    name: str | None,
+    how: str = "model=",
+    config: Mapping[str, Any] | None = None,
+    advice: str | None = None,
 ) -> ModelTable[Any]:
     """The generated table of model ``name``; without a name, the only model, else for a
     checkpoint (``config``: its config.json) the one whose ``model_types`` hold its
@@ -364,7 +377,7 @@ def model_table(
     if len(MODELS) == 1:
         return next(iter(MODELS.values()))
     if config is not None:
-        return MODELS[_by_model_type(types, config, how)]
+        return MODELS[_by_model_type(types, config, how, advice)]
     pick = next((n for n, e in MODELS.entries.items() if e.default), None)
     if pick is None:
         raise SpecbindError(
@@ -406,14 +419,19 @@ def _not_anothers(
 
 
 def _by_model_type(
-    types: Mapping[str, tuple[str, ...]], config: Mapping[str, Any], how: str
+    types: Mapping[str, tuple[str, ...]],
+    config: Mapping[str, Any],
+    how: str,
+    advice: str | None = None,
 ) -> str:
-    """The name of the one model whose ``model_types`` hold the checkpoint's ``model_type``."""
+    """The name of the one model whose ``model_types`` hold the checkpoint's ``model_type``;
+    ``advice`` replaces "choose the model with ``how`` NAME" where the caller has no way to
+    name a model (inside vLLM)."""
     from specbind.core.errors import CheckpointError
 
     found = _model_types(config)
     known = "; ".join(f"{', '.join(t) or '(none)'} -> {n}" for n, t in types.items())
-    choose = f"choose the model with {how}{'' if how.endswith('=') else ' '}NAME"
+    choose = advice or f"choose the model with {how}{'' if how.endswith('=') else ' '}NAME"
     for where, kind in found:
         if not isinstance(kind, str):
             raise CheckpointError(

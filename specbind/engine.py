@@ -6,6 +6,8 @@ the engine's parameters.
 
 Invariants of ``fill`` (each refusal is one ``BindError`` line naming the parameter):
 - every engine parameter is filled exactly once, from a field of equal shape and dtype;
+- a parameter on torch's ``meta`` device (no storage: ``copy_`` into it does nothing and says
+  nothing) is refused;
 - a field whose parameter the engine does not hold is refused (nothing bound is left over),
   and so is a parameter no field fills (nothing the engine holds is left as initialised);
 - all of it is checked before the first byte is copied, so a refused load changes nothing.
@@ -65,15 +67,20 @@ def bind_for_engine(
     tp_size: int = 1,
     tp_rank: int = 0,
     model: str | None = None,
+    advice: str | None = None,
 ) -> dict[str, EngineField]:
-    """This rank's share of the checkpoint at ``path``, by the engine's parameter names."""
+    """This rank's share of the checkpoint at ``path``, by the engine's parameter names
+    (``advice``: what a checkpoint no model claims is told to do, for a caller that cannot
+    pass ``model=``)."""
     from specbind.api import model_table
+    from specbind.rank_args import check_ranks
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.checkpoint import CheckpointDir
 
+    tp_size, tp_rank = check_ranks("bind_for_engine", tp_size, tp_rank)
     raw = CheckpointDir(Path(path))
-    base = model_table(model, "model=", raw.config)
+    base = model_table(model, "model=", raw.config, advice)
     layout = layout_for(engine, base.name)
     result = bind_checkpoint(
         raw,
@@ -144,6 +151,11 @@ def fill(engine: str, params: Mapping[str, Any], fields: Mapping[str, EngineFiel
                 "(the engine's model holds no such parameter)"
             )
         p = params[name]
+        if p.device.type == "meta":  # no storage: copy_ into it is a no-op that raises nothing
+            raise BindError(
+                f"{engine}: parameter {name!r} is on device 'meta' (no storage: nothing can be "
+                "copied into it); allocate the model's parameters first (Module.to_empty)"
+            )
         want = TORCH_DTYPES.get(f.dtype)
         shape = tuple(int(x) for x in f.array.shape)
         if tuple(p.shape) != shape or p.dtype != getattr(torch, want or "", None):

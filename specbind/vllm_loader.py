@@ -10,16 +10,28 @@ filled exactly once, equal shape and dtype, nothing left over). vLLM's own post-
 
 Invariants:
 - a refused checkpoint fails engine start with specbind's one-line message (a
-  ``SpecbindError``), before any parameter is written;
+  ``SpecbindError``), before any parameter is written; under vLLM's multi-process engine (its
+  default, tp > 1, the server) that line is raised in the caller's process too, as the
+  ``SpecbindError`` of the failed start (``_relay``), not only left in a worker's log;
 - tp size and rank come from vLLM's parallel state, never from the user;
-- what this loader does not do (pipeline parallelism, expert parallelism, a Hub id instead of
-  a local directory) is refused in one line rather than loaded some other way.
+- what this loader does not do (pipeline parallelism, expert parallelism over more than one
+  rank, a Hub id vLLM has not resolved to a local folder) is refused in one line rather than
+  loaded some other way; ``enable_expert_parallel`` at tp 1 and dp 1 (one expert rank, the
+  layout vLLM's own loader binds then) is accepted.
 Trap: vLLM is imported only inside ``register`` and the loader's methods, so importing
 specbind never needs vLLM.
+Trap: a worker's exception does not cross vLLM's process boundary (the caller gets "Engine
+core initialization failed. See root cause above."), so the refusing worker appends its line
+to a file the first process named in the environment (``RELAY``, inherited by every process
+vLLM starts), and that process, where vLLM waits for its engine to start, raises it.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import functools
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +51,11 @@ def register() -> None:
         """Binds this rank's share with specbind and copies it into vLLM's parameters."""
 
         def download_model(self, model_config: Any) -> None:
-            _local_dir(model_config.model)
+            try:
+                _local_dir(model_config.model)
+            except SpecbindError as e:
+                _report(e)
+                raise
 
         def load_weights(self, model: Any, model_config: Any) -> None:
             load_weights(model, model_config)
@@ -49,6 +65,101 @@ def register() -> None:
     except Exception as e:  # registered already in this process (vLLM may run plugins twice)
         if "already" not in str(e).lower():
             raise
+    if RELAY not in os.environ:  # the first vLLM process: its engine's refusals come here
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="specbind-vllm-", suffix=".refusals")
+        os.close(fd)
+        atexit.register(_unlink, path)
+        os.environ[RELAY] = f"{os.getpid()}:{path}"
+        _relay()
+
+
+RELAY = "SPECBIND_VLLM_REFUSALS"  # "<pid of the first process>:<file of refusal lines>"
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _relay_file() -> tuple[int, str] | None:
+    pid, _, path = os.environ.get(RELAY, "").partition(":")
+    return (int(pid), path) if pid.isdigit() and path else None
+
+
+def _report(e: SpecbindError) -> None:
+    """In a process vLLM started, append the refusal's line to the first process's file."""
+    where = _relay_file()
+    if where is None or where[0] == os.getpid():
+        return  # in the caller's own process the exception itself reaches the caller
+    with contextlib.suppress(OSError), open(where[1], "a", encoding="utf-8") as f:
+        f.write(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}\n")
+
+
+def take_refusal() -> str | None:
+    """The first refusal a process of this engine reported since the last call (and forget
+    them all), or None."""
+    where = _relay_file()
+    if where is None:
+        return None
+    try:
+        with open(where[1], "r+", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+            f.truncate(0)
+    except OSError:
+        return None
+    return lines[0] if lines else None
+
+
+def _relay() -> None:
+    """Wrap vLLM's wait for its engine processes so that a start failed by specbind raises
+    specbind's line (the vLLM error chained under it). Where vLLM has no such function (a
+    version that moved it), nothing is wrapped: the line stays in the worker's log."""
+    import importlib
+
+    try:
+        utils = importlib.import_module("vllm.v1.engine.utils")
+    except ImportError:
+        return
+    wait = getattr(utils, "wait_for_engine_startup", None)
+    if wait is None or getattr(wait, "_specbind", False):
+        return
+
+    @functools.wraps(wait)
+    def wait_for_engine_startup(*args: Any, **kwargs: Any) -> Any:
+        take_refusal()  # an earlier engine's, already raised or not ours
+        try:
+            return wait(*args, **kwargs)
+        except Exception as e:
+            line = take_refusal()
+            if line is None:
+                raise
+            raise SpecbindError(line) from e  # vLLM's own error chained beneath it
+
+    wait_for_engine_startup._specbind = True  # type: ignore[attr-defined]
+    setattr(utils, "wait_for_engine_startup", wait_for_engine_startup)  # noqa: B010
+
+
+def check_parallel(pp: int, tp: int, dp: int, expert_parallel: bool) -> None:
+    """Refuse a parallel layout the vLLM layouts do not bind as vLLM's own loader does."""
+    if pp > 1:
+        raise SpecbindError(
+            f"load_format={LOAD_FORMAT!r}: pipeline parallelism is not supported (pp size "
+            f"{pp}); use tensor parallelism"
+        )
+    if expert_parallel and tp * dp > 1:
+        raise SpecbindError(
+            f"load_format={LOAD_FORMAT!r}: expert parallelism over {tp * dp} ranks (tp {tp} x "
+            f"dp {dp}) is not supported yet; the vLLM layouts split experts by tensor "
+            "parallelism (enable_expert_parallel binds at tp 1 and dp 1, one expert rank)"
+        )
+
+
+VLLM_ADVICE = (
+    "specbind has no model spec for it: load it with vLLM's own loader (leave out "
+    "load_format='specbind' / --load-format specbind), or add a spec (README: Adding a model)"
+)
 
 
 def _local_dir(model: str) -> Path:
@@ -56,7 +167,9 @@ def _local_dir(model: str) -> Path:
     if not p.is_dir():
         raise SpecbindError(
             f"load_format={LOAD_FORMAT!r} reads a local checkpoint directory; {model!r} is not "
-            "one (download it first, e.g. `huggingface-cli download`)"
+            "one, and vLLM did not resolve it to one (download it first, e.g. "
+            "`huggingface-cli download`, and pass its folder; or set HF_HUB_OFFLINE=1 for a "
+            "model already in the Hub cache)"
         )
     return p
 
@@ -71,25 +184,34 @@ def load_weights(model: Any, model_config: Any) -> None:
     )
     from vllm.logger import init_logger
 
-    from specbind.engine import bind_for_engine, fill
+    from specbind.engine import fill
 
     parallel = get_current_vllm_config().parallel_config
-    if get_pp_group().world_size > 1:
-        raise SpecbindError(
-            f"load_format={LOAD_FORMAT!r}: pipeline parallelism is not supported (pp size "
-            f"{get_pp_group().world_size}); use tensor parallelism"
-        )
-    if getattr(parallel, "enable_expert_parallel", False):
-        raise SpecbindError(
-            f"load_format={LOAD_FORMAT!r}: expert parallelism is not supported yet; the vLLM "
-            "layouts split experts by tensor parallelism"
-        )
     tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
     t0 = time.perf_counter()
-    fields = bind_for_engine(_local_dir(model_config.model), ENGINE, tp_size=tp, tp_rank=rank)
+    try:
+        check_parallel(
+            get_pp_group().world_size, tp, int(getattr(parallel, "data_parallel_size", 1) or 1),
+            bool(getattr(parallel, "enable_expert_parallel", False)),
+        )  # fmt: skip
+        fields = bind_rank(model_config.model, tp, rank)
+    except SpecbindError as e:
+        _report(e)
+        raise
     params = dict(model.named_parameters())
-    nbytes = fill(ENGINE, params, fields)
+    try:
+        nbytes = fill(ENGINE, params, fields)
+    except SpecbindError as e:
+        _report(e)
+        raise
     init_logger("vllm.model_executor.model_loader.specbind").info(
         "specbind: loading weights took %.2f seconds (%d parameters, %.1f MiB, tp rank %d of %d)",
         time.perf_counter() - t0, len(params), nbytes / 2**20, rank, tp,
     )  # fmt: skip
+
+
+def bind_rank(model: str, tp: int, rank: int) -> Any:
+    """This tp rank's fields of the checkpoint folder ``model``, by vLLM's parameter names."""
+    from specbind.engine import bind_for_engine
+
+    return bind_for_engine(_local_dir(model), ENGINE, tp_size=tp, tp_rank=rank, advice=VLLM_ADVICE)

@@ -1,5 +1,5 @@
 """``safetensors_file.read_view``: a contiguous view of a mapped checkpoint file is read with
-``preadv`` from that very file (its own descriptor), and refused (the caller copies from the
+``preadv`` from that very file (device and inode checked), and refused (the caller copies from the
 map) wherever that could give other bytes."""
 
 from __future__ import annotations
@@ -39,21 +39,41 @@ def test_a_view_of_the_map_is_read_from_the_file_byte_for_byte(tmp_path: Path) -
 
 
 def test_a_file_replaced_since_it_was_mapped_is_read_as_it_was_opened(tmp_path: Path) -> None:
-    """A checkpoint rewritten in place (a new file at the same path) holds other bytes; the
-    read goes through the descriptor opened with the map, so it gives the bytes the map
-    shows, never the new file's."""
+    """A checkpoint rewritten in place (a new file at the same path) holds other bytes: a read
+    descriptor opened again by path is checked against the mapped file's device and inode and
+    refused (the caller copies from the map); one kept from a read before the rewrite reads
+    the mapped file. Either way the bytes are the map's, never the new file's."""
     path = tmp_path / "a.safetensors"
     old = np.full(1 << 16, 7, np.uint8)
     _write(path, old)
     f = SafetensorsFile(path)
+    early = SafetensorsFile(path, "read before the rewrite")
+    assert read_view(np.zeros(old.size, np.uint8), _view(early))  # its descriptor is kept
     _write(tmp_path / "b.safetensors", np.full(1 << 16, 9, np.uint8))
     os.replace(tmp_path / "b.safetensors", path)
     out = np.zeros(old.size, np.uint8)
-    assert read_view(out, _view(f))
-    assert out.tobytes() == old.tobytes()
+    assert not read_view(out, _view(f)), "the path names another file now"
+    assert read_view(out, _view(early)) and out.tobytes() == old.tobytes()
     arena = Arena()
     placed = arena.place(_view(f))
     assert arena.holds(placed) and placed.tobytes() == old.tobytes()
+
+
+def test_read_descriptors_are_few_and_reopened_as_needed(tmp_path: Path) -> None:
+    """One descriptor per open file (its map's); ``read_view`` keeps at most ``READERS`` more,
+    for the files read last, and opens an evicted file's again when it is read again."""
+    n = 2 * safetensors_file.READERS
+    before = len(os.listdir("/proc/self/fd"))
+    files = []
+    for i in range(n):
+        _write(tmp_path / f"{i}.safetensors", np.full(4096, i, np.uint8))
+        files.append(SafetensorsFile(tmp_path / f"{i}.safetensors"))
+    assert len(os.listdir("/proc/self/fd")) <= before + n
+    for _ in range(2):
+        for i, f in enumerate(files):
+            out = np.zeros(4096, np.uint8)
+            assert read_view(out, _view(f)) and (out == i).all()
+    assert len(os.listdir("/proc/self/fd")) <= before + n + safetensors_file.READERS
 
 
 def test_memory_of_its_own_or_a_closed_files_view_is_refused(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ specbind's, each engine started by tests/vllm_scenario.py in that venv. Claims:
   parameters, not tokens: on CPU two tp 2 runs of vLLM's own loader differ in logprobs);
 - a checkpoint missing one expert tensor, and one with a tensor cast to F32, stop the engine's
   start with specbind's one-line message naming the tensor (vLLM's default loader starts on
-  the first one).
+  the first one); at tp 2, under the multi-process executor, that line is what the caller gets;
+- ``enable_expert_parallel`` at tp 1 binds the parameters vLLM's own loader does.
 Engine starts are the cost (tens of seconds each, minutes at tp 2), so each scenario starts
 its engines in one process and every claim reads its recorded results.
 """
@@ -74,12 +75,17 @@ def tp1(ckpts: dict[str, Path]) -> dict[str, Any]:
         *_pairs(ckpts, generate=True),
         {"name": "missing", "ckpt": str(ckpts["missing"]), "load_format": "specbind"},
         {"name": "cast", "ckpt": str(ckpts["cast"]), "load_format": "specbind"},
+        {"name": "qwen3-moe/specbind-ep", "ckpt": str(ckpts["qwen3-moe"]),
+         "load_format": "specbind", "expert_parallel": True},
     ])  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def tp2(ckpts: dict[str, Path]) -> dict[str, Any]:
-    return _scenario(ckpts["missing"].parent, 2, _pairs(ckpts, generate=False))
+    return _scenario(ckpts["missing"].parent, 2, [
+        *_pairs(ckpts, generate=False),
+        {"name": "missing", "ckpt": str(ckpts["missing"]), "load_format": "specbind"},
+    ])  # fmt: skip
 
 
 def _started(run: dict[str, Any]) -> dict[str, Any]:
@@ -140,3 +146,22 @@ def test_a_checkpoint_with_a_tensor_cast_to_f32_fails_engine_start_naming_it(
 ) -> None:
     err = tp1["cast"].get("error", "")
     assert "self_attn.kv_b_proj.weight" in err and "F32" in err, err
+
+
+def test_expert_parallel_at_tp1_binds_every_parameter_as_the_default_loader_does(
+    tp1: dict[str, Any],
+) -> None:
+    """``enable_expert_parallel`` at tp 1 is one expert rank: vLLM's own loader starts, and so
+    does specbind's, with the same parameters."""
+    (ours,), (theirs,) = _by_name(tp1["qwen3-moe/specbind-ep"]), _by_name(tp1["qwen3-moe/auto"])
+    assert ours == theirs
+
+
+def test_a_refusal_in_a_tp2_worker_reaches_the_caller_as_specbinds_line(
+    tp2: dict[str, Any],
+) -> None:
+    """Under the multi-process executor the caller gets specbind's line, not only vLLM's
+    "Engine core initialization failed" with the line left in a worker's log."""
+    err = tp2["missing"].get("error", "")
+    assert err.startswith("SpecbindError: "), err
+    assert "mlp.experts.2.up_proj.weight" in err and "missing" in err, err

@@ -2,7 +2,8 @@
 
     python tests/vllm_scenario.py SPEC.json OUT.json
 
-SPEC: {"tp": N, "runs": [{"name", "ckpt", "load_format", "generate": bool}, ...]}. Each run
+SPEC: {"tp": N, "runs": [{"name", "ckpt", "load_format", "generate": bool,
+"expert_parallel": bool}, ...]}. Each run
 starts one engine (``vllm.LLM``), records every parameter vLLM holds after loading (name,
 shape, dtype and a SHA-256 of its bytes, per tp rank), the greedy tokens and top-3 logprobs of
 one prompt when asked, the seconds the engine took to start, or the error that stopped the
@@ -34,6 +35,8 @@ def run(tp: int, r: dict[str, Any]) -> dict[str, Any]:
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     extra: dict[str, Any] = {"distributed_executor_backend": "mp"} if tp > 1 else {}
+    if r.get("expert_parallel"):
+        extra["enable_expert_parallel"] = True
     t0 = time.perf_counter()
     try:
         llm = LLM(
