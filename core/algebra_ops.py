@@ -8,7 +8,9 @@ bounded so a hostile exponent cannot allocate a huge integer.
 
 from __future__ import annotations
 
-from specbind.core.errors import GeometryError
+from collections.abc import Callable, Mapping
+
+from specbind.core.errors import DerivedError, GeometryError
 
 MAX_MAGNITUDE = 1 << 62
 
@@ -23,6 +25,30 @@ def _bounded(v: int) -> int:
     if abs(v) > MAX_MAGNITUDE:
         raise GeometryError(f"value {v} is out of range (|v| > 2**62)")
     return v
+
+
+def derived(
+    block: str,
+    name: str,
+    text: str,
+    compute: Callable[[], int],
+    values: Mapping[str, int],
+    sizes: tuple[str, ...],
+) -> int:
+    """A block's derived symbol ``name = text``, bounded; one that cannot be computed (an
+    inexact ``/``, a zero divisor) is a ``DerivedError`` naming the block, the symbol, its
+    expression, the values it read and the tensors it sizes (``sizes``), not the bare
+    arithmetic (``96 / 7 is not exact``)."""
+    try:
+        return _bounded(compute())
+    except GeometryError as e:
+        shown = ", ".join(f"{k}={v}" for k, v in values.items())
+        what = f"; it sizes {', '.join(sizes)}" if sizes else ""
+        raise DerivedError(
+            f"{block}: {name} = {text} cannot be computed for {shown} ({e}){what}",
+            tuple(values),
+            sizes,
+        ) from None
 
 
 def div(a: int, b: int) -> int:

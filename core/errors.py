@@ -42,6 +42,17 @@ class GeometryError(SpecbindError):
     """The geometry (config.json values, tp) is invalid or breaks a declared constraint."""
 
 
+class DerivedError(GeometryError):
+    """A block's derived symbol cannot be computed at this geometry (``hidden / heads`` with a
+    remainder): carries the block's symbols it reads, so the model table can name their
+    config.json fields (``runtime.model.BlockEntry``)."""
+
+    def __init__(self, message: str, symbols: tuple[str, ...], sizes: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.symbols = symbols  # the block symbols the expression reads
+        self.sizes = sizes  # the block's tensors whose shapes use it
+
+
 class CheckpointError(SpecbindError):
     """A checkpoint file, header, index or config.json is malformed or unsafe."""
 

@@ -189,8 +189,22 @@ def matches(names: Collection[str]) -> bool:
 
 def expected_shapes(g: GqaGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
-    q_dim = algebra_ops.bounded(g.heads * g.head_dim)
-    kv_dim = algebra_ops.bounded(g.kv_heads * g.head_dim)
+    q_dim = algebra_ops.derived(
+        BLOCK,
+        "q_dim",
+        "heads * head_dim",
+        lambda: g.heads * g.head_dim,
+        {"head_dim": g.head_dim, "heads": g.heads},
+        ("self_attn.q_proj.weight", "self_attn.o_proj.weight"),
+    )
+    kv_dim = algebra_ops.derived(
+        BLOCK,
+        "kv_dim",
+        "kv_heads * head_dim",
+        lambda: g.kv_heads * g.head_dim,
+        {"head_dim": g.head_dim, "kv_heads": g.kv_heads},
+        ("self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    )
     return {
         "self_attn.q_proj.weight": (q_dim, g.hidden),  # [q_dim, hidden]
         "self_attn.k_proj.weight": (kv_dim, g.hidden),  # [kv_dim, hidden]
@@ -203,8 +217,22 @@ def expected_shapes(g: GqaGeometry) -> dict[str, tuple[int, ...]]:
 
 def env(g: GqaGeometry) -> dict[str, int]:
     """``g.values()`` and every derived symbol at ``g`` (shard units are looked up here)."""
-    q_dim = algebra_ops.bounded(g.heads * g.head_dim)
-    kv_dim = algebra_ops.bounded(g.kv_heads * g.head_dim)
+    q_dim = algebra_ops.derived(
+        BLOCK,
+        "q_dim",
+        "heads * head_dim",
+        lambda: g.heads * g.head_dim,
+        {"head_dim": g.head_dim, "heads": g.heads},
+        ("self_attn.q_proj.weight", "self_attn.o_proj.weight"),
+    )
+    kv_dim = algebra_ops.derived(
+        BLOCK,
+        "kv_dim",
+        "kv_heads * head_dim",
+        lambda: g.kv_heads * g.head_dim,
+        {"head_dim": g.head_dim, "kv_heads": g.kv_heads},
+        ("self_attn.k_proj.weight", "self_attn.v_proj.weight"),
+    )
     return {
         **g.values(),
         "q_dim": q_dim,

@@ -152,7 +152,19 @@ def matches(names: Collection[str]) -> bool:
 
 def expected_shapes(g: GqaAttentionGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
-    head_dim = algebra_ops.bounded(algebra_ops.div(g.hidden, g.heads))
+    head_dim = algebra_ops.derived(
+        BLOCK,
+        "head_dim",
+        "hidden / heads",
+        lambda: algebra_ops.div(g.hidden, g.heads),
+        {"heads": g.heads, "hidden": g.hidden},
+        (
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+        ),
+    )
     return {
         "self_attn.q_proj.weight": (g.heads * head_dim, g.hidden),  # [heads * head_dim, hidden]
         "self_attn.k_proj.weight": (
@@ -169,7 +181,19 @@ def expected_shapes(g: GqaAttentionGeometry) -> dict[str, tuple[int, ...]]:
 
 def env(g: GqaAttentionGeometry) -> dict[str, int]:
     """``g.values()`` and every derived symbol at ``g`` (shard units are looked up here)."""
-    head_dim = algebra_ops.bounded(algebra_ops.div(g.hidden, g.heads))
+    head_dim = algebra_ops.derived(
+        BLOCK,
+        "head_dim",
+        "hidden / heads",
+        lambda: algebra_ops.div(g.hidden, g.heads),
+        {"heads": g.heads, "hidden": g.hidden},
+        (
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.o_proj.weight",
+        ),
+    )
     return {
         **g.values(),
         "head_dim": head_dim,

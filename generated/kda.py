@@ -303,7 +303,25 @@ def matches(names: Collection[str]) -> bool:
 
 def expected_shapes(g: KdaGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
-    proj_dim = algebra_ops.bounded(g.linear_heads * g.linear_head_dim)
+    proj_dim = algebra_ops.derived(
+        BLOCK,
+        "proj_dim",
+        "linear_heads * linear_head_dim",
+        lambda: g.linear_heads * g.linear_head_dim,
+        {"linear_head_dim": g.linear_head_dim, "linear_heads": g.linear_heads},
+        (
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.q_conv1d.weight",
+            "self_attn.k_conv1d.weight",
+            "self_attn.v_conv1d.weight",
+            "self_attn.f_b_proj.weight",
+            "self_attn.g_b_proj.weight",
+            "self_attn.dt_bias",
+            "self_attn.o_proj.weight",
+        ),
+    )
     return {
         "self_attn.q_proj.weight": (proj_dim, g.hidden),  # [proj_dim, hidden]
         "self_attn.k_proj.weight": (proj_dim, g.hidden),  # [proj_dim, hidden]
@@ -325,7 +343,25 @@ def expected_shapes(g: KdaGeometry) -> dict[str, tuple[int, ...]]:
 
 def env(g: KdaGeometry) -> dict[str, int]:
     """``g.values()`` and every derived symbol at ``g`` (shard units are looked up here)."""
-    proj_dim = algebra_ops.bounded(g.linear_heads * g.linear_head_dim)
+    proj_dim = algebra_ops.derived(
+        BLOCK,
+        "proj_dim",
+        "linear_heads * linear_head_dim",
+        lambda: g.linear_heads * g.linear_head_dim,
+        {"linear_head_dim": g.linear_head_dim, "linear_heads": g.linear_heads},
+        (
+            "self_attn.q_proj.weight",
+            "self_attn.k_proj.weight",
+            "self_attn.v_proj.weight",
+            "self_attn.q_conv1d.weight",
+            "self_attn.k_conv1d.weight",
+            "self_attn.v_conv1d.weight",
+            "self_attn.f_b_proj.weight",
+            "self_attn.g_b_proj.weight",
+            "self_attn.dt_bias",
+            "self_attn.o_proj.weight",
+        ),
+    )
     return {
         **g.values(),
         "proj_dim": proj_dim,

@@ -294,8 +294,36 @@ def matches(names: Collection[str]) -> bool:
 
 def expected_shapes(g: Mamba2Geometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
-    inner = algebra_ops.bounded(g.heads * g.head_dim)
-    group_state = algebra_ops.bounded(g.groups * g.state)
+    inner = algebra_ops.derived(
+        BLOCK,
+        "inner",
+        "heads * head_dim",
+        lambda: g.heads * g.head_dim,
+        {"head_dim": g.head_dim, "heads": g.heads},
+        (
+            "mixer.in_proj_z.weight",
+            "mixer.in_proj_x.weight",
+            "mixer.conv1d_x.weight",
+            "mixer.conv1d_x.bias",
+            "mixer.norm.weight",
+            "mixer.out_proj.weight",
+        ),
+    )
+    group_state = algebra_ops.derived(
+        BLOCK,
+        "group_state",
+        "groups * state",
+        lambda: g.groups * g.state,
+        {"groups": g.groups, "state": g.state},
+        (
+            "mixer.in_proj_B.weight",
+            "mixer.in_proj_C.weight",
+            "mixer.conv1d_B.weight",
+            "mixer.conv1d_C.weight",
+            "mixer.conv1d_B.bias",
+            "mixer.conv1d_C.bias",
+        ),
+    )
     return {
         "mixer.in_proj_z.weight": (inner, g.hidden),  # [inner, hidden]
         "mixer.in_proj_x.weight": (inner, g.hidden),  # [inner, hidden]
@@ -318,8 +346,36 @@ def expected_shapes(g: Mamba2Geometry) -> dict[str, tuple[int, ...]]:
 
 def env(g: Mamba2Geometry) -> dict[str, int]:
     """``g.values()`` and every derived symbol at ``g`` (shard units are looked up here)."""
-    inner = algebra_ops.bounded(g.heads * g.head_dim)
-    group_state = algebra_ops.bounded(g.groups * g.state)
+    inner = algebra_ops.derived(
+        BLOCK,
+        "inner",
+        "heads * head_dim",
+        lambda: g.heads * g.head_dim,
+        {"head_dim": g.head_dim, "heads": g.heads},
+        (
+            "mixer.in_proj_z.weight",
+            "mixer.in_proj_x.weight",
+            "mixer.conv1d_x.weight",
+            "mixer.conv1d_x.bias",
+            "mixer.norm.weight",
+            "mixer.out_proj.weight",
+        ),
+    )
+    group_state = algebra_ops.derived(
+        BLOCK,
+        "group_state",
+        "groups * state",
+        lambda: g.groups * g.state,
+        {"groups": g.groups, "state": g.state},
+        (
+            "mixer.in_proj_B.weight",
+            "mixer.in_proj_C.weight",
+            "mixer.conv1d_B.weight",
+            "mixer.conv1d_C.weight",
+            "mixer.conv1d_B.bias",
+            "mixer.conv1d_C.bias",
+        ),
+    )
     return {
         **g.values(),
         "inner": inner,

@@ -185,7 +185,14 @@ def matches(names: Collection[str]) -> bool:
 
 def expected_shapes(g: MhcGeometry) -> dict[str, tuple[int, ...]]:
     """The full, unsharded on-disk shape of every tensor (family patterns as one entry)."""
-    hc_mix = algebra_ops.bounded((2 + g.hc_mult) * g.hc_mult)
+    hc_mix = algebra_ops.derived(
+        BLOCK,
+        "hc_mix",
+        "(2 + hc_mult) * hc_mult",
+        lambda: (2 + g.hc_mult) * g.hc_mult,
+        {"hc_mult": g.hc_mult},
+        ("hc_attn_fn", "hc_attn_base", "hc_ffn_fn", "hc_ffn_base"),
+    )
     return {
         "hc_attn_fn": (hc_mix, g.hc_mult * g.hidden),  # [hc_mix, hc_mult * hidden]
         "hc_attn_base": (hc_mix,),  # [hc_mix]
@@ -198,7 +205,14 @@ def expected_shapes(g: MhcGeometry) -> dict[str, tuple[int, ...]]:
 
 def env(g: MhcGeometry) -> dict[str, int]:
     """``g.values()`` and every derived symbol at ``g`` (shard units are looked up here)."""
-    hc_mix = algebra_ops.bounded((2 + g.hc_mult) * g.hc_mult)
+    hc_mix = algebra_ops.derived(
+        BLOCK,
+        "hc_mix",
+        "(2 + hc_mult) * hc_mult",
+        lambda: (2 + g.hc_mult) * g.hc_mult,
+        {"hc_mult": g.hc_mult},
+        ("hc_attn_fn", "hc_attn_base", "hc_ffn_fn", "hc_ffn_base"),
+    )
     return {
         **g.values(),
         "hc_mix": hc_mix,

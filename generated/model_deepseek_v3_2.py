@@ -292,12 +292,63 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry("mla_indexed", "specbind.generated.mla_indexed", mla_indexed_geometry),
-    BlockEntry("moe", "specbind.generated.moe", moe_geometry),
-    BlockEntry("dense", "specbind.generated.dense", dense_geometry),
-    BlockEntry("layer_norms", "specbind.generated.layer_norms", layer_norms_geometry),
-    BlockEntry("mtp_head", "specbind.generated.mtp_head", mtp_head_geometry),
-    BlockEntry("lm_globals", "specbind.generated.lm_globals", lm_globals_geometry),
+    BlockEntry(
+        "mla_indexed",
+        "specbind.generated.mla_indexed",
+        mla_indexed_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("heads", "config.json num_attention_heads"),
+            ("q_lora_rank", "config.json q_lora_rank"),
+            ("kv_lora_rank", "config.json kv_lora_rank"),
+            ("qk_nope_head_dim", "config.json qk_nope_head_dim"),
+            ("qk_rope_head_dim", "config.json qk_rope_head_dim"),
+            ("v_head_dim", "config.json v_head_dim"),
+            ("index_heads", "config.json index_n_heads"),
+            ("index_head_dim", "config.json index_head_dim"),
+        ),
+        (),
+    ),
+    BlockEntry(
+        "moe",
+        "specbind.generated.moe",
+        moe_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("experts", "config.json n_routed_experts"),
+            ("expert_intermediate", "config.json moe_intermediate_size"),
+            ("shared_experts", "config.json n_shared_experts"),
+        ),
+        (),
+    ),
+    BlockEntry(
+        "dense",
+        "specbind.generated.dense",
+        dense_geometry,
+        (("hidden", "config.json hidden_size"), ("intermediate", "config.json intermediate_size")),
+        (),
+    ),
+    BlockEntry(
+        "layer_norms",
+        "specbind.generated.layer_norms",
+        layer_norms_geometry,
+        (("hidden", "config.json hidden_size"),),
+        (),
+    ),
+    BlockEntry(
+        "mtp_head",
+        "specbind.generated.mtp_head",
+        mtp_head_geometry,
+        (("hidden", "config.json hidden_size"), ("vocab", "config.json vocab_size")),
+        (),
+    ),
+    BlockEntry(
+        "lm_globals",
+        "specbind.generated.lm_globals",
+        lm_globals_geometry,
+        (("hidden", "config.json hidden_size"), ("vocab", "config.json vocab_size")),
+        (),
+    ),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

@@ -397,14 +397,88 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry("dsa", "specbind.generated.dsa", dsa_geometry),
-    BlockEntry("kda", "specbind.generated.kda", kda_geometry),
-    BlockEntry("moe", "specbind.generated.moe", moe_geometry),
-    BlockEntry("dense", "specbind.generated.dense", dense_geometry),
-    BlockEntry("layer_norms", "specbind.generated.layer_norms", layer_norms_geometry),
-    BlockEntry("mhc", "specbind.generated.mhc", mhc_geometry),
-    BlockEntry("mtp_head", "specbind.generated.mtp_head", mtp_head_geometry),
-    BlockEntry("lm_globals", "specbind.generated.lm_globals", lm_globals_geometry),
+    BlockEntry(
+        "dsa",
+        "specbind.generated.dsa",
+        dsa_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("heads", "config.json num_attention_heads"),
+            ("q_lora_rank", "config.json q_lora_rank"),
+            ("kv_lora_rank", "config.json kv_lora_rank"),
+            ("qk_nope_head_dim", "config.json qk_nope_head_dim"),
+            ("qk_rope_head_dim", "config.json qk_rope_head_dim"),
+            ("v_head_dim", "config.json v_head_dim"),
+            ("index_heads", "config.json index_n_heads"),
+            ("index_head_dim", "config.json index_head_dim"),
+            ("index_kpool", "config.json index_kpool"),
+        ),
+        (),
+    ),
+    BlockEntry(
+        "kda",
+        "specbind.generated.kda",
+        kda_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("linear_heads", "config.json linear_num_heads"),
+            ("linear_head_dim", "config.json linear_head_dim"),
+            ("conv_kernel", "config.json linear_conv_kernel_dim"),
+            ("scan_chunk", "kda_chunk (no config field)"),
+        ),
+        (
+            ("self_attn.q_conv1d.weight", "self_attn.conv1d.weight"),
+            ("self_attn.k_conv1d.weight", "self_attn.conv1d.weight"),
+            ("self_attn.v_conv1d.weight", "self_attn.conv1d.weight"),
+        ),
+    ),
+    BlockEntry(
+        "moe",
+        "specbind.generated.moe",
+        moe_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("experts", "config.json n_routed_experts"),
+            ("expert_intermediate", "config.json moe_intermediate_size"),
+            ("shared_experts", "config.json n_shared_experts"),
+        ),
+        (),
+    ),
+    BlockEntry(
+        "dense",
+        "specbind.generated.dense",
+        dense_geometry,
+        (("hidden", "config.json hidden_size"), ("intermediate", "config.json intermediate_size")),
+        (),
+    ),
+    BlockEntry(
+        "layer_norms",
+        "specbind.generated.layer_norms",
+        layer_norms_geometry,
+        (("hidden", "config.json hidden_size"),),
+        (),
+    ),
+    BlockEntry(
+        "mhc",
+        "specbind.generated.mhc",
+        mhc_geometry,
+        (("hidden", "config.json hidden_size"), ("hc_mult", "config.json hc_mult")),
+        (),
+    ),
+    BlockEntry(
+        "mtp_head",
+        "specbind.generated.mtp_head",
+        mtp_head_geometry,
+        (("hidden", "config.json hidden_size"), ("vocab", "config.json vocab_size")),
+        (),
+    ),
+    BlockEntry(
+        "lm_globals",
+        "specbind.generated.lm_globals",
+        lm_globals_geometry,
+        (("hidden", "config.json hidden_size"), ("vocab", "config.json vocab_size")),
+        (),
+    ),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

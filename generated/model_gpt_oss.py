@@ -190,10 +190,43 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry("sink_attention", "specbind.generated.sink_attention", sink_attention_geometry),
-    BlockEntry("stacked_moe", "specbind.generated.stacked_moe", stacked_moe_geometry),
-    BlockEntry("layer_norms", "specbind.generated.layer_norms", layer_norms_geometry),
-    BlockEntry("lm_globals", "specbind.generated.lm_globals", lm_globals_geometry),
+    BlockEntry(
+        "sink_attention",
+        "specbind.generated.sink_attention",
+        sink_attention_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("heads", "config.json num_attention_heads"),
+            ("kv_heads", "config.json num_key_value_heads"),
+            ("head_dim", "config.json head_dim"),
+        ),
+        (),
+    ),
+    BlockEntry(
+        "stacked_moe",
+        "specbind.generated.stacked_moe",
+        stacked_moe_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("experts", "config.json num_local_experts"),
+            ("expert_inter", "config.json intermediate_size"),
+        ),
+        (),
+    ),
+    BlockEntry(
+        "layer_norms",
+        "specbind.generated.layer_norms",
+        layer_norms_geometry,
+        (("hidden", "config.json hidden_size"),),
+        (),
+    ),
+    BlockEntry(
+        "lm_globals",
+        "specbind.generated.lm_globals",
+        lm_globals_geometry,
+        (("hidden", "config.json hidden_size"), ("vocab", "config.json vocab_size")),
+        (),
+    ),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

@@ -363,12 +363,66 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry("mla", "specbind.generated.mla", mla_geometry),
-    BlockEntry("kda", "specbind.generated.kda", kda_geometry),
-    BlockEntry("moe", "specbind.generated.moe", moe_geometry),
-    BlockEntry("dense", "specbind.generated.dense", dense_geometry),
-    BlockEntry("layer_norms", "specbind.generated.layer_norms", layer_norms_geometry),
-    BlockEntry("lm_globals", "specbind.generated.lm_globals", lm_globals_geometry),
+    BlockEntry(
+        "mla",
+        "specbind.generated.mla",
+        mla_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("heads", "config.json num_attention_heads"),
+            ("qk_nope_head_dim", "config.json qk_nope_head_dim"),
+            ("qk_rope_head_dim", "config.json qk_rope_head_dim"),
+            ("v_head_dim", "config.json v_head_dim"),
+            ("kv_lora_rank", "config.json kv_lora_rank"),
+        ),
+        (),
+    ),
+    BlockEntry(
+        "kda",
+        "specbind.generated.kda",
+        kda_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("linear_heads", "config.json linear_num_heads"),
+            ("linear_head_dim", "config.json linear_head_dim"),
+            ("conv_kernel", "config.json linear_conv_kernel_dim"),
+            ("scan_chunk", "kda_chunk (no config field)"),
+        ),
+        (),
+    ),
+    BlockEntry(
+        "moe",
+        "specbind.generated.moe",
+        moe_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("experts", "config.json num_experts"),
+            ("expert_intermediate", "config.json moe_intermediate_size"),
+            ("shared_experts", "config.json num_shared_experts"),
+        ),
+        (),
+    ),
+    BlockEntry(
+        "dense",
+        "specbind.generated.dense",
+        dense_geometry,
+        (("hidden", "config.json hidden_size"), ("intermediate", "config.json intermediate_size")),
+        (),
+    ),
+    BlockEntry(
+        "layer_norms",
+        "specbind.generated.layer_norms",
+        layer_norms_geometry,
+        (("hidden", "config.json hidden_size"),),
+        (),
+    ),
+    BlockEntry(
+        "lm_globals",
+        "specbind.generated.lm_globals",
+        lm_globals_geometry,
+        (("hidden", "config.json hidden_size"), ("vocab", "config.json vocab_size")),
+        (),
+    ),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

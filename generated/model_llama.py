@@ -175,10 +175,39 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry("gqa", "specbind.generated.gqa", gqa_geometry),
-    BlockEntry("dense", "specbind.generated.dense", dense_geometry),
-    BlockEntry("layer_norms", "specbind.generated.layer_norms", layer_norms_geometry),
-    BlockEntry("lm_globals", "specbind.generated.lm_globals", lm_globals_geometry),
+    BlockEntry(
+        "gqa",
+        "specbind.generated.gqa",
+        gqa_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("heads", "config.json num_attention_heads"),
+            ("kv_heads", "config.json num_key_value_heads"),
+            ("head_dim", "config.json head_dim (default hidden / heads)"),
+        ),
+        (),
+    ),
+    BlockEntry(
+        "dense",
+        "specbind.generated.dense",
+        dense_geometry,
+        (("hidden", "config.json hidden_size"), ("intermediate", "config.json intermediate_size")),
+        (),
+    ),
+    BlockEntry(
+        "layer_norms",
+        "specbind.generated.layer_norms",
+        layer_norms_geometry,
+        (("hidden", "config.json hidden_size"),),
+        (),
+    ),
+    BlockEntry(
+        "lm_globals",
+        "specbind.generated.lm_globals",
+        lm_globals_geometry,
+        (("hidden", "config.json hidden_size"), ("vocab", "config.json vocab_size")),
+        (),
+    ),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

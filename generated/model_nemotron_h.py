@@ -328,13 +328,76 @@ def backbone_globals_geometry(
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry("mamba2", "specbind.generated.mamba2", mamba2_geometry),
-    BlockEntry("mixer_attention", "specbind.generated.mixer_attention", mixer_attention_geometry),
-    BlockEntry("mixer_moe", "specbind.generated.mixer_moe", mixer_moe_geometry),
-    BlockEntry("mixer_mlp", "specbind.generated.mixer_mlp", mixer_mlp_geometry),
-    BlockEntry("pre_norm", "specbind.generated.pre_norm", pre_norm_geometry),
     BlockEntry(
-        "backbone_globals", "specbind.generated.backbone_globals", backbone_globals_geometry
+        "mamba2",
+        "specbind.generated.mamba2",
+        mamba2_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("heads", "config.json mamba_num_heads"),
+            ("head_dim", "config.json mamba_head_dim"),
+            ("groups", "config.json n_groups"),
+            ("state", "config.json ssm_state_size"),
+            ("conv_kernel", "config.json conv_kernel"),
+        ),
+        (
+            ("mixer.in_proj_z.weight", "mixer.in_proj.weight"),
+            ("mixer.in_proj_x.weight", "mixer.in_proj.weight"),
+            ("mixer.in_proj_B.weight", "mixer.in_proj.weight"),
+            ("mixer.in_proj_C.weight", "mixer.in_proj.weight"),
+            ("mixer.in_proj_dt.weight", "mixer.in_proj.weight"),
+            ("mixer.conv1d_x.weight", "mixer.conv1d.weight"),
+            ("mixer.conv1d_B.weight", "mixer.conv1d.weight"),
+            ("mixer.conv1d_C.weight", "mixer.conv1d.weight"),
+            ("mixer.conv1d_x.bias", "mixer.conv1d.bias"),
+            ("mixer.conv1d_B.bias", "mixer.conv1d.bias"),
+            ("mixer.conv1d_C.bias", "mixer.conv1d.bias"),
+        ),
+    ),
+    BlockEntry(
+        "mixer_attention",
+        "specbind.generated.mixer_attention",
+        mixer_attention_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("heads", "config.json num_attention_heads"),
+            ("kv_heads", "config.json num_key_value_heads"),
+            ("head_dim", "config.json head_dim"),
+        ),
+        (),
+    ),
+    BlockEntry(
+        "mixer_moe",
+        "specbind.generated.mixer_moe",
+        mixer_moe_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("experts", "config.json n_routed_experts"),
+            ("expert_inter", "config.json moe_intermediate_size"),
+            ("shared_inter", "config.json moe_shared_expert_intermediate_size"),
+        ),
+        (),
+    ),
+    BlockEntry(
+        "mixer_mlp",
+        "specbind.generated.mixer_mlp",
+        mixer_mlp_geometry,
+        (("hidden", "config.json hidden_size"), ("inter", "config.json intermediate_size")),
+        (),
+    ),
+    BlockEntry(
+        "pre_norm",
+        "specbind.generated.pre_norm",
+        pre_norm_geometry,
+        (("hidden", "config.json hidden_size"),),
+        (),
+    ),
+    BlockEntry(
+        "backbone_globals",
+        "specbind.generated.backbone_globals",
+        backbone_globals_geometry,
+        (("hidden", "config.json hidden_size"), ("vocab", "config.json vocab_size")),
+        (),
     ),
 )
 

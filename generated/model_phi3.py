@@ -173,10 +173,45 @@ def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeomet
 
 
 BLOCKS: tuple[BlockEntry[Geometry], ...] = (
-    BlockEntry("gqa_attention", "specbind.generated.gqa_attention", gqa_attention_geometry),
-    BlockEntry("dense", "specbind.generated.dense", dense_geometry),
-    BlockEntry("layer_norms", "specbind.generated.layer_norms", layer_norms_geometry),
-    BlockEntry("lm_globals", "specbind.generated.lm_globals", lm_globals_geometry),
+    BlockEntry(
+        "gqa_attention",
+        "specbind.generated.gqa_attention",
+        gqa_attention_geometry,
+        (
+            ("hidden", "config.json hidden_size"),
+            ("heads", "config.json num_attention_heads"),
+            ("kv_heads", "config.json num_key_value_heads"),
+        ),
+        (
+            ("self_attn.q_proj.weight", "self_attn.qkv_proj.weight"),
+            ("self_attn.k_proj.weight", "self_attn.qkv_proj.weight"),
+            ("self_attn.v_proj.weight", "self_attn.qkv_proj.weight"),
+        ),
+    ),
+    BlockEntry(
+        "dense",
+        "specbind.generated.dense",
+        dense_geometry,
+        (("hidden", "config.json hidden_size"), ("intermediate", "config.json intermediate_size")),
+        (
+            ("mlp.gate_proj.weight", "mlp.gate_up_proj.weight"),
+            ("mlp.up_proj.weight", "mlp.gate_up_proj.weight"),
+        ),
+    ),
+    BlockEntry(
+        "layer_norms",
+        "specbind.generated.layer_norms",
+        layer_norms_geometry,
+        (("hidden", "config.json hidden_size"),),
+        (),
+    ),
+    BlockEntry(
+        "lm_globals",
+        "specbind.generated.lm_globals",
+        lm_globals_geometry,
+        (("hidden", "config.json hidden_size"), ("vocab", "config.json vocab_size")),
+        (),
+    ),
 )
 
 TABLE: ModelTable[Geometry] = ModelTable(

@@ -169,8 +169,17 @@ def _prelude(block: Block, exprs: list[algebra.Expr]) -> list[str]:
 
 
 def _derived_line(block: Block, d: str) -> str:
-    """``Q = algebra_ops.bounded(...)``: a derived value is bounded as at generate time."""
-    return f"{d} = algebra_ops.bounded({_py(block.derived[d], block)})"
+    """``Q = algebra_ops.derived(...)``: a derived value is bounded as at generate time, and
+    one that cannot be computed names the block, the symbol, the values it reads and the
+    tensors whose shapes use it (directly or through another derived symbol)."""
+    expr = block.derived[d]
+    read = [n for n in sorted(expr.names) if n not in block.derived]
+    values = "{" + ", ".join(f"{n!r}: {_py(algebra.parse(n), block)}" for n in read) + "}"
+    sizes = tuple(t.name for t in block.tensors if d in _needed(block, list(t.dims)))
+    return (
+        f"{d} = algebra_ops.derived(BLOCK, {d!r}, {expr.text!r}, "
+        f"lambda: {_py(expr, block)}, {values}, {sizes!r})"
+    )
 
 
 def _rank_slice(t: TensorRule, rs: RankShapes) -> str:
@@ -384,6 +393,24 @@ def _block_context(b: Block) -> dict[str, Any]:
     }
 
 
+def _source_of(m: Model, name: str) -> str:
+    """Where the model's geometry symbol ``name`` comes from, as an error names it: its
+    config.json field, or the expression that computes it."""
+    f = next(f for f in m.geometry if f.name == name)
+    if f.expr is not None:
+        return f"{name} = {f.expr}"
+    if f.config is None:
+        return f"{name} (no config field)"
+    return f"config.json {f.config}" + ("" if f.default is None else f" (default {f.default})")
+
+
+def _stored_as(m: Model, b: Block) -> tuple[tuple[str, str], ...]:
+    """The block's tensors the model stores as sections of another tensor (its ``names:``),
+    each with the stored name: an error about the section names what the file holds."""
+    mine = {t.name for t in b.tensors}
+    return tuple((to, n.source) for n in m.names if len(n.to) > 1 for to in n.to if to in mine)
+
+
 def render_all(root: Path) -> dict[str, str]:
     """Every file of ``generated/`` by relative path, rendered in memory."""
     specs = load_specs(root)
@@ -404,6 +431,8 @@ def render_all(root: Path) -> dict[str, str]:
                 "symbols": u.symbols,
                 "geo_class": _camel(u.block) + "Geometry",
                 "weights_class": _camel(u.block) + "Weights",
+                "sources": tuple((s, _source_of(m, g)) for s, g in u.symbols.items()),
+                "stored": _stored_as(m, specs.blocks[u.block]),
             }
             for u in m.blocks
         ]

@@ -11,9 +11,11 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Callable, Collection, Iterator, Mapping
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
 
+from specbind.core.errors import DerivedError, GeometryError
 from specbind.core.ir import (
     ConstraintRule,
     FieldRule,
@@ -95,6 +97,24 @@ class BlockEntry(Generic[G]):
     name: str  # the block, as its module's BLOCK says (tests/test_tables checks they agree)
     module_name: str  # the generated block module (``specbind.generated.<block>``)
     geometry: Callable[[G, Ranks], Any]  # (model geometry, ranks) -> the block's Geometry
+    # block symbol -> where the model's value comes from ("config.json num_attention_heads"):
+    # a derived symbol that cannot be computed is refused naming the fields it read
+    symbol_sources: tuple[tuple[str, str], ...] = ()
+    # a tensor the model stores as a section of another (``names:``) -> the stored tensor
+    stored_as: tuple[tuple[str, str], ...] = ()
+
+    @contextmanager
+    def _named(self) -> Iterator[None]:
+        """A ``DerivedError`` of the block's code, with the config fields its symbols read."""
+        try:
+            yield
+        except DerivedError as e:
+            where = dict(self.symbol_sources)
+            read = [f"{s} is {where[s]}" for s in e.symbols if s in where]
+            stored = dict(self.stored_as)
+            held = sorted({stored[t] for t in e.sizes if t in stored})
+            text = str(e) + (f", stored as sections of {', '.join(held)}" if held else "")
+            raise GeometryError(text + (f" ({'; '.join(read)})" if read else "")) from None
 
     @property
     def module(self) -> ModuleType:
@@ -156,23 +176,31 @@ class BlockEntry(Generic[G]):
     ) -> tuple[Weights, BindReport]:
         """This rank's weights of one layer's slot, and the report. ``into``: an ``Arena``
         the ops write the fields they make into (the caller copies in the rest)."""
-        return self.binder(
-            self.geometry(g, ranks), layer, source, ranks.tp_rank, backend, ranks.ep_rank,
-            flags, quant, into,
-        )  # fmt: skip
+        with self._named():
+            return self.binder(
+                self.geometry(g, ranks), layer, source, ranks.tp_rank, backend, ranks.ep_rank,
+                flags, quant, into,
+            )  # fmt: skip
 
     def shapes(self, g: G) -> dict[str, tuple[int, ...]]:
         """Full (unsharded) shapes, keyed by rule name."""
-        shapes: dict[str, tuple[int, ...]] = self.module.expected_shapes(self.geometry(g, Ranks()))
+        with self._named():
+            shapes: dict[str, tuple[int, ...]] = self.module.expected_shapes(
+                self.geometry(g, Ranks())
+            )
         return shapes
 
     def check(self, g: G, ranks: Ranks) -> None:
         """Refuse a geometry or rank layout that breaks one of the block's constraints."""
-        self.module.check_constraints(self.geometry(g, ranks))
+        with self._named():
+            self.module.check_constraints(self.geometry(g, ranks))
 
     def plan(self, g: G, ranks: Ranks) -> BlockPlan:
         """Every tensor's local shape, offsets and bytes on this rank."""
-        plan: BlockPlan = self.module.plan(self.geometry(g, ranks), ranks.tp_rank, ranks.ep_rank)
+        with self._named():
+            plan: BlockPlan = self.module.plan(
+                self.geometry(g, ranks), ranks.tp_rank, ranks.ep_rank
+            )
         return plan
 
     def bound_shapes(
@@ -190,13 +218,15 @@ class BlockEntry(Generic[G]):
         group = {r.name: r.group or "" for r in rules}
         gone = frozenset(n for n, t in plan.tensors.items() if group.get(t.pattern, "") in absent)
         geo = self.geometry(g, ranks)
-        weights = self.module.assemble(geo, layer, planned(plan, gone), plan, SHAPE_OPS, quant)
+        with self._named():
+            weights = self.module.assemble(geo, layer, planned(plan, gone), plan, SHAPE_OPS, quant)
         arrays: dict[str, Shaped] = weights.arrays()
         return arrays
 
     def counts(self, g: G) -> dict[str, int]:
         """Each family's size."""
-        counts: dict[str, int] = self.module.counts(self.geometry(g, Ranks()))
+        with self._named():
+            counts: dict[str, int] = self.module.counts(self.geometry(g, Ranks()))
         return counts
 
     def names(self, g: G, groups: Collection[str] | None = None) -> list[str]:

@@ -6,6 +6,7 @@ tensors, not only the group's name. Tiny synthesized checkpoints, bound in-proce
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +73,23 @@ def test_a_missing_router_correction_bias_is_named_by_the_tensor(tmp_path: Path)
     msg = _refusal("deepseek-v3", bad)
     relative = gone.split(".", 2)[2]  # layers.N.<this>
     assert "missing" in msg and relative in msg and "correction" in msg, msg
+
+
+def test_a_head_dim_that_does_not_divide_names_the_tensors_the_stored_one_and_the_fields(
+    tmp_path: Path,
+) -> None:
+    """Phi-3 with 7 heads of a 96-wide model: ``head_dim = hidden / heads`` has a remainder.
+    The refusal names the block's symbol and expression, the tensors it sizes, the stored
+    tensor they are sections of, and the config.json fields it read, not ``96 / 7 is not
+    exact`` alone."""
+    _synth("phi3", tmp_path / "ck")
+    config = tmp_path / "ck" / "config.json"
+    values = json.loads(config.read_text())
+    config.write_text(json.dumps(values | {"num_attention_heads": 7, "num_key_value_heads": 7}))
+    msg = _refusal("phi3", tmp_path / "ck")
+    assert msg.startswith("gqa_attention: head_dim = hidden / heads cannot be computed for "), msg
+    assert "heads=7, hidden=96 (96 / 7 is not exact (remainder 5))" in msg, msg
+    assert "it sizes self_attn.q_proj.weight, self_attn.k_proj.weight" in msg, msg
+    assert "stored as sections of self_attn.qkv_proj.weight" in msg, msg
+    assert "heads is config.json num_attention_heads" in msg, msg
+    assert "hidden is config.json hidden_size" in msg, msg
