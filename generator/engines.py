@@ -16,7 +16,7 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
   coverage at the tiny geometry), so an engine layout cannot drop a tensor;
 - a declared engine shape (``shape:``, in the model's geometry symbols and ``tp``) equals the
   field's rank-local shape at every tp in 1, 2, 4, 8 that the block's units allow, at the real
-  geometry and at the tiny one;
+  geometry and at the tiny one (its computed symbols recomputed there, tiny values throughout);
 - parameter names are unique across the whole model (layer names under ``layers``, the globals
   block's as full names).
 Trap: the engine's names reach generated code only through ``repr``.
@@ -42,6 +42,7 @@ from specbind.generator.evaluate import (
     local_env,
     local_shapes,
     shapes_at,
+    tiny_geometry,
 )
 from specbind.generator.spec import (
     SCHEMA_DIR,
@@ -249,8 +250,8 @@ def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
     """Each declared engine shape equals its field's at every tp the block allows, at the real
     geometry and the tiny one."""
     geometries = [("real", model.values())]
-    if model.synth is not None:
-        geometries.append(("synth tiny", model.values() | dict(model.synth.tiny)))
+    if model.synth is not None:  # computed symbols recomputed there: tiny values throughout
+        geometries.append(("synth tiny", tiny_geometry(model)))
     for use in (u for u in model.blocks if u.block in layout.blocks):
         eb = layout.blocks[use.block]
         b = eb.block

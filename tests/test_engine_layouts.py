@@ -194,3 +194,27 @@ def test_a_tied_head_fills_nothing_where_the_engine_holds_it_as_the_embedding(
     both = _params(fields)  # an engine that keeps two copies gets both filled
     fill("vllm", both, fields)
     assert torch.equal(both["lm_head.weight"], both["model.embed_tokens.weight"])
+
+
+def test_an_engine_shape_over_a_computed_symbol_is_checked_with_its_tiny_value(
+    root: Path,
+) -> None:
+    # q_width = heads * head_dim: 4096 at the real geometry, 96 at the tiny one. The o_proj
+    # shape over it holds at both; checked with the real q_width beside tiny heads it was
+    # refused ("the engine's shape is [40, 4096]"), and a wrong one must still be refused.
+    model = root / "specs" / "models" / "llama.yaml"
+    text = model.read_text()
+    anchor = "  head_dim:     {config: head_dim, default: hidden / heads, value: 128}\n"
+    assert anchor in text
+    model.write_text(
+        text.replace(anchor, anchor + "  q_width: {expr: heads * head_dim, value: 4096}\n")
+    )
+    layout = root / "specs" / "engines" / "vllm" / "llama.yaml"
+    old = "shape: [hidden, heads / tp * head_dim]"
+    text = layout.read_text()
+    assert old in text
+    layout.write_text(text.replace(old, "shape: [hidden, q_width / tp]"))
+    render_all(root)
+    layout.write_text(text.replace(old, "shape: [hidden, q_width / tp + kv_heads - 8]"))
+    msg = refusal(root)  # kv_heads - 8 is 0 at the real geometry, -6 at the tiny one
+    assert "synth tiny geometry, tp 1" in msg and "[40, 90]" in msg and "[40, 96]" in msg, msg
