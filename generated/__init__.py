@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "70d508e8dc1d6fb3e8c6436cd63c835fcdfba449667bc69fd7df702e7a9a5261"
+SPECS_SHA256 = "98367354b20db6ad72989896726f308e00eedd5c4aad818510ec123955c0bc39"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.

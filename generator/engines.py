@@ -17,6 +17,10 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
 - a declared engine shape (``shape:``, in the model's geometry symbols and ``tp``) equals the
   field's rank-local shape at every tp in 1, 2, 4, 8 that the block's units allow, at the real
   geometry and at the tiny one (its computed symbols recomputed there, tiny values throughout);
+- a ``pad:`` (the engine pads the field's split axis to a multiple, then splits it into tp
+  equal shares) reads one tensor verbatim whose shard unit is one row of that axis; every field
+  reading that tensor, and both sides of a tie, are padded too; the padded size splits at every
+  tp checked; the variant reads the tensor whole (the bind slices it);
 - parameter names are unique across the whole model (layer names under ``layers``, the globals
   block's as full names).
 Trap: the engine's names reach generated code only through ``repr``.
@@ -34,6 +38,7 @@ import jsonschema
 
 from specbind.core import algebra
 from specbind.core.errors import AlgebraError, SpecbindError, SpecError
+from specbind.core.ir import ShardRule
 from specbind.core.planning import plan_tensor
 from specbind.generator import transforms, yamlio
 from specbind.generator.evaluate import (
@@ -76,6 +81,10 @@ class Parameter:
     name: str  # the engine's name, relative to the layer prefix (full for the globals block)
     field: str
     shape: tuple[algebra.Expr, ...] | None  # in the model's geometry symbols and tp
+    # ``pad``: the engine pads the field's shard axis to a multiple of this and splits the
+    # padded size into tp equal shares (rows past the stored ones zero); with its axis
+    pad: int | None = None
+    pad_axis: int = 0
 
 
 @dataclass(frozen=True)
@@ -191,7 +200,11 @@ def _engine_block(
             shape = tuple(
                 _expr(doc, (*where, "shape", i), e, gnames) for i, e in enumerate(v["shape"])
             )
-        params.append(Parameter(pname, field, shape))
+        pad, pad_axis = None, 0
+        if isinstance(v, dict) and "pad" in v:
+            pad = int(v["pad"]["multiple"])
+            pad_axis = _pad_axis(doc, (*where, "pad"), o, block)
+        params.append(Parameter(pname, field, shape, pad, pad_axis))
     for f in extra:
         if f not in taken:
             raise doc.error((*base, "outputs", f), f"engine output {f!r} fills no parameter")
@@ -203,8 +216,57 @@ def _engine_block(
                 f"tensor {block.rel(t.name)!r} of block {bname!r} feeds no engine parameter "
                 "(it would be dropped)",
             )
-    variant = dataclasses.replace(block, outputs=tuple(outputs), located=under)
+    padded = _padded_tensors(doc, base, block, params, outputs)
+    tensors = tuple(
+        dataclasses.replace(t, shard=ShardRule("replicated")) if t.name in padded else t
+        for t in block.tensors
+    )  # a padded split is the engine's: the variant reads the tensor whole, the bind slices it
+    variant = dataclasses.replace(block, outputs=tuple(outputs), tensors=tensors, located=under)
     return EngineBlock(variant, tuple(params))
+
+
+def _pad_axis(doc: Located, where: PathKey, out: Output, block: Block) -> int:
+    """The axis a padded split pads: the shard axis of the field's one tensor, read verbatim,
+    whose shard unit is one element of that axis (a vocabulary row)."""
+    if out.kind != "verbatim" or len(out.sources) != 1:
+        raise doc.error(where, f"a padded split reads one tensor verbatim; {out.field!r} does not")
+    t = block.tensor(out.sources[0])
+    if t.shard.kind == "replicated" or t.shard.unit is None:
+        raise doc.error(
+            where, f"tensor {block.rel(t.name)!r} is replicated: there is no split to pad"
+        )
+    axis = t.shard.resolved(len(t.dims))
+    if t.dims[axis].text.replace(" ", "") != t.shard.unit:
+        raise doc.error(
+            where,
+            f"tensor {block.rel(t.name)!r} splits dim {axis} ({t.dims[axis].text}) by "
+            f"{t.shard.unit} units: a padded split pads single rows, a dim that is its unit",
+        )
+    return axis
+
+
+def _padded_tensors(
+    doc: Located, base: PathKey, block: Block, params: list[Parameter], outputs: list[Output]
+) -> set[str]:
+    """The tensors of padded parameters; every field reading one, and every tensor tied to
+    one, is padded too (else the variant, which reads them whole, would bind it unsplit)."""
+    by_field = {o.field: o for o in outputs}
+    padded = {by_field[p.field].sources[0] for p in params if p.pad is not None}
+    for p in params:
+        o = by_field[p.field]
+        if p.pad is None and padded & set(o.sources):
+            raise doc.error(
+                (*base, "parameters", p.name),
+                f"field {p.field!r} reads a tensor another parameter pads; pad it as well",
+            )
+    for t in block.tensors:
+        if t.tie is not None and (t.name in padded) != (t.tie.to in padded):
+            raise doc.error(
+                (*base, "parameters"),
+                f"tensor {block.rel(t.name)!r} is tied to {block.rel(t.tie.to)!r}: pad both "
+                "parameters or neither",
+            )
+    return padded
 
 
 def _expr(doc: Located, path: PathKey, text: str | int, allowed: set[str]) -> algebra.Expr:
@@ -262,10 +324,13 @@ def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
             env = block_env(b, values)
             for tp in (tp for tp in _TPS if all(env[u] % tp == 0 for u in units)):
                 for p in eb.parameters:
-                    if p.shape is None:
-                        continue
                     ctx = f"{layout.engine} {p.name} at the {what} geometry, tp {tp}"
                     got = field_shape(b, by_field[p.field], values, tp, ctx)
+                    if p.pad is not None:
+                        got = _padded_share(layout, use.block, p, got, tp, ctx)
+                    elif p.shape is None:
+                        continue
+                    assert p.shape is not None
                     where = ("blocks", use.block, "parameters", p.name, "shape")
                     try:
                         want = tuple(int(algebra.evaluate(e, gv | {"tp": tp})) for e in p.shape)
@@ -277,6 +342,22 @@ def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
                             f"{ctx}: the engine's shape is {list(want)}, field {p.field!r} "
                             f"binds {list(got)}",
                         )
+
+
+def _padded_share(
+    layout: EngineLayout, block: str, p: Parameter, whole: tuple[int, ...], tp: int, ctx: str
+) -> tuple[int, ...]:
+    """One rank's shape of a padded split of ``whole``: its axis padded up to a multiple of
+    ``p.pad``, then split into tp equal shares (refused where tp does not split it)."""
+    assert p.pad is not None
+    padded = -(-whole[p.pad_axis] // p.pad) * p.pad
+    if padded % tp:
+        raise layout.located.error(
+            ("blocks", block, "parameters", p.name, "pad"),
+            f"{ctx}: {whole[p.pad_axis]} padded to a multiple of {p.pad} is {padded}, which "
+            f"tp {tp} does not split",
+        )
+    return tuple(padded // tp if i == p.pad_axis else d for i, d in enumerate(whole))
 
 
 def load_engines(

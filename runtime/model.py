@@ -27,7 +27,7 @@ from specbind.core.ir import (
 )
 from specbind.core.planning import BlockPlan, Ranks, expand
 from specbind.core.quant import SchemeRule
-from specbind.core.record import record
+from specbind.core.record import field, record
 from specbind.runtime.backends import Backend
 from specbind.runtime.checks import Array, BindReport
 from specbind.runtime.quant import LayerQuant, quantize_rules
@@ -300,6 +300,9 @@ class EngineTable(Generic[G]):
     layers: str
     parameters: Mapping[str, Mapping[str, str]]
     skip_mtp: str | None = None
+    # block -> field -> (axis, multiple): a padded split (the variant binds the field whole;
+    # each rank takes its share of the axis padded up to the multiple, zero past the stored)
+    padding: Mapping[str, Mapping[str, tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def model(self) -> str:

@@ -9,6 +9,9 @@ Invariants of ``fill`` (each refusal is one ``BindError`` line naming the parame
 - a field whose parameter the engine does not hold is refused (nothing bound is left over),
   and so is a parameter no field fills (nothing the engine holds is left as initialised);
 - all of it is checked before the first byte is copied, so a refused load changes nothing.
+A padded split (``EngineTable.padding``, the layout's ``pad:``) is the engine's rule, not a
+shard of specbind's: the variant binds the field whole (a view of the mapped file), and each
+rank copies the stored rows of its share of the padded axis, then zeros (``padded_share``).
 Trap: a tied LM head is one parameter in engines that tie it (vLLM lists it once, as the
 embedding): a field bound through a ``tie`` (config.json says so) whose engine parameter the
 engine does not hold is skipped when the field it is tied to fills one; an engine that keeps
@@ -96,8 +99,12 @@ def bind_for_engine(
         prefix = layout.layers.format(index=layer.index)
         for sname, slot in layer.slots.items():
             names = layout.parameters[slot.block]
+            pads = layout.padding.get(slot.block, {})
             for field, arr in slot.weights.arrays().items():
                 name = prefix + names[field]
+                if field in pads:
+                    axis, multiple = pads[field]
+                    arr = padded_share(arr, axis, multiple, tp_size, tp_rank, name)
                 out[name] = EngineField(
                     name, f"layers.{layer.index}.{sname}.{field}", slot.fields[field].dtype, arr
                 )
@@ -111,12 +118,41 @@ def bind_for_engine(
             for r in entry.tensors
             if r.tie is not None and result.flags.get(r.tie.config)
         }
+        pads = layout.padding.get(g.block, {})
         for field, arr in g.weights.arrays().items():
             (src, *rest) = entry.sources[field]
             tied = names[made_from[ties[src]]] if src in ties and not rest else None
+            if field in pads:
+                axis, multiple = pads[field]
+                arr = padded_share(arr, axis, multiple, tp_size, tp_rank, names[field])
             out[names[field]] = EngineField(
                 names[field], f"globals.{field}", g.fields[field].dtype, arr, tied
             )
+    return out
+
+
+def padded_share(a: Any, axis: int, multiple: int, tp_size: int, tp_rank: int, name: str) -> Any:
+    """Rank ``tp_rank``'s share of ``a`` (the whole field) split as an engine that pads
+    ``axis`` up to a multiple of ``multiple`` and splits the padded size into ``tp_size`` equal
+    shares: the stored rows of that range, then zeros (vLLM's VocabParallelEmbedding: vocab 156
+    at tp 2 is padded to 192, rank 0 holds rows [0, 96), rank 1 [96, 156) and 36 zero rows)."""
+    full = int(a.shape[axis])
+    padded = -(-full // multiple) * multiple
+    if padded % tp_size:
+        raise BindError(
+            f"parameter {name!r}: {full} padded to a multiple of {multiple} is {padded}, which "
+            f"tp {tp_size} does not split"
+        )
+    per = padded // tp_size
+    start, end = min(tp_rank * per, full), min((tp_rank + 1) * per, full)
+    shape = list(a.shape)
+    shape[axis] = per
+    out = np.zeros(shape, dtype=a.dtype)
+    take = [slice(None)] * a.ndim
+    take[axis] = slice(start, end)
+    put = list(take)
+    put[axis] = slice(0, end - start)
+    out[tuple(put)] = np.asarray(a)[tuple(take)]
     return out
 
 

@@ -45,9 +45,12 @@ def test_one_engines_layouts_share_a_variant_and_emit_none_for_blocks_read_as_bo
 ) -> None:
     files = render_all(REPO)
     engines = sorted(f for f in files if f.startswith("engines/"))
-    # Llama and Qwen3-MoE read gqa alike: one module; dense, norms, globals: the model's binders
+    # Llama and Qwen3-MoE read gqa alike: one module; dense, norms: the model's binders; the
+    # globals' padded vocabulary split (the tensors read whole, sliced by the engine's rule):
+    # one variant for all three layouts
     assert [f for f in engines if f.endswith("_gqa.py")] == ["engines/vllm_gqa.py"]
-    assert not any(f.endswith(("_dense.py", "_layer_norms.py", "_lm_globals.py")) for f in engines)
+    assert [f for f in engines if f.endswith("_lm_globals.py")] == ["engines/vllm_lm_globals.py"]
+    assert not any(f.endswith(("_dense.py", "_layer_norms.py")) for f in engines)
     # a layout that makes another gqa variant gets a module of its own, named by its model
     shutil.copytree(REPO / "specs", tmp_path / "specs")
     p = tmp_path / "specs" / "engines" / "vllm" / "llama.yaml"
@@ -218,3 +221,105 @@ def test_an_engine_shape_over_a_computed_symbol_is_checked_with_its_tiny_value(
     layout.write_text(text.replace(old, "shape: [hidden, q_width / tp + kv_heads - 8]"))
     msg = refusal(root)  # kv_heads - 8 is 0 at the real geometry, -6 at the tiny one
     assert "synth tiny geometry, tp 1" in msg and "[40, 90]" in msg and "[40, 96]" in msg, msg
+
+
+# -- padded splits: vLLM's VocabParallelEmbedding pads the vocabulary to a multiple of 64 ----
+
+
+@pytest.fixture(scope="module")
+def llama_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from specbind.cli import main
+
+    ckpt = tmp_path_factory.mktemp("llama") / "ckpt"
+    assert main(["synth", "--model", "llama", str(ckpt)]) == 0  # tiny vocab 112, hidden 40
+    return ckpt
+
+
+def _stored(ckpt: Path, name: str) -> Any:
+    """Tensor ``name`` as stored, its BF16 read as raw 16-bit integers (from the file's
+    header and bytes, not through specbind)."""
+    import json
+    import struct
+
+    import numpy as np
+
+    file = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"][name]
+    raw = (ckpt / file).read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    meta = json.loads(raw[8 : 8 + n])[name]
+    start, end = meta["data_offsets"]
+    return np.frombuffer(raw[8 + n + start : 8 + n + end], "<i2").reshape(meta["shape"])
+
+
+def test_a_vocabulary_of_112_gives_each_rank_vllms_padded_rows_then_zeros(
+    llama_ckpt: Path,
+) -> None:
+    import numpy as np
+
+    names = ("model.embed_tokens.weight", "lm_head.weight")
+    stored = {n: _stored(llama_ckpt, n.removeprefix("model.")) for n in names}  # synth: no model.
+    assert all(s.shape == (112, 40) and (s != 0).all(axis=1).all() for s in stored.values())
+    # vLLM pads 112 to 128: tp 1 holds 112 rows and 16 zero rows; at tp 2 rank 0 holds
+    # [0, 64), rank 1 [64, 112) and 16 zero rows (an unpadded split gives [0, 56)); rank 3 of
+    # tp 4 [96, 112) and 16 zero rows
+    for tp, rank, (start, end) in [(1, 0, (0, 112)), (2, 0, (0, 64)), (2, 1, (64, 112)),
+                                   (4, 3, (96, 112))]:  # fmt: skip
+        fields = bind_for_engine(llama_ckpt, "vllm", tp_size=tp, tp_rank=rank)
+        for n in names:
+            got = np.asarray(fields[n].array).view("<i2")
+            assert got.shape == (128 // tp, 40), (n, tp, rank)
+            assert np.array_equal(got[: end - start], stored[n][start:end]), (n, tp, rank)
+            assert not got[end - start :].any(), (n, tp, rank)
+
+
+def test_a_padded_parameter_fills_the_engines_padded_parameter(llama_ckpt: Path) -> None:
+    import numpy as np
+    import torch
+
+    fields = bind_for_engine(llama_ckpt, "vllm", tp_size=2, tp_rank=1)
+    params = _params(fields)
+    assert tuple(params["model.embed_tokens.weight"].shape) == (64, 40)
+    fill("vllm", params, fields)
+    got = params["model.embed_tokens.weight"].view(torch.int16).numpy()
+    want = _stored(llama_ckpt, "embed_tokens.weight")
+    assert np.array_equal(got[:48], want[64:]) and not got[48:].any()
+
+
+def _pad_edit(root: Path, old: str, new: str, file: str = "engines/vllm/llama.yaml") -> None:
+    p = root / "specs" / file
+    text = p.read_text()
+    assert old in text, old
+    p.write_text(text.replace(old, new))
+
+
+def test_a_padded_split_with_the_unpadded_shape_is_refused_naming_the_parameter(
+    root: Path,
+) -> None:
+    _pad_edit(
+        root, 'shape: ["(vocab + 63) // 64 * 64 / tp", hidden]', "shape: [vocab / tp, hidden]"
+    )
+    msg = refusal(root)  # the real 128256 is a multiple of 64; the tiny 112 is not
+    assert "model.embed_tokens.weight at the synth tiny geometry, tp 1" in msg, msg
+    assert "the engine's shape is [112, 40], field 'embed_tokens' binds [128, 40]" in msg, msg
+
+
+def test_a_padding_tp_does_not_split_is_refused_at_generate(root: Path) -> None:
+    _pad_edit(root, "pad: {multiple: 64,", "pad: {multiple: 3,")
+    _pad_edit(root, '"(vocab + 63) // 64 * 64 / tp"', '"(vocab + 2) // 3 * 3 / tp"')
+    msg = refusal(root)  # 128256 is a multiple of 3 and of 8; the tiny 112 pads to 114
+    assert "lm_globals.parameters.model.embed_tokens.weight.pad" in msg, msg
+    assert "112 padded to a multiple of 3 is 114, which tp 4 does not split" in msg, msg
+
+
+def test_padding_a_replicated_tensor_or_one_side_of_a_tie_is_refused(root: Path) -> None:
+    pad = '        pad: {multiple: 64, why: "VocabParallelEmbedding: DEFAULT_VOCAB_PADDING_SIZE"}\n'
+    _pad_edit(root, "      model.norm.weight: norm\n",
+              "      model.norm.weight:\n        field: norm\n" + pad)  # fmt: skip
+    assert "tensor 'norm.weight' is replicated: there is no split to pad" in refusal(root)
+    shutil.rmtree(root / "specs")
+    shutil.copytree(REPO / "specs", root / "specs")
+    p = root / "specs" / "engines" / "vllm" / "llama.yaml"
+    text = p.read_text()
+    p.write_text(text[: text.rindex(pad)] + text[text.rindex(pad) + len(pad) :])  # head unpadded
+    msg = refusal(root)
+    assert "'lm_head.weight' is tied to 'embed_tokens.weight': pad both" in msg, msg
