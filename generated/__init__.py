@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "98367354b20db6ad72989896726f308e00eedd5c4aad818510ec123955c0bc39"
+SPECS_SHA256 = "c4d35406312ce606f42fb746d69dff41c9a9a107b01c21b8b64c664c63520978"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.

@@ -21,6 +21,9 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
   equal shares) reads one tensor verbatim whose shard unit is one row of that axis; every field
   reading that tensor, and both sides of a tie, are padded too; the padded size splits at every
   tp checked; the variant reads the tensor whole (the bind slices it);
+- ``apply`` (element-wise exp/neg, in F32) and ``dtype`` (a widening) read a float field no
+  quantization scheme may pack; ``ranks: first`` reads only replicated tensors; an engine
+  ``constraints`` entry names only geometry symbols and tp, and holds at tp 1;
 - parameter names are unique across the whole model (layer names under ``layers``, the globals
   block's as full names).
 Trap: the engine's names reach generated code only through ``repr``.
@@ -85,6 +88,16 @@ class Parameter:
     # padded size into tp equal shares (rows past the stored ones zero); with its axis
     pad: int | None = None
     pad_axis: int = 0
+    apply: tuple[str, ...] = ()  # element-wise functions the engine applies, in order, in F32
+    dtype: str | None = None  # the engine's dtype, where it widens the field
+    first_rank: bool = False  # the engine holds the values on tp rank 0 only, zeros elsewhere
+
+
+@dataclass(frozen=True)
+class EngineConstraint:
+    name: str
+    check: algebra.Expr  # over the model's geometry symbols and tp
+    why: str
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,7 @@ class EngineLayout:
     skip_mtp: str | None
     blocks: dict[str, EngineBlock]
     located: Located
+    constraints: tuple[EngineConstraint, ...] = ()
 
 
 def _outputs_schema() -> dict[str, Any]:
@@ -153,6 +167,7 @@ def parse_engine(doc: Located, models: dict[str, Model], blocks: dict[str, Block
     layout = EngineLayout(
         check_ident(doc, ("engine",), d["engine"], "engine name"), model.name, doc.file,
         d.get("doc", ""), d["layers"], d.get("skip_mtp"), out, doc,
+        _constraints(doc, d.get("constraints") or [], model, gnames),
     )  # fmt: skip
     check_engine_shapes(layout, model)
     return layout
@@ -204,7 +219,8 @@ def _engine_block(
         if isinstance(v, dict) and "pad" in v:
             pad = int(v["pad"]["multiple"])
             pad_axis = _pad_axis(doc, (*where, "pad"), o, block)
-        params.append(Parameter(pname, field, shape, pad, pad_axis))
+        apply, dtype, first = _values(doc, where, v, o, block)
+        params.append(Parameter(pname, field, shape, pad, pad_axis, apply, dtype, first))
     for f in extra:
         if f not in taken:
             raise doc.error((*base, "outputs", f), f"engine output {f!r} fills no parameter")
@@ -223,6 +239,74 @@ def _engine_block(
     )  # a padded split is the engine's: the variant reads the tensor whole, the bind slices it
     variant = dataclasses.replace(block, outputs=tuple(outputs), tensors=tensors, located=under)
     return EngineBlock(variant, tuple(params))
+
+
+_FLOATS = ("BF16", "F16", "F32")
+
+
+def _values(
+    doc: Located, where: PathKey, raw: Any, out: Output, block: Block
+) -> tuple[tuple[str, ...], str | None, bool]:
+    """A parameter's ``apply``, ``dtype`` and ``ranks: first``, checked against its field: the
+    functions and a widening need a float field no quantization scheme replaces (its values
+    are the stored ones, not packed codes); rank 0 alone needs a field every rank holds whole."""
+    if not isinstance(raw, dict):
+        return (), None, False
+    apply, dtype, first = tuple(raw.get("apply") or ()), raw.get("dtype"), raw.get("ranks")
+    srcs = [t for t in block.tensors if t.name in out.sources]
+    if apply or dtype:
+        key = "apply" if apply else "dtype"
+        bad = next((t for t in srcs if t.dtype not in _FLOATS or t.linear), None)
+        if bad is not None or out.transform is not None:
+            what = "is a transform" if bad is None else (
+                f"reads {block.rel(bad.name)!r}, "
+                + ("a linear a quantization scheme may pack" if bad.linear else bad.dtype)
+            )  # fmt: skip
+            raise doc.error(
+                (*where, key),
+                f"{key} computes on the stored float values; field {out.field!r} {what}",
+            )
+    if first:
+        split = next((t for t in srcs if t.shard.kind != "replicated"), None)
+        if split is not None:
+            raise doc.error(
+                (*where, "ranks"),
+                f"ranks: first puts the whole field on rank 0; field {out.field!r} reads "
+                f"{block.rel(split.name)!r}, which is split across ranks",
+            )
+    return apply, dtype, first is not None
+
+
+def _constraints(
+    doc: Located, raw: list[dict[str, str]], model: Model, gnames: set[str]
+) -> tuple[EngineConstraint, ...]:
+    """The engine's own checks of the geometry and tp; each holds at the model's real and tiny
+    geometry at tp 1 (else the engine cannot load the model at all)."""
+    out = []
+    geometries = [("real", model.values())]
+    if model.synth is not None:
+        geometries.append(("synth tiny", tiny_geometry(model)))
+    for i, c in enumerate(raw):
+        path: PathKey = ("constraints", i, "check")
+        try:
+            e = algebra.parse(c["check"], check=True)
+        except AlgebraError as exc:
+            raise doc.error(path, str(exc)) from None
+        unknown = sorted(e.names - gnames)
+        if unknown:
+            raise doc.error(path, f"unknown symbol(s) {', '.join(unknown)} in {c['check']!r}")
+        for what, values in geometries:
+            try:
+                ok = algebra.evaluate(e, values | {"tp": 1})
+            except SpecbindError as exc:
+                raise doc.error(path, f"at the {what} geometry, tp 1: {exc}") from None
+            if not ok:
+                raise doc.error(
+                    path, f"at the {what} geometry, tp 1: constraint {c['name']} fails: {c['why']}"
+                )
+        out.append(EngineConstraint(check_ident(doc, ("constraints", i, "name"), c["name"],
+                                                "constraint name"), e, c["why"]))  # fmt: skip
+    return tuple(out)
 
 
 def _pad_axis(doc: Located, where: PathKey, out: Output, block: Block) -> int:

@@ -303,6 +303,12 @@ class EngineTable(Generic[G]):
     # block -> field -> (axis, multiple): a padded split (the variant binds the field whole;
     # each rank takes its share of the axis padded up to the multiple, zero past the stored)
     padding: Mapping[str, Mapping[str, tuple[int, int]]] = field(default_factory=dict)
+    # block -> field -> (element-wise functions applied in order in F32, the engine's dtype)
+    values: Mapping[str, Mapping[str, tuple[tuple[str, ...], str | None]]] = field(
+        default_factory=dict
+    )
+    first_rank: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # rank 0 holds them
+    constraints: tuple[tuple[str, str, str], ...] = ()  # (name, check, why) over geometry, tp
 
     @property
     def model(self) -> str:

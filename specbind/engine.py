@@ -28,6 +28,7 @@ import numpy as np
 
 from specbind.core.errors import BindError, SpecbindError
 from specbind.core.record import record
+from specbind.engine_ops import apply_values, check_constraints, padded_share, zeros_like
 
 # A field's safetensors dtype -> torch's dtype name (the bytes are copied, never converted).
 TORCH_DTYPES = {
@@ -68,16 +69,28 @@ def bind_for_engine(
     tp_size: int = 1,
     tp_rank: int = 0,
     model: str | None = None,
+    layout: Any = None,
 ) -> dict[str, EngineField]:
-    """This rank's share of the checkpoint at ``path``, by the engine's parameter names."""
+    """This rank's share of the checkpoint at ``path``, by the engine's parameter names, with
+    what the engine's loader does to each field (``specbind.engine_ops``); ``layout``: an
+    ``EngineTable`` instead of the generated one of the checkpoint's model."""
     from specbind.api import model_table
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.runtime.config import values_from_config
 
+    for what, v in (("tp_size", tp_size), ("tp_rank", tp_rank)):
+        if type(v) is not int:  # True is an int to Python, 2.0 is not: both refused
+            raise BindError(f"bind_for_engine: {what} must be an int, not {v!r}")
     raw = CheckpointDir(Path(path))
     base = model_table(model, "model=", raw.config)
-    layout = layout_for(engine, base.name)
+    if layout is None:
+        layout = layout_for(engine, base.name)
+    check_constraints(
+        engine, base.name, layout.constraints,
+        values_from_config(layout.table, raw.config), tp_size,
+    )  # fmt: skip
     result = bind_checkpoint(
         raw,
         layout.table,
@@ -99,15 +112,13 @@ def bind_for_engine(
         prefix = layout.layers.format(index=layer.index)
         for sname, slot in layer.slots.items():
             names = layout.parameters[slot.block]
-            pads = layout.padding.get(slot.block, {})
             for field, arr in slot.weights.arrays().items():
                 name = prefix + names[field]
-                if field in pads:
-                    axis, multiple = pads[field]
-                    arr = padded_share(arr, axis, multiple, tp_size, tp_rank, name)
-                out[name] = EngineField(
-                    name, f"layers.{layer.index}.{sname}.{field}", slot.fields[field].dtype, arr
-                )
+                dtype, arr = _engine_value(
+                    layout, slot.block, field, slot.fields[field].dtype, arr, name, tp_size,
+                    tp_rank,
+                )  # fmt: skip
+                out[name] = EngineField(name, f"layers.{layer.index}.{sname}.{field}", dtype, arr)
     if result.globals is not None:
         g = result.globals
         names = layout.parameters[g.block]
@@ -118,42 +129,31 @@ def bind_for_engine(
             for r in entry.tensors
             if r.tie is not None and result.flags.get(r.tie.config)
         }
-        pads = layout.padding.get(g.block, {})
         for field, arr in g.weights.arrays().items():
             (src, *rest) = entry.sources[field]
             tied = names[made_from[ties[src]]] if src in ties and not rest else None
-            if field in pads:
-                axis, multiple = pads[field]
-                arr = padded_share(arr, axis, multiple, tp_size, tp_rank, names[field])
-            out[names[field]] = EngineField(
-                names[field], f"globals.{field}", g.fields[field].dtype, arr, tied
+            dtype, arr = _engine_value(
+                layout, g.block, field, g.fields[field].dtype, arr, names[field], tp_size, tp_rank
             )
+            out[names[field]] = EngineField(names[field], f"globals.{field}", dtype, arr, tied)
     return out
 
 
-def padded_share(a: Any, axis: int, multiple: int, tp_size: int, tp_rank: int, name: str) -> Any:
-    """Rank ``tp_rank``'s share of ``a`` (the whole field) split as an engine that pads
-    ``axis`` up to a multiple of ``multiple`` and splits the padded size into ``tp_size`` equal
-    shares: the stored rows of that range, then zeros (vLLM's VocabParallelEmbedding: vocab 156
-    at tp 2 is padded to 192, rank 0 holds rows [0, 96), rank 1 [96, 156) and 36 zero rows)."""
-    full = int(a.shape[axis])
-    padded = -(-full // multiple) * multiple
-    if padded % tp_size:
-        raise BindError(
-            f"parameter {name!r}: {full} padded to a multiple of {multiple} is {padded}, which "
-            f"tp {tp_size} does not split"
-        )
-    per = padded // tp_size
-    start, end = min(tp_rank * per, full), min((tp_rank + 1) * per, full)
-    shape = list(a.shape)
-    shape[axis] = per
-    out = np.zeros(shape, dtype=a.dtype)
-    take = [slice(None)] * a.ndim
-    take[axis] = slice(start, end)
-    put = list(take)
-    put[axis] = slice(0, end - start)
-    out[tuple(put)] = np.asarray(a)[tuple(take)]
-    return out
+def _engine_value(
+    layout: Any, block: str, field: str, dtype: str, arr: Any, name: str, tp: int, rank: int
+) -> tuple[str, Any]:
+    """The field as the engine holds it: padded split, functions, rank 0 alone."""
+    pad = layout.padding.get(block, {}).get(field)
+    if pad is not None:
+        arr = padded_share(arr, pad[0], pad[1], tp, rank, name)
+    values = layout.values.get(block, {}).get(field)
+    if values is not None:
+        functions, engine_dtype = values
+        dtype = engine_dtype or dtype
+        arr = apply_values(arr, functions, dtype, name)
+    if rank != 0 and field in layout.first_rank.get(block, ()):
+        arr = zeros_like(arr)
+    return dtype, arr
 
 
 def fill(engine: str, params: Mapping[str, Any], fields: Mapping[str, EngineField]) -> int:

@@ -323,3 +323,110 @@ def test_padding_a_replicated_tensor_or_one_side_of_a_tie_is_refused(root: Path)
     p.write_text(text[: text.rindex(pad)] + text[text.rindex(pad) + len(pad) :])  # head unpadded
     msg = refusal(root)
     assert "'lm_head.weight' is tied to 'embed_tokens.weight': pad both" in msg, msg
+
+
+# -- what the engine's loader does to values: functions, rank 0 alone, its tp checks ---------
+
+_OPS = (
+    ("      model.norm.weight: norm\n",
+     "      model.norm.weight: {field: norm, apply: [exp, neg], dtype: F32, why: A = -exp(A_log)}\n"),
+    ("      input_layernorm.weight: input_norm\n",
+     "      input_layernorm.weight: {field: input_norm, ranks: first, why: added after the reduce}\n"),
+    ("blocks:\n",
+     "constraints:\n  - {name: kv_split, check: tp <= kv_heads, why: one KV head a rank at least}\n"
+     "blocks:\n"),
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ops_layout(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The llama layout with the three declared, rendered from YAML and loaded as a module."""
+    import types
+
+    root = tmp_path_factory.mktemp("ops")
+    shutil.copytree(REPO / "specs", root / "specs")
+    for old, new in _OPS:
+        _pad_edit(root, old, new)
+    module = types.ModuleType("vllm_llama_ops")
+    exec(
+        compile(render_all(root)["engines/vllm_llama.py"], "vllm_llama_ops", "exec"),
+        module.__dict__,
+    )
+    return module.LAYOUT
+
+
+def test_declared_functions_and_rank_0_alone_give_the_values_the_engine_holds(
+    llama_ckpt: Path, ops_layout: Any
+) -> None:
+    import numpy as np
+
+    stored_norm = _stored(llama_ckpt, "norm.weight").astype("<u4") << 16  # BF16 bits -> F32
+    stored_ln = _stored(llama_ckpt, "layers.0.input_layernorm.weight")
+    ranks = [bind_for_engine(llama_ckpt, "vllm", tp_size=2, tp_rank=r, layout=ops_layout)
+             for r in (0, 1)]  # fmt: skip
+    for fields in ranks:
+        norm = fields["model.norm.weight"]
+        assert norm.dtype == "F32" and norm.array.dtype == np.float32
+        assert np.array_equal(norm.array, -np.exp(stored_norm.view(np.float32)))
+    ln0, ln1 = (f["model.layers.0.input_layernorm.weight"] for f in ranks)
+    assert np.array_equal(np.asarray(ln0.array).view("<i2"), stored_ln) and stored_ln.any()
+    assert ln1.dtype == "BF16" and ln1.array.shape == stored_ln.shape and not ln1.array.any()
+    # and fill puts them in F32 and BF16 parameters as they are
+    params = _params(ranks[1])
+    fill("vllm", params, ranks[1])
+    assert np.array_equal(params["model.norm.weight"].numpy(), ranks[1]["model.norm.weight"].array)
+
+
+def test_a_tp_an_engine_constraint_forbids_is_refused_naming_it(
+    llama_ckpt: Path, ops_layout: Any
+) -> None:
+    with pytest.raises(
+        BindError,
+        match=r"vllm refuses llama at tp 4: constraint kv_split \(tp <= kv_heads\) fails at "
+        r"kv_heads=2, tp=4: one KV head a rank at least",
+    ):
+        bind_for_engine(llama_ckpt, "vllm", tp_size=4, tp_rank=0, layout=ops_layout)
+
+
+def test_a_function_that_overflows_a_finite_stored_value_is_refused_naming_the_index(
+    llama_ckpt: Path, ops_layout: Any, tmp_path: Path
+) -> None:
+    import json
+    import struct
+
+    ckpt = tmp_path / "hot"
+    shutil.copytree(llama_ckpt, ckpt)
+    file = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    path = ckpt / file["norm.weight"]
+    raw = bytearray(path.read_bytes())
+    (n,) = struct.unpack("<Q", raw[:8])
+    start = json.loads(raw[8 : 8 + n])["norm.weight"]["data_offsets"][0]
+    raw[8 + n + start + 2 * 7 : 8 + n + start + 2 * 8] = struct.pack("<H", 0x42C8)  # BF16 100.0
+    path.write_bytes(bytes(raw))
+    with pytest.raises(
+        BindError,
+        match=r"parameter 'model.norm.weight': exp then neg of the stored value 100.0 at index "
+        r"\[7\] is -inf in F32",
+    ):
+        bind_for_engine(ckpt, "vllm", layout=ops_layout)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "says"),
+    [
+        ("self_attn.o_proj.weight: {field: o_proj,", "self_attn.o_proj.weight: {field: o_proj, apply: [exp],",
+         "apply computes on the stored float values; field 'o_proj' reads 'o_proj.weight', a linear"),
+        ("self_attn.o_proj.weight: {field: o_proj,", "self_attn.o_proj.weight: {field: o_proj, ranks: first,",
+         "field 'o_proj' reads 'o_proj.weight', which is split across ranks"),
+        ("blocks:\n", "constraints:\n  - {name: big, check: heads > 64, why: w}\nblocks:\n",
+         "at the real geometry, tp 1: constraint big fails: w"),
+        ("blocks:\n", "constraints:\n  - {name: odd, check: groups % tp == 0, why: w}\nblocks:\n",
+         "unknown symbol(s) groups in 'groups % tp == 0'"),
+    ],
+)  # fmt: skip
+def test_functions_rank_0_and_constraints_the_field_or_geometry_cannot_take_are_refused(
+    root: Path, old: str, new: str, says: str
+) -> None:
+    _pad_edit(root, old, new)
+    msg = refusal(root)
+    assert "specs/engines/vllm/llama.yaml" in msg and says in msg, msg

@@ -55,6 +55,16 @@ PADDING: dict[str, dict[str, tuple[int, int]]] = {
     },
 }
 
+# block -> bound field -> (element-wise functions the engine applies, in order, in F32; its
+# dtype, None: the field's).
+VALUES: dict[str, dict[str, tuple[tuple[str, ...], str | None]]] = {}
+
+# block -> the bound fields the engine holds on tp rank 0 only (zeros on the other ranks).
+FIRST_RANK: dict[str, tuple[str, ...]] = {}
+
+# The engine's own checks of the geometry and tp: (name, check, why).
+CONSTRAINTS: tuple[tuple[str, str, str], ...] = ()
+
 
 def gqa_geometry(m: model.Geometry, ranks: Ranks) -> vllm_gqa.GqaGeometry:
     """The ``gqa`` block's symbols from the model's geometry."""
@@ -94,5 +104,8 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     layers=LAYERS,
     parameters=PARAMETERS,
     padding=PADDING,
+    values=VALUES,
+    first_rank=FIRST_RANK,
+    constraints=CONSTRAINTS,
     skip_mtp=None,
 )
