@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "c4d35406312ce606f42fb746d69dff41c9a9a107b01c21b8b64c664c63520978"
+SPECS_SHA256 = "1a10fd053ce6e884a159ff43a832eb4782eef304db32d93803185a4673fcc207"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.

@@ -24,6 +24,10 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
 - ``apply`` (element-wise exp/neg, in F32) and ``dtype`` (a widening) read a float field no
   quantization scheme may pack; ``ranks: first`` reads only replicated tensors; an engine
   ``constraints`` entry names only geometry symbols and tp, and holds at tp 1;
+- ``proof:`` names the suite's test file that proves the layout parameter-identical to the
+  engine's own loader (tests/test_engine_layouts.py checks that the file holds it); a layout
+  without one is unproven: ``unproven`` lists it for ``generate`` to report, and the generated
+  table says so, for ``bind_for_engine`` to warn;
 - parameter names are unique across the whole model (layer names under ``layers``, the globals
   block's as full names).
 Trap: the engine's names reach generated code only through ``repr``.
@@ -117,6 +121,7 @@ class EngineLayout:
     blocks: dict[str, EngineBlock]
     located: Located
     constraints: tuple[EngineConstraint, ...] = ()
+    proof: str | None = None  # the suite's test file proving it against the engine's loader
 
 
 def _outputs_schema() -> dict[str, Any]:
@@ -168,6 +173,7 @@ def parse_engine(doc: Located, models: dict[str, Model], blocks: dict[str, Block
         check_ident(doc, ("engine",), d["engine"], "engine name"), model.name, doc.file,
         d.get("doc", ""), d["layers"], d.get("skip_mtp"), out, doc,
         _constraints(doc, d.get("constraints") or [], model, gnames),
+        (d.get("proof") or {}).get("test"),
     )  # fmt: skip
     check_engine_shapes(layout, model)
     return layout
@@ -462,4 +468,16 @@ def load_engines(
                 f"specs/engines/{layout.engine}/{layout.model}.yaml",
             )  # fmt: skip
         out.append(layout)
+    return out
+
+
+def unproven(root: Path) -> list[str]:
+    """The engine layout files (relative to ``root``) that name no ``proof:``."""
+    folder = root / "specs" / "engines"
+    out = []
+    for p in sorted(folder.glob("*/*.yaml")) if folder.is_dir() else []:
+        rel = p.relative_to(root).as_posix()
+        data = yamlio.load(p, rel).data
+        if not (isinstance(data, dict) and data.get("proof")):
+            out.append(rel)
     return out

@@ -309,6 +309,7 @@ class EngineTable(Generic[G]):
     )
     first_rank: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # rank 0 holds them
     constraints: tuple[tuple[str, str, str], ...] = ()  # (name, check, why) over geometry, tp
+    proof: str | None = None  # the test proving it against the engine's own loader; None: none
 
     @property
     def model(self) -> str:

@@ -20,6 +20,7 @@ both gets both.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,12 @@ def bind_for_engine(
     base = model_table(model, "model=", raw.config)
     if layout is None:
         layout = layout_for(engine, base.name)
+    if layout.proof is None:
+        logging.getLogger("specbind.engine").warning(
+            "specbind: the %s layout of %s is unproven: no test proves it parameter-identical "
+            "to %s's own loader (specs/engines/%s/%s.yaml has no proof:)",
+            engine, base.name, engine, engine, base.name,
+        )  # fmt: skip
     check_constraints(
         engine, base.name, layout.constraints,
         values_from_config(layout.table, raw.config), tp_size,

@@ -430,3 +430,66 @@ def test_functions_rank_0_and_constraints_the_field_or_geometry_cannot_take_are_
     _pad_edit(root, old, new)
     msg = refusal(root)
     assert "specs/engines/vllm/llama.yaml" in msg and says in msg, msg
+
+
+# -- proof status: each layout names the test that proves it against the engine's loader -----
+
+
+def test_every_engine_layout_names_the_proof_that_runs_it_against_the_engines_loader() -> None:
+    import test_vllm_loader
+    import yaml
+
+    layouts = sorted((REPO / "specs" / "engines").glob("*/*.yaml"))
+    assert layouts
+    proven: dict[str, set[str]] = {}
+    for p in layouts:
+        proof = yaml.safe_load(p.read_text()).get("proof")
+        assert proof, f"{p.relative_to(REPO)} names no proof"
+        assert (REPO / proof["test"]).is_file(), proof["test"]
+        proven.setdefault(p.parent.name, set()).add(p.stem)
+    # the vLLM proof runs every vLLM layout, and only those, at tp 1 and on each rank of tp 2
+    assert set(test_vllm_loader.MODELS) == proven.pop("vllm")
+    assert not proven, f"layouts of engines no test runs: {proven}"
+    text = (REPO / "tests" / "test_vllm_loader.py").read_text()
+    for claim in (
+        "test_every_vllm_parameter_after_loading_equals_the_default_loaders_at_tp1",
+        "test_every_vllm_parameter_after_loading_equals_the_default_loaders_on_each_rank_at_tp2",
+    ):
+        assert f"def {claim}(" in text and '@pytest.mark.parametrize("model", MODELS)' in text
+
+
+def test_a_layout_without_a_proof_is_reported_by_generate_and_warned_of_at_bind(
+    root: Path,
+    llama_ckpt: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import types
+
+    import specbind.generator.render as render
+    from specbind.cli import main
+
+    p = root / "specs" / "engines" / "vllm" / "llama.yaml"
+    text = p.read_text()
+    start = text.index("proof:\n")
+    end = text.index("\n", text.index("  claim:", start)) + 1
+    p.write_text(text[:start] + text[end:])
+    monkeypatch.setattr(render, "generate", lambda root, out: [])  # the note, not the writes
+    assert main(["generate", "--root", str(root)]) == 0
+    err = capsys.readouterr().err
+    assert "note: specs/engines/vllm/llama.yaml is unproven" in err, err
+    assert "qwen3-moe" not in err
+    module = types.ModuleType("vllm_llama_unproven")
+    src = render_all(root)["engines/vllm_llama.py"]
+    assert "# UNPROVEN: no test proves this layout" in src
+    exec(compile(src, "vllm_llama_unproven", "exec"), module.__dict__)
+    assert module.LAYOUT.proof is None
+    with caplog.at_level("WARNING", logger="specbind.engine"):
+        bind_for_engine(llama_ckpt, "vllm", layout=module.LAYOUT)
+    (rec,) = [r for r in caplog.records if r.name == "specbind.engine"]
+    assert "the vllm layout of llama is unproven" in rec.getMessage()
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="specbind.engine"):
+        bind_for_engine(llama_ckpt, "vllm")  # the generated, proven layout: no warning
+    assert not [r for r in caplog.records if r.name == "specbind.engine"]
