@@ -5,7 +5,8 @@ as every bind) and names each field by the engine's parameter name; ``fill`` cop
 the engine's parameters.
 
 Invariants of ``fill`` (each refusal is one ``BindError`` line naming the parameter):
-- every engine parameter is filled exactly once, from a field of equal shape and dtype;
+- every engine parameter is filled exactly once, from a field of equal shape and dtype, and
+  holds memory (a meta-device parameter is refused: a copy into it writes nothing);
 - a field whose parameter the engine does not hold is refused (nothing bound is left over),
   and so is a parameter no field fills (nothing the engine holds is left as initialised);
 - all of it is checked before the first byte is copied, so a refused load changes nothing.
@@ -187,6 +188,11 @@ def fill(engine: str, params: Mapping[str, Any], fields: Mapping[str, EngineFiel
                 "(the engine's model holds no such parameter)"
             )
         p = params[name]
+        if p.device.type == "meta":  # a copy into it would report bytes and write none
+            raise BindError(
+                f"{engine}: parameter {name!r} is on the meta device and holds no memory to "
+                "fill; materialize the model first (e.g. torch.nn.Module.to_empty)"
+            )
         want = TORCH_DTYPES.get(f.dtype)
         shape = tuple(int(x) for x in f.array.shape)
         if tuple(p.shape) != shape or p.dtype != getattr(torch, want or "", None):

@@ -493,3 +493,19 @@ def test_a_layout_without_a_proof_is_reported_by_generate_and_warned_of_at_bind(
     with caplog.at_level("WARNING", logger="specbind.engine"):
         bind_for_engine(llama_ckpt, "vllm")  # the generated, proven layout: no warning
     assert not [r for r in caplog.records if r.name == "specbind.engine"]
+
+
+def test_a_meta_device_parameter_is_refused_rather_than_counted_as_filled(
+    fields: dict[str, EngineField],
+) -> None:
+    params = _params(fields)
+    params["model.norm.weight"] = params["model.norm.weight"].to("meta")
+    with pytest.raises(BindError, match=r"parameter 'model.norm.weight' is on the meta device"):
+        fill("vllm", params, fields)
+    assert all(not p.any() for p in params.values() if p.device.type != "meta")
+
+
+def test_a_tp_size_that_is_not_an_int_is_refused(llama_ckpt: Path) -> None:
+    for bad in (True, 2.0):
+        with pytest.raises(BindError, match=rf"tp_size must be an int, not {bad!r}"):
+            bind_for_engine(llama_ckpt, "vllm", tp_size=bad)  # type: ignore[arg-type]
