@@ -21,7 +21,6 @@ both gets both.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -90,6 +89,8 @@ def bind_for_engine(
     if layout is None:
         layout = layout_for(engine, base.name)
     if layout.proof is None:
+        import logging
+
         logging.getLogger("specbind.engine").warning(
             "specbind: the %s layout of %s is unproven: no test proves it parameter-identical "
             "to %s's own loader (specs/engines/%s/%s.yaml has no proof:)",
