@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "107db462aaf908dae6690a8fa316780318338bf5f231a916d29923ba16f004bb"
+SPECS_SHA256 = "74623371708024cbcd881bdd74d40059b72a1ccb7c2cf6eff445011d9a30f87c"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.

@@ -16,7 +16,18 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
   coverage at the tiny geometry), so an engine layout cannot drop a tensor;
 - a declared engine shape (``shape:``, in the model's geometry symbols and ``tp``) equals the
   field's rank-local shape at every tp in 1, 2, 4, 8 that the block's units allow, at the real
-  geometry and at the tiny one;
+  geometry and at the tiny one (its computed symbols recomputed there, tiny values throughout);
+- a ``pad:`` (the engine pads the field's split axis to a multiple, then splits it into tp
+  equal shares) reads one tensor verbatim whose shard unit is one row of that axis; every field
+  reading that tensor, and both sides of a tie, are padded too; the padded size splits at every
+  tp checked; the variant reads the tensor whole (the bind slices it);
+- ``apply`` (element-wise exp/neg, in F32) and ``dtype`` (a widening) read a float field no
+  quantization scheme may pack; ``ranks: first`` reads only replicated tensors; an engine
+  ``constraints`` entry names only geometry symbols and tp, and holds at tp 1;
+- ``proof:`` names the suite's test file that proves the layout parameter-identical to the
+  engine's own loader (tests/test_engine_layouts.py checks that the file holds it); a layout
+  without one is unproven: ``unproven`` lists it for ``generate`` to report, and the generated
+  table says so, for ``bind_for_engine`` to warn;
 - parameter names are unique across the whole model (layer names under ``layers``, the globals
   block's as full names).
 Trap: the engine's names reach generated code only through ``repr``.
@@ -34,6 +45,7 @@ import jsonschema
 
 from specbind.core import algebra
 from specbind.core.errors import AlgebraError, SpecbindError, SpecError
+from specbind.core.ir import ShardRule
 from specbind.core.planning import plan_tensor
 from specbind.generator import transforms, yamlio
 from specbind.generator.evaluate import (
@@ -42,6 +54,7 @@ from specbind.generator.evaluate import (
     local_env,
     local_shapes,
     shapes_at,
+    tiny_geometry,
 )
 from specbind.generator.spec import (
     SCHEMA_DIR,
@@ -75,6 +88,20 @@ class Parameter:
     name: str  # the engine's name, relative to the layer prefix (full for the globals block)
     field: str
     shape: tuple[algebra.Expr, ...] | None  # in the model's geometry symbols and tp
+    # ``pad``: the engine pads the field's shard axis to a multiple of this and splits the
+    # padded size into tp equal shares (rows past the stored ones zero); with its axis
+    pad: int | None = None
+    pad_axis: int = 0
+    apply: tuple[str, ...] = ()  # element-wise functions the engine applies, in order, in F32
+    dtype: str | None = None  # the engine's dtype, where it widens the field
+    first_rank: bool = False  # the engine holds the values on tp rank 0 only, zeros elsewhere
+
+
+@dataclass(frozen=True)
+class EngineConstraint:
+    name: str
+    check: algebra.Expr  # over the model's geometry symbols and tp
+    why: str
 
 
 @dataclass(frozen=True)
@@ -93,6 +120,8 @@ class EngineLayout:
     skip_mtp: str | None
     blocks: dict[str, EngineBlock]
     located: Located
+    constraints: tuple[EngineConstraint, ...] = ()
+    proof: str | None = None  # the suite's test file proving it against the engine's loader
 
 
 def _outputs_schema() -> dict[str, Any]:
@@ -143,6 +172,8 @@ def parse_engine(doc: Located, models: dict[str, Model], blocks: dict[str, Block
     layout = EngineLayout(
         check_ident(doc, ("engine",), d["engine"], "engine name"), model.name, doc.file,
         d.get("doc", ""), d["layers"], d.get("skip_mtp"), out, doc,
+        _constraints(doc, d.get("constraints") or [], model, gnames),
+        (d.get("proof") or {}).get("test"),
     )  # fmt: skip
     check_engine_shapes(layout, model)
     return layout
@@ -190,7 +221,12 @@ def _engine_block(
             shape = tuple(
                 _expr(doc, (*where, "shape", i), e, gnames) for i, e in enumerate(v["shape"])
             )
-        params.append(Parameter(pname, field, shape))
+        pad, pad_axis = None, 0
+        if isinstance(v, dict) and "pad" in v:
+            pad = int(v["pad"]["multiple"])
+            pad_axis = _pad_axis(doc, (*where, "pad"), o, block)
+        apply, dtype, first = _values(doc, where, v, o, block)
+        params.append(Parameter(pname, field, shape, pad, pad_axis, apply, dtype, first))
     for f in extra:
         if f not in taken:
             raise doc.error((*base, "outputs", f), f"engine output {f!r} fills no parameter")
@@ -202,8 +238,125 @@ def _engine_block(
                 f"tensor {block.rel(t.name)!r} of block {bname!r} feeds no engine parameter "
                 "(it would be dropped)",
             )
-    variant = dataclasses.replace(block, outputs=tuple(outputs), located=under)
+    padded = _padded_tensors(doc, base, block, params, outputs)
+    tensors = tuple(
+        dataclasses.replace(t, shard=ShardRule("replicated")) if t.name in padded else t
+        for t in block.tensors
+    )  # a padded split is the engine's: the variant reads the tensor whole, the bind slices it
+    variant = dataclasses.replace(block, outputs=tuple(outputs), tensors=tensors, located=under)
     return EngineBlock(variant, tuple(params))
+
+
+_FLOATS = ("BF16", "F16", "F32")
+
+
+def _values(
+    doc: Located, where: PathKey, raw: Any, out: Output, block: Block
+) -> tuple[tuple[str, ...], str | None, bool]:
+    """A parameter's ``apply``, ``dtype`` and ``ranks: first``, checked against its field: the
+    functions and a widening need a float field no quantization scheme replaces (its values
+    are the stored ones, not packed codes); rank 0 alone needs a field every rank holds whole."""
+    if not isinstance(raw, dict):
+        return (), None, False
+    apply, dtype, first = tuple(raw.get("apply") or ()), raw.get("dtype"), raw.get("ranks")
+    srcs = [t for t in block.tensors if t.name in out.sources]
+    if apply or dtype:
+        key = "apply" if apply else "dtype"
+        bad = next((t for t in srcs if t.dtype not in _FLOATS or t.linear), None)
+        if bad is not None or out.transform is not None:
+            what = "is a transform" if bad is None else (
+                f"reads {block.rel(bad.name)!r}, "
+                + ("a linear a quantization scheme may pack" if bad.linear else bad.dtype)
+            )  # fmt: skip
+            raise doc.error(
+                (*where, key),
+                f"{key} computes on the stored float values; field {out.field!r} {what}",
+            )
+    if first:
+        split = next((t for t in srcs if t.shard.kind != "replicated"), None)
+        if split is not None:
+            raise doc.error(
+                (*where, "ranks"),
+                f"ranks: first puts the whole field on rank 0; field {out.field!r} reads "
+                f"{block.rel(split.name)!r}, which is split across ranks",
+            )
+    return apply, dtype, first is not None
+
+
+def _constraints(
+    doc: Located, raw: list[dict[str, str]], model: Model, gnames: set[str]
+) -> tuple[EngineConstraint, ...]:
+    """The engine's own checks of the geometry and tp; each holds at the model's real and tiny
+    geometry at tp 1 (else the engine cannot load the model at all)."""
+    out = []
+    geometries = [("real", model.values())]
+    if model.synth is not None:
+        geometries.append(("synth tiny", tiny_geometry(model)))
+    for i, c in enumerate(raw):
+        path: PathKey = ("constraints", i, "check")
+        try:
+            e = algebra.parse(c["check"], check=True)
+        except AlgebraError as exc:
+            raise doc.error(path, str(exc)) from None
+        unknown = sorted(e.names - gnames)
+        if unknown:
+            raise doc.error(path, f"unknown symbol(s) {', '.join(unknown)} in {c['check']!r}")
+        for what, values in geometries:
+            try:
+                ok = algebra.evaluate(e, values | {"tp": 1})
+            except SpecbindError as exc:
+                raise doc.error(path, f"at the {what} geometry, tp 1: {exc}") from None
+            if not ok:
+                raise doc.error(
+                    path, f"at the {what} geometry, tp 1: constraint {c['name']} fails: {c['why']}"
+                )
+        out.append(EngineConstraint(check_ident(doc, ("constraints", i, "name"), c["name"],
+                                                "constraint name"), e, c["why"]))  # fmt: skip
+    return tuple(out)
+
+
+def _pad_axis(doc: Located, where: PathKey, out: Output, block: Block) -> int:
+    """The axis a padded split pads: the shard axis of the field's one tensor, read verbatim,
+    whose shard unit is one element of that axis (a vocabulary row)."""
+    if out.kind != "verbatim" or len(out.sources) != 1:
+        raise doc.error(where, f"a padded split reads one tensor verbatim; {out.field!r} does not")
+    t = block.tensor(out.sources[0])
+    if t.shard.kind == "replicated" or t.shard.unit is None:
+        raise doc.error(
+            where, f"tensor {block.rel(t.name)!r} is replicated: there is no split to pad"
+        )
+    axis = t.shard.resolved(len(t.dims))
+    if t.dims[axis].text.replace(" ", "") != t.shard.unit:
+        raise doc.error(
+            where,
+            f"tensor {block.rel(t.name)!r} splits dim {axis} ({t.dims[axis].text}) by "
+            f"{t.shard.unit} units: a padded split pads single rows, a dim that is its unit",
+        )
+    return axis
+
+
+def _padded_tensors(
+    doc: Located, base: PathKey, block: Block, params: list[Parameter], outputs: list[Output]
+) -> set[str]:
+    """The tensors of padded parameters; every field reading one, and every tensor tied to
+    one, is padded too (else the variant, which reads them whole, would bind it unsplit)."""
+    by_field = {o.field: o for o in outputs}
+    padded = {by_field[p.field].sources[0] for p in params if p.pad is not None}
+    for p in params:
+        o = by_field[p.field]
+        if p.pad is None and padded & set(o.sources):
+            raise doc.error(
+                (*base, "parameters", p.name),
+                f"field {p.field!r} reads a tensor another parameter pads; pad it as well",
+            )
+    for t in block.tensors:
+        if t.tie is not None and (t.name in padded) != (t.tie.to in padded):
+            raise doc.error(
+                (*base, "parameters"),
+                f"tensor {block.rel(t.name)!r} is tied to {block.rel(t.tie.to)!r}: pad both "
+                "parameters or neither",
+            )
+    return padded
 
 
 def _expr(doc: Located, path: PathKey, text: str | int, allowed: set[str]) -> algebra.Expr:
@@ -249,8 +402,8 @@ def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
     """Each declared engine shape equals its field's at every tp the block allows, at the real
     geometry and the tiny one."""
     geometries = [("real", model.values())]
-    if model.synth is not None:
-        geometries.append(("synth tiny", model.values() | dict(model.synth.tiny)))
+    if model.synth is not None:  # computed symbols recomputed there: tiny values throughout
+        geometries.append(("synth tiny", tiny_geometry(model)))
     for use in (u for u in model.blocks if u.block in layout.blocks):
         eb = layout.blocks[use.block]
         b = eb.block
@@ -261,10 +414,13 @@ def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
             env = block_env(b, values)
             for tp in (tp for tp in _TPS if all(env[u] % tp == 0 for u in units)):
                 for p in eb.parameters:
-                    if p.shape is None:
-                        continue
                     ctx = f"{layout.engine} {p.name} at the {what} geometry, tp {tp}"
                     got = field_shape(b, by_field[p.field], values, tp, ctx)
+                    if p.pad is not None:
+                        got = _padded_share(layout, use.block, p, got, tp, ctx)
+                    elif p.shape is None:
+                        continue
+                    assert p.shape is not None
                     where = ("blocks", use.block, "parameters", p.name, "shape")
                     try:
                         want = tuple(int(algebra.evaluate(e, gv | {"tp": tp})) for e in p.shape)
@@ -276,6 +432,22 @@ def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
                             f"{ctx}: the engine's shape is {list(want)}, field {p.field!r} "
                             f"binds {list(got)}",
                         )
+
+
+def _padded_share(
+    layout: EngineLayout, block: str, p: Parameter, whole: tuple[int, ...], tp: int, ctx: str
+) -> tuple[int, ...]:
+    """One rank's shape of a padded split of ``whole``: its axis padded up to a multiple of
+    ``p.pad``, then split into tp equal shares (refused where tp does not split it)."""
+    assert p.pad is not None
+    padded = -(-whole[p.pad_axis] // p.pad) * p.pad
+    if padded % tp:
+        raise layout.located.error(
+            ("blocks", block, "parameters", p.name, "pad"),
+            f"{ctx}: {whole[p.pad_axis]} padded to a multiple of {p.pad} is {padded}, which "
+            f"tp {tp} does not split",
+        )
+    return tuple(padded // tp if i == p.pad_axis else d for i, d in enumerate(whole))
 
 
 def load_engines(
@@ -296,4 +468,16 @@ def load_engines(
                 f"specs/engines/{layout.engine}/{layout.model}.yaml",
             )  # fmt: skip
         out.append(layout)
+    return out
+
+
+def unproven(root: Path) -> list[str]:
+    """The engine layout files (relative to ``root``) that name no ``proof:``."""
+    folder = root / "specs" / "engines"
+    out = []
+    for p in sorted(folder.glob("*/*.yaml")) if folder.is_dir() else []:
+        rel = p.relative_to(root).as_posix()
+        data = yamlio.load(p, rel).data
+        if not (isinstance(data, dict) and data.get("proof")):
+            out.append(rel)
     return out

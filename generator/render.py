@@ -498,7 +498,7 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment) -> dict[str
     for k, e in enumerate(layouts):
         for bname, eb in e.blocks.items():
             own = {o.field for o in specs.blocks[bname].outputs}
-            if {o.field for o in eb.block.outputs} != own:
+            if {o.field for o in eb.block.outputs} != own or any(p.pad for p in eb.parameters):
                 body = env.get_template("block.py.j2").render(header="", **_block_context(eb.block))
                 key = (e.engine, bname, body)
                 bodies.setdefault(key, []).append(e)

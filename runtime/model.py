@@ -29,7 +29,7 @@ from specbind.core.ir import (
 )
 from specbind.core.planning import BlockPlan, Ranks, expand
 from specbind.core.quant import SchemeRule
-from specbind.core.record import record
+from specbind.core.record import field, record
 from specbind.runtime.backends import Backend
 from specbind.runtime.checks import Array, BindReport
 from specbind.runtime.quant import LayerQuant, quantize_rules
@@ -330,6 +330,16 @@ class EngineTable(Generic[G]):
     layers: str
     parameters: Mapping[str, Mapping[str, str]]
     skip_mtp: str | None = None
+    # block -> field -> (axis, multiple): a padded split (the variant binds the field whole;
+    # each rank takes its share of the axis padded up to the multiple, zero past the stored)
+    padding: Mapping[str, Mapping[str, tuple[int, int]]] = field(default_factory=dict)
+    # block -> field -> (element-wise functions applied in order in F32, the engine's dtype)
+    values: Mapping[str, Mapping[str, tuple[tuple[str, ...], str | None]]] = field(
+        default_factory=dict
+    )
+    first_rank: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # rank 0 holds them
+    constraints: tuple[tuple[str, str, str], ...] = ()  # (name, check, why) over geometry, tp
+    proof: str | None = None  # the test proving it against the engine's own loader; None: none
 
     @property
     def model(self) -> str:

@@ -98,6 +98,14 @@ def cmd_generate(a: argparse.Namespace) -> int:
         f"generated/: {len(changed)} file(s) written"
         + (f": {', '.join(changed)}" if changed else " (up to date)")
     )
+    from specbind.generator.engines import unproven
+
+    for rel in unproven(root):
+        print(
+            f"note: {rel} is unproven: no test proves it against the engine's own loader "
+            "(no proof:); bind_for_engine warns wherever it is used",
+            file=sys.stderr,
+        )
     return 0
 
 

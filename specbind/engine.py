@@ -11,6 +11,9 @@ Invariants of ``fill`` (each refusal is one ``BindError`` line naming the parame
 - a field whose parameter the engine does not hold is refused (nothing bound is left over),
   and so is a parameter no field fills (nothing the engine holds is left as initialised);
 - all of it is checked before the first byte is copied, so a refused load changes nothing.
+A padded split (``EngineTable.padding``, the layout's ``pad:``) is the engine's rule, not a
+shard of specbind's: the variant binds the field whole (a view of the mapped file), and each
+rank copies the stored rows of its share of the padded axis, then zeros (``padded_share``).
 Trap: a tied LM head is one parameter in engines that tie it (vLLM lists it once, as the
 embedding): a field bound through a ``tie`` (config.json says so) whose engine parameter the
 engine does not hold is skipped when the field it is tied to fills one; an engine that keeps
@@ -27,6 +30,7 @@ import numpy as np
 
 from specbind.core.errors import BindError, SpecbindError
 from specbind.core.record import record
+from specbind.engine_ops import apply_values, check_constraints, padded_share, zeros_like
 
 # A field's safetensors dtype -> torch's dtype name (the bytes are copied, never converted).
 TORCH_DTYPES = {
@@ -68,20 +72,36 @@ def bind_for_engine(
     tp_rank: int = 0,
     model: str | None = None,
     advice: str | None = None,
+    layout: Any = None,
 ) -> dict[str, EngineField]:
-    """This rank's share of the checkpoint at ``path``, by the engine's parameter names
-    (``advice``: what a checkpoint no model claims is told to do, for a caller that cannot
-    pass ``model=``)."""
+    """This rank's share of the checkpoint at ``path``, by the engine's parameter names, with
+    what the engine's loader does to each field (``specbind.engine_ops``); ``layout``: an
+    ``EngineTable`` instead of the generated one of the checkpoint's model; ``advice``: what a
+    checkpoint no model claims is told to do, for a caller that cannot pass ``model=``."""
     from specbind.api import model_table
     from specbind.rank_args import check_ranks
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.runtime.config import values_from_config
 
     tp_size, tp_rank = check_ranks("bind_for_engine", tp_size, tp_rank)
     raw = CheckpointDir(Path(path))
     base = model_table(model, "model=", raw.config, advice)
-    layout = layout_for(engine, base.name)
+    if layout is None:
+        layout = layout_for(engine, base.name)
+    if layout.proof is None:
+        import logging
+
+        logging.getLogger("specbind.engine").warning(
+            "specbind: the %s layout of %s is unproven: no test proves it parameter-identical "
+            "to %s's own loader (specs/engines/%s/%s.yaml has no proof:)",
+            engine, base.name, engine, engine, base.name,
+        )  # fmt: skip
+    check_constraints(
+        engine, base.name, layout.constraints,
+        values_from_config(layout.table, raw.config), tp_size,
+    )  # fmt: skip
     result = bind_checkpoint(
         raw,
         layout.table,
@@ -105,9 +125,11 @@ def bind_for_engine(
             names = layout.parameters[slot.block]
             for field, arr in slot.weights.arrays().items():
                 name = prefix + names[field]
-                out[name] = EngineField(
-                    name, f"layers.{layer.index}.{sname}.{field}", slot.fields[field].dtype, arr
-                )
+                dtype, arr = _engine_value(
+                    layout, slot.block, field, slot.fields[field].dtype, arr, name, tp_size,
+                    tp_rank,
+                )  # fmt: skip
+                out[name] = EngineField(name, f"layers.{layer.index}.{sname}.{field}", dtype, arr)
     if result.globals is not None:
         g = result.globals
         names = layout.parameters[g.block]
@@ -121,10 +143,28 @@ def bind_for_engine(
         for field, arr in g.weights.arrays().items():
             (src, *rest) = entry.sources[field]
             tied = names[made_from[ties[src]]] if src in ties and not rest else None
-            out[names[field]] = EngineField(
-                names[field], f"globals.{field}", g.fields[field].dtype, arr, tied
+            dtype, arr = _engine_value(
+                layout, g.block, field, g.fields[field].dtype, arr, names[field], tp_size, tp_rank
             )
+            out[names[field]] = EngineField(names[field], f"globals.{field}", dtype, arr, tied)
     return out
+
+
+def _engine_value(
+    layout: Any, block: str, field: str, dtype: str, arr: Any, name: str, tp: int, rank: int
+) -> tuple[str, Any]:
+    """The field as the engine holds it: padded split, functions, rank 0 alone."""
+    pad = layout.padding.get(block, {}).get(field)
+    if pad is not None:
+        arr = padded_share(arr, pad[0], pad[1], tp, rank, name)
+    values = layout.values.get(block, {}).get(field)
+    if values is not None:
+        functions, engine_dtype = values
+        dtype = engine_dtype or dtype
+        arr = apply_values(arr, functions, dtype, name)
+    if rank != 0 and field in layout.first_rank.get(block, ()):
+        arr = zeros_like(arr)
+    return dtype, arr
 
 
 def fill(engine: str, params: Mapping[str, Any], fields: Mapping[str, EngineField]) -> int:

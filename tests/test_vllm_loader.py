@@ -6,7 +6,10 @@ specbind's, each engine started by tests/vllm_scenario.py in that venv. Claims:
 - at tp 1 the greedy tokens and top-3 logprobs are identical;
 - every parameter vLLM holds after loading (after its own post-processing, the MLA absorbs
   included) has identical bytes, at tp 1 and on each rank at tp 2 (tp 2 is compared by
-  parameters, not tokens: on CPU two tp 2 runs of vLLM's own loader differ in logprobs);
+  parameters, not tokens: on CPU two tp 2 runs of vLLM's own loader differ in logprobs); the
+  vocabularies are not multiples of 64, so this covers the layouts' padded vocabulary splits;
+- ``MODELS`` is the proof table: every layout in specs/engines/ names this file as its
+  ``proof:`` and is listed here (tests/test_engine_layouts.py checks both);
 - a checkpoint missing one expert tensor, and one with a tensor cast to F32, stop the engine's
   start with specbind's one-line message naming the tensor (vLLM's default loader starts on
   the first one); at tp 2, under the multi-process executor, that line is what the caller gets;

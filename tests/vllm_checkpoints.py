@@ -3,8 +3,10 @@
 DeepSeek-V3: the CPU MLA kernel takes only kv_lora_rank 512 and qk_rope_head_dim 64; vLLM's
 DeepSeek loader reads the router's correction bias only with ``topk_method: noaux_tc`` and
 ``scoring_func: sigmoid`` in config.json, which transformers does not write (added here).
-Other sizes are pairwise different where a swap would be silent in shapes. The vocabulary is
-a multiple of 64·tp, so vLLM's vocabulary padding adds no rows at tp 1 or 2.
+Other sizes are pairwise different where a swap would be silent in shapes. The vocabularies
+(216 and 200) are not multiples of 64: vLLM pads them to 256 (DEFAULT_VOCAB_PADDING_SIZE) and
+splits the padded rows, so rank 0 of tp 2 holds rows [0, 128), not an unpadded [0, 108), and
+the parameter-identity claims cover the layouts' padded splits.
 
 The bad checkpoints are copies with one change: one routed expert's tensor removed, or one
 BF16 tensor cast to F32 (a value-preserving cast that a strict binder must still refuse).
@@ -21,7 +23,7 @@ from typing import Any
 from hf_random import write_random
 
 DEEPSEEK_V3: dict[str, Any] = dict(
-    vocab_size=256,
+    vocab_size=216,
     hidden_size=96,
     intermediate_size=80,
     moe_intermediate_size=32,
@@ -46,7 +48,7 @@ DEEPSEEK_V3: dict[str, Any] = dict(
 # Llama and Qwen3-MoE: head_dim 32 (the CPU attention backend takes 32, 64, 80, ...), two KV
 # heads of four query heads (GQA: at tp 2 each rank holds one KV head).
 LLAMA: dict[str, Any] = dict(
-    vocab_size=256,
+    vocab_size=200,
     hidden_size=96,
     intermediate_size=80,
     num_hidden_layers=2,

@@ -52,7 +52,8 @@ def run(tp: int, r: dict[str, Any]) -> dict[str, Any]:
 
     out["params"] = llm.apply_model(digests)  # one list per tp rank
     if r.get("generate"):
-        sp = SamplingParams(max_tokens=4, temperature=0.0, logprobs=3)
+        # ignore_eos: a random model may pick its EOS token early; the claim compares 4 steps
+        sp = SamplingParams(max_tokens=4, temperature=0.0, logprobs=3, ignore_eos=True)
         (res,) = llm.generate([{"prompt_token_ids": PROMPT}], sp, use_tqdm=False)
         o = res.outputs[0]
         out["tokens"] = list(o.token_ids)

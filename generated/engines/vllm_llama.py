@@ -15,11 +15,13 @@ from __future__ import annotations
 from specbind.core.planning import Ranks
 from specbind.core.record import replace
 from specbind.generated import model_llama as model
-from specbind.generated.engines import vllm_gqa
+from specbind.generated.engines import vllm_gqa, vllm_lm_globals
 from specbind.runtime.model import BlockEntry, EngineTable
 
 ENGINE = "vllm"
 DOC = "vLLM's LlamaForCausalLM parameters (fused per-rank qkv_proj, merged gate_up_proj)."
+# Proven parameter-identical to vllm's own loader by tests/test_vllm_loader.py.
+
 # The engine's name prefix of layer {index}'s parameters.
 LAYERS = "model.layers.{index}."
 
@@ -46,6 +48,25 @@ PARAMETERS: dict[str, dict[str, str]] = {
     },
 }
 
+# block -> bound field -> (axis, multiple): the engine pads that axis of the whole field to a
+# multiple and splits the padded size into tp equal shares, rows past the stored ones zero.
+PADDING: dict[str, dict[str, tuple[int, int]]] = {
+    "lm_globals": {
+        "embed_tokens": (0, 64),
+        "lm_head": (0, 64),
+    },
+}
+
+# block -> bound field -> (element-wise functions the engine applies, in order, in F32; its
+# dtype, None: the field's).
+VALUES: dict[str, dict[str, tuple[tuple[str, ...], str | None]]] = {}
+
+# block -> the bound fields the engine holds on tp rank 0 only (zeros on the other ranks).
+FIRST_RANK: dict[str, tuple[str, ...]] = {}
+
+# The engine's own checks of the geometry and tp: (name, check, why).
+CONSTRAINTS: tuple[tuple[str, str, str], ...] = ()
+
 
 def gqa_geometry(m: model.Geometry, ranks: Ranks) -> vllm_gqa.GqaGeometry:
     """The ``gqa`` block's symbols from the model's geometry."""
@@ -59,10 +80,21 @@ def gqa_geometry(m: model.Geometry, ranks: Ranks) -> vllm_gqa.GqaGeometry:
     )
 
 
+def lm_globals_geometry(m: model.Geometry, ranks: Ranks) -> vllm_lm_globals.LmGlobalsGeometry:
+    """The ``lm_globals`` block's symbols from the model's geometry."""
+    return vllm_lm_globals.LmGlobalsGeometry(
+        hidden=m.hidden,
+        vocab=m.vocab,
+        tp=ranks.tp_size,
+        ep=ranks.ep_size,
+    )
+
+
 # The blocks bound by a variant of their own; every other block (read as the block binds it,
 # or MTP-only and left out) by the model's own binder, in the model's order.
 VARIANTS: dict[str, BlockEntry[model.Geometry]] = {
     "gqa": BlockEntry("gqa", vllm_gqa.__name__, gqa_geometry),
+    "lm_globals": BlockEntry("lm_globals", vllm_lm_globals.__name__, lm_globals_geometry),
 }
 BLOCKS: tuple[BlockEntry[model.Geometry], ...] = tuple(
     VARIANTS.get(b.name, b) for b in model.TABLE.blocks
@@ -73,5 +105,10 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     table=replace(model.TABLE, blocks=BLOCKS),
     layers=LAYERS,
     parameters=PARAMETERS,
+    padding=PADDING,
+    values=VALUES,
+    first_rank=FIRST_RANK,
+    constraints=CONSTRAINTS,
+    proof="tests/test_vllm_loader.py",
     skip_mtp=None,
 )

@@ -1,0 +1,107 @@
+"""What an engine's own loader does to a bound field, as its layout declares it
+(``specs/engines/``): a padded split, element-wise functions, rank 0 alone, its checks of the
+geometry and tp. Pure NumPy on the host arrays ``bind_for_engine`` produced.
+
+Invariants (each refusal is one ``BindError`` line naming the parameter or the constraint):
+- a padded split gives rank r the stored elements of ``[r·P/tp, (r+1)·P/tp)`` of the axis
+  padded up to ``P``, then zeros: what vLLM's VocabParallelEmbedding weight_loader leaves;
+- ``apply`` computes in F32 from the stored values and stores the engine's dtype; a value that
+  is finite when stored and is not after the functions (``exp`` of 89) is refused, naming the
+  first such index and its stored value; a stored non-finite value stays what it is;
+- a field the engine holds on rank 0 only is zeros, of its shape and dtype, on every other rank;
+- an engine constraint that fails at the checkpoint's geometry and tp is refused before any
+  tensor is read.
+Trap: the functions run on the bound values, so they come after specbind's own checks and
+transforms and never see packed quantized codes (the generator refuses them on a linear).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from specbind.core import algebra
+from specbind.core.errors import BindError, SpecbindError
+
+_NUMPY = {"F32": np.float32, "F16": np.float16}
+_FUNCTIONS = {"exp": np.exp, "neg": np.negative}
+
+
+def padded_share(a: Any, axis: int, multiple: int, tp_size: int, tp_rank: int, name: str) -> Any:
+    """Rank ``tp_rank``'s share of ``a`` (the whole field) split as an engine that pads
+    ``axis`` up to a multiple of ``multiple`` and splits the padded size into ``tp_size`` equal
+    shares: the stored rows of that range, then zeros (vLLM's VocabParallelEmbedding: vocab 156
+    at tp 2 is padded to 192, rank 0 holds rows [0, 96), rank 1 [96, 156) and 36 zero rows)."""
+    full = int(a.shape[axis])
+    padded = -(-full // multiple) * multiple
+    if padded % tp_size:
+        raise BindError(
+            f"parameter {name!r}: {full} padded to a multiple of {multiple} is {padded}, which "
+            f"tp {tp_size} does not split"
+        )
+    per = padded // tp_size
+    start, end = min(tp_rank * per, full), min((tp_rank + 1) * per, full)
+    shape = list(a.shape)
+    shape[axis] = per
+    out = np.zeros(shape, dtype=a.dtype)
+    take = [slice(None)] * a.ndim
+    take[axis] = slice(start, end)
+    put = list(take)
+    put[axis] = slice(0, end - start)
+    out[tuple(put)] = np.asarray(a)[tuple(take)]
+    return out
+
+
+def numpy_dtype(dtype: str) -> Any:
+    if dtype == "BF16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return _NUMPY[dtype]
+
+
+def apply_values(a: Any, functions: tuple[str, ...], dtype: str, name: str) -> Any:
+    """``functions`` applied in order to ``a`` in F32, stored as ``dtype``; a finite stored
+    value made non-finite is refused (index and value named)."""
+    x = np.asarray(a).astype(np.float32)
+    y = x
+    with np.errstate(over="ignore", invalid="ignore"):
+        for f in functions:
+            y = _FUNCTIONS[f](y)
+        out = y.astype(numpy_dtype(dtype))
+    bad = np.isfinite(x) & ~np.isfinite(out.astype(np.float32))
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        made = float(out.astype(np.float32)[where])
+        raise BindError(
+            f"parameter {name!r}: {' then '.join(functions)} of the stored value "
+            f"{float(x[where])!r} at index {list(where)} is {made!r} in {dtype} "
+            f"(and {int(bad.sum()) - 1} more): the engine would hold a non-finite value"
+        )
+    return out
+
+
+def zeros_like(a: Any) -> Any:
+    return np.zeros(a.shape, dtype=a.dtype)
+
+
+def check_constraints(
+    engine: str, model: str, constraints: tuple[tuple[str, str, str], ...],
+    values: Mapping[str, int], tp_size: int,
+) -> None:  # fmt: skip
+    """Each of the engine's checks holds at the checkpoint's geometry and ``tp_size``."""
+    for name, check, why in constraints:
+        expr = algebra.parse(check, check=True)
+        env = dict(values) | {"tp": tp_size}
+        try:
+            ok = algebra.evaluate(expr, env)
+        except SpecbindError as e:
+            raise BindError(f"{engine} constraint {name} ({check}) of {model}: {e}") from None
+        if not ok:
+            shown = ", ".join(f"{s}={env[s]}" for s in sorted(expr.names))
+            raise BindError(
+                f"{engine} refuses {model} at tp {tp_size}: constraint {name} ({check}) fails "
+                f"at {shown}: {why}"
+            )
