@@ -181,12 +181,14 @@ def audit(
     overrides: dict[str, int] | None = None,
     mtp: bool = True,
     verify: bool = True,
+    allow_unshared_scales: bool = False,
 ) -> dict[str, Any]:
     """The census of every tensor bind's layout sees, and every problem bind would refuse with
     the same geometry (``overrides``: ``--set``, as bind takes it; ``mtp=False`` as
     ``bind --no-mtp``: the MTP layers config.json counts are counted as not bound, not
     required); with ``verify``, a census without problems is confirmed by a report-only bind
-    of tp rank 0 of 1, and its refusal is the problem (see the module docstring)."""
+    of tp rank 0 of 1, and its refusal is the problem (see the module docstring);
+    ``allow_unshared_scales`` as bind takes it."""
     problems: list[str] = []
     try:
         qconf = detect(ckpt, table.schemes)
@@ -263,7 +265,7 @@ def audit(
     unaccounted = layer_unclaimed + len(lay.unclaimed) + undeclared
     why = {u.prefix: u.why for u in table.unbound}
     if verify and not problems:
-        problems += _bind_problems(ckpt, table, overrides, mtp, progress)
+        problems += _bind_problems(ckpt, table, overrides, mtp, progress, allow_unshared_scales)
     bound = claimed - undeclared + len(lay.globals)
     rep = {
         "checkpoint": str(ckpt.root),
@@ -307,7 +309,7 @@ def audit(
 
 def _bind_problems(
     ckpt: CheckpointDir, table: ModelTable[Any], overrides: dict[str, int] | None, mtp: bool,
-    progress: bool | None,
+    progress: bool | None, allow_unshared_scales: bool,
 ) -> list[str]:  # fmt: skip
     """What a report-only bind of tp rank 0 of 1 refuses (nothing kept, each slot dropped once
     bound), as the one problem it stops at; none when it binds."""
@@ -315,7 +317,8 @@ def _bind_problems(
 
     try:
         bind_checkpoint(
-            ckpt, table, overrides, progress=progress, mtp=mtp, sink=ReportOnly()
+            ckpt, table, overrides, progress=progress, mtp=mtp, sink=ReportOnly(),
+            allow_unshared_scales=allow_unshared_scales,
         )  # fmt: skip
     except SpecbindError as e:
         return [f"bind: {e}"]

@@ -154,6 +154,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
         overrides=overrides,
         mtp=not a.no_mtp,
         verify=not a.names_only,
+        allow_unshared_scales=a.allow_unshared_scales,
     )
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return EXIT["ok"] if rep["ok"] else EXIT["refused"]
@@ -610,6 +611,13 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
             "nor bound (an engine that does not speculate; a checkpoint saved without them)",
         )
 
+    def unshared(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument(
+            "--allow-unshared-scales",
+            action="store_true",
+            help="accept quantization scales the blocks declare shared that differ",
+        )
+
     au = sub.add_parser(
         "audit", help="census of every tensor of a checkpoint; exit 1 if bind would refuse it"
     )
@@ -624,6 +632,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     common(au)
     progress(au)
     no_mtp(au)
+    unshared(au)
     au.set_defaults(func=cmd_audit)
 
     def tp(sp: argparse.ArgumentParser, rank: bool) -> None:
@@ -670,11 +679,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
         default="numpy",
         help="numpy: host memory; cupy: a CUDA device (the gpu extra)",
     )
-    b.add_argument(
-        "--allow-unshared-scales",
-        action="store_true",
-        help="accept quantization scales the blocks declare shared that differ",
-    )
+    unshared(b)
     b.add_argument(
         "--quant-output",
         action="append",
