@@ -30,7 +30,7 @@ from collections import defaultdict
 from typing import Any
 
 from specbind.core.dtypes import QUANT_DTYPES
-from specbind.core.errors import CheckpointError, SpecbindError
+from specbind.core.errors import CheckpointError, SpecbindError, UsageError
 from specbind.core.ir import TensorRule
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.checks import census, family_matcher
@@ -205,6 +205,8 @@ def audit(
     problems += lay.problems
     try:
         geometry = table.make_geometry(values_from_config(table, ckpt.config, overrides))
+    except UsageError:  # --set naming no symbol is the command line's fault, as bind says
+        raise
     except SpecbindError as e:  # the census still runs; family sizes are then unknown
         geometry = None
         problems.append(f"model: {e}")

@@ -158,3 +158,13 @@ def test_a_refused_checkpoint_and_a_usage_error_get_distinct_statuses_in_each_co
     assert rc == EXIT["usage"] and "'x' is not an integer" in err
     rc, _, err = run(capsys, command, str(llama), "--model", "no-such-model")
     assert rc == EXIT["usage"] and "unknown model 'no-such-model'" in err
+
+
+@pytest.mark.parametrize("command", ["audit", "plan", "bind"])
+def test_a_set_naming_no_geometry_symbol_is_a_usage_error_in_each_command(
+    command: str, llama: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for extra in ([], ["--json"]) if command == "audit" else ([],):
+        rc, out, err = run(capsys, command, str(llama), "--set", "bogus=3", *extra)
+        assert rc == EXIT["usage"], (out, err)
+        assert "unknown geometry symbol 'bogus'" in err and "REFUSED" not in out
