@@ -145,7 +145,6 @@ def cmd_audit(a: argparse.Namespace) -> int:
     from specbind.runtime.checkpoint import CheckpointDir
 
     overrides = _sets(a.set)
-    _note_overrides(overrides)
     table = _table(a.model, a.ckpt)
     rep = audit(
         CheckpointDir(Path(a.ckpt)),
@@ -156,6 +155,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
         verify=not a.names_only,
         allow_unshared_scales=a.allow_unshared_scales,
     )
+    _note_overrides(overrides)  # after audit has refused a --set naming no symbol
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return EXIT["ok"] if rep["ok"] else EXIT["refused"]
 

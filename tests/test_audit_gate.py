@@ -168,3 +168,4 @@ def test_a_set_naming_no_geometry_symbol_is_a_usage_error_in_each_command(
         rc, out, err = run(capsys, command, str(llama), "--set", "bogus=3", *extra)
         assert rc == EXIT["usage"], (out, err)
         assert "unknown geometry symbol 'bogus'" in err and "REFUSED" not in out
+        assert "overrides config.json" not in err  # nothing was overridden
