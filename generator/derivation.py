@@ -20,23 +20,27 @@ Invariants (the proof, :func:`check_sum_units`):
 Not proven (traps): a sum whose every term holds the unit (MLA's ``heads * (nope + v)``; the
 conv1d above where the ratio is the config field and ``v_heads`` is ``expr: k_heads * v_per_k``)
 or a single term with a coefficient (``2 * inter``) is taken as per-unit, unit-major, which cannot
-be told from equal sections by shapes alone; a symbol computed with ``//``, ``%`` or a power
-by a symbol is held as a base symbol, and a dim written so is left to the scaling check
+be told from equal sections by shapes alone. A symbol computed with ``//``, ``%`` or a power
+by a symbol does not expand: a sharded sum holding it is refused (it could hide another
+unit, ``v_heads // k_heads``), a single term holding it is left to the scaling check
 (``evaluate.check_whole_units``).
 """
 
 from __future__ import annotations
 
-import contextlib
-
 from specbind.core import algebra
+from specbind.core.ir import TensorRule
 from specbind.core.polynomial import NotPolynomial, Poly, expand, over, render, render_term, symbol
 from specbind.generator.spec import Block, BlockUse, Model
 
 
-def geometry_expansions(model: Model, defaults: bool) -> dict[str, Poly]:
+def geometry_expansions(
+    model: Model, defaults: bool, opaque: set[str] | None = None
+) -> dict[str, Poly]:
     """Every geometry symbol over the base symbols; ``defaults``: a ``default:`` field read as
-    absent from config.json (its default stands in), else as present."""
+    absent from config.json (its default stands in), else as present. A computed symbol whose
+    expression does not expand (``//``, ``%``, a power by a symbol) is held as a symbol of its
+    own name and added to ``opaque``."""
     fields = {g.name: g for g in model.geometry}
     out: dict[str, Poly] = {}
 
@@ -46,8 +50,11 @@ def geometry_expansions(model: Model, defaults: bool) -> dict[str, Poly]:
             text = g.expr if g.expr is not None else g.default if defaults else None
             out[name] = symbol(name)
             if text is not None:
-                with contextlib.suppress(NotPolynomial):  # else held as a base symbol
+                try:
                     out[name] = expand(algebra.parse(text), of)
+                except NotPolynomial:  # held as a symbol, yet not a base one
+                    if opaque is not None:
+                        opaque.add(name)
         return out[name]
 
     for g in model.geometry:
@@ -55,14 +62,19 @@ def geometry_expansions(model: Model, defaults: bool) -> dict[str, Poly]:
     return out
 
 
-def block_expansions(block: Block, use: BlockUse, geometry: dict[str, Poly]) -> dict[str, Poly]:
-    """Every block symbol and derived symbol over the model's base symbols."""
+def block_expansions(
+    block: Block, use: BlockUse, geometry: dict[str, Poly], opaque: set[str] | None = None
+) -> dict[str, Poly]:
+    """Every block symbol and derived symbol over the model's base symbols (a derived symbol
+    that does not expand is held as ``block.name`` and added to ``opaque``)."""
     out = {s: geometry[g] for s, g in use.symbols.items()}
     for name, e in block.derived.items():  # in order: a derived symbol reads earlier ones
         try:
             out[name] = expand(e, out.__getitem__)
         except NotPolynomial:
             out[name] = symbol(f"{block.name}.{name}")
+            if opaque is not None:
+                opaque.add(f"{block.name}.{name}")
     return out
 
 
@@ -71,7 +83,9 @@ def check_sum_units(model: Model, block: Block, use: BlockUse, ctx: str) -> None
     declares ``interleave: true`` (see the module's invariants)."""
     readings = [False] + ([True] if any(g.default for g in model.geometry) else [])
     for defaults in readings:
-        expanded = block_expansions(block, use, geometry_expansions(model, defaults))
+        opaque: set[str] = set()
+        geometry = geometry_expansions(model, defaults, opaque)
+        expanded = block_expansions(block, use, geometry, opaque)
         for t in block.tensors:
             if t.shard.unit is None or not t.dims or t.name in block.interleaved:
                 continue
@@ -84,6 +98,9 @@ def check_sum_units(model: Model, block: Block, use: BlockUse, ctx: str) -> None
             if len(dim) < 2 or len(unit) != 1:
                 continue
             ((unit_term, _),) = unit.items()
+            hidden = sorted({n for m in dim for n, _ in m} & opaque)
+            if hidden:
+                _refuse_opaque(model, block, use, t, axis, dim, hidden, defaults, ctx)
             stray = [render_term(m, abs(c)) for m, c in dim.items() if not over(m, unit_term)]
             if not stray:
                 continue
@@ -103,6 +120,26 @@ def check_sum_units(model: Model, block: Block, use: BlockUse, ctx: str) -> None
                 f"interleave: true on the shard where each {t.shard.unit} unit holds its rows "
                 f"of every term together",
             )
+
+
+def _refuse_opaque(
+    model: Model, block: Block, use: BlockUse, t: TensorRule, axis: int, dim: Poly,
+    hidden: list[str], defaults: bool, ctx: str,
+) -> None:  # fmt: skip
+    """A sum whose terms hold a symbol the proof cannot see through: whether each term is over
+    the shard unit is unknown (``v_per_k = v_heads // k_heads`` hides value heads)."""
+    assert t.shard.unit is not None
+    rel = block.rel(t.name)
+    via = derivations(model, block, use, t.dims[axis].names, defaults)
+    raise block.located.error(
+        ("tensors", rel, "shard"),
+        f"{ctx}: {rel} shards {t.shard.kind} on {t.shard.unit}, but dim {axis} "
+        f"({t.dims[axis].text}) is {render(dim)} in {model.name}'s base symbols{via}, a sum "
+        f"over {', '.join(hidden)}, computed with //, % or a power the whole-units proof "
+        f"cannot see through, so whether every term is over {t.shard.unit} is unknown; write "
+        f"the ratio with exact division (/), or declare its sections (model names: with "
+        f"sections:) or interleave: true on the shard",
+    )
 
 
 def derivations(

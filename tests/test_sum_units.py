@@ -182,6 +182,32 @@ def test_a_default_is_seen_through_where_config_json_lacks_its_field(tmp_path: P
     assert "2 * v_dim * v_heads" in err.message
 
 
+@pytest.mark.parametrize("how", ["expr", "default", "derived"])
+def test_a_ratio_written_with_floor_division_in_a_sharded_sum_is_refused_naming_it(
+    tmp_path: Path, how: str
+) -> None:
+    """``v_heads // k_heads`` does not expand, so the proof cannot tell the value-head term from
+    a key-head one: the same fused conv is refused, not bound as whole key-head units."""
+    block, model = FUSED_BLOCK, MODEL
+    ratio = "{expr: v_heads / k_heads,        value: 2}"
+    if how == "expr":
+        model = model.replace(ratio, "{expr: v_heads // k_heads, value: 2}")
+    elif how == "default":
+        model = model.replace(
+            ratio, "{config: linear_v_per_k, default: v_heads // k_heads, value: 2}"
+        )
+    else:
+        block = block.replace("  v_per_k: value heads per key head\n", "  v_heads: value heads\n")
+        block = block.replace("markers:", "derived: {v_per_k: v_heads // k_heads}\nmarkers:")
+        model = model.replace(
+            "  - block: conv\n", "  - block: conv\n    symbols: {v_heads: v_heads}\n"
+        )
+    assert model != MODEL or block != FUSED_BLOCK
+    err = _refusal(tmp_path, block, model)
+    assert err.file == "specs/blocks/conv.yaml" and err.path == "tensors.conv1d.weight.shard"
+    assert "v_heads // k_heads" in err.message and "cannot see through" in err.message
+
+
 def test_the_same_conv_read_as_sections_binds_vllms_q_k_v_shares_on_every_rank(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
