@@ -314,3 +314,23 @@ def test_a_refusal_reaches_stderr_in_one_write_so_ranks_sharing_it_never_interle
     assert main(args) == EXIT["usage"]
     assert len(err.calls) == 1 and err.calls[0].endswith("\n"), err.calls
     assert err.calls[0].startswith("specbind: error: ") and err.calls[0].count("\n") == 1
+
+
+def test_a_synth_that_hits_a_file_size_limit_is_refused_naming_the_shard_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """A real kernel refusal (EFBIG under RLIMIT_FSIZE) while safetensors writes a shard: one
+    line naming the shard as it would have been written, the refused status (not an internal
+    error), and no checkpoint or temp directory left."""
+    out = tmp_path / "ck"
+    code = (
+        "import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000)); "
+        f"sys.argv = ['specbind', 'synth', {str(out)!r}, '--model', 'llama']; "
+        "from specbind.cli import entry; entry()"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    line = refused(proc)
+    assert line.startswith(f"specbind: error: {out}/model-00001-of-00002.safetensors: writing ")
+    assert "File too large" in line
+    assert list(tmp_path.iterdir()) == []

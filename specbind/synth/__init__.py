@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import save_file
 
 from specbind.core.dtypes import DTYPES
@@ -37,6 +38,7 @@ from specbind.core.patterns import fill
 from specbind.core.planning import Ranks, expand
 from specbind.core.quant import CompanionRule, SchemeRule
 from specbind.core.schedule import ConfigSchedule
+from specbind.runtime.atomic import write_failed
 from specbind.runtime.checks import Array
 from specbind.runtime.config import config_lookup, flag_group
 from specbind.runtime.model import BlockEntry, ModelTable
@@ -242,7 +244,10 @@ def synth(
             chunk = entries[lo:hi]
             shown = bar(chunk, progress, f"synth shard {i + 1}/{n_shards}", "tensor")
             tensors = {n: _written(rng, d, s, quant, roles.get(n), n) for n, d, s in shown}
-            save_file(tensors, str(tmp / fn), metadata={"format": "pt"})
+            try:
+                save_file(tensors, str(tmp / fn), metadata={"format": "pt"})
+            except SafetensorError as e:  # a full disk or a size limit, as safetensors words it
+                raise write_failed(out / fn, e) from None
             weight_map.update(dict.fromkeys(tensors, fn))
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
@@ -265,6 +270,11 @@ def synth(
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
+    except OSError as e:  # a full disk, a size limit, an I/O error: named by the file
+        shutil.rmtree(tmp, ignore_errors=True)
+        where = Path(e.filename) if isinstance(e.filename, str) else None
+        shown = out / where.name if where is not None and where.parent == tmp else out
+        raise write_failed(shown, e) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
