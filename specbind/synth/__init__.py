@@ -273,8 +273,8 @@ def synth(
     except OSError as e:  # a full disk, a size limit, an I/O error: named by the file
         shutil.rmtree(tmp, ignore_errors=True)
         where = Path(e.filename) if isinstance(e.filename, str) else None
-        shown = out / where.name if where is not None and where.parent == tmp else out
-        raise write_failed(shown, e) from None
+        failed = out / where.name if where is not None and where.parent == tmp else out
+        raise write_failed(failed, e) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
