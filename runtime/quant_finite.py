@@ -211,7 +211,7 @@ class _Linear:
         flat = eff.reshape(-1)
         hot = np.flatnonzero(np.abs(flat) > SAFE / E2M1_MAX)
         if hot.size:
-            self._codes(hot, flat[hot], lambda k: f"{float(s[k])!r}, group scale {eff[k]!r}")
+            self._codes(hot, flat[hot], lambda k: f"{float(s[k])!r}, group scale {float(eff[k])!r}")
 
     def _codes(self, hot: Array, eff: Array, shown: Callable[[Index], str]) -> None:
         """Refuse the first E2M1 code (group order, low nibble first: column order) whose

@@ -195,6 +195,7 @@ def test_an_nvfp4_group_scale_whose_largest_code_overflows_bf16_is_refused(
     msg = refused(bad, name)
     assert f"mlp.down_proj.{w.rsplit('.', 1)[1]} element [3, 10] high nibble 0x7 (E2M1 6.0)" in msg
     assert "times mlp.down_proj.weight_scale element [3, 1] = 0x7E" in msg
+    assert "np.float32" not in msg and "group scale 8.9599" in msg  # a number, not a NumPy repr
 
 
 FP8 = ["fp8-block", "fp8-block-compressed-tensors"]
