@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from specbind.core.planning import BlockPlan, Ranks
+from specbind.plan_held import held_by_block, held_totals
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.model import ModelTable
 from specbind.runtime.quant import LayerQuant, quantize_rules
@@ -130,9 +132,11 @@ def plan_report(
             ]
             for name in used
         }
+        kinds = held_by_block(layers, partial(plan_of, r=r))  # split, copied, replicated, expert
         ranks.append(
-            {"tp_rank": r.tp_rank, "ep_rank": r.ep_rank, "bytes": total, "tensors": per_block}
-        )
+            {"tp_rank": r.tp_rank, "ep_rank": r.ep_rank, "bytes": total, "tensors": per_block,
+             "held": kinds}
+        )  # fmt: skip
     return {
         "model": table.name,
         "source": source,
@@ -146,6 +150,7 @@ def plan_report(
             "sum_rank_bytes": sum(r["bytes"] for r in ranks),
             "expected_sum": expected,
             "max_rank_bytes": max(r["bytes"] for r in ranks),
+            "held": held_totals(r["held"] for r in ranks),
         },
     }
 
