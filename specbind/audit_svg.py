@@ -9,8 +9,8 @@ grid, and the verdict heads the picture.
 
 Invariants:
 - a cell is red exactly when a problem is attributed to it, or its census row shows one
-  (no block matched, missing, undeclared or refused-dtype tensors); red is used for nothing
-  else and no block is given it;
+  (no block matched, missing, undeclared or refused-dtype tensors); a layer's label or the
+  model row exactly when a problem is attributed to it; red is used for nothing else;
 - a problem ``layer N: …`` (or ``bind: layer N: …``) goes to the slots of layer N it names —
   by slot name, by block name, or by one of that block's tensor names (``tensors``: each
   block's rule names; a family's ``{e}`` matches any index) — else to the layer's label; every
@@ -27,8 +27,9 @@ from typing import Any
 from specbind.svg import Svg
 
 RED, WHITE = "#d62728", "#ffffff"
-PALETTE = ("#4e79a7", "#59a14f", "#f28e2b", "#b07aa1", "#76b7b2", "#edc948", "#9c755f",
-           "#bab0ac", "#86bcb6", "#8cd17d", "#a0cbe8", "#ffbe7d", "#d4a6c8")  # fmt: skip
+# light tones under black text; none near the problem red
+PALETTE = ("#a0cbe8", "#8cd17d", "#ffbe7d", "#d4a6c8", "#86bcb6", "#f1ce63", "#d7b5a6",
+           "#bab0ac", "#b6992d", "#499894", "#79706e", "#9d7660")  # fmt: skip
 LEFT, TOP, ROW, COL, LIST_LINE, SHOWN = 130, 120, 26, 150, 16, 40
 _LAYER = re.compile(r"(?:bind: )?layer (\d+): ")
 
@@ -105,8 +106,10 @@ def render_svg(rep: dict[str, Any], tensors: Mapping[str, Sequence[str]] | None 
     height = TOP + grid_h + 40 + LIST_LINE * (len(listed) + 2)
     svg = Svg(width, height, f"audit of {rep['checkpoint']} ({rep['model']})")
     svg.label(10, 24, f"audit of {rep['model']}: {rep['checkpoint']}", 18, font_weight="bold")
+    svg.group(rep["verdict"])
     svg.label(10, 46, _cut(rep["verdict"], width // 7), 13, fill=RED if problems else "#2a7a2a",
               data_verdict="ok" if rep["ok"] else "refused")  # fmt: skip
+    svg.end()
     cov = rep["coverage"]
     svg.label(10, 66, f"{rep['tensors']} tensors: {cov['bound']} bound, "
               f"{cov['declared_unbound']} declared unbound, {cov['unaccounted']} unaccounted; "
@@ -121,9 +124,9 @@ def render_svg(rep: dict[str, Any], tensors: Mapping[str, Sequence[str]] | None 
     for i, r in enumerate(rep["layers"]):
         y = TOP + i * ROW
         mine = layer_problems.get(r["index"], [])
-        bad = bool(mine or r["unclaimed"])
-        tip = "\n".join(mine) or (f"unclaimed: {r['unclaimed']}" if r["unclaimed"] else None)
-        svg.box(4, y + 1, LEFT - 10, ROW - 2, RED if bad else "#eeeeee", tip,
+        bad = bool(mine)
+        tip = "\n".join([*mine, *([f"unclaimed: {r['unclaimed']}"] if r["unclaimed"] else [])])
+        svg.box(4, y + 1, LEFT - 10, ROW - 2, RED if bad else "#eeeeee", tip or None,
                 data_layer=r["index"], data_problem="1" if bad else None)  # fmt: skip
         svg.label(10, y + 17, f"layer {r['index']} {r['role']}", 12, fill=WHITE if bad else None,
                   pointer_events="none")  # fmt: skip
@@ -162,7 +165,8 @@ def _cell(
     svg.box(x + 2, y + 1, COL - 4, ROW - 2, RED if bad else colour[s["block"]], tip,
             data_layer=index, data_slot=slot, data_block=s["block"],
             data_problem="1" if bad else None)  # fmt: skip
-    svg.label(x + 8, y + 17, _cut(f"{s['block']} · {s['tensors']}", COL // 7), 12,
+    name = s["block"] if s["block"] != "unknown" else "no block"
+    svg.label(x + 8, y + 17, _cut(f"{name} · {s['tensors']}", COL // 7), 12,
               fill=WHITE if bad else "#111111", pointer_events="none")  # fmt: skip
 
 

@@ -420,14 +420,19 @@ def cmd_plan(a: argparse.Namespace) -> int:
         source = f"model spec: the real geometry, {table.real_layers} layers + {table.real_mtp} MTP"
         if scheme is not None:
             source += f", every linear it can hold as {scheme.name}"
+    picture = None
+    if a.svg is not None:  # checked before the work, written after it
+        from specbind import svg
+
+        picture = svg.target(a.svg, ckpt_files)
     rep = plan_report(
         table, values, tp_size, layers, source, ep_size=_or(a.ep_size, 1),
         quant=lambda i, b: quant.get((i, b)),
     )  # fmt: skip
-    if a.svg is not None:
-        from specbind import plan_svg, svg
+    if picture is not None:
+        from specbind.plan_svg import render_svg
 
-        svg.write(svg.target(a.svg, ckpt_files), plan_svg.render_svg(rep))
+        svg.write(picture, render_svg(rep))
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
 

@@ -4,6 +4,8 @@ Invariant: summed over ranks, each tensor is held ``tp`` times if replicated acr
 (once if split), times ``ep`` unless it is an expert split across ep ranks (once): sharded
 tensors partition, replicated ones are held by every rank. The report states both sides of that
 sum so a reader (and the tests) can check it.
+Each rank's bytes are its ``held`` bytes by block and kind (split, copied, replicated, expert:
+``plan_held``), summed; ``totals.held`` sums each kind over ranks (``plan --svg`` draws them).
 """
 
 from __future__ import annotations
@@ -116,12 +118,8 @@ def plan_report(
                 expected += t.full_bytes * copies
     ranks: list[dict[str, Any]] = []
     for r in grid:
-        total = sum(
-            t.local_bytes
-            for i, b, present in layers
-            for t in plan_of(i, b, r).tensors.values()
-            if t.name in present
-        )
+        kinds = held_by_block(layers, partial(plan_of, r=r))  # split, copied, replicated, expert
+        total = sum(n for by_kind in kinds.values() for n in by_kind.values())
         per_block = {
             name: [
                 {
@@ -132,7 +130,6 @@ def plan_report(
             ]
             for name in used
         }
-        kinds = held_by_block(layers, partial(plan_of, r=r))  # split, copied, replicated, expert
         ranks.append(
             {"tp_rank": r.tp_rank, "ep_rank": r.ep_rank, "bytes": total, "tensors": per_block,
              "held": kinds}

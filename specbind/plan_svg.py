@@ -29,7 +29,7 @@ MEANING = {
     "replicated": "replicated: the whole tensor on every rank",
     "expert": "expert: one ep rank's experts",
 }
-LEFT, TOP, ROW, BAR, GAP, MIN_COL, TOTAL_COL = 120, 150, 36, 16, 14, 120, 200
+LEFT, TOP, ROW, BAR, GAP, MIN_COL, TOTAL_COL = 120, 170, 36, 16, 14, 120, 200
 
 
 def _fills(svg: Svg) -> dict[str, str]:
@@ -54,7 +54,7 @@ def render_svg(rep: dict[str, Any], width: int = 1400) -> str:
     col = max(MIN_COL, (width - LEFT - TOTAL_COL - 20) // max(len(blocks), 1))
     width = LEFT + col * len(blocks) + TOTAL_COL + 20
     height = TOP + ROW * len(ranks) + 40
-    title = f"plan for {rep['model']} at tp {rep['tp_size']} x ep {rep['ep_size']}"
+    title = f"plan for {rep['model']} at tp {rep['tp_size']} × ep {rep['ep_size']}"
     svg = Svg(width, height, title)
     fills = _fills(svg)
     tot = rep["totals"]
@@ -124,5 +124,6 @@ def _cell(
             part = w * held[k] / scale
             svg.box(at, y, part, BAR, fills[k], data_kind=k, data_bytes=held[k])
             at += part
-    svg.label(x, y + BAR + 12, human(total), 11)
+    copied = f", {human(held['copied'])} copied" if held["copied"] else ""
+    svg.label(x, y + BAR + 12, human(total) + copied, 11)
     svg.end()
