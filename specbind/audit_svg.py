@@ -118,7 +118,7 @@ def render_svg(rep: dict[str, Any], tensors: Mapping[str, Sequence[str]] | None 
     for b in [*blocks, "problem"]:  # the legend
         svg.box(x, 78, 14, 14, RED if b == "problem" else colour[b], data_legend=b)
         svg.label(x + 20, 90, b, 12)
-        x += 30 + 8 * len(b)
+        x += 32 + 7 * len(b)
     for j, slot in enumerate(slots):
         svg.label(LEFT + j * COL + 4, TOP - 6, slot, 13, font_weight="bold", data_column=slot)
     for i, r in enumerate(rep["layers"]):
