@@ -119,7 +119,6 @@ def _n(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:.2f}"
 
 
-
 def target(given: str, inputs: Iterable[Path] = (), what: str = "--svg") -> Path:
     """The path to write a picture to, checked before any work (``check_out_path``: never a
     directory, a device, or a file of the checkpoint read, ``inputs``)."""
