@@ -40,6 +40,7 @@ def check_out_path(
     inputs: Iterable[Path] = (),
     what: str = "output",
     dirs: Iterable[Path] = (),
+    names: str = "the .safetensors file to write",
 ) -> Path:
     """The real path to write ``out`` to, or an ``OutputError`` saying why it must not be.
 
@@ -47,11 +48,12 @@ def check_out_path(
     output may land in, by its given or its resolved path (the checkpoint directory: a new
     ``model.safetensors`` beside an index would make the loader refuse it; and, for a Hub
     cache snapshot, the cache repo whose blobs its links share). ``what`` names the path in
-    the message (the CLI passes ``--out``). Pass the string the user gave: ``Path("")`` is ``.``.
+    the message (the CLI passes ``--out``), ``names`` what such a path names (``--svg``: the
+    picture). Pass the string the user gave: ``Path("")`` is ``.``.
     """
     given = os.fspath(out)
     if given == "":
-        raise OutputError(f"{what} '': an empty path; {what} names the .safetensors file to write")
+        raise OutputError(f"{what} '': an empty path; {what} names {names}")
     if "\0" in given:
         raise OutputError(f"{what} {given!r}: a path cannot hold a NUL byte")
     try:
@@ -66,9 +68,7 @@ def check_out_path(
     except OSError as e:
         raise OutputError(f"{what} {shown}: cannot stat: {e.strerror}") from None
     if st is not None and stat.S_ISDIR(st.st_mode):
-        raise OutputError(
-            f"{what} {shown}: is a directory; {what} names the .safetensors file to write"
-        )
+        raise OutputError(f"{what} {shown}: is a directory; {what} names {names}")
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise OutputError(
             f"{what} {shown}: exists and is {_kind(st.st_mode)}, not a regular file; "

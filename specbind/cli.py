@@ -146,8 +146,14 @@ def cmd_audit(a: argparse.Namespace) -> int:
 
     overrides = _sets(a.set)
     table = _table(a.model, a.ckpt)
+    ckpt = CheckpointDir(Path(a.ckpt))
+    picture = None
+    if a.svg is not None:  # checked before the work, written after it
+        from specbind import svg
+
+        picture = svg.target(a.svg, ckpt.files())
     rep = audit(
-        CheckpointDir(Path(a.ckpt)),
+        ckpt,
         table,
         progress=a.progress,
         overrides=overrides,
@@ -156,6 +162,12 @@ def cmd_audit(a: argparse.Namespace) -> int:
         allow_unshared_scales=a.allow_unshared_scales,
     )
     _note_overrides(overrides)  # after audit has refused a --set naming no symbol
+    if picture is not None:
+        from specbind.audit_svg import render_svg
+
+        svg.write(
+            picture, render_svg(rep, {b.name: [r.name for r in b.tensors] for b in table.blocks})
+        )
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return EXIT["ok"] if rep["ok"] else EXIT["refused"]
 
@@ -369,6 +381,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     tp_size, _ = resolve_tp(a.tp_size, 0, os.environ)
     layers: list[LayerUse] = []
     quant: dict[tuple[int, str], LayerQuant | None] = {}
+    ckpt_files: list[Path] = []
     if a.ckpt:
         from specbind.plan_report import checkpoint_layers
         from specbind.runtime.checkpoint import CheckpointDir
@@ -377,6 +390,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
         if a.quant is not None:
             raise UsageError("--quant plans the spec's model; a checkpoint says its own")
         ckpt = CheckpointDir(Path(a.ckpt))
+        ckpt_files = list(ckpt.files())
         values = values_from_config(table, ckpt.config, _sets(a.set))
         layers, quant = checkpoint_layers(table, ckpt, values, mtp=not a.no_mtp)
         source = str(ckpt.root)
@@ -406,10 +420,19 @@ def cmd_plan(a: argparse.Namespace) -> int:
         source = f"model spec: the real geometry, {table.real_layers} layers + {table.real_mtp} MTP"
         if scheme is not None:
             source += f", every linear it can hold as {scheme.name}"
+    picture = None
+    if a.svg is not None:  # checked before the work, written after it
+        from specbind import svg
+
+        picture = svg.target(a.svg, ckpt_files)
     rep = plan_report(
         table, values, tp_size, layers, source, ep_size=_or(a.ep_size, 1),
         quant=lambda i, b: quant.get((i, b)),
     )  # fmt: skip
+    if picture is not None:
+        from specbind.plan_svg import render_svg
+
+        svg.write(picture, render_svg(rep))
     print(json.dumps(rep, indent=2) if a.json else render_text(rep))
     return 0
 
@@ -624,6 +647,9 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     au.add_argument("ckpt")
     au.add_argument("--json", action="store_true")
     au.add_argument(
+        "--svg", metavar="FILE", help="also draw the layer x slot grid, problems in red (SVG)"
+    )
+    au.add_argument(
         "--names-only",
         action="store_true",
         help="the census alone: names, dtypes and config.json, no tensor read (shapes and "
@@ -695,6 +721,9 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="every tensor's local shape and bytes on every rank")
     pl.add_argument("ckpt", nargs="?", help="a checkpoint (geometry from its config.json)")
     pl.add_argument("--json", action="store_true")
+    pl.add_argument(
+        "--svg", metavar="FILE", help="also draw who holds which bytes, ranks x blocks (SVG)"
+    )
     pl.add_argument(
         "--quant",
         metavar="SCHEME",

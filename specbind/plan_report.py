@@ -4,15 +4,19 @@ Invariant: summed over ranks, each tensor is held ``tp`` times if replicated acr
 (once if split), times ``ep`` unless it is an expert split across ep ranks (once): sharded
 tensors partition, replicated ones are held by every rank. The report states both sides of that
 sum so a reader (and the tests) can check it.
+Each rank's bytes are its ``held`` bytes by block and kind (split, copied, replicated, expert:
+``plan_held``), summed; ``totals.held`` sums each kind over ranks (``plan --svg`` draws them).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from specbind.core.planning import BlockPlan, Ranks
+from specbind.plan_held import held_by_block, held_totals
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.model import ModelTable
 from specbind.runtime.quant import LayerQuant, quantize_rules
@@ -114,12 +118,8 @@ def plan_report(
                 expected += t.full_bytes * copies
     ranks: list[dict[str, Any]] = []
     for r in grid:
-        total = sum(
-            t.local_bytes
-            for i, b, present in layers
-            for t in plan_of(i, b, r).tensors.values()
-            if t.name in present
-        )
+        kinds = held_by_block(layers, partial(plan_of, r=r))  # split, copied, replicated, expert
+        total = sum(n for by_kind in kinds.values() for n in by_kind.values())
         per_block = {
             name: [
                 {
@@ -131,8 +131,9 @@ def plan_report(
             for name in used
         }
         ranks.append(
-            {"tp_rank": r.tp_rank, "ep_rank": r.ep_rank, "bytes": total, "tensors": per_block}
-        )
+            {"tp_rank": r.tp_rank, "ep_rank": r.ep_rank, "bytes": total, "tensors": per_block,
+             "held": kinds}
+        )  # fmt: skip
     return {
         "model": table.name,
         "source": source,
@@ -146,6 +147,7 @@ def plan_report(
             "sum_rank_bytes": sum(r["bytes"] for r in ranks),
             "expected_sum": expected,
             "max_rank_bytes": max(r["bytes"] for r in ranks),
+            "held": held_totals(r["held"] for r in ranks),
         },
     }
 
