@@ -178,8 +178,8 @@ def render_text(rep: dict[str, Any]) -> str:
     ]
     for name, b in rep["blocks"].items():
         n = len(b["layers"])
-        where = "model-level" if b["layers"] == [-1] else f"{n} layer(s): {spans(b['layers'])}"
-        lines += _wrap(f"{name}, all-reduce after the block: {b['all_reduce']}; {where}")
+        where = "model-level" if b["layers"] == [-1] else f"{n} layer(s) ({spans(b['layers'])})"
+        lines += _wrap(f"{name}: {where}, all-reduce after the block: {b['all_reduce']}")
         local = {t["name"]: str(t["local_shape"]) for t in first["tensors"].get(name, [])}
         cells = [("tensor", "dtype", "shard", "full shape", "local")]
         groups: dict[str, int] = {}

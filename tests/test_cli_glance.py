@@ -345,3 +345,13 @@ def test_a_directory_named_like_a_hub_id_is_read_as_the_path_it_is(
     out, err = run(capsys, "audit", "acme/Tiny-Llama-4L", "--json")
     assert json.loads(out)["checkpoint"] == "acme/Tiny-Llama-4L", "the path, not the snapshot"
     assert "Hub" not in err
+
+
+def test_bind_out_dir_ends_with_gib_seconds_and_rate_over_every_rank(
+    capsys: pytest.CaptureFixture[str], ckpt: Path, tmp_path: Path
+) -> None:
+    text, _ = run(capsys, "bind", str(ckpt), "--tp-size", "1", "--out-dir", str(tmp_path / "o"))
+    rank = text.splitlines()[1].split()
+    m = re.fullmatch(r"bound ([\d.]+) GiB in ([\d.]+) s \(([\d.]+) GiB/s\)", text.splitlines()[-1])
+    assert m is not None and m[1] == f"{int(rank[4]) / 2**30:.2f}" == rank[5], text
+    assert re.search(r"\d+ B \(\d+\.\d\d GiB\) in all", text)
