@@ -26,7 +26,7 @@ def render_text(rep: dict[str, Any], verbose: bool = False, wrote: str | None = 
     if g is not None:
         rows.append((-1, ("model", "globals", g["block"]), [g["bound"], g["bytes"]]))
     head = ("layer" if verbose else "layers", "role", "slot", "block", "tensors", "bytes")
-    lines = [ROW.format(*head, "GiB", "" if verbose else "which")]
+    lines = [ROW.format(*head, "GiB", "" if verbose else "which (-v: every layer and slot)")]
     shown = [([i], k, c) for i, k, c in rows] if verbose else fold(rows)
     for layers, key, (tensors, nbytes) in shown:
         role, slot, block = key
@@ -46,7 +46,6 @@ def render_text(rep: dict[str, Any], verbose: bool = False, wrote: str | None = 
         + skipped
         + (f"; MTP layer(s) {mtp} not bound (--no-mtp)" if mtp else "")
         + (f"; wrote {wrote}" if wrote else "")
-        + ("" if verbose else " (-v: every layer and slot)")
     )
     lines.append(done("bound", total, rep["seconds"]))
     return "\n".join(lines)

@@ -1,10 +1,10 @@
 """Rows that repeat layer after layer, folded into one row per kind: what ``bind`` and ``audit``
 print without ``-v``.
 
-Invariant: folding loses no row's difference. Rows fold only when every shown cell but the
-layer index is equal (a slot with a problem, another signature or other bytes stays a row of
-its own), each folded row names its layers (``0-2, 5``) and how many, and the counts it sums
-(tensors, bytes) add up to the unfolded rows' sums.
+Invariant: rows fold only when their keys are equal, each folded row names its layers
+(``0-2, 5``) and how many, and the counts it sums add up to the unfolded rows' sums. The caller
+picks the key: ``audit`` every cell but the layer (a slot with a problem or another signature
+stays a row of its own), ``bind`` (role, slot, block), its tensors and bytes summed.
 """
 
 from __future__ import annotations
