@@ -31,9 +31,9 @@ from specbind.runtime.model import (
     Weights,
     map_arrays,
 )
-from specbind.runtime.progress import bar as progress_bar
+from specbind.runtime.progress import byte_bar, shown
 from specbind.runtime.quant import OUTPUTS as QUANT_OUTPUTS
-from specbind.runtime.quant import LayerQuant, quant_metadata, quantized_names
+from specbind.runtime.quant import LayerQuant, quant_metadata, quantize_rules, quantized_names
 from specbind.runtime.source import RawTensor, TensorSource
 from specbind.runtime.tp import gather_room
 from specbind.runtime.view import open_layout, slot_quant
@@ -225,40 +225,89 @@ def bind_checkpoint(
     if sink is not None:
         sink.start(_expected(lay, kinds, glob_block, quant, qmeta))
     out: list[LayerResult] = []
-    # progress=None: a bar only when stderr is a terminal, unless the caller says otherwise.
-    for lay_layer in progress_bar(lay.layers.values(), progress, "bind", "layer"):
-        bound = LayerResult(lay_layer.index, lay_layer.role)
-        full = lay.split.full_name(table, lay_layer.index, "")
-        for slot, fill in lay_layer.slots.items():
-            assert fill.block is not None
-            if kinds is not None and fill.block.name not in kinds:
-                continue
-            src: TensorSource = LayerSource(view, full, fill.names)
-            lq = quant[(lay_layer.index, slot)]
-            bound.slots[slot] = _bind_one(
-                fill.block, slot, geometry, ranks, lay_layer.index, src, backend, flags, lq, into
+    # progress=None: a bar only when stderr is a terminal, unless the caller says otherwise;
+    # it counts the bytes of this rank's share each layer reads, sized only when it is drawn.
+    on = (
+        glob_block
+        if glob_block is not None and (kinds is None or glob_block.name in kinds)
+        else None
+    )
+    sizes = _read_bytes(lay, kinds, plans, quant, on) if shown(progress) else None
+    total = None if sizes is None else sum(sizes.values())
+    with byte_bar(total, progress, "bind") as step:
+        for lay_layer in lay.layers.values():
+            bound = LayerResult(lay_layer.index, lay_layer.role)
+            full = lay.split.full_name(table, lay_layer.index, "")
+            for slot, fill in lay_layer.slots.items():
+                assert fill.block is not None
+                if kinds is not None and fill.block.name not in kinds:
+                    continue
+                src: TensorSource = LayerSource(view, full, fill.names)
+                lq = quant[(lay_layer.index, slot)]
+                bound.slots[slot] = _bind_one(
+                    fill.block,
+                    slot,
+                    geometry,
+                    ranks,
+                    lay_layer.index,
+                    src,
+                    backend,
+                    flags,
+                    lq,
+                    into,
+                )
+                if sink is not None:
+                    where = f"layers.{lay_layer.index}.{slot}"
+                    bound.slots[slot] = _handed(sink, where, bound.slots[slot])
+            if sink is not None or into is not None:  # no field views the map: drop its pages
+                ckpt.release(
+                    view.on_disk(full + n) for fill in lay_layer.slots.values() for n in fill.names
+                )
+            out.append(bound)
+            step(sizes[lay_layer.index] if sizes else 0)
+        glob = None
+        if on is not None:
+            gsrc = GlobalSource(view, lay.globals)
+            glob = _bind_one(
+                on, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags, None, into
             )
             if sink is not None:
-                where = f"layers.{lay_layer.index}.{slot}"
-                bound.slots[slot] = _handed(sink, where, bound.slots[slot])
-        if sink is not None or into is not None:  # no field views the map: drop its pages
-            ckpt.release(
-                view.on_disk(full + n) for fill in lay_layer.slots.values() for n in fill.names
-            )
-        out.append(bound)
-    glob = None
-    if glob_block is not None and (kinds is None or glob_block.name in kinds):
-        gsrc = GlobalSource(view, lay.globals)
-        glob = _bind_one(
-            glob_block, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags, None, into
-        )
-        if sink is not None:
-            glob = _handed(sink, "globals", glob)
-        if sink is not None or into is not None:
-            ckpt.release(view.on_disk(n) for n in lay.globals.values())
+                glob = _handed(sink, "globals", glob)
+            if sink is not None or into is not None:
+                ckpt.release(view.on_disk(n) for n in lay.globals.values())
+            step(sizes[GLOBALS] if sizes else 0)
     unbound = {p: len(ns) for p, ns in lay.unbound.items() if ns}
     seconds = time.perf_counter() - t0
     return BindResult(ranks, out, glob, unbound, seconds, flags, qmeta, sorted(lay.mtp_skipped))
+
+
+def _read_bytes(
+    lay: Layout, kinds: Collection[str] | None, plans: Mapping[str, BlockPlan],
+    quant: Mapping[tuple[int, str], LayerQuant | None], glob: BlockEntry[Any] | None,
+) -> dict[int, int]:  # fmt: skip
+    """By layer index (the model-level tensors under ``GLOBALS``), the bytes of this rank's
+    share of the tensors its bound slots hold (packed where a slot is stored quantized), from
+    the plans alone: the progress bar's steps."""
+    cache: dict[tuple[str, Any], BlockPlan] = {}
+
+    def held(block: BlockEntry[Any], names: Collection[str], lq: LayerQuant | None) -> int:
+        key = (block.name, None if lq is None else lq.quantized)
+        if key not in cache:
+            cache[key] = quantize_rules(block.name, block.tensors, plans[block.name], lq)[1]
+        plan = cache[key].tensors
+        return sum(plan[n].local_bytes for n in names if n in plan)
+
+    out = {
+        x.index: sum(
+            held(fill.block, fill.names, quant.get((x.index, slot)))
+            for slot, fill in x.slots.items()
+            if fill.block is not None and (kinds is None or fill.block.name in kinds)
+        )
+        for x in lay.layers.values()
+    }
+    if glob is not None:
+        out[GLOBALS] = held(glob, lay.globals, None)
+    return out
 
 
 def _block_of(lay: Any, index: int, slot: str) -> str:

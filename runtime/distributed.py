@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 from specbind.core.errors import DistributedError, RankError, SpecbindError
 from specbind.core.planning import Ranks
 from specbind.core.record import record
+from specbind.core.units import GIB, done, size
 from specbind.runtime import agreement, byte_coverage
 from specbind.runtime.atomic import atomic_writer
 from specbind.runtime.backends import Backend
@@ -284,18 +285,20 @@ def write_index(job: Job, p: _Prepared, rows: list[dict[str, Any]], world: int) 
 
 def render(rep: dict[str, Any]) -> str:
     """The text report rank 0 prints."""
-    row = "{:>5} {:>4} {:>4}  {:<16} {:>14} {:>9}  {}"
-    lines = [row.format("rank", "tp", "ep", "host", "bytes", "seconds", "file")]
+    row = "{:>5} {:>4} {:>4}  {:<16} {:>14} {:>8} {:>9}  {}"
+    lines = [row.format("rank", "tp", "ep", "host", "bytes", "GiB", "seconds", "file")]
     for r in rep["ranks"]:
         cells = (r["rank"], r["tp_rank"], r["ep_rank"], r["host"][:16], r["bytes"])
-        lines.append(row.format(*cells, f"{r['seconds']:.3f}", r["file"] or "-"))
+        gib = f"{r['bytes'] / GIB:.2f}"
+        lines.append(row.format(*cells, gib, f"{r['seconds']:.3f}", r["file"] or "-"))
     c = rep["coverage"]
     lines.append(
         f"{rep['world']} rank(s) = tp {rep['tp_size']} x ep {rep['ep_size']} over "
         f"{rep['collectives']}: agreed on {len(rep['agreed'])} facts (spec hash, layout, "
         f"checkpoint files, config, tensors); {c['tensors']} tensors ({c['sharded']} sharded) "
-        f"read exactly once per replica, {c['bytes_read']} B in all, {c['digests_compared']} "
+        f"read exactly once per replica, {size(c['bytes_read'])} in all, {c['digests_compared']} "
         f"shared ranges compared by digest; {rep['seconds']:.3f} s"
         + (f"; wrote {rep['index']}" if rep["index"] else "")
     )
+    lines.append(done("bound", sum(r["bytes"] for r in rep["ranks"]), rep["seconds"]))
     return "\n".join(lines)

@@ -31,6 +31,7 @@ from specbind.api import (
     open_bound,
 )
 from specbind.runtime.bind_options import BindOptions
+from specbind.version import __version__
 
 if TYPE_CHECKING:
     from specbind.runtime.backends import Arena
@@ -42,6 +43,7 @@ __all__ = [
     "BoundModel",
     "BoundSlot",
     "Checkpoint",
+    "__version__",
     "open",
     "open_bound",
 ]

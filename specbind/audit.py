@@ -2,7 +2,7 @@
 
 Per layer and slot: the block (from names only) or the nearest one and what it lacks, a
 signature of the slot's tensors (name, dtype, shape), what the block does not know, absent
-optional groups and quantisation artefacts (``*_scale``, ``*_scale_2``, ``input_scale``, U8/F8/F4
+optional groups and quantization artifacts (``*_scale``, ``*_scale_2``, ``input_scale``, U8/F8/F4
 dtypes). Across the checkpoint: distinct signatures per block, the model-level tensors, the
 declared-unbound ones with the reason, and whatever nothing accounts for. ``coverage`` sums to
 the tensor count: bound + declared unbound + unaccounted.
@@ -32,6 +32,7 @@ from typing import Any
 from specbind.core.dtypes import QUANT_DTYPES
 from specbind.core.errors import CheckpointError, SpecbindError, UsageError
 from specbind.core.ir import TensorRule
+from specbind.core.units import GIB, size
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.checks import census, family_matcher
 from specbind.runtime.config import values_from_config
@@ -42,8 +43,10 @@ from specbind.runtime.quant import layer_quant, quantized_rules
 from specbind.runtime.quant_config import detect, packed_names
 from specbind.runtime.source import RawTensor, TensorSource
 from specbind.runtime.view import NamedView, geometry_of
+from specbind.summary import fold, spans
+from specbind.version import __version__
 
-# Companions a quantisation tool writes beside a linear weight (ModelOpt, compressed-tensors,
+# Companions a quantization tool writes beside a linear weight (ModelOpt, compressed-tensors,
 # FP8 block scales); flagged only when the block does not declare them.
 QUANT_NAME = re.compile(
     r"(weight_scale|weight_scale_2|weight_scale_inv|input_scale|weight_global_scale|"
@@ -104,11 +107,13 @@ def _slot_row(
     rows: list[tuple[str, str, tuple[int, ...]]] = []
     quant: list[str] = []
     wrong: list[str] = []
+    nbytes = 0
     for n in mine:
         t = ckpt.get(full + n)
         if t is None:  # unreadable (sections that do not add up): listed among the problems
             continue
         rows.append((n, t.dtype, t.shape))
+        nbytes += t.data.nbytes
         if (QUANT_NAME.search(n) and n not in known) or t.dtype in QUANT_DTYPES:
             quant.append(f"{n} ({t.dtype})")
         if n in known and not _dtype_ok(rules, n, t.dtype):
@@ -122,11 +127,12 @@ def _slot_row(
         "nearest": block.name,
         "signature": _signature(rows),
         "tensors": len(mine),
+        "bytes": nbytes,
         "missing": missing if fill.block is not None else fill.missing,
         "absent_optional_groups": absent,
         "unknown": sorted(n for n in mine if n not in known),
         "wrong_dtype": sorted(wrong),
-        "quantisation_artefacts": sorted(quant),
+        "quantization_artifacts": sorted(quant),
     }
 
 
@@ -270,11 +276,14 @@ def audit(
         problems += _bind_problems(ckpt, table, overrides, mtp, progress, allow_unshared_scales)
     bound = claimed - undeclared + len(lay.globals)
     rep = {
+        "specbind_version": __version__,
         "checkpoint": str(ckpt.root),
         "model": table.name,
         "layer_prefix": split.prefix + table.layer_pattern,
         "tensors": len(view.names()),  # as the specs name them: a fused conv read as three
         "stored_tensors": len(ckpt.names()),
+        "bytes": sum(s["bytes"] for r in layers for s in r["slots"].values())
+        + sum(t.data.nbytes for n in lay.globals.values() if (t := probe.get(n)) is not None),
         "coverage": {
             "bound": bound,
             "declared_unbound": unbound,
@@ -299,8 +308,8 @@ def audit(
         if qconf is None
         else {"scheme": qconf.scheme.name, "weight_only": qconf.weight_only},
         "identical_bytes": _identical(probe, hashable + list(lay.globals.values()), progress),
-        "quantisation_artefacts": sum(
-            len(s["quantisation_artefacts"]) for r in layers for s in r["slots"].values()
+        "quantization_artifacts": sum(
+            len(s["quantization_artifacts"]) for r in layers for s in r["slots"].values()
         ),
         "checked": "bind" if verify else "names",
     }
@@ -385,36 +394,44 @@ def _identical(ckpt: TensorSource, names: list[str], progress: bool | None) -> l
     return sorted(sorted(g) for g in by_hash.values() if len(g) > 1)
 
 
-def render_text(rep: dict[str, Any]) -> str:
+def render_text(rep: dict[str, Any], verbose: bool = False) -> str:
+    """The census as text: a row per kind of slot (``verbose``: per layer and slot), folded
+    only where every cell but the layer is equal (``summary.fold``), so a slot with a problem
+    or another signature is a row of its own; then the kinds, the model-level and unbound
+    tensors, the problems and the verdict, last."""
     cov = rep["coverage"]
     lines = [
         f"checkpoint {rep['checkpoint']} ({rep['model']}): {rep['tensors']} tensors, "
-        f"{len(rep['layers'])} layers under {rep['layer_prefix']!r}",
+        f"{size(rep['bytes'])}, {len(rep['layers'])} layers under {rep['layer_prefix']!r}",
         f"coverage: {cov['bound']} bound, {cov['declared_unbound']} declared unbound, "
         f"{cov['unaccounted']} unaccounted",
-        f"{'layer':>5}  {'role':<7} {'slot':<10} {'block':<12} {'signature':<12} {'n':>5}  notes",
+        f"{'layer' if verbose else 'layers':>6}  {'role':<7} {'slot':<10} {'block':<12} "
+        f"{'signature':<12} {'n':>5} {'GiB':>8}  "
+        + ("notes" if verbose else "which; notes (n, GiB: per layer)"),
     ]
+    rows: list[tuple[int, tuple[Any, ...], list[int]]] = []
     for r in rep["layers"]:
         for slot, s in r["slots"].items():
-            notes = []
-            if s["block"] == UNKNOWN:
-                notes.append(f"nearest {s['nearest']}")
-            if s["missing"]:
-                notes.append(f"missing {s['missing']}")
-            if s["unknown"]:
-                notes.append(f"unknown {s['unknown']}")
-            if s["wrong_dtype"]:
-                notes.append(f"refused dtype {s['wrong_dtype']}")
-            if s["absent_optional_groups"]:
-                notes.append(f"no {'/'.join(s['absent_optional_groups'])} (optional)")
-            if s["quantisation_artefacts"]:
-                notes.append(f"quantised {s['quantisation_artefacts']}")
-            lines.append(
-                f"{r['index']:>5}  {r['role']:<7} {slot:<10} {s['block']:<12} "
-                f"{s['signature']:<12} {s['tensors']:>5}  {'; '.join(notes)}"
-            )
-        if r["unclaimed"]:
-            lines.append(f"{r['index']:>5}  unclaimed by any slot: {r['unclaimed']}")
+            key = (r["role"], slot, s["block"], s["signature"], s["tensors"], s["bytes"], _notes(s))
+            rows.append((r["index"], key, []))
+        if r["unclaimed"] and verbose:
+            rows.append((r["index"], ("unclaimed", tuple(r["unclaimed"])), []))
+    for layers, key, _ in [([i], k, c) for i, k, c in rows] if verbose else fold(rows):
+        if key[0] == "unclaimed":
+            lines.append(f"{spans(layers):>6}  unclaimed by any slot: {list(key[1])}")
+            continue
+        role, slot, block, sig, n, nbytes, notes = key
+        which = notes if verbose else "; ".join(x for x in (spans(layers), notes) if x)
+        lines.append(
+            f"{spans(layers) if verbose else len(layers):>6}  {role:<7} {slot:<10} {block:<12} "
+            f"{sig:<12} {n:>5} {nbytes / GIB:>8.2f}  {which}"
+        )
+    if not verbose:
+        lines += [
+            f"{r['index']:>6}  unclaimed by any slot: {r['unclaimed']}"
+            for r in rep["layers"]
+            if r["unclaimed"]
+        ]
     for kind, k in rep["kinds"].items():
         lines.append(
             f"{kind}: {k['layers']} layer(s), {k['distinct_signatures']} distinct signature(s)"
@@ -440,8 +457,29 @@ def render_text(rep: dict[str, Any]) -> str:
     if q is not None:
         only = " (weights only)" if q["weight_only"] else ""
         lines.append(f"quantization: {q['scheme']}{only}, read from the checkpoint's config")
-    lines.append(f"quantisation artefacts: {rep['quantisation_artefacts']}")
+    lines.append(f"quantization artifacts: {rep['quantization_artifacts']}")
     if rep["unindexed_files"]:
         lines.append(f"not read (no index entry names them): {rep['unindexed_files']}")
+    if not verbose:
+        lines.append("(-v: every layer and slot)")
     lines.append(rep["verdict"])
     return "\n".join(lines)
+
+
+def _notes(s: dict[str, Any]) -> str:
+    """What a slot's row says beyond its counts: the nearest block of an unknown slot, what it
+    misses or has too many of, refused dtypes, absent optional groups, quantization artifacts."""
+    notes = []
+    if s["block"] == UNKNOWN:
+        notes.append(f"nearest {s['nearest']}")
+    if s["missing"]:
+        notes.append(f"missing {s['missing']}")
+    if s["unknown"]:
+        notes.append(f"unknown {s['unknown']}")
+    if s["wrong_dtype"]:
+        notes.append(f"refused dtype {s['wrong_dtype']}")
+    if s["absent_optional_groups"]:
+        notes.append(f"no {'/'.join(s['absent_optional_groups'])} (optional)")
+    if s["quantization_artifacts"]:
+        notes.append(f"quantized {s['quantization_artifacts']}")
+    return "; ".join(notes)

@@ -61,6 +61,13 @@ def _table(name: str | None, ckpt: str | None = None) -> Any:
     return model_table(name, "--model", config)
 
 
+def _json(rep: dict[str, Any]) -> str:
+    """A command's ``--json`` output: ``rep`` with ``specbind_version`` first, in every one."""
+    from specbind.version import __version__
+
+    return json.dumps({"specbind_version": __version__, **rep}, indent=2)
+
+
 def _sets(items: list[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for item in items:
@@ -168,7 +175,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
         svg.write(
             picture, render_svg(rep, {b.name: [r.name for r in b.tensors] for b in table.blocks})
         )
-    print(json.dumps(rep, indent=2) if a.json else render_text(rep))
+    print(_json(rep) if a.json else render_text(rep, a.verbose))
     return EXIT["ok"] if rep["ok"] else EXIT["refused"]
 
 
@@ -217,11 +224,11 @@ def cmd_reload(a: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     r = f.ranks
     if a.json:
-        print(json.dumps({
+        print(_json({
             "path": str(f.path), "model": f.model, "tp_size": r.tp_size, "tp_rank": r.tp_rank,
             "ep_size": r.ep_size, "ep_rank": r.ep_rank, "layers": len(f.layers),
             "tensors": len(f.tensors), "bytes": f.bytes, "seconds": round(seconds, 6),
-        }, indent=2))  # fmt: skip
+        }))  # fmt: skip
     else:
         print(
             f"loaded {len(f.tensors)} tensor(s) of {len(f.layers)} layer(s), {f.bytes} B at tp "
@@ -277,35 +284,11 @@ def cmd_bind(a: argparse.Namespace) -> int:
         with StreamWriter(out, head, backend, ckpt.files(), ckpt.dirs()) as sink:
             result = run(sink=sink)
     if a.json:
-        print(json.dumps(result.as_dict(), indent=2))
+        print(_json(result.as_dict()))
     else:
-        row = "{:>5}  {:<7} {:<10} {:<12} {:>6} {:>14}"
-        print(row.format("layer", "role", "slot", "block", "bound", "bytes"))
-        for layer in result.layers:
-            for slot, b in layer.slots.items():
-                r = b.report
-                print(row.format(layer.index, layer.role, slot, b.block, r.bound, r.bytes))
-        if result.globals is not None:
-            g = result.globals
-            print(row.format("-", "model", "globals", g.block, g.report.bound, g.report.bytes))
-        total = result.as_dict()["bytes"]
-        skipped = "".join(
-            f"; declared unbound, not read: {n} tensor(s) under {p}"
-            for p, n in result.unbound.items()
-            if n
-        )
-        print(
-            f"bound {len(result.layers)} layer(s) and the model-level tensors, {total} B at "
-            f"tp rank {result.ranks.tp_rank} of {result.ranks.tp_size}, ep rank "
-            f"{result.ranks.ep_rank} of {result.ranks.ep_size} in {result.seconds:.3f} s"
-            + skipped
-            + (
-                f"; MTP layer(s) {result.mtp_skipped} not bound (--no-mtp)"
-                if result.mtp_skipped
-                else ""
-            )
-            + (f"; wrote {a.out}" if a.out else "")
-        )
+        from specbind.bind_report import render_text
+
+        print(render_text(result.as_dict(), a.verbose, a.out))
     return 0
 
 
@@ -368,7 +351,7 @@ def cmd_bind_ranks(a: argparse.Namespace) -> int:
     finally:
         comm.close()
     if rep is not None:
-        print(json.dumps(rep, indent=2) if a.json else distributed.render(rep))
+        print(_json(rep) if a.json else distributed.render(rep))
     return 0
 
 
@@ -433,7 +416,15 @@ def cmd_plan(a: argparse.Namespace) -> int:
         from specbind.plan_svg import render_svg
 
         svg.write(picture, render_svg(rep))
-    print(json.dumps(rep, indent=2) if a.json else render_text(rep))
+    print(_json(rep) if a.json else render_text(rep))
+    return 0
+
+
+def cmd_models(a: argparse.Namespace) -> int:
+    from specbind.models_table import render_text, supported
+
+    rows = supported()
+    print(_json({"models": rows}) if a.json else render_text(rows))
     return 0
 
 
@@ -459,26 +450,26 @@ def cmd_bench(a: argparse.Namespace) -> int:
             table, _scheme(table, a.quant), a.tp_size or [1, 2, 8], a.ep_size or [8],
             a.repeat, bench.cache_dir(a.cache), _sets(a.set),
         )  # fmt: skip
-        print(json.dumps(qr, indent=2) if a.json else bench_quant.render(qr))
+        print(_json(qr) if a.json else bench_quant.render(qr))
         return 0
     if a.reload:
         from specbind.bench import reload as bench_reload
 
         rel = bench_reload.run(table, bench.cache_dir(a.cache), a.repeat)
-        print(json.dumps(rel, indent=2) if a.json else bench_reload.render(rel))
+        print(_json(rel) if a.json else bench_reload.render(rel))
         return 0
     if a.scale:
         from specbind.bench import scale as bench_scale
 
         sizes = tuple(a.scale_layers or bench_scale.SIZES)
         scale = bench_scale.run(table, bench.cache_dir(a.cache), a.repeat, sizes)
-        print(json.dumps(scale, indent=2) if a.json else bench_scale.render(scale))
+        print(_json(scale) if a.json else bench_scale.render(scale))
         return 0
     if a.fixed_cost:
         from specbind.bench import fixed as bench_fixed
 
         fixed = bench_fixed.run(bench.process_repeats(a.repeat, a.quick))
-        print(json.dumps(fixed, indent=2) if a.json else bench_fixed.render(fixed))
+        print(_json(fixed) if a.json else bench_fixed.render(fixed))
         return 0
     tiny = a.tiny or a.quick
     if a.quick and not a.tiny:
@@ -488,14 +479,14 @@ def cmd_bench(a: argparse.Namespace) -> int:
         lim = bench.limits_only(
             table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), tiny, _sets(a.set)
         )
-        print(json.dumps(lim, indent=2) if a.json else bench.render_limits(lim))
+        print(_json(lim) if a.json else bench.render_limits(lim))
         return 0
     result = bench.run(
         table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), tiny,
         rss=not a.no_rss, overrides=_sets(a.set), ranks=a.ranks or [], loaders=a.loaders,
         quick=a.quick,
     )  # fmt: skip
-    print(json.dumps(result, indent=2) if a.json else bench.render(result))
+    print(_json(result) if a.json else bench.render(result))
     return 0
 
 
@@ -540,7 +531,10 @@ class _Unused:
         return lambda *args, **kwargs: self
 
 
-COMMANDS = ("generate", "synth", "audit", "bind", "plan", "bench")
+# Every --json flag's help: the key every JSON output starts with, and that it goes to stdout.
+JSON_HELP = "print {} as one JSON object on stdout (its first key: specbind_version)"
+
+COMMANDS = ("generate", "synth", "audit", "bind", "plan", "bench", "models")
 
 
 def parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -548,7 +542,10 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     ``main`` builds when the first argument names one): each ``ArgumentParser`` looks its
     messages up in gettext's catalogues and each ``add_argument`` builds a help formatter, so
     the other five commands' parsers cost every start ~5 ms."""
+    from specbind.version import __version__
+
     p = _Parser(prog="specbind", description="Spec-driven strict tensor binders.")
+    p.add_argument("--version", action="version", version=f"specbind {__version__}")
     subparsers = p.add_subparsers(dest="command", required=True)
 
     class Sub:
@@ -626,6 +623,11 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     common(s)
     s.set_defaults(func=cmd_synth)
 
+    def verbose(sp: argparse.ArgumentParser, what: str) -> None:
+        sp.add_argument(
+            "-v", "--verbose", action="store_true", help=f"{what} (default: one per block)"
+        )
+
     def no_mtp(sp: argparse.ArgumentParser) -> None:
         sp.add_argument(
             "--no-mtp",
@@ -645,7 +647,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
         "audit", help="census of every tensor of a checkpoint; exit 1 if bind would refuse it"
     )
     au.add_argument("ckpt")
-    au.add_argument("--json", action="store_true")
+    au.add_argument("--json", action="store_true", help=JSON_HELP.format("the census and verdict"))
     au.add_argument(
         "--svg", metavar="FILE", help="also draw the layer x slot grid, problems in red (SVG)"
     )
@@ -655,6 +657,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
         help="the census alone: names, dtypes and config.json, no tensor read (shapes and "
         "values unchecked; fast on a huge checkpoint)",
     )
+    verbose(au, "a row per layer and slot")
     common(au)
     progress(au)
     no_mtp(au)
@@ -685,7 +688,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
         help="load a rank's --out file back instead, checked against these binders and the "
         "rank flags given",
     )
-    b.add_argument("--json", action="store_true")
+    b.add_argument("--json", action="store_true", help=JSON_HELP.format("what was bound"))
     where = b.add_mutually_exclusive_group()
     where.add_argument("--out", help="write this rank's bound weights to this .safetensors file")
     where.add_argument(
@@ -712,6 +715,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
         choices=["swizzled", "dequantized"],
         help="also bind quantized fields as CUTLASS-swizzled block scales / dequantized BF16",
     )
+    verbose(b, "a row per layer and slot")
     no_mtp(b)
     tp(b, rank=True)
     common(b)
@@ -720,7 +724,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plan", help="every tensor's local shape and bytes on every rank")
     pl.add_argument("ckpt", nargs="?", help="a checkpoint (geometry from its config.json)")
-    pl.add_argument("--json", action="store_true")
+    pl.add_argument("--json", action="store_true", help=JSON_HELP.format("the plan"))
     pl.add_argument(
         "--svg", metavar="FILE", help="also draw who holds which bytes, ranks x blocks (SVG)"
     )
@@ -733,6 +737,10 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     tp(pl, rank=False)
     common(pl)
     pl.set_defaults(func=cmd_plan)
+
+    mo = sub.add_parser("models", help="the supported models, from the generated tables")
+    mo.add_argument("--json", action="store_true", help=JSON_HELP.format("the models"))
+    mo.set_defaults(func=cmd_models)
 
     be = sub.add_parser("bench", help="speed and memory beside the loader users would write")
     be.add_argument(
@@ -789,7 +797,7 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
         action="store_true",
         help="only the start-to-first-work row (specbind beside `import numpy, ml_dtypes`)",
     )
-    be.add_argument("--json", action="store_true")
+    be.add_argument("--json", action="store_true", help=JSON_HELP.format("the figures"))
     be.add_argument(
         "--quant",
         metavar="SCHEME",
@@ -832,6 +840,10 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.suppress(ValueError):  # only the main thread may set a handler
         previous = signal.signal(signal.SIGTERM, _terminated)
     try:
+        if getattr(args, "ckpt", None) is not None:  # a Hub id: its snapshot in the Hub cache
+            from specbind.hub import resolve
+
+            args.ckpt = resolve(args.ckpt)
         rc: int = args.func(args)
         return rc
     except Terminated:

@@ -11,15 +11,21 @@ Each rank's bytes are its ``held`` bytes by block and kind (split, copied, repli
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from specbind.core.planning import BlockPlan, Ranks
+from specbind.core.units import size
 from specbind.plan_held import held_by_block, held_totals
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.model import ModelTable
 from specbind.runtime.quant import LayerQuant, quantize_rules
+from specbind.summary import spans
+from specbind.version import __version__
+
+WIDTH = 100  # the text's columns at most, at a real model's geometry (tests check them all)
 
 # (layer index, block, names present); a layer contributes one entry per filled slot
 LayerUse = tuple[int, str, frozenset[str]]
@@ -89,6 +95,8 @@ def plan_report(
     for name in used:
         block = table.block(name)
         shapes = block.shapes(geometry)
+        optional = set(block.optional_groups)
+        holding = [present for _, b, present in layers if b == name]
         blocks[name] = {
             "layers": sorted({i for i, b, _ in layers if b == name}),
             "all_reduce": plans[(name, grid[0])].all_reduce,
@@ -101,6 +109,8 @@ def plan_report(
                     else f"{r.shard.kind}:{r.shard.unit}",
                     "family": r.family,
                     "full_shape": list(shapes[r.name]),
+                    "optional_group": r.group if r.group in optional else None,
+                    "held_in_layers": sum(_holds(r.name, names) for names in holding),
                 }
                 for r in block.tensors
             ],
@@ -135,6 +145,7 @@ def plan_report(
              "held": kinds}
         )  # fmt: skip
     return {
+        "specbind_version": __version__,
         "model": table.name,
         "source": source,
         "tp_size": tp_size,
@@ -153,38 +164,86 @@ def plan_report(
 
 
 def render_text(rep: dict[str, Any]) -> str:
-    """The report as text: per block its tensors' full shape and the local shape on rank
-    (tp 0, ep 0) (a family by its first member there; a quantized weight's packed shape, while
-    ``dtype`` stays the spec's), then every rank's bytes and the totals.
+    """The report as text, 100 columns at most at a real model's geometry (a column as wide as
+    its widest cell): per block the layers it fills and its tensors' dtype, split, full shape
+    and local shape on rank (tp 0, ep 0) (a family by its first member there; a quantized
+    weight's packed shape, while ``dtype`` stays the spec's), a tensor of an optional group
+    marked with how many of the block's layers hold it; then the ranks' bytes (equal tp ranks
+    of an ep rank on one line) and the totals, in bytes and GiB.
     Trap: the model-level block's ``layers`` is ``[-1]`` in the JSON; the text says so in words."""
-    lines = [
-        f"plan for {rep['model']} at tp {rep['tp_size']} x ep {rep['ep_size']} ({rep['source']})"
-    ]
     first = rep["ranks"][0]
+    lines = [
+        f"plan for {rep['model']} at tp {rep['tp_size']} x ep {rep['ep_size']}",
+        *_wrap(f"from {rep['source']}"),
+        f"local: the shape on tp {first['tp_rank']} ep {first['ep_rank']} (a quantized weight: "
+        "packed); *: a tensor of an optional group",
+    ]
     for name, b in rep["blocks"].items():
-        where = "model-level" if b["layers"] == [-1] else f"layers {b['layers']}"
-        lines.append(f"{name}: {where}, all-reduce after the block: {b['all_reduce']}")
+        n = len(b["layers"])
+        where = "model-level" if b["layers"] == [-1] else f"{n} layer(s) ({spans(b['layers'])})"
+        lines += _wrap(f"{name}: {where}, all-reduce after the block: {b['all_reduce']}")
         local = {t["name"]: str(t["local_shape"]) for t in first["tensors"].get(name, [])}
-        lines.append(
-            f"  {'tensor':<45} {'dtype':<5} {'shard':<11} {'full shape':<16} "
-            f"local on tp {first['tp_rank']} ep {first['ep_rank']} (a quantized weight: packed)"
-        )
+        cells = [("tensor", "dtype", "shard", "full shape", "local")]
+        groups: dict[str, int] = {}
         for t in b["tensors"]:
-            shown = _local_shape(t["name"], local)
-            lines.append(
-                f"  {t['name']:<45} {t['dtype']:<5} {t['shard']:<11} {t['full_shape']!s:<16} "
-                f"{shown}"
-            )
-    for r in rep["ranks"]:
-        lines.append(f"rank tp {r['tp_rank']} ep {r['ep_rank']}: {r['bytes']} B")
+            group = t["optional_group"]
+            if group is not None:
+                groups[group] = max(groups.get(group, 0), t["held_in_layers"])
+            mark = "" if group is None else "*"
+            row = (t["name"] + mark, t["dtype"], t["shard"], str(t["full_shape"]))
+            cells.append((*row, _local_shape(t["name"], local)))
+        widths = [max(len(c[k]) for c in cells) for k in range(5)]
+        for c in cells:
+            lines.append("  " + " ".join(f"{x:<{w}}" for x, w in zip(c, widths, strict=True)))
+            lines[-1] = lines[-1].rstrip()
+        lines += [
+            f"  * optional group {g}: held in {held} of {max(n, 1)} layer(s)"
+            for g, held in groups.items()
+        ]
+    lines += _ranks(rep)
     tot = rep["totals"]
-    lines.append(
-        f"whole model {tot['tp1_bytes']} B; sum over ranks {tot['sum_rank_bytes']} B "
-        f"(expected {tot['expected_sum']} B: replicated tensors on every rank, a unit fewer "
-        f"than tp on tp / units ranks, experts on one ep rank); largest rank "
-        f"{tot['max_rank_bytes']} B"
-    )
+    expected = tot["sum_rank_bytes"] == tot["expected_sum"]
+    lines += [
+        f"whole model     {size(tot['tp1_bytes'])}",
+        f"sum over ranks  {size(tot['sum_rank_bytes'])}, "
+        + ("as expected:" if expected else f"expected {size(tot['expected_sum'])}:"),
+        "                replicated tensors on every rank, a unit fewer than tp on tp / units",
+        "                ranks, experts on one ep rank",
+        f"largest rank    {size(tot['max_rank_bytes'])}",
+    ]
     return "\n".join(lines)
+
+
+def _wrap(text: str) -> list[str]:
+    """A prose line folded to ``WIDTH`` columns, its continuation indented."""
+    return textwrap.wrap(text, WIDTH, subsequent_indent="    ", break_on_hyphens=False)
+
+
+def _ranks(rep: dict[str, Any]) -> list[str]:
+    """A line per run of consecutive tp ranks of one ep rank that hold equal bytes."""
+    lines = []
+    runs: list[tuple[int, int, int, int]] = []  # (ep, first tp, last tp, bytes)
+    for r in rep["ranks"]:
+        e, t, n = r["ep_rank"], r["tp_rank"], r["bytes"]
+        if runs and runs[-1][0] == e and runs[-1][3] == n and runs[-1][2] == t - 1:
+            runs[-1] = (e, runs[-1][1], t, n)
+        else:
+            runs.append((e, t, t, n))
+    for e, lo, hi, n in runs:
+        tp = f"tp {lo}" if lo == hi else f"tp {lo}-{hi}"
+        lines.append(f"rank {tp} ep {e}: {size(n)}" + ("" if lo == hi else " each"))
+    return lines
+
+
+def _holds(pattern: str, names: frozenset[str]) -> bool:
+    """Whether ``names`` hold ``pattern``: the name itself, or a member of its family."""
+    if pattern in names:
+        return True
+    parts = re.split(r"\{[a-z]\}", pattern)
+    if len(parts) == 1:
+        return False
+    member = re.compile(r"\d+".join(re.escape(p) for p in parts))
+    return any(member.fullmatch(n) for n in names)
 
 
 def _local_shape(pattern: str, local: dict[str, str]) -> str:

@@ -80,7 +80,7 @@ def test_audit_json_is_a_clean_census_of_the_tiny_checkpoint(ckpt: Path) -> None
     slots = [s for row in rep["layers"] for s in row["slots"].values()]
     assert all(not s["missing"] and not s["unknown"] for s in slots)
     assert rep["layers"][7]["slots"]["attention"]["absent_optional_groups"] == ["indexer"]
-    assert rep["quantisation_artefacts"] == 0 and rep["identical_bytes"] == []
+    assert rep["quantization_artifacts"] == 0 and rep["identical_bytes"] == []
     assert rep["coverage"] == {"bound": rep["tensors"], "declared_unbound": 0, "unaccounted": 0}
     assert rep["globals"] == ["embed_tokens.weight", "lm_head.weight", "norm.weight"]
 
@@ -90,7 +90,7 @@ def test_bind_json_reports_every_layer_bound_with_no_unknowns(ckpt: Path, tmp_pa
     proc = specbind("bind", str(ckpt), "--json", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     rep = json.loads(proc.stdout)
-    assert set(rep) == {"tp_size", "tp_rank", "ep_size", "ep_rank", "globals", "layers",
+    assert set(rep) == {"specbind_version", "tp_size", "tp_rank", "ep_size", "ep_rank", "globals", "layers",
                         "declared_unbound", "bytes", "seconds"}  # fmt: skip
     assert (rep["tp_size"], rep["tp_rank"], rep["ep_size"], rep["ep_rank"]) == (1, 0, 1, 0)
     assert len(rep["layers"]) == 9
@@ -181,7 +181,7 @@ def test_audit_lists_the_missing_half_of_a_partial_indexer(ckpt: Path, tmp_path:
     assert rep["layers"][3]["slots"]["attention"]["absent_optional_groups"] == []
 
 
-def test_audit_reports_quantisation_artefacts_and_identical_bytes(
+def test_audit_reports_quantization_artifacts_and_identical_bytes(
     ckpt: Path, tmp_path: Path
 ) -> None:
     scale = np.ones(1, np.float32)
@@ -194,7 +194,7 @@ def test_audit_reports_quantisation_artefacts_and_identical_bytes(
                                              "layers.1.self_attn.A_log": a_log})  # fmt: skip
     rep = json.loads(specbind("audit", str(bad), "--json").stdout)
     attn = rep["layers"][2]["slots"]["attention"]
-    assert attn["quantisation_artefacts"] == [
+    assert attn["quantization_artifacts"] == [
         "self_attn.q_proj.input_scale (F32)", "self_attn.q_proj.weight_scale (F32)"]  # fmt: skip
     assert attn["unknown"] == [
         "self_attn.q_proj.input_scale",

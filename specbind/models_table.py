@@ -1,0 +1,79 @@
+"""``specbind models``: the supported models, read from the generated tables, so the list
+cannot drift from what ``bind`` accepts.
+
+Per model: the config.json ``model_type`` values it claims, its blocks, the real model's
+layers, what tensor parallelism splits (the symbols whose units tensors are split in) and
+whether expert parallelism applies (a block with an expert family), the quantization schemes
+a checkpoint may be stored in, and the engine layouts with their proof: the test that proves
+a layout against the engine's own loader, or ``unproven``.
+Invariant: every row comes from ``generated.MODELS`` and ``generated.engines.ENGINES``, the
+same registries ``bind`` and ``bind_for_engine`` look models up in; nothing is written here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specbind.runtime.model import ModelTable
+
+
+def supported() -> list[dict[str, Any]]:
+    """One entry per generated model, by name."""
+    from specbind.generated import MODELS
+    from specbind.generated.engines import ENGINES
+
+    return [_row(MODELS[name], ENGINES) for name in sorted(MODELS)]
+
+
+def _row(table: ModelTable[Any], engines: dict[tuple[str, str], Any]) -> dict[str, Any]:
+    units = sorted(
+        {
+            r.shard.unit or f"axis {r.shard.axis}"
+            for b in table.blocks
+            for r in b.tensors
+            if r.shard.kind != "replicated"
+        }
+    )
+    experts = sorted({b.name for b in table.blocks if b.module.FAMILIES})
+    return {
+        "model": table.name,
+        "default": table.default,
+        "model_types": list(table.model_types),
+        "blocks": [b.name for b in table.blocks],
+        "layers": table.real_layers,
+        "mtp_layers": table.real_mtp,
+        "tp_splits": units,
+        "ep": {"splits_experts_of": experts} if experts else None,
+        "quantization": [s.name for s in table.schemes],
+        "engines": [
+            {"engine": engine, "proof": layout.proof}
+            for (engine, model), layout in sorted(engines.items())
+            if model == table.name
+        ],
+    }
+
+
+def render_text(rows: list[dict[str, Any]]) -> str:
+    lines: list[str] = []
+    for r in rows:
+        mtp = f" + {r['mtp_layers']} MTP" if r["mtp_layers"] else ""
+        lines.append(
+            f"{r['model']}{' (default)' if r['default'] else ''}: model_type "
+            f"{', '.join(r['model_types'])}; {r['layers']} layers{mtp} at the real geometry"
+        )
+        ep = r["ep"]
+        engines = [
+            f"{e['engine']} ({'proved by ' + e['proof'] if e['proof'] else 'unproven'})"
+            for e in r["engines"]
+        ]
+        for key, value in (
+            ("blocks", ", ".join(r["blocks"])),
+            ("tp", "splits by " + ", ".join(r["tp_splits"])),
+            ("ep", "splits the experts of " + ", ".join(ep["splits_experts_of"]) if ep else
+             "refused (no expert family)"),
+            ("quantized", ", ".join(r["quantization"]) or "none"),
+            ("engines", ", ".join(engines) or "none (bind, bind --out, the API)"),
+        ):  # fmt: skip
+            lines.append(f"  {key:<10} {value}")
+    lines.append(f"{len(rows)} model(s); --json for the same as data")
+    return "\n".join(lines)
