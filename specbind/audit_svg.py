@@ -85,8 +85,8 @@ def _notes(slot: str, s: dict[str, Any]) -> str:
     lines = [f"{slot}: {s['block']}, {s['tensors']} tensor(s), signature {s['signature']}"]
     if s["absent_optional_groups"]:
         lines.append(f"no {'/'.join(s['absent_optional_groups'])} (optional)")
-    if s["quantisation_artefacts"]:
-        lines.append(f"quantised: {', '.join(s['quantisation_artefacts'][:6])}")
+    if s["quantization_artifacts"]:
+        lines.append(f"quantized: {', '.join(s['quantization_artifacts'][:6])}")
     return "\n".join(lines)
 
 
