@@ -10,10 +10,12 @@ specbind's, each engine started by tests/vllm_scenario.py in that venv. Claims:
   vocabularies are not multiples of 64, so this covers the layouts' padded vocabulary splits;
 - ``MODELS`` is the proof table: every layout in specs/engines/ names this file as its
   ``proof:`` and is listed here (tests/test_engine_layouts.py checks both);
-- a checkpoint missing one expert tensor, and one with a tensor cast to F32, stop the engine's
-  start with specbind's one-line message naming the tensor (vLLM's default loader starts on
-  the first one); at tp 2, under the multi-process executor, that line is what the caller gets;
-- ``enable_expert_parallel`` at tp 1 binds the parameters vLLM's own loader does.
+- a checkpoint with a tensor cast to F32 (tp 1), and one missing one expert tensor (tp 2, under
+  the multi-process executor), stop the engine's start with specbind's one-line message naming
+  the tensor, and that line is what the caller gets (vLLM's default loader starts on the
+  second one);
+- ``enable_expert_parallel`` at tp 1 binds the parameters vLLM's own loader does (specbind's
+  tp 1 Qwen3-MoE engine runs with it).
 Engine starts are the cost (tens of seconds each, minutes at tp 2), so each scenario starts
 its engines in one process and every claim reads its recorded results.
 """
@@ -63,30 +65,33 @@ def _scenario(root: Path, tp: int, runs: list[dict[str, Any]]) -> dict[str, Any]
     return result
 
 
-def _pairs(ckpts: dict[str, Path], generate: bool) -> list[dict[str, Any]]:
+# Engine starts are the cost: at tp 1 specbind's Qwen3-MoE engine runs with
+# enable_expert_parallel (one expert rank), so the tp 1 claims cover expert parallelism too.
+EP_AT_TP1 = "qwen3-moe"
+
+
+def _pairs(ckpts: dict[str, Path], generate: bool, tp: int) -> list[dict[str, Any]]:
     """Each model's engine with vLLM's loader, then with specbind's."""
     return [
-        {"name": f"{m}/{fmt}", "ckpt": str(ckpts[m]), "load_format": fmt, "generate": generate}
+        {"name": f"{m}/{fmt}", "ckpt": str(ckpts[m]), "load_format": fmt, "generate": generate,
+         "expert_parallel": tp == 1 and m == EP_AT_TP1 and fmt == "specbind"}
         for m in MODELS
         for fmt in ("auto", "specbind")
-    ]
+    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def tp1(ckpts: dict[str, Path]) -> dict[str, Any]:
     return _scenario(ckpts["missing"].parent, 1, [
-        *_pairs(ckpts, generate=True),
-        {"name": "missing", "ckpt": str(ckpts["missing"]), "load_format": "specbind"},
+        *_pairs(ckpts, generate=True, tp=1),
         {"name": "cast", "ckpt": str(ckpts["cast"]), "load_format": "specbind"},
-        {"name": "qwen3-moe/specbind-ep", "ckpt": str(ckpts["qwen3-moe"]),
-         "load_format": "specbind", "expert_parallel": True},
     ])  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def tp2(ckpts: dict[str, Path]) -> dict[str, Any]:
     return _scenario(ckpts["missing"].parent, 2, [
-        *_pairs(ckpts, generate=False),
+        *_pairs(ckpts, generate=False, tp=2),
         {"name": "missing", "ckpt": str(ckpts["missing"]), "load_format": "specbind"},
     ])  # fmt: skip
 
@@ -137,13 +142,6 @@ def test_every_vllm_parameter_after_loading_equals_the_default_loaders_on_each_r
         assert ours[rank] == theirs[rank], f"tp rank {rank}"
 
 
-def test_a_checkpoint_missing_one_expert_tensor_fails_engine_start_naming_it(
-    tp1: dict[str, Any],
-) -> None:
-    err = tp1["missing"].get("error", "")
-    assert "mlp.experts.2.up_proj.weight" in err and "missing" in err, err
-
-
 def test_a_checkpoint_with_a_tensor_cast_to_f32_fails_engine_start_naming_it(
     tp1: dict[str, Any],
 ) -> None:
@@ -155,16 +153,18 @@ def test_expert_parallel_at_tp1_binds_every_parameter_as_the_default_loader_does
     tp1: dict[str, Any],
 ) -> None:
     """``enable_expert_parallel`` at tp 1 is one expert rank: vLLM's own loader starts, and so
-    does specbind's, with the same parameters."""
-    (ours,), (theirs,) = _by_name(tp1["qwen3-moe/specbind-ep"]), _by_name(tp1["qwen3-moe/auto"])
-    assert ours == theirs
+    does specbind's, with the same parameters (the tp 1 run of specbind's Qwen3-MoE engine)."""
+    ours = tp1[f"{EP_AT_TP1}/specbind"]
+    assert ours["expert_parallel"] is True
+    assert _by_name(ours) == _by_name(tp1[f"{EP_AT_TP1}/auto"])
 
 
-def test_a_refusal_in_a_tp2_worker_reaches_the_caller_as_specbinds_line(
+def test_a_checkpoint_missing_one_expert_tensor_fails_engine_start_naming_it_to_the_caller(
     tp2: dict[str, Any],
 ) -> None:
-    """Under the multi-process executor the caller gets specbind's line, not only vLLM's
-    "Engine core initialization failed" with the line left in a worker's log."""
+    """vLLM's default loader starts on it; specbind's refuses. Under the multi-process
+    executor (tp 2: workers below the engine core process) the caller gets specbind's line, not
+    only vLLM's "Engine core initialization failed" with the line left in a worker's log."""
     err = tp2["missing"].get("error", "")
     assert err.startswith("SpecbindError: "), err
     assert "mlp.experts.2.up_proj.weight" in err and "missing" in err, err

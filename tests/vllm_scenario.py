@@ -73,7 +73,11 @@ def main() -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # errors reach this process
     else:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(str(i) for i in range(tp)))
-    results = {r["name"]: run(tp, r) for r in spec["runs"]}
+    # each result says how its engine ran (a claim about expert parallelism reads it)
+    results = {
+        r["name"]: run(tp, r) | {"expert_parallel": bool(r.get("expert_parallel"))}
+        for r in spec["runs"]
+    }
     Path(sys.argv[2]).write_text(json.dumps(results))
 
 
