@@ -185,6 +185,7 @@ def load_weights(model: Any, model_config: Any) -> None:
     from vllm.logger import init_logger
 
     from specbind.engine import fill
+    from specbind.runtime.backends import Arena
 
     parallel = get_current_vllm_config().parallel_config
     tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
@@ -194,13 +195,14 @@ def load_weights(model: Any, model_config: Any) -> None:
             get_pp_group().world_size, tp, int(getattr(parallel, "data_parallel_size", 1) or 1),
             bool(getattr(parallel, "enable_expert_parallel", False)),
         )  # fmt: skip
-        fields = bind_rank(model_config.model, tp, rank)
+        arena = Arena(separate=True)  # each field in a map of its own: what its parameter keeps
+        fields = bind_rank(model_config.model, tp, rank, into=arena)
     except SpecbindError as e:
         _report(e)
         raise
     params = dict(model.named_parameters())
     try:
-        nbytes = fill(ENGINE, params, fields)
+        nbytes = fill(ENGINE, params, fields, adopt=arena)
     except SpecbindError as e:
         _report(e)
         raise
@@ -210,8 +212,11 @@ def load_weights(model: Any, model_config: Any) -> None:
     )  # fmt: skip
 
 
-def bind_rank(model: str, tp: int, rank: int) -> Any:
-    """This tp rank's fields of the checkpoint folder ``model``, by vLLM's parameter names."""
+def bind_rank(model: str, tp: int, rank: int, into: Any = None) -> Any:
+    """This tp rank's fields of the checkpoint folder ``model``, by vLLM's parameter names
+    (``into``: the ``Arena`` they are bound into)."""
     from specbind.engine import bind_for_engine
 
-    return bind_for_engine(_local_dir(model), ENGINE, tp_size=tp, tp_rank=rank, advice=VLLM_ADVICE)
+    return bind_for_engine(
+        _local_dir(model), ENGINE, tp_size=tp, tp_rank=rank, advice=VLLM_ADVICE, into=into
+    )
