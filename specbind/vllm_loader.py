@@ -186,6 +186,7 @@ def load_weights(model: Any, model_config: Any) -> None:
 
     from specbind.engine import fill
     from specbind.runtime.backends import Arena
+    from specbind.runtime.safetensors_file import cores, split_reads
 
     parallel = get_current_vllm_config().parallel_config
     tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
@@ -196,7 +197,8 @@ def load_weights(model: Any, model_config: Any) -> None:
             bool(getattr(parallel, "enable_expert_parallel", False)),
         )  # fmt: skip
         arena = Arena(separate=True)  # each field in a map of its own: what its parameter keeps
-        fields = bind_rank(model_config.model, tp, rank, into=arena)
+        with split_reads(cores()):  # this rank's cores fault the fresh pages in together
+            fields = bind_rank(model_config.model, tp, rank, into=arena)
     except SpecbindError as e:
         _report(e)
         raise
