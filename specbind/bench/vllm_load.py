@@ -1,52 +1,77 @@
 """Load time inside vLLM: ``load_format="specbind"`` beside vLLM's default loader.
 
-    python -m specbind.bench.vllm_load CKPT [--repeat R]     (in the vLLM venv: .ci/vllm-venv)
+    python -m specbind.bench.vllm_load CKPT [--repeat R] [--cold]   (in the vLLM venv)
 
-Starts R engines of each loader at tp 1, interleaved (default, specbind, default, ...), in one
-process with the engine core in-process, and times each loader's ``load_weights`` (wrapped
-here): reading, checking and copying into the parameters, not the engine's start. Equal
-work: both fill the same parameters from the same checkpoint on a warm page cache (a warm-up
-start of each comes first). Prints min and median.
+One process, vLLM imported once, the engine core in-process, tp 1: a warm-up start of each
+loader, then R pairs interleaved (auto, specbind, auto, ...). Each start times the loader's
+``load_weights`` (wrapped here: reading, checking and filling every parameter, not vLLM's
+post-processing) and the whole ``vllm.LLM(...)`` construction, and counts the minor page faults
+of ``load_weights`` (fresh memory first written; the default loader's parameters partly reuse
+the heap an earlier engine of the same process freed). ``--cold``: the checkpoint's pages are
+dropped from the page cache before every start (``posix_fadvise(DONTNEED)`` on its files),
+else the page cache is warm. Prints min and median of each, the specbind / auto ratio of the
+medians, and the load average before and after.
+Trap: the machine's load moves every figure; read them only side by side, from one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
+FORMATS = ("auto", "specbind")
 
-def _timed(cls: Any, seconds: list[float]) -> None:
-    """Wrap ``cls.load_weights`` so each call appends its wall time to ``seconds``."""
+
+def _timed(cls: Any, seconds: list[tuple[float, int]]) -> None:
+    """Wrap ``cls.load_weights`` so each call appends (wall time, minor faults) to ``seconds``."""
     inner = cls.load_weights
 
     def load_weights(self: Any, model: Any, model_config: Any) -> None:
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         inner(self, model, model_config)
-        seconds.append(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        seconds.append((took, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults))
 
     cls.load_weights = load_weights
 
 
-def _start(ckpt: str, load_format: str, seconds: list[float]) -> float:
+def drop_cache(ckpt: str) -> None:
+    """Drop the checkpoint's files from the page cache (their pages only; no root needed)."""
+    for p in Path(ckpt).glob("*.safetensors"):
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def _start(ckpt: str, load_format: str, seconds: list[tuple[float, int]]) -> tuple[float, ...]:
+    """(load_weights s, whole LLM(...) s, minor faults of load_weights) of one engine start."""
     import gc
 
     from vllm import LLM
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
     before = len(seconds)
+    t0 = time.perf_counter()
     llm: Any = LLM(
         model=ckpt, load_format=load_format, dtype="bfloat16", skip_tokenizer_init=True,
         enforce_eager=True, max_model_len=64, max_num_seqs=2,
     )  # fmt: skip
+    whole = time.perf_counter() - t0
     del llm
     gc.collect()
     cleanup_dist_env_and_memory()
     if len(seconds) != before + 1:
         raise SystemExit(f"{load_format}: load_weights ran {len(seconds) - before} times")
-    return seconds[-1]
+    took, faults = seconds[-1]
+    return took, whole, float(faults)
 
 
 def _load_config(load_format: str) -> Any:
@@ -55,10 +80,33 @@ def _load_config(load_format: str) -> Any:
     return LoadConfig(load_format=load_format)
 
 
+def summary(times: dict[str, list[tuple[float, ...]]]) -> list[str]:
+    """The printed rows: each loader's min and median of each figure, then the ratios."""
+    rows = []
+    med: dict[str, list[float]] = {}
+    for fmt, xs in times.items():
+        cols = list(zip(*xs, strict=True))
+        med[fmt] = [statistics.median(c) for c in cols]
+        lw, whole, _ = cols
+        rows.append(
+            f"{fmt:9s} load_weights: median {med[fmt][0]:.3f} s (min {min(lw):.3f}); "
+            f"LLM(...): median {med[fmt][1]:.3f} s (min {min(whole):.3f}); minor faults "
+            f"median {med[fmt][2]:.0f} ({len(xs)} starts)"
+        )
+    if set(FORMATS) <= med.keys() and all(med["auto"][:2]):
+        ours, theirs = med["specbind"], med["auto"]
+        rows.append(
+            f"specbind / auto, medians: load_weights {ours[0] / theirs[0]:.2f}, "
+            f"LLM(...) {ours[1] / theirs[1]:.2f}"
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("ckpt")
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=5, help="pairs after the warm-up (default 5)")
+    ap.add_argument("--cold", action="store_true", help="drop the checkpoint's page cache first")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -67,20 +115,27 @@ def main(argv: list[str] | None = None) -> None:
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()  # registers load_format="specbind"
-    seconds: list[float] = []
+    seconds: list[tuple[float, int]] = []
     _timed(DefaultModelLoader, seconds)
     _timed(type(get_model_loader(_load_config("specbind"))), seconds)
-    times: dict[str, list[float]] = {"auto": [], "specbind": []}
+    times: dict[str, list[tuple[float, ...]]] = {fmt: [] for fmt in FORMATS}
     for fmt in times:  # warm-up: imports, page cache
         _start(args.ckpt, fmt, seconds)
+    load = os.getloadavg()
     for _ in range(args.repeat):
         for fmt in times:
+            if args.cold:
+                drop_cache(args.ckpt)
             times[fmt].append(_start(args.ckpt, fmt, seconds))
-    for fmt, xs in times.items():
-        print(
-            f"{fmt:9s} load_weights: median {statistics.median(xs):.3f} s, min {min(xs):.3f} s "
-            f"({len(xs)} starts)"
-        )
+    after = os.getloadavg()
+    for row in summary(times):
+        print(row)
+    cache = "dropped before each start" if args.cold else "warm"
+    print(
+        f"page cache {cache}; load average (1, 5, 15 min) before "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, after {after[0]:.2f} {after[1]:.2f} "
+        f"{after[2]:.2f}; {os.cpu_count()} cores"
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,17 @@
+"""The vLLM bench row's arithmetic (the engine starts themselves run only in the vLLM venv, by
+hand: BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+from specbind.bench.vllm_load import summary
+
+
+def test_the_summary_gives_each_loaders_min_and_median_and_the_ratio_of_medians() -> None:
+    rows = summary({
+        "auto": [(2.0, 9.0, 10.0), (1.0, 5.0, 30.0), (4.0, 7.0, 20.0)],
+        "specbind": [(0.5, 6.0, 1.0), (0.25, 4.0, 3.0), (3.0, 8.0, 2.0)],
+    })  # fmt: skip
+    assert rows[0].startswith("auto ") and "median 2.000 s (min 1.000)" in rows[0]
+    assert "LLM(...): median 7.000 s (min 5.000)" in rows[0] and "median 20 (3 starts)" in rows[0]
+    assert "median 0.500 s (min 0.250)" in rows[1] and "median 6.000 s (min 4.000)" in rows[1]
+    assert rows[2] == "specbind / auto, medians: load_weights 0.25, LLM(...) 0.86"
