@@ -10,7 +10,14 @@ Invariants of ``fill`` (each refusal is one ``BindError`` line naming the parame
   nothing) is refused;
 - a field whose parameter the engine does not hold is refused (nothing bound is left over),
   and so is a parameter no field fills (nothing the engine holds is left as initialised);
-- all of it is checked before the first byte is copied, so a refused load changes nothing.
+- all of it is checked before the first byte is copied, so a refused load changes nothing;
+- with ``adopt`` (the separate ``Arena`` the fields were bound into) a parameter takes its
+  field's memory as its storage only where no other field or parameter can name that memory
+  (the whole of one of the arena's maps, or NumPy memory the array owns; a contiguous host
+  parameter whose storage no other parameter shares), each field's memory adopted once; every
+  other parameter is copied into.
+Trap: an adopted parameter and its field are one memory: a caller who keeps the fields and
+writes into one writes into the engine's parameter.
 A padded split (``EngineTable.padding``, the layout's ``pad:``) is the engine's rule, not a
 shard of specbind's: the variant binds the field whole (a view of the mapped file), and each
 rank copies the stored rows of its share of the padded axis, then zeros (``padded_share``).

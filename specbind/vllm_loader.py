@@ -4,8 +4,10 @@ Installing specbind registers the loader through the ``vllm.general_plugins`` en
 (pyproject), which vLLM runs in every one of its processes, tp workers included. On each rank
 the loader binds that rank's share with the generated vLLM layout of the checkpoint's model
 (``specs/engines/vllm/<model>.yaml``): every tensor checked, only the rank's bytes read, each
-field copied into the vLLM parameter of its name (``specbind.engine.fill``: every parameter
-filled exactly once, equal shape and dtype, nothing left over). vLLM's own post-processing
+field bound into a map of its own (``Arena(separate=True)``, large reads split over the rank's
+cores) that becomes the storage of the vLLM parameter of its name (``specbind.engine.fill``
+with ``adopt``: every parameter filled exactly once, equal shape and dtype, nothing left over;
+each byte of the rank written once, by the bind). vLLM's own post-processing
 (``process_weights_after_loading``: its MLA absorbs, kernel repacking) stays vLLM's.
 
 Invariants:
