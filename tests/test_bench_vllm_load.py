@@ -15,3 +15,7 @@ def test_the_summary_gives_each_loaders_min_and_median_and_the_ratio_of_medians(
     assert "LLM(...): median 7.000 s (min 5.000)" in rows[0] and "median 20 (3 starts)" in rows[0]
     assert "median 0.500 s (min 0.250)" in rows[1] and "median 6.000 s (min 4.000)" in rows[1]
     assert rows[2] == "specbind / auto, medians: load_weights 0.25, LLM(...) 0.86"
+
+
+def test_a_loader_with_no_start_gives_no_row_and_no_ratio() -> None:
+    assert summary({"auto": [], "specbind": []}) == []

@@ -10,7 +10,9 @@ of ``load_weights`` (fresh memory first written; the default loader's parameters
 the heap an earlier engine of the same process freed). ``--cold``: the checkpoint's pages are
 dropped from the page cache before every start (``posix_fadvise(DONTNEED)`` on its files),
 else the page cache is warm. Prints min and median of each, the specbind / auto ratio of the
-medians, and the load average before and after.
+medians, and the load average before and after. ``--fresh N``: N more pairs, each start a
+process of its own (what a user's first start is: no heap of an earlier engine to reuse),
+with that process's peak RSS (its own ``ru_maxrss`` at the end: the engine core runs in it).
 Trap: the machine's load moves every figure; read them only side by side, from one run.
 """
 
@@ -85,6 +87,8 @@ def summary(times: dict[str, list[tuple[float, ...]]]) -> list[str]:
     rows = []
     med: dict[str, list[float]] = {}
     for fmt, xs in times.items():
+        if not xs:  # no start of this loader in this run (--repeat 0)
+            continue
         cols = list(zip(*xs, strict=True))
         med[fmt] = [statistics.median(c) for c in cols]
         lw, whole, _ = cols
@@ -102,22 +106,58 @@ def summary(times: dict[str, list[tuple[float, ...]]]) -> list[str]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("ckpt")
-    ap.add_argument("--repeat", type=int, default=5, help="pairs after the warm-up (default 5)")
-    ap.add_argument("--cold", action="store_true", help="drop the checkpoint's page cache first")
-    args = ap.parse_args(argv)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+def _fresh(ckpt: str, load_format: str, cold: bool) -> tuple[float, ...]:
+    """One engine start in a process of its own: (load_weights s, LLM(...) s, minor faults of
+    load_weights, peak RSS GB of the process)."""
+    import subprocess
+    import sys
+
+    if cold:
+        drop_cache(ckpt)
+    argv = [sys.executable, "-m", "specbind.bench.vllm_load", ckpt, "--child", load_format]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out, _ = proc.communicate()
+    line = [x for x in out.splitlines() if x.startswith("CHILD ")]
+    if proc.returncode or not line:
+        raise SystemExit(f"{load_format}: the engine's process failed (exit {proc.returncode})")
+    lw, whole, faults, rss = (float(x) for x in line[-1].split()[1:])
+    return lw, whole, faults, rss / 1e6  # ru_maxrss: KiB on Linux
+
+
+def _child(ckpt: str, load_format: str) -> None:
+    """The ``--child`` process: one engine start, its figures on one line, its peak RSS."""
+    seconds: list[tuple[float, int]] = []
+    _wrap(seconds)
+    lw, whole, faults = _start(ckpt, load_format, seconds)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"CHILD {lw} {whole} {faults} {rss}", flush=True)
+
+
+def _wrap(seconds: list[tuple[float, int]]) -> None:
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()  # registers load_format="specbind"
-    seconds: list[tuple[float, int]] = []
     _timed(DefaultModelLoader, seconds)
     _timed(type(get_model_loader(_load_config("specbind"))), seconds)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("ckpt")
+    ap.add_argument("--repeat", type=int, default=5, help="pairs after the warm-up (default 5)")
+    ap.add_argument("--cold", action="store_true", help="drop the checkpoint's page cache first")
+    ap.add_argument("--fresh", type=int, default=0, help="pairs of one process per start")
+    ap.add_argument("--child", choices=FORMATS, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.child:
+        _child(args.ckpt, args.child)
+        return
+    seconds: list[tuple[float, int]] = []
+    _wrap(seconds)
     times: dict[str, list[tuple[float, ...]]] = {fmt: [] for fmt in FORMATS}
     for fmt in times:  # warm-up: imports, page cache
         _start(args.ckpt, fmt, seconds)
@@ -127,9 +167,22 @@ def main(argv: list[str] | None = None) -> None:
             if args.cold:
                 drop_cache(args.ckpt)
             times[fmt].append(_start(args.ckpt, fmt, seconds))
+    fresh: dict[str, list[tuple[float, ...]]] = {fmt: [] for fmt in FORMATS}
+    for _ in range(args.fresh):
+        for fmt in fresh:
+            fresh[fmt].append(_fresh(args.ckpt, fmt, args.cold))
     after = os.getloadavg()
     for row in summary(times):
         print(row)
+    if args.fresh:
+        print("one process per start:")
+        for row in summary({f: [x[:3] for x in xs] for f, xs in fresh.items()}):
+            print(row)
+        rss = {f: statistics.median(x[3] for x in xs) for f, xs in fresh.items()}
+        print(
+            f"peak RSS of the engine's process, medians: auto {rss['auto']:.2f} GB, specbind "
+            f"{rss['specbind']:.2f} GB (specbind / auto {rss['specbind'] / rss['auto']:.2f})"
+        )
     cache = "dropped before each start" if args.cold else "warm"
     print(
         f"page cache {cache}; load average (1, 5, 15 min) before "
