@@ -19,3 +19,18 @@ def test_the_summary_gives_each_loaders_min_and_median_and_the_ratio_of_medians(
 
 def test_a_loader_with_no_start_gives_no_row_and_no_ratio() -> None:
     assert summary({"auto": [], "specbind": []}) == []
+
+
+def test_the_peak_rss_is_this_address_spaces_own_not_one_inherited_across_exec() -> None:
+    """A child forked from a process holding 256 MiB and exec'd reports its own peak, far
+    below what the forking process held (ru_maxrss would report at least that)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    held = np.ones(256 << 20, np.uint8)  # resident in this process when it forks
+    code = "from specbind.bench.vllm_load import peak_rss_kib; print(peak_rss_kib())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert 0 < int(out.stdout) < 200 << 10  # KiB: well under the 256 MiB held at the fork
+    assert held.all()

@@ -12,7 +12,7 @@ dropped from the page cache before every start (``posix_fadvise(DONTNEED)`` on i
 else the page cache is warm. Prints min and median of each, the specbind / auto ratio of the
 medians, and the load average before and after. ``--fresh N``: N more pairs, each start a
 process of its own (what a user's first start is: no heap of an earlier engine to reuse),
-with that process's peak RSS (its own ``ru_maxrss`` at the end: the engine core runs in it).
+with that process's peak RSS (its ``VmHWM`` at the end: the engine core runs in it).
 Trap: the machine's load moves every figure; read them only side by side, from one run.
 """
 
@@ -121,7 +121,7 @@ def _fresh(ckpt: str, load_format: str, cold: bool) -> tuple[float, ...]:
     if proc.returncode or not line:
         raise SystemExit(f"{load_format}: the engine's process failed (exit {proc.returncode})")
     lw, whole, faults, rss = (float(x) for x in line[-1].split()[1:])
-    return lw, whole, faults, rss / 1e6  # ru_maxrss: KiB on Linux
+    return lw, whole, faults, rss * 1024 / 1e9  # KiB -> GB
 
 
 def _child(ckpt: str, load_format: str) -> None:
@@ -129,8 +129,18 @@ def _child(ckpt: str, load_format: str) -> None:
     seconds: list[tuple[float, int]] = []
     _wrap(seconds)
     lw, whole, faults = _start(ckpt, load_format, seconds)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(f"CHILD {lw} {whole} {faults} {rss}", flush=True)
+    print(f"CHILD {lw} {whole} {faults} {peak_rss_kib()}", flush=True)
+
+
+def peak_rss_kib() -> int:
+    """This process's peak RSS in KiB: ``VmHWM`` of /proc/self/status, the high-water mark of
+    its own address space. Not ``ru_maxrss``, which Linux carries across ``execve`` from the
+    process that forked it (a child of a bench holding 3 GB reports at least 3 GB)."""
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise SystemExit("no VmHWM in /proc/self/status: peak RSS needs Linux")
 
 
 def _wrap(seconds: list[tuple[float, int]]) -> None:
