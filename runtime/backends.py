@@ -130,13 +130,24 @@ class Arena:
     reload wants, with pages already faulted in). The arena also holds the bytes a bind gathers
     that no field keeps (at tp > 1, the column shards a transform reads, such as an ``o_proj``
     an absorb multiplies): room the arena keeps until reset, never a wrong byte.
+
+    ``separate=True``: every array is handed out in a map of its own (page-aligned, sized to
+    it), so each field's memory goes back to the system as soon as the last view of it goes,
+    whatever becomes of the others: what an engine wants whose parameters take the fields'
+    memory (``specbind.engine.fill(adopt=...)``) and which later drops some of them (vLLM's
+    CPU linears, repacked after loading). ``sole(a)`` says whether ``a`` is the whole of one
+    such map. Trap: ``reserve`` maps nothing ahead then (the maps are made when carved), and
+    ``reset`` forgets the maps instead of handing them out again (arrays already handed out
+    keep their memory).
     """
 
-    def __init__(self, chunk_bytes: int = 256 << 20) -> None:
+    def __init__(self, chunk_bytes: int = 256 << 20, *, separate: bool = False) -> None:
         if chunk_bytes < 1:
             raise BindError(f"Arena chunk_bytes is {chunk_bytes}, expected a positive size")
         self._chunk = chunk_bytes
+        self._separate = separate
         self._chunks: list[Any] = []
+        self._sizes: dict[int, int] = {}  # separate: a map's address -> the bytes handed out
         self._at = 0  # the chunk being carved
         self._off = 0  # the next free byte in it
         self.used = 0  # bytes handed out since the last reset (alignment padding excluded)
@@ -149,16 +160,17 @@ class Arena:
         overlaps them. Only a hint: bytes past it grow the arena as before, and a kernel without
         the advice (before 5.14) leaves the writes to fault the pages in."""
         free = sum(int(c.nbytes) for c in self._chunks[self._at :]) - self._off
-        if nbytes <= free:
+        if self._separate or nbytes <= free:
             return
         chunk = self._new_chunk(nbytes - free)
         import threading
 
         threading.Thread(target=_populate_write, args=(chunk,), daemon=True).start()
 
-    def _new_chunk(self, nbytes: int) -> Any:
-        """A chunk of at least ``nbytes`` at the end of the arena (an anonymous private map)."""
-        size = -(-(nbytes + ALIGN) // PAGE) * PAGE
+    def _new_chunk(self, nbytes: int, pad: int = ALIGN) -> Any:
+        """A chunk of at least ``nbytes`` (plus ``pad``, room to align a start) at the end of
+        the arena: an anonymous private map, page-aligned."""
+        size = -(-(nbytes + pad) // PAGE) * PAGE
         m = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         chunk = np.frombuffer(m, dtype=np.uint8)  # [size B]: the array keeps the map alive
         self._chunks.append(chunk)
@@ -173,6 +185,11 @@ class Arena:
         """An uninitialised C-contiguous array of ``shape`` and ``dtype`` inside the arena."""
         dt = np.dtype(dtype)
         n = math.prod(shape) * dt.itemsize
+        if self._separate:  # a map of its own, at its page-aligned start
+            chunk = self._new_chunk(max(n, 1), pad=0)
+            self._sizes[chunk.ctypes.data] = n
+            self.used += n
+            return chunk[:n].view(dt).reshape(shape)  # [n B] -> shape
         while True:
             if self._at < len(self._chunks):
                 chunk = self._chunks[self._at]
@@ -199,6 +216,14 @@ class Arena:
                 return True
         return False
 
+    def sole(self, a: Any) -> bool:
+        """Whether ``a`` is C-contiguous and its bytes are exactly all those handed out in one
+        of a separate arena's maps (nothing else carved from them): memory ``a`` alone names."""
+        if not (isinstance(a, np.ndarray) and a.flags.c_contiguous and a.nbytes > 0):
+            return False
+        lo, hi = np.lib.array_utils.byte_bounds(a)
+        return self._sizes.get(lo) == hi - lo
+
     def place(self, a: Any) -> Any:
         """``a`` itself if the arena holds it, else a copy in the arena (one read of ``a``: a
         contiguous view of a mapped checkpoint file is read from the file, ``ops.copy_in``)."""
@@ -209,5 +234,8 @@ class Arena:
         return out
 
     def reset(self) -> None:
-        """Hand out the arena's bytes again from the start (see the trap above)."""
+        """Hand out the arena's bytes again from the start (see the trap above); a separate
+        arena forgets its maps instead."""
+        if self._separate:
+            self._chunks, self._sizes = [], {}
         self._at, self._off, self.used = 0, 0, 0

@@ -185,9 +185,10 @@ def concat_squeeze(
         shape = list(parts[0].shape)
         shape[axis] = sum(p.shape[axis] for p in parts)
         joined = empty_in(tuple(shape), np.result_type(*parts), into)
-        for p in parts:
-            populate(p)
-        np.concatenate(parts, axis=axis, out=joined)
+        if axis != 0 or not _read_rows(joined, parts):  # rows: each part read from the file
+            for p in parts:
+                populate(p)
+            np.concatenate(parts, axis=axis, out=joined)
     if squeeze is None:
         return joined
     if joined.shape[squeeze] != 1:

@@ -14,7 +14,8 @@ Invariants (each violation is a ``CheckpointError`` naming the file and the tens
   carries a ``MapSpan`` so a strided read can release the pages it has copied from;
 - ``read_view`` copies a contiguous view's bytes with ``preadv`` from the very file mapped (a
   descriptor opened again by path, its device and inode compared with the mapped file's), else
-  says it did not, and the caller copies from the map;
+  says it did not, and the caller copies from the map; within ``split_reads(n)`` a large one
+  is cut into up to n page-aligned ranges read at once by n threads (the same bytes);
 - one descriptor per open file: the map's own (Python's ``mmap`` keeps a duplicate of the
   descriptor it was made from, which is closed once mapped). ``read_view``'s descriptors are
   at most ``READERS``, the files read most recently (closed as others are read, or as their
@@ -25,6 +26,7 @@ Trap: the mmap stays open while any view of it lives.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import json
 import mmap
 import os
@@ -32,6 +34,7 @@ import stat
 import struct
 import weakref
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -309,20 +312,77 @@ def read_view(dest: Any, src: Any) -> bool:
     if f is None:
         return False
     view = memoryview(dest.reshape(-1).view("u1"))  # [n] -> [n * itemsize B]: dest's bytes
-    at, offset = 0, address - f._base
+    offset = address - f._base
     with _readers_lock:
         fd = _reader(f)
         if fd is None:
             return False
-        try:
-            while at < nbytes:
-                got = os.preadv(fd, [view[at : min(nbytes, at + READ_STEP)]], offset + at)
-                if got <= 0:
-                    return False
-                at += got
-        except OSError:
-            return False
+        parts = _parts(nbytes)
+        if len(parts) == 1:
+            return _pread(fd, view, offset, 0, nbytes)
+        return all(_pool().map(lambda p: _pread(fd, view, offset, *p), parts))
+
+
+def _pread(fd: int, view: memoryview, offset: int, lo: int, hi: int) -> bool:
+    """``view[lo:hi]`` read from ``fd`` at ``offset + lo``; False on a short or failed read."""
+    try:
+        while lo < hi:
+            got = os.preadv(fd, [view[lo : min(hi, lo + READ_STEP)]], offset + lo)
+            if got <= 0:
+                return False
+            lo += got
+    except OSError:
+        return False
     return True
+
+
+PARALLEL_MIN = 8 << 20  # bytes: a read at least twice this is split over the threads
+_POOL: list[Any] = []
+_THREADS = [1]  # threads one read may use (``split_reads``); 1: the caller's thread alone
+
+
+def cores() -> int:
+    """The cores this thread may run on (threads it starts inherit that set)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity call (macOS): the machine's count
+        return max(1, os.cpu_count() or 1)
+
+
+@contextlib.contextmanager
+def split_reads(threads: int) -> Iterator[None]:
+    """Within it, a ``read_view`` of at least twice ``PARALLEL_MIN`` bytes is cut into up to
+    ``threads`` page-aligned ranges read at once, each by its own thread (the caller's thread
+    waits): the first writes into fresh memory are page faults, which then run on that many
+    cores instead of one. Off by default: where ranks share a host each already has its core.
+    Trap: process-wide while it lasts (every thread's reads split), not nested-safe beyond
+    restoring the count it found."""
+    before = _THREADS[0]
+    _THREADS[0] = max(1, threads)
+    try:
+        yield
+    finally:
+        _THREADS[0] = before
+
+
+def _parts(nbytes: int) -> list[tuple[int, int]]:
+    """``[0, nbytes)`` cut into one page-aligned range per thread ``split_reads`` allows, each
+    at least ``PARALLEL_MIN`` (one range below twice that, or with one thread)."""
+    k = min(_THREADS[0], nbytes // PARALLEL_MIN)
+    if k < 2:
+        return [(0, nbytes)]
+    step = -(-nbytes // k // mmap.PAGESIZE) * mmap.PAGESIZE
+    return [(lo, min(nbytes, lo + step)) for lo in range(0, nbytes, step)]
+
+
+def _pool() -> Any:
+    """The threads split reads run on (started on first use, as many as the cores; a read uses
+    at most ``split_reads``' count of them)."""
+    if not _POOL:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL.append(ThreadPoolExecutor(max(2, cores()), thread_name_prefix="specbind-read"))
+    return _POOL[0]
 
 
 def _holder(address: int, nbytes: int) -> SafetensorsFile | None:

@@ -10,7 +10,14 @@ Invariants of ``fill`` (each refusal is one ``BindError`` line naming the parame
   nothing) is refused;
 - a field whose parameter the engine does not hold is refused (nothing bound is left over),
   and so is a parameter no field fills (nothing the engine holds is left as initialised);
-- all of it is checked before the first byte is copied, so a refused load changes nothing.
+- all of it is checked before the first byte is copied, so a refused load changes nothing;
+- with ``adopt`` (the separate ``Arena`` the fields were bound into) a parameter takes its
+  field's memory as its storage only where no other field or parameter can name that memory
+  (the whole of one of the arena's maps, or NumPy memory the array owns; a contiguous host
+  parameter whose storage no other parameter shares), each field's memory adopted once; every
+  other parameter is copied into.
+Trap: an adopted parameter and its field are one memory: a caller who keeps the fields and
+writes into one writes into the engine's parameter.
 A padded split (``EngineTable.padding``, the layout's ``pad:``) is the engine's rule, not a
 shard of specbind's: the variant binds the field whole (a view of the mapped file), and each
 rank copies the stored rows of its share of the padded axis, then zeros (``padded_share``).
@@ -73,11 +80,14 @@ def bind_for_engine(
     model: str | None = None,
     advice: str | None = None,
     layout: Any = None,
+    into: Any = None,
 ) -> dict[str, EngineField]:
     """This rank's share of the checkpoint at ``path``, by the engine's parameter names, with
     what the engine's loader does to each field (``specbind.engine_ops``); ``layout``: an
     ``EngineTable`` instead of the generated one of the checkpoint's model; ``advice``: what a
-    checkpoint no model claims is told to do, for a caller that cannot pass ``model=``."""
+    checkpoint no model claims is told to do, for a caller that cannot pass ``model=``;
+    ``into``: an ``Arena`` every field is bound into (``bind_checkpoint(into=)``), for ``fill``
+    to hand to the parameters (``adopt=``)."""
     from specbind.api import model_table
     from specbind.rank_args import check_ranks
     from specbind.runtime import backends
@@ -110,6 +120,7 @@ def bind_for_engine(
         tp_rank,
         backend=backends.get("numpy", None),
         mtp=layout.skip_mtp is None,  # an engine model without MTP layers: the decoder alone
+        into=into,
     )
     out: dict[str, EngineField] = {}
     for layer in result.layers:
@@ -167,8 +178,16 @@ def _engine_value(
     return dtype, arr
 
 
-def fill(engine: str, params: Mapping[str, Any], fields: Mapping[str, EngineField]) -> int:
-    """Copy each field into the engine parameter of its name (torch tensors); return bytes."""
+def fill(
+    engine: str, params: Mapping[str, Any], fields: Mapping[str, EngineField], adopt: Any = None
+) -> int:
+    """Copy each field into the engine parameter of its name (torch tensors); return bytes.
+
+    ``adopt`` (the separate ``Arena`` the fields were bound into): a host parameter takes its
+    field's memory as its storage instead of a copy where that memory is the field's alone
+    (``adopt.sole``, or NumPy memory the array owns) and the parameter is contiguous and shares
+    its storage with no other parameter; any other is copied into. Each byte of the rank is
+    then written once, by the bind, into what becomes the parameter."""
     import torch
 
     tied: dict[str, str] = {}
@@ -204,12 +223,51 @@ def fill(engine: str, params: Mapping[str, Any], fields: Mapping[str, EngineFiel
                 f"{str(p.dtype).removeprefix('torch.')}, but bound field {f.where} is "
                 f"{list(shape)} {f.dtype}"
             )
+    shared = _shared_storage(params) if adopt is not None else set()
+    taken: set[int] = set()  # the field memory a parameter has adopted, by address
     total = 0
     for name, f in fields.items():
         if name in tied:
             continue
-        total += _copy(params[name], f.array)
+        p = params[name]
+        if adopt is not None and name not in shared and _adopt(p, f, adopt, taken):
+            total += int(f.array.nbytes)
+        else:
+            total += _copy(p, f.array)
     return total
+
+
+def _shared_storage(params: Mapping[str, Any]) -> set[str]:
+    """The names of parameters whose storage another listed parameter shares (distinct
+    parameter objects over one storage): those keep their storage and are copied into."""
+    by_storage: dict[int, list[str]] = {}
+    seen: set[int] = set()
+    for name, p in params.items():
+        if id(p) in seen:  # one parameter listed under two names: no aliasing of storage
+            continue
+        seen.add(id(p))
+        by_storage.setdefault(p.untyped_storage().data_ptr(), []).append(name)
+    return {n for names in by_storage.values() if len(names) > 1 for n in names}
+
+
+def _adopt(p: Any, f: EngineField, arena: Any, taken: set[int]) -> bool:
+    """Make the field's memory ``p``'s storage (``p.data``, the parameter object kept) where
+    it may be, and say whether it was."""
+    from specbind.runtime.to_torch import to_torch
+
+    a = f.array
+    if (
+        p.device.type != "cpu"
+        or not p.is_contiguous()
+        or not isinstance(a, np.ndarray)
+        or not (a.flags.c_contiguous and a.flags.writeable)
+        or not (arena.sole(a) or (a.flags.owndata and a.base is None))
+        or a.ctypes.data in taken
+    ):
+        return False
+    taken.add(a.ctypes.data)
+    p.data = to_torch(a, f.dtype)  # a view of the same memory: no copy
+    return True
 
 
 def _copy(p: Any, a: Any) -> int:

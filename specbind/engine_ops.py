@@ -43,6 +43,8 @@ def padded_share(a: Any, axis: int, multiple: int, tp_size: int, tp_rank: int, n
         )
     per = padded // tp_size
     start, end = min(tp_rank * per, full), min((tp_rank + 1) * per, full)
+    if (start, end, per) == (0, full, full):
+        return a  # the whole field, no row of padding: the field itself, not a copy
     shape = list(a.shape)
     shape[axis] = per
     out = np.zeros(shape, dtype=a.dtype)

@@ -4,8 +4,10 @@ Installing specbind registers the loader through the ``vllm.general_plugins`` en
 (pyproject), which vLLM runs in every one of its processes, tp workers included. On each rank
 the loader binds that rank's share with the generated vLLM layout of the checkpoint's model
 (``specs/engines/vllm/<model>.yaml``): every tensor checked, only the rank's bytes read, each
-field copied into the vLLM parameter of its name (``specbind.engine.fill``: every parameter
-filled exactly once, equal shape and dtype, nothing left over). vLLM's own post-processing
+field bound into a map of its own (``Arena(separate=True)``, large reads split over the rank's
+cores) that becomes the storage of the vLLM parameter of its name (``specbind.engine.fill``
+with ``adopt``: every parameter filled exactly once, equal shape and dtype, nothing left over;
+each byte of the rank written once, by the bind). vLLM's own post-processing
 (``process_weights_after_loading``: its MLA absorbs, kernel repacking) stays vLLM's.
 
 Invariants:
@@ -185,6 +187,8 @@ def load_weights(model: Any, model_config: Any) -> None:
     from vllm.logger import init_logger
 
     from specbind.engine import fill
+    from specbind.runtime.backends import Arena
+    from specbind.runtime.safetensors_file import cores, split_reads
 
     parallel = get_current_vllm_config().parallel_config
     tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
@@ -194,13 +198,15 @@ def load_weights(model: Any, model_config: Any) -> None:
             get_pp_group().world_size, tp, int(getattr(parallel, "data_parallel_size", 1) or 1),
             bool(getattr(parallel, "enable_expert_parallel", False)),
         )  # fmt: skip
-        fields = bind_rank(model_config.model, tp, rank)
+        arena = Arena(separate=True)  # each field in a map of its own: what its parameter keeps
+        with split_reads(cores()):  # this rank's cores fault the fresh pages in together
+            fields = bind_rank(model_config.model, tp, rank, into=arena)
     except SpecbindError as e:
         _report(e)
         raise
     params = dict(model.named_parameters())
     try:
-        nbytes = fill(ENGINE, params, fields)
+        nbytes = fill(ENGINE, params, fields, adopt=arena)
     except SpecbindError as e:
         _report(e)
         raise
@@ -210,8 +216,11 @@ def load_weights(model: Any, model_config: Any) -> None:
     )  # fmt: skip
 
 
-def bind_rank(model: str, tp: int, rank: int) -> Any:
-    """This tp rank's fields of the checkpoint folder ``model``, by vLLM's parameter names."""
+def bind_rank(model: str, tp: int, rank: int, into: Any = None) -> Any:
+    """This tp rank's fields of the checkpoint folder ``model``, by vLLM's parameter names
+    (``into``: the ``Arena`` they are bound into)."""
     from specbind.engine import bind_for_engine
 
-    return bind_for_engine(_local_dir(model), ENGINE, tp_size=tp, tp_rank=rank, advice=VLLM_ADVICE)
+    return bind_for_engine(
+        _local_dir(model), ENGINE, tp_size=tp, tp_rank=rank, advice=VLLM_ADVICE, into=into
+    )

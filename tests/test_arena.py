@@ -202,3 +202,58 @@ def test_a_bind_into_an_arena_reserves_exactly_the_bytes_it_carves(
     assert len(asked) == 1
     assert arena.used <= asked[0] <= arena.used + ALIGN * carved
     assert len(arena._chunks) == 1  # nothing spilled past the reservation
+
+
+# -- separate=True: each array in a map of its own (what an engine's parameters adopt) --------
+
+
+def test_a_separate_arena_gives_each_field_a_map_of_its_own_equal_to_the_plain_bind(
+    ckpt: Path,
+) -> None:
+    import mmap
+
+    arena = Arena(separate=True)
+    got = _bind(ckpt, 2, 1, 1, arena).fields()
+    want = _bind(ckpt, 2, 1).fields()
+    assert got.keys() == want.keys()
+    starts = set()
+    for name, (_, a) in got.items():
+        assert arena.holds(a) and a.tobytes() == want[name][1].tobytes(), name
+        lo, _hi = np.lib.array_utils.byte_bounds(a)
+        assert lo % mmap.PAGESIZE == 0 and lo not in starts, name  # its own page-aligned map
+        starts.add(lo)
+    whole = [a for _, a in got.values() if a.nbytes and a.flags.c_contiguous]
+    assert whole and all(arena.sole(a) for a in whole)
+
+
+def test_sole_is_true_only_for_all_of_one_separate_map() -> None:
+    arena = Arena(separate=True)
+    a = arena.empty((6, 5), np.uint16)
+    assert arena.sole(a)
+    assert not arena.sole(a[1:])  # part of the map: another array could name the rest
+    assert not arena.sole(a.T)  # not C-contiguous
+    assert not arena.sole(np.empty((6, 5), np.uint16))  # not the arena's
+    plain = Arena()
+    assert not plain.sole(plain.empty((6, 5), np.uint16))  # one chunk holds many arrays
+
+
+def test_a_separate_arenas_map_goes_back_when_its_last_view_goes_whatever_the_others() -> None:
+    """One chunk of a plain arena lives while any array carved from it does; a separate
+    arena's map lives exactly as long as its own array (the arena itself gone)."""
+    import gc
+    import mmap
+    import weakref
+
+    def map_of(a: Any) -> Any:  # ndarray views -> the buffer NumPy wraps -> its map
+        while not isinstance(a, mmap.mmap):
+            a = a.obj if isinstance(a, memoryview) else a.base
+        return a
+
+    arena = Arena(separate=True)
+    a, b = arena.empty((1 << 16,), np.uint8), arena.empty((1 << 16,), np.uint8)
+    ra, rb = weakref.ref(map_of(a)), weakref.ref(map_of(b))
+    del arena
+    del a
+    gc.collect()
+    assert ra() is None and rb() is not None
+    assert b.sum() == 0  # still readable

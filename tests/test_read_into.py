@@ -124,3 +124,36 @@ def test_a_stack_of_row_views_reads_each_from_the_file_and_equals_numpys_stack(
     want = np.stack([np.concatenate([g, u]) for g, u in zip(gate, up, strict=True)])
     assert got.shape == (3, 8, 32) and got.tobytes() == want.tobytes()
     assert reads == [(4 * 32 * 2, True)] * 6  # every part was read from the file
+
+
+def test_within_split_reads_a_large_view_is_read_as_page_aligned_ranges_by_threads_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import itertools
+    import threading
+
+    data = np.random.default_rng(1).integers(0, 256, 3 << 20, dtype=np.uint8)
+    _write(tmp_path / "a.safetensors", data)
+    f = SafetensorsFile(tmp_path / "a.safetensors")
+    monkeypatch.setattr(safetensors_file, "PARALLEL_MIN", 1 << 18)
+    reads: list[tuple[int, int, str]] = []
+    real = safetensors_file._pread
+
+    def spy(fd: int, view: memoryview, offset: int, lo: int, hi: int) -> bool:
+        reads.append((lo, hi, threading.current_thread().name))
+        return real(fd, view, offset, lo, hi)
+
+    monkeypatch.setattr(safetensors_file, "_pread", spy)
+    v = _view(f)[777 : 777 + (3 << 20) - 1000]  # off any page boundary, not a page multiple
+    out = np.zeros(v.size, np.uint8)
+    assert read_view(out, v) and len(reads) == 1  # outside: one read, the caller's thread
+    reads.clear()
+    out[:] = 0
+    with safetensors_file.split_reads(3):
+        assert read_view(out, v)
+    assert out.tobytes() == data[777 : 777 + (3 << 20) - 1000].tobytes()
+    spans = sorted((lo, hi) for lo, hi, _ in reads)
+    assert len(spans) == 3 and spans[0][0] == 0 and spans[-1][1] == v.size
+    assert all(a[1] == b[0] and a[1] % 4096 == 0 for a, b in itertools.pairwise(spans))
+    assert all(name.startswith("specbind-read") for _, _, name in reads)
+    assert safetensors_file._THREADS == [1]  # restored on leaving

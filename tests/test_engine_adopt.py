@@ -1,0 +1,116 @@
+"""``fill(..., adopt=arena)``: host parameters take the fields' memory as their storage (each
+byte of the rank written once, by the bind), and every parameter holds the bytes a copying
+``fill`` gives it; what may not be adopted (a parameter that is not contiguous or shares its
+storage, a field that is part of a larger buffer) is copied into, as before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from specbind.engine import EngineField, bind_for_engine, fill
+from specbind.engine_ops import padded_share
+from specbind.runtime.backends import Arena
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from specbind.cli import main
+
+    ckpt = tmp_path_factory.mktemp("adopt") / "ckpt"
+    assert main(["synth", "--model", "llama", str(ckpt)]) == 0  # vocab 112: padded to 128
+    return ckpt
+
+
+def _params(fields: dict[str, EngineField]) -> dict[str, Any]:
+    return {
+        n: torch.nn.Parameter(torch.zeros(f.array.shape, dtype=torch.bfloat16), False)
+        for n, f in fields.items()
+    }
+
+
+def _bits(t: Any) -> Any:
+    return t.detach().view(torch.int16).numpy()
+
+
+@pytest.mark.parametrize(("tp", "rank"), [(1, 0), (2, 0), (2, 1)])
+def test_every_parameter_adopts_its_fields_memory_and_holds_the_copied_bytes(
+    llama: Path, tp: int, rank: int
+) -> None:
+    want = _params(bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank))
+    fill("vllm", want, bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank))
+    arena = Arena(separate=True)
+    fields = bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank, into=arena)
+    params = _params(fields)
+    objects = {n: p for n, p in params.items()}
+    assert fill("vllm", params, fields, adopt=arena) == sum(f.array.nbytes for f in fields.values())
+    for n, p in params.items():
+        assert p is objects[n]  # the engine's parameter object, its storage replaced
+        assert p.data_ptr() == fields[n].array.ctypes.data, n  # the field's memory: no copy
+        assert np.array_equal(_bits(p), _bits(want[n])), n
+
+
+def test_a_parameter_sharing_its_storage_or_not_contiguous_is_copied_into(llama: Path) -> None:
+    arena = Arena(separate=True)
+    fields = bind_for_engine(llama, "vllm", into=arena)
+    params = _params(fields)
+    q = "model.layers.0.self_attn.qkv_proj.weight"
+    o = "model.layers.0.self_attn.o_proj.weight"
+    base = torch.zeros(2, *params[q].shape, dtype=torch.bfloat16)
+    params[q] = torch.nn.Parameter(base[0], False)  # two parameters over one storage
+    other = "model.layers.1.self_attn.qkv_proj.weight"
+    params[other] = torch.nn.Parameter(base[1], False)
+    rows, cols = params[o].shape
+    params[o] = torch.nn.Parameter(torch.zeros(cols, rows, dtype=torch.bfloat16).T, False)
+    before = {n: params[n].data_ptr() for n in (q, other, o)}
+    fill("vllm", params, fields, adopt=arena)
+    for n in (q, other, o):
+        assert params[n].data_ptr() == before[n], n  # kept its storage
+        want = np.ascontiguousarray(fields[n].array).view(np.int16)
+        assert np.array_equal(_bits(params[n]), want), n
+    assert params["model.layers.1.self_attn.o_proj.weight"].data_ptr() == (
+        fields["model.layers.1.self_attn.o_proj.weight"].array.ctypes.data
+    )  # the others are adopted
+
+
+def test_a_field_that_is_part_of_a_buffer_or_of_another_arena_is_copied_not_adopted(
+    llama: Path,
+) -> None:
+    plain = Arena()
+    fields = bind_for_engine(llama, "vllm", into=plain)  # one chunk holds the fields
+    params = _params(fields)
+    before = {n: p.data_ptr() for n, p in params.items()}
+    fill("vllm", params, fields, adopt=Arena(separate=True))
+    carved = [n for n, f in fields.items() if plain.holds(f.array)]
+    assert len(carved) > 10  # all but the padded vocabulary (a new array of its own)
+    assert all(params[n].data_ptr() == before[n] for n in carved)
+    for n, p in params.items():
+        assert np.array_equal(_bits(p), np.asarray(fields[n].array).view(np.int16)), n
+
+
+def test_a_padded_share_with_no_row_of_padding_is_the_field_itself() -> None:
+    a = np.arange(128 * 3, dtype=np.int16).reshape(128, 3)
+    assert padded_share(a, 0, 64, 1, 0, "p") is a  # 128 is a multiple of 64: nothing to pad
+    b = padded_share(a[:112], 0, 64, 1, 0, "p")  # 112 padded to 128: a copy, then zeros
+    assert b.shape == (128, 3) and np.array_equal(b[:112], a[:112]) and not b[112:].any()
+
+
+def test_a_row_concat_into_an_arena_reads_its_parts_from_the_file_not_through_the_map(
+    llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's fused qkv_proj and gate_up_proj are concats along rows: into an arena each part
+    is read into its rows with ``preadv`` (no page of the map touched), never populated and
+    copied through the map."""
+    from specbind.runtime import ops
+
+    mapped: list[Any] = []
+    monkeypatch.setattr(ops, "populate", lambda a: mapped.append(a))
+    fields = bind_for_engine(llama, "vllm", into=Arena(separate=True))
+    assert fields["model.layers.0.self_attn.qkv_proj.weight"].array.size
+    assert fields["model.layers.0.mlp.gate_up_proj.weight"].array.size
+    assert mapped == []
