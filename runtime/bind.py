@@ -18,6 +18,7 @@ from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, SpecbindError
 from specbind.core.ir import FieldRule
 from specbind.core.planning import BlockPlan, Ranks
+from specbind.core.rank_args import check_ranks
 from specbind.core.record import field, record
 from specbind.runtime.backends import ALIGN as ARENA_ALIGN
 from specbind.runtime.backends import NUMPY, Arena, Backend
@@ -189,6 +190,9 @@ def bind_checkpoint(
         raise BindError(
             f"into=Arena holds host memory; the {backend.name} backend binds on the device"
         )
+    # every bind comes through here: True (== 1) or 2.0 is refused here, whoever calls
+    tp_size, tp_rank = check_ranks("bind", tp_size, tp_rank)
+    ep_size, ep_rank = check_ranks("bind", ep_size, ep_rank, "ep")
     ranks = Ranks(tp_size, tp_rank, ep_size, ep_rank)
     values = values_from_config(table, ckpt.config, overrides)
     geometry = table.make_geometry(values)

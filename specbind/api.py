@@ -139,8 +139,8 @@ class Checkpoint:
     def plan(self, *, tp_size: int = 1, ep_size: int = 1, mtp: bool = True) -> dict[str, Any]:
         """Every tensor's local shape and bytes on every rank: ``specbind plan --json``
         (``mtp=False``: the decoder alone, as ``--no-mtp``)."""
+        from specbind.core.rank_args import check_size
         from specbind.plan_report import checkpoint_layers, plan_report
-        from specbind.rank_args import check_size
 
         tp_size, ep_size = check_size("plan", tp_size), check_size("plan", ep_size, "ep")
         layers, quant = checkpoint_layers(self._table, self._raw, self.values, mtp)
@@ -237,7 +237,7 @@ class Checkpoint:
         be a view of the mapped checkpoint is copied there (numpy, or torch on the host).
         """
         from specbind.core.errors import SpecbindError
-        from specbind.rank_args import check_ranks
+        from specbind.core.rank_args import check_ranks
         from specbind.runtime import backends
         from specbind.runtime.bind import bind_checkpoint
 
@@ -335,8 +335,8 @@ def open_bound(
     mapped file, or copies with ``copy=True``. See ``specbind.runtime.reload``."""
     # a wrapper, not a re-export: importing runtime.reload at `import specbind` loads NumPy;
     # and the one place that hands the reader the generated tables it checks against
+    from specbind.core.rank_args import as_int
     from specbind.generated import MODELS, SPECS_SHA256
-    from specbind.rank_args import as_int
     from specbind.runtime.reload import read_bound
 
     given = {"tp_size": tp_size, "tp_rank": tp_rank, "ep_size": ep_size, "ep_rank": ep_rank}

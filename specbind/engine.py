@@ -89,7 +89,7 @@ def bind_for_engine(
     ``into``: an ``Arena`` every field is bound into (``bind_checkpoint(into=)``), for ``fill``
     to hand to the parameters (``adopt=``)."""
     from specbind.api import model_table
-    from specbind.rank_args import check_ranks
+    from specbind.core.rank_args import check_ranks
     from specbind.runtime import backends
     from specbind.runtime.bind import bind_checkpoint
     from specbind.runtime.checkpoint import CheckpointDir

@@ -171,3 +171,22 @@ def test_a_refusal_in_an_engine_process_is_raised_where_vllm_waits_for_its_engin
     assert isinstance(e.value.__cause__, RuntimeError)
     with pytest.raises(RuntimeError, match="Engine core initialization failed"):
         utils.wait_for_engine_startup(refuse=False)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "kw", [{"tp_size": True}, {"tp_rank": True, "tp_size": 2}, {"ep_size": 2.0}]
+)
+def test_the_runtime_bind_every_entry_point_goes_through_refuses_a_bool_or_float_rank(
+    kw: dict[str, object], tmp_path: Path
+) -> None:
+    """The check lives where every bind passes (``runtime.bind.bind_checkpoint``), not only in
+    the public entry points: ``tp_size=True`` would otherwise bind as tp 1 and say nothing."""
+    from specbind.generated import MODELS
+    from specbind.runtime.bind import ReportOnly, bind_checkpoint
+    from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.synth import synth, tiny_values
+
+    table = MODELS["llama"]
+    synth(table, tmp_path / "ck", tiny_values(table), layers=1, seed=0)
+    with pytest.raises(GeometryError, match=r"^bind: (tp|ep)_(size|rank)="):
+        bind_checkpoint(CheckpointDir(tmp_path / "ck"), table, sink=ReportOnly(), **kw)  # type: ignore[arg-type]

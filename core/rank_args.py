@@ -1,4 +1,5 @@
-"""The tp/ep sizes and ranks a Python caller passes (``Checkpoint.bind``, ``plan``,
+"""The tp/ep sizes and ranks a Python caller passes (``runtime.bind.bind_checkpoint``, which
+every bind goes through; ``Checkpoint.bind``, ``plan``,
 ``open_bound``, ``engine.bind_for_engine``), checked before any work.
 
 Invariant: each is a plain integer (an ``int``, or anything with ``__index__`` such as a NumPy
