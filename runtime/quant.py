@@ -606,4 +606,10 @@ def storable(scheme: SchemeRule, block: Any, geometry: Any) -> LayerQuant | None
         and scheme.holds(r.linear_axes is not None)
         and all(d.exact(*_o_i(shapes[r.name], r)) for c in scheme.companions for d in c.dims)
     )
-    return LayerQuant(scheme, False, names) if names else None
+    if not names:
+        return None
+    # a stacked linear's companions are planned from its [E, I, O] axes, as layer_quant gives
+    axes = tuple(
+        (r.name, r.linear_axes) for r in block.tensors if r.linear_axes and r.name in names
+    )
+    return LayerQuant(scheme, False, names, axes=axes)

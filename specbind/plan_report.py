@@ -21,7 +21,7 @@ from specbind.core.units import size
 from specbind.plan_held import held_by_block, held_totals
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.model import ModelTable
-from specbind.runtime.quant import LayerQuant, quantize_rules
+from specbind.runtime.quant import LayerQuant, quantize_rules, quantized_rules
 from specbind.summary import spans
 from specbind.version import __version__
 
@@ -97,6 +97,13 @@ def plan_report(
         shapes = block.shapes(geometry)
         optional = set(block.optional_groups)
         holding = [present for _, b, present in layers if b == name]
+        # a quantized linear is listed as its scheme's companions (packed weight, scales), as
+        # the block's first layer stores them, with their dtypes and whole shapes
+        lq = quant(first[name], name) if quant is not None else None
+        rules = quantized_rules(block.tensors, lq)
+        stored = {
+            t.pattern: t.full_shape for t in plan_of(first[name], name, None).tensors.values()
+        }
         blocks[name] = {
             "layers": sorted({i for i, b, _ in layers if b == name}),
             "all_reduce": plans[(name, grid[0])].all_reduce,
@@ -108,11 +115,11 @@ def plan_report(
                     if r.shard.unit is None
                     else f"{r.shard.kind}:{r.shard.unit}",
                     "family": r.family,
-                    "full_shape": list(shapes[r.name]),
+                    "full_shape": list(stored[r.name] if r.name in stored else shapes[r.name]),
                     "optional_group": r.group if r.group in optional else None,
                     "held_in_layers": sum(_holds(r.name, names) for names in holding),
                 }
-                for r in block.tensors
+                for r in rules
             ],
         }
     tp1 = expected = 0

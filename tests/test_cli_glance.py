@@ -6,6 +6,7 @@ and a ``specbind_version`` key in every JSON output. In-process (``main``), on a
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import tomllib
@@ -181,6 +182,43 @@ def test_plan_marks_an_optional_tensor_and_how_many_layers_hold_it(
     rows = {x.split()[0]: x for x in text.splitlines() if x.startswith("  ")}
     assert "self_attn.q_norm.weight*" in rows and "self_attn.q_proj.weight" in rows
     assert f"  * optional group qk_norm: held in 0 of {LAYERS} layer(s)" in text.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("model", "scheme", "linear", "companions"),
+    [
+        # a stacked expert family: the blocks and scales replace the BF16 [E, I, O] stack
+        ("gpt-oss", "mxfp4", "mlp.experts.down_proj", {"_blocks": "U8", "_scales": "U8"}),
+        # a per-layer linear: the packed weight keeps its name, its scales beside it
+        ("llama", "nvfp4-modelopt", "mlp.down_proj",
+         {".weight": "U8", ".weight_scale": "F8_E4M3", ".weight_scale_2": "F32"}),
+    ],
+)  # fmt: skip
+def test_plan_with_quant_lists_each_quantized_linear_as_its_stored_companions(
+    capsys: pytest.CaptureFixture[str],
+    model: str,
+    scheme: str,
+    linear: str,
+    companions: dict[str, str],
+) -> None:
+    """``plan --quant`` lists the tensors a quantized checkpoint stores (packed, as stored),
+    a stacked expert family included, at tp 2 × ep 2 where the model has experts."""
+    ep = "2" if model == "gpt-oss" else "1"
+    out, _ = run(capsys, "plan", "--model", model, "--quant", scheme, "--tp-size", "2",
+                 "--ep-size", ep, "--json")  # fmt: skip
+    rep = json.loads(out)
+    rows = {t["name"]: t for b in rep["blocks"].values() for t in b["tensors"]}
+    for suffix, dtype in companions.items():
+        assert rows[linear + suffix]["dtype"] == dtype, (linear + suffix, rows[linear + suffix])
+    out, _ = run(capsys, "plan", "--model", model, "--json")
+    bf16 = {t["name"]: t for b in json.loads(out)["blocks"].values() for t in b["tensors"]}
+    weight = bf16[linear if model == "gpt-oss" else linear + ".weight"]
+    assert weight["dtype"] == "BF16"
+    packed = rows[linear + next(iter(companions))]["full_shape"]
+    assert 2 * math.prod(packed) == math.prod(weight["full_shape"]), "two E2M1 codes a byte"
+    text, _ = run(capsys, "plan", "--model", model, "--quant", scheme, "--tp-size", "2",
+                  "--ep-size", ep)  # fmt: skip
+    assert max(len(x) for x in text.splitlines()) <= 100
 
 
 def _table_rows(text: str) -> list[list[str]]:
