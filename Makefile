@@ -37,15 +37,15 @@ drift: $(STAMP)
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check core generator runtime generated specbind/*.py specbind/bench specbind/synth examples tests docs/hooks
-	$(BIN)/ruff format --check core generator runtime generated specbind/*.py specbind/bench specbind/synth examples tests docs/hooks
+	$(BIN)/ruff check core generator runtime generated specbind/*.py specbind/bench specbind/synth examples tests docs/hooks docs/plots
+	$(BIN)/ruff format --check core generator runtime generated specbind/*.py specbind/bench specbind/synth examples tests docs/hooks docs/plots
 
 # mypy's cache lives outside the clone (CI starts from a fresh one): a file whose content is
 # unchanged is not checked again, whatever its path or mtime (mypy compares hashes).
 MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/specbind/mypy
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict --cache-dir "$(MYPY_CACHE)" specbind examples docs/hooks
+	$(BIN)/mypy --strict --cache-dir "$(MYPY_CACHE)" specbind examples docs/hooks docs/plots
 
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link or anchor, a page
 # left out of the nav, or a docstring mkdocstrings cannot resolve. The CLI reference and the
