@@ -9,6 +9,8 @@ the path the page names. ``specbind`` and ``torchrun`` are this venv's, importin
 
 An HTML comment on the line before a block says more:
 - ``<!-- docs-test: exit N -->``: every command of the block must exit N (default 0);
+- ``<!-- docs-test: in the checkout -->``: the block runs in the repository root, not the
+  page's folder (a command that reads the clone and writes nothing, such as a ``--check``);
 - ``<!-- docs-test: json-keys CMD -->``: the block is the shape of ``CMD``'s JSON document
   (docs/reference/json-output.md): every quoted key in the block occurs in the document, and
   every top-level key of the document is in the block;
@@ -261,7 +263,7 @@ def test_every_command_on_the_page_runs_as_shown(page: Path, tmp_path: Path) -> 
         if (b.directive or "").startswith("json-keys "):
             _json_keys(b, tmp_path)
         elif b.lang == "console":
-            _console(b, tmp_path)
+            _console(b, REPO if b.directive == "in the checkout" else tmp_path)
         elif b.lang == "python":
             rc, output = _run([sys.executable, "-"], tmp_path, b.where, code="\n".join(b.body))
             assert rc == 0, f"{b.where}: the Python block failed:\n{output[-3000:]}"
