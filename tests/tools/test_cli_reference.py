@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -93,3 +94,20 @@ def test_an_included_file_links_into_docs_relative_to_its_page_and_to_the_other_
         hook._relink("https://x.org/a.md", "BENCHMARKS.md", "benchmarks/index.md")
         == "https://x.org/a.md"
     )
+
+
+def test_the_conventions_name_exactly_the_commands_that_take_model_and_set() -> None:
+    """The hand-written sentences of docs/reference/cli.md about --model and --set, against the
+    parsers (the drift this page once had: `audit` said to take --set and to take none)."""
+    text = " ".join((REPO / "docs" / "reference" / "cli.md").read_text(encoding="utf-8").split())
+    subs = _subparsers()
+
+    def taking(flag: str) -> set[str]:
+        return {n for n, sp in subs.items() if any(flag in a.option_strings for a in sp._actions)}
+
+    without_model = re.search(r"Every command but (.+?) takes `--model NAME`", text)
+    assert without_model, "the --model sentence is gone from cli.md"
+    assert set(subs) - set(re.findall(r"`(\w+)`", without_model[1])) == taking("--model")
+    with_set = re.search(r"\); ((?:`\w+`,? )+and `\w+`) take `--set NAME=INT`", text)
+    assert with_set, "the --set sentence is gone from cli.md"
+    assert set(re.findall(r"`(\w+)`", with_set[1])) == taking("--set")
