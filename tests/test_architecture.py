@@ -11,7 +11,10 @@ names. The layers:
 - ``runtime``: the loader library; imports only ``core``;
 - ``generated``: the emitted binders; import ``core`` and ``runtime``;
 - ``generator``: imports ``core`` (and ``runtime.atomic`` for its file writes);
-- the tools (``specbind/*.py``, ``specbind/bench``, ``specbind/synth``): anything.
+- the tools (``specbind/*.py``, ``specbind/synth``): anything of the package;
+- ``benchmarks``: the benchmark suite, its hand-written baselines and GPU checks, above
+  everything: it may import anything, and nothing of the package imports it (it runs from a
+  clone, never ships in the wheel).
 
 and no two modules import each other, directly or through others (no cycle at all). An import
 under ``if TYPE_CHECKING:`` never runs: it counts for the layers, not for cycles.
@@ -33,15 +36,16 @@ ALLOWED = {
     "generated": {"core", "runtime"},
     "generator": {"core", "runtime.atomic"},
 }
-TOOL_DIRS = ("bench", "bench/baselines", "synth")
+TOOL_DIRS = ("synth",)
+LAB_DIRS = ("benchmarks", "benchmarks/baselines")  # above everything, never in the wheel
 
 
 def _module_name(path: Path) -> str:
-    """``runtime/tp.py`` -> ``specbind.runtime.tp``; ``specbind/bench/main.py`` ->
-    ``specbind.bench.main``; a package's ``__init__`` is the package."""
+    """``runtime/tp.py`` -> ``specbind.runtime.tp``; ``benchmarks/main.py`` ->
+    ``benchmarks.main``; a package's ``__init__`` is the package."""
     rel = path.relative_to(REPO).with_suffix("")
     parts = list(rel.parts)
-    if parts[0] != "specbind":
+    if parts[0] not in ("specbind", "benchmarks"):
         parts.insert(0, "specbind")
     if parts[-1] == "__init__":
         parts.pop()
@@ -53,12 +57,16 @@ def sources() -> dict[str, Path]:
     paths = [p for d in LAYERS for p in sorted((REPO / d).glob("*.py"))]
     paths += sorted((REPO / "specbind").glob("*.py"))
     paths += [p for d in TOOL_DIRS for p in sorted((REPO / "specbind" / d).glob("*.py"))]
+    paths += [p for d in LAB_DIRS for p in sorted((REPO / d).glob("*.py"))]
     return {_module_name(p): p for p in paths}
 
 
 def layer_of(module: str) -> str:
-    """``specbind.runtime.tp`` -> ``runtime``; a tool module -> ``tools``."""
+    """``specbind.runtime.tp`` -> ``runtime``; ``benchmarks.main`` -> ``benchmarks``; a tool
+    module -> ``tools``."""
     parts = module.split(".")
+    if parts[0] == "benchmarks":
+        return "benchmarks"
     return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "tools"
 
 
@@ -140,7 +148,28 @@ def test_the_sources_read_are_the_whole_project() -> None:
     found = sources()
     assert len(found) > 80
     assert "specbind.runtime.bind" in found and "specbind.cli" in found
-    assert "specbind.bench.main" in found and "specbind.synth" in found
+    assert "benchmarks.main" in found and "specbind.synth" in found
+    assert "benchmarks.baselines.vllm_style" in found and "specbind.bench" in found
+
+
+def test_nothing_of_the_package_imports_the_benchmark_suite() -> None:
+    """``benchmarks/`` is not in the wheel: an import of it from the package, lazy or in a
+    ``python -c`` string, would fail in every installed copy."""
+    bad = [
+        f"{m} -> {t}"
+        for m, ts in edges().items()
+        if layer_of(m) != "benchmarks"
+        for t in ts
+        if layer_of(t) == "benchmarks"
+    ]
+    assert bad == []
+
+
+def test_the_suite_check_sees_an_import_of_the_benchmark_suite(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("def f():\n    from benchmarks.main import run\n")
+    assert imported(src, {"benchmarks.main"}) == ["benchmarks.main"]
+    assert layer_of("benchmarks.main") == "benchmarks" and layer_of("specbind.bench") == "tools"
 
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
@@ -243,7 +272,9 @@ def test_runtime_holds_the_loader_library_only() -> None:
 def test_every_import_of_the_project_goes_through_the_specbind_namespace() -> None:
     """Installed, the folders live only under ``specbind``: a bare ``import runtime`` would work
     in the repository (its root is on sys.path) and fail in an engine's environment, or load a
-    second copy of a module beside ``specbind.runtime``."""
+    second copy of a module beside ``specbind.runtime``. ``benchmarks`` is a bare name on
+    purpose (the clone's suite, imported from the clone by itself and the tests only; the
+    package never imports it: the check above)."""
     paths = list(sources().values()) + sorted((REPO / "tests").rglob("*.py"))
     paths += sorted((REPO / "examples").glob("*.py"))
     bare = []
@@ -259,7 +290,7 @@ def test_every_import_of_the_project_goes_through_the_specbind_namespace() -> No
             bare += [
                 f"{p.relative_to(REPO)}: {n}"
                 for n in names
-                if n.split(".")[0] in (*LAYERS, "benchmarks")
+                if n.split(".")[0] in LAYERS
             ]
     assert len(paths) > 80
     assert bare == []

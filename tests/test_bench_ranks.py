@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import TABLE
 
-from specbind.bench import ranks as bench_ranks
+from benchmarks import ranks as bench_ranks
 
 
 @pytest.fixture(scope="module")

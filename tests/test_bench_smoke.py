@@ -1,4 +1,4 @@
-"""`specbind bench` runs end to end (tiny geometry): the baseline's outputs agree with
+"""`python -m benchmarks` (the lab's suite, from the clone) runs end to end (tiny geometry): the baseline's outputs agree with
 specbind's and every figure is reported. Speed itself is read from BENCHMARKS.md, not asserted."""
 
 from __future__ import annotations
@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "specbind", "bench", "--tiny", "--quick", "--repeat", "1", "--json",
+        [sys.executable, "-m", "benchmarks", "--tiny", "--quick", "--repeat", "1", "--json",
          "--tp-size", "1", "--tp-size", "2", "--no-rss", "--cache", str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
@@ -68,7 +70,7 @@ def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
         "planning",
     ):
         assert f"]: {step}" in proc.stderr, step  # each slow step says what it does
-    from specbind.bench import main as bench
+    from benchmarks import main as bench
 
     text = bench.render(r)
     assert "| 1 | 2 | " in text  # the text table has the ep row
@@ -85,21 +87,21 @@ def runai_installed() -> bool:
 def test_quick_binds_the_tiny_slice_and_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from specbind.bench import main as bench
-    from specbind.cli import main
+    from benchmarks import main as bench
+    from benchmarks.cli import main
 
     seen: list[bool] = []
     monkeypatch.setattr(
         bench, "run", lambda table, tps, repeat, cache, tiny, **k: seen.append(tiny) or {}
     )
-    assert main(["bench", "--json", "--quick"]) == 0
-    assert main(["bench", "--json"]) == 0
+    assert main(["--json", "--quick"]) == 0
+    assert main(["--json"]) == 0
     assert seen == [True, False]
     assert "--quick binds the tiny slice" in capsys.readouterr().err
 
 
 def test_whole_process_rows_run_at_least_five_rounds_unless_quick() -> None:
-    from specbind.bench import main as bench
+    from benchmarks import main as bench
 
     assert [bench.process_repeats(n) for n in (1, 3, 5, 9)] == [5, 5, 5, 9]
     assert bench.process_repeats(9, quick=True) == 1
@@ -107,7 +109,7 @@ def test_whole_process_rows_run_at_least_five_rounds_unless_quick() -> None:
 
 def test_bench_measures_peak_rss_of_each_method_in_its_own_process(tmp_path: Path) -> None:
     # Apart from the run above, at one size, to stay quick: a baseline child imports torch (~3 s).
-    from specbind.bench import main as bench
+    from benchmarks import main as bench
     from specbind.generated import MODELS
 
     table = MODELS["glm-5.3-flash"]
@@ -119,7 +121,7 @@ def test_bench_measures_peak_rss_of_each_method_in_its_own_process(tmp_path: Pat
 
 
 def test_bench_takes_its_blocks_from_the_slots_and_writes_the_fewest_layers() -> None:
-    from specbind.bench import main as bench
+    from benchmarks import main as bench
     from specbind.generated import MODELS
 
     table = MODELS["glm-5.3-flash"]
@@ -135,8 +137,8 @@ def test_bench_takes_its_blocks_from_the_slots_and_writes_the_fewest_layers() ->
 def test_bench_keeps_its_cache_in_the_user_cache_directory_not_the_repository(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from specbind.bench import main as bench
-    from specbind.cli import main
+    from benchmarks import main as bench
+    from benchmarks.cli import main
 
     seen: list[Path] = []
     monkeypatch.setattr(
@@ -144,17 +146,17 @@ def test_bench_keeps_its_cache_in_the_user_cache_directory_not_the_repository(
     )
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert main(["bench", "--json"]) == 0
+    assert main(["--json"]) == 0
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/is/ignored")
-    assert main(["bench", "--json"]) == 0
+    assert main(["--json"]) == 0
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert main(["bench", "--json"]) == 0
-    assert main(["bench", "--json", "--cache", str(tmp_path / "given")]) == 0
+    assert main(["--json"]) == 0
+    assert main(["--json", "--cache", str(tmp_path / "given")]) == 0
     assert seen == [
         tmp_path / "xdg" / "specbind" / "bench",
         tmp_path / "home" / ".cache" / "specbind" / "bench",
         tmp_path / "home" / ".cache" / "specbind" / "bench",
         tmp_path / "given",
     ]
-    assert main(["bench", "--cache", ""]) == 2
+    assert main(["--cache", ""]) == 2
     assert "--cache '': an empty path" in capsys.readouterr().err

@@ -3,7 +3,7 @@ hand: BENCHMARKS.md)."""
 
 from __future__ import annotations
 
-from specbind.bench.vllm_load import summary
+from benchmarks.vllm_load import summary
 
 
 def test_the_summary_gives_each_loaders_min_and_median_and_the_ratio_of_medians() -> None:
@@ -30,7 +30,7 @@ def test_the_peak_rss_is_this_address_spaces_own_not_one_inherited_across_exec()
     import numpy as np
 
     held = np.ones(256 << 20, np.uint8)  # resident in this process when it forks
-    code = "from specbind.bench.vllm_load import peak_rss_kib; print(peak_rss_kib())"
+    code = "from benchmarks.vllm_load import peak_rss_kib; print(peak_rss_kib())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert 0 < int(out.stdout) < 200 << 10  # KiB: well under the 256 MiB held at the fork
     assert held.all()

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specbind.bench import process
-from specbind.bench.baselines import vllm_style
+from benchmarks import process
+from benchmarks.baselines import vllm_style
 from specbind.core.errors import SpecbindError
 from specbind.generated import MODELS
 from specbind.runtime.bind import bind_checkpoint
@@ -23,7 +23,7 @@ TABLE = MODELS["glm-5.3-flash"]
 
 @pytest.fixture(scope="module")
 def ck(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from specbind.bench import main as bench
+    from benchmarks import main as bench
 
     ckpt, _ = bench.ensure_checkpoint(TABLE, tmp_path_factory.mktemp("benchwhole"), tiny=True)
     return ckpt
@@ -86,7 +86,7 @@ def test_the_whole_process_row_refuses_sides_that_copied_different_bytes(
 def test_a_computed_field_is_compared_chunk_by_chunk_against_the_largest_magnitude_of_all() -> None:
     import ml_dtypes
 
-    from specbind.bench import equal
+    from benchmarks import equal
 
     want = np.linspace(-1.0, 1.0, 40).reshape(5, 8).astype(ml_dtypes.bfloat16)
     got = want.copy()

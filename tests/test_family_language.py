@@ -147,7 +147,7 @@ def test_bench_runs_for_a_model_other_than_the_default(tmp_path: Path) -> None:
     and the absorb rows come from the model's own contracting block (mla), at tp 1 and 2.
     The rows that do not depend on the model (whole processes, fixed cost, generate) are
     tests/test_bench_smoke.py's; here only the model-specific ones run."""
-    from specbind.bench import main as bench
+    from benchmarks import main as bench
     from specbind.generated import MODELS
     from specbind.runtime.checkpoint import CheckpointDir
     from specbind.runtime.config import values_from_config

@@ -15,7 +15,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from specbind.bench import gpu_check, gpu_families, gpu_kernels, gpu_wheels
+from benchmarks import gpu_check, gpu_families, gpu_kernels, gpu_wheels
 
 TESTS = Path(__file__).resolve().parent
 

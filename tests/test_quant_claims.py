@@ -371,8 +371,8 @@ def test_plan_of_a_quantized_checkpoint_counts_the_packed_bytes_each_rank_reads(
 def test_the_nvfp4_moe_bench_times_only_a_baseline_equal_to_specbind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specbind.bench import quant as bench_quant
-    from specbind.bench.baselines import nvfp4_moe
+    from benchmarks import quant as bench_quant
+    from benchmarks.baselines import nvfp4_moe
 
     small = {"experts": 6, "hidden": 256, "moe_intermediate": 128}
     scheme = SCHEMES["nvfp4-modelopt"]

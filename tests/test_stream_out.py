@@ -119,7 +119,7 @@ def test_a_report_only_bind_drops_each_slots_arrays_before_binding_the_next(
 def test_the_scale_bench_child_reports_every_phase_of_a_streamed_bind(
     tmp_path: Path,
 ) -> None:
-    from specbind.bench.scale import child
+    from benchmarks.scale import child
 
     ck = tmp_path / "sparse"
     assert main(["synth", str(ck), "--sparse", "--layers", "4"]) == 0

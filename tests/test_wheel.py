@@ -124,3 +124,26 @@ def test_import_specbind_finds_the_installed_copy_and_no_bare_runtime(
     where, bare = proc.stdout.splitlines()
     assert where.startswith(str(venv)) and "site-packages" in where
     assert bare == "[]"
+
+
+def test_the_wheel_holds_no_benchmark_baselines_or_lab_modules(venv: Path) -> None:
+    """The benchmark suite (``benchmarks/``: hand-written competitor loaders, one-investigation
+    rows, GPU checks) runs from a clone; the wheel carries only ``specbind/bench.py``, the
+    measurement ``specbind bench`` runs on a user's checkpoint."""
+    pkg = next((venv / "lib").glob("python3*/site-packages/specbind"))
+    shipped = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py"))
+    assert [f for f in shipped if "bench" in f or "baseline" in f] == ["bench.py"]
+    lab = {p.read_bytes() for p in (REPO / "benchmarks").rglob("*.py")}
+    assert len(lab) > 10
+    assert [f for f in shipped if (pkg / f).read_bytes() in lab] == []
+
+
+def test_installed_specbind_bench_times_a_bind_beside_safetensors_slicing(
+    venv: Path, tmp_path: Path
+) -> None:
+    assert run(venv, tmp_path, "specbind", "synth", "ck", "--seed", "1").returncode == 0
+    proc = run(venv, tmp_path, "specbind", "bench", "ck", "--repeat", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["share_bytes"] > 0
+    assert all(r[side]["seconds"] > 0 for side in ("specbind", "safetensors"))

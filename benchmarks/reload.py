@@ -1,4 +1,4 @@
-"""``specbind bench --reload``: loading a rank's ``--out`` file back, beside a memcpy.
+"""``python -m benchmarks --reload``: loading a rank's ``--out`` file back, beside a memcpy.
 
 One rank's share (tp 8 x ep 8, rank 0) of the 4-layer sparse real-geometry checkpoint is bound
 to a file once; then, interleaved (A B C A B C ...), each on a warm page cache:
@@ -25,9 +25,9 @@ from specbind.core.errors import SpecbindError
 def run(table: Any, cache: Path, repeat: int) -> dict[str, Any]:
     from safetensors.numpy import load_file
 
+    from benchmarks.common import interleaved
+    from benchmarks.scale import ensure_sparse
     from specbind.api import open_bound
-    from specbind.bench.common import interleaved
-    from specbind.bench.scale import ensure_sparse
 
     ckpt = ensure_sparse(table, cache, 4)
     out = cache / "reload-tp8-ep8.safetensors"

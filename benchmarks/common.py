@@ -7,6 +7,7 @@ and the command (``main``) imports them all, with no cycle.
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -18,6 +19,16 @@ from specbind.core.errors import SpecbindError
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.layout import layout
 from specbind.runtime.model import ModelTable
+
+REPO = Path(__file__).resolve().parent.parent  # the clone: the lab is never installed
+
+
+def lab_env() -> dict[str, str]:
+    """This environment with the clone first on ``PYTHONPATH``: a child process that imports
+    ``benchmarks`` (``python -c "from benchmarks.x import ..."``) finds it from any working
+    directory, as it found ``specbind.bench`` when the lab shipped inside the package."""
+    paths = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def parts(table: ModelTable[Any]) -> dict[str, frozenset[str]]:

@@ -32,7 +32,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 IMAGE = REPO / ".ci" / "gpu-image.txt"
 PINS = REPO / ".ci" / "gpu-wheels.txt"
 DEFAULT_DIR = REPO / ".gpu-wheels"
@@ -181,7 +181,7 @@ def download(folder: Path) -> None:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] not in ("download", "check"):
-        print("usage: python -m specbind.bench.gpu_wheels download|check [DIR]", file=sys.stderr)
+        print("usage: python -m benchmarks.gpu_wheels download|check [DIR]", file=sys.stderr)
         return 2
     folder = Path(argv[1]) if len(argv) > 1 else DEFAULT_DIR
     if argv[0] == "download":

@@ -1,5 +1,5 @@
 """The NVFP4 MoE loader a user writes by hand (as vLLM's per-expert weight loader does), for
-``specbind bench --quant nvfp4-modelopt``: for each of this ep rank's experts, slice the tp
+``python -m benchmarks --quant nvfp4-modelopt``: for each of this ep rank's experts, slice the tp
 rank's rows of gate and up (columns of down) out of the packed weight and its block scale,
 copy them into the stacked ``w13``/``w2`` arrays, and gather the global and input scales per
 expert. Plain NumPy over a memory map; it names the tensors, as a hand-written loader does.

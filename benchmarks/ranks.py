@@ -1,4 +1,5 @@
-"""``specbind bench`` rows for many ranks on one host, and for the loaders users pick for speed.
+"""``python -m benchmarks`` rows for many ranks on one host, and for the loaders users pick
+for speed.
 
 - ranks: N worker processes, each binding one tp rank of N of the whole slice (every block)
   and copying every bound field into its own arena, as an upload would. Each round releases
@@ -88,13 +89,16 @@ def _go(p: subprocess.Popen[str]) -> None:
 
 def ranks_row(ckpt: Path, n: int, repeat: int) -> dict[str, Any]:
     """N ranks binding concurrently beside the same N ranks one after another."""
-    code = f"from specbind.bench.ranks import worker; worker({str(ckpt)!r}, {n}, %d)"
+    from benchmarks.common import lab_env
+
+    code = f"from benchmarks.ranks import worker; worker({str(ckpt)!r}, {n}, %d)"
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code % r],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
+            env=lab_env(),
         )
         for r in range(n)
     ]
@@ -181,7 +185,7 @@ LOADERS: dict[str, tuple[str, Callable[[Path, Any, np.ndarray[Any, Any]], int]]]
 
 def loader_rows(ckpt: Path, table: ModelTable[Any], repeat: int) -> dict[str, Any]:
     """specbind (tp 1, every tensor) beside each installed fast loader, interleaved."""
-    from specbind.bench.common import interleaved
+    from benchmarks.common import interleaved
 
     scratch = np.empty(SCRATCH, dtype=np.uint8)
     fns: dict[str, Callable[[], int]] = {"specbind": lambda: _specbind(ckpt, table, scratch)}

@@ -30,7 +30,7 @@ import numpy as np
 
 from specbind.core.errors import SpecbindError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 KERNELS = REPO / "generated" / "kernels"
 ARITH = ("scale_bf16", "dequant_nvfp4_bf16", "dequant_fp8_block_bf16")
 Case = tuple[str, tuple[Any, ...]]  # (what, wrapper arguments: arrays, lists of arrays, scalars)
@@ -163,7 +163,7 @@ def run(device: Any, host: Any, cp: Any, scale: int = 16) -> dict[str, Any]:
     for name in kernel_names():
         todo = cases(name, scale)
         if not todo:
-            why = "no inputs for this kernel in specbind/bench/gpu_kernels.py"
+            why = "no inputs for this kernel in benchmarks/gpu_kernels.py"
             rows.append({"kernel": name, "case": None, "equal": False, "why": why})
             continue
         for what, args in todo:

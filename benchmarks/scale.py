@@ -1,4 +1,4 @@
-"""``specbind bench --scale``: one rank's share of the real model, from a sparse checkpoint.
+"""``python -m benchmarks --scale``: one rank's share of the real model, from a sparse checkpoint.
 
 For each size (1, 4 and 46 layers: 1 and 4 decoder layers, then all 45 plus the MTP layer),
 ``synth --full --sparse`` writes the checkpoint once (headers only; the data are holes), and a
@@ -54,8 +54,8 @@ def ensure_sparse(table: Any, cache: Path, layers: int) -> Path:
 
 def child(ckpt: str, out: str, tp: int, ep: int, part: str) -> dict[str, Any]:
     """One streamed bind in this (fresh) process; its phases, bytes and peak RSS."""
+    from benchmarks.common import parts, peak_rss_mb
     from specbind.api import model_table
-    from specbind.bench.common import parts, peak_rss_mb
     from specbind.core.planning import Ranks
     from specbind.generated import SPECS_SHA256
     from specbind.runtime.backends import NUMPY
@@ -124,8 +124,12 @@ def memcpy_seconds(nbytes: int, chunk: int = 256 << 20) -> float:
 
 def _run_child(ckpt: Path, out: Path, rank: dict[str, Any]) -> dict[str, Any]:
     call = f"child({str(ckpt)!r}, {str(out)!r}, {rank['tp']}, {rank['ep']}, {rank['part']!r})"
-    code = f"import json; from specbind.bench.scale import child; print(json.dumps({call}))"
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    code = f"import json; from benchmarks.scale import child; print(json.dumps({call}))"
+    from benchmarks.common import lab_env
+
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=lab_env()
+    )
     if proc.returncode != 0:
         raise SpecbindError(f"bench --scale child failed: {proc.stderr.strip().splitlines()[-1:]}")
     result: dict[str, Any] = json.loads(proc.stdout)

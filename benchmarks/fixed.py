@@ -52,7 +52,7 @@ def _bytecode_cached() -> bool:
 
 
 def run(repeat: int) -> dict[str, Any]:
-    from specbind.bench.common import interleaved
+    from benchmarks.common import interleaved
 
     with tempfile.TemporaryDirectory() as tmp:
         missing = str(Path(tmp) / "no-such-checkpoint")

@@ -1,4 +1,4 @@
-"""``python -m specbind.bench.digest``: what the bound file's content digests cost.
+"""``python -m benchmarks.digest``: what the bound file's content digests cost.
 
 Three rows, each interleaved (A B A B ...) after a warm-up round, minima and medians:
 - hash throughput on one buffer in memory (256 MiB): XXH3-64, XXH3-128 (the one used),
@@ -40,7 +40,7 @@ class _NoHash:
 
 
 def hashes(repeat: int, size: int = 256 << 20) -> dict[str, list[float]]:
-    from specbind.bench.common import interleaved
+    from benchmarks.common import interleaved
 
     buf = os.urandom(size)
     fns: dict[str, Callable[[], object]] = {
@@ -54,7 +54,7 @@ def hashes(repeat: int, size: int = 256 << 20) -> dict[str, list[float]]:
 
 
 def binds(ck: Path, out: Path, repeat: int) -> tuple[dict[str, list[float]], int]:
-    from specbind.bench.common import interleaved
+    from benchmarks.common import interleaved
     from specbind.cli import main
     from specbind.runtime import stream_out
 
@@ -74,8 +74,8 @@ def binds(ck: Path, out: Path, repeat: int) -> tuple[dict[str, list[float]], int
 
 
 def reloads(out: Path, repeat: int) -> dict[str, list[float]]:
+    from benchmarks.common import interleaved
     from specbind.api import open_bound
-    from specbind.bench.common import interleaved
     from specbind.runtime import reload
 
     def without(copy: bool) -> object:

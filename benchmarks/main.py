@@ -1,4 +1,4 @@
-"""``specbind bench``: specbind beside the loader a user would write, in one run, as ratios.
+"""``python -m benchmarks``: specbind beside the loader a user would write, in one run, as ratios.
 
 On a cached full-geometry checkpoint slice (the first layers of the model, as few as hold every
 block of its ``attention`` slot and an expert block of its ``mlp`` slot), on a warm page cache:
@@ -52,8 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from specbind.bench.common import filled, interleaved, parts, peak_rss_mb, say
-from specbind.bench.equal import check_equal, computed_fields
+from benchmarks.common import filled, interleaved, parts, peak_rss_mb, say
+from benchmarks.equal import check_equal, computed_fields
 from specbind.core.errors import SpecbindError, UsageError
 from specbind.runtime.backends import Arena
 from specbind.runtime.checkpoint import CheckpointDir
@@ -183,7 +183,7 @@ def baseline_load(
     ep: int = 1,
     ep_rank: int = 0,
 ) -> dict[str, Array]:
-    from specbind.bench.baselines.vllm_style import Loader
+    from benchmarks.baselines.vllm_style import Loader
 
     loader = Loader(ckpt)
     out: dict[str, Array] = {}
@@ -311,7 +311,7 @@ def child(method: str, ckpt: str, tp: int, part: str = "attention", ep: int = 1)
 
 def _rss(method: str, ckpt: Path, tp: int, part: str = "attention", ep: int = 1) -> float:
     call = f"child({method!r}, {str(ckpt)!r}, {tp}, {part!r}, {ep})"
-    code = f"import json; from specbind.bench.main import child; print(json.dumps({call}))"
+    code = f"import json; from benchmarks.main import child; print(json.dumps({call}))"
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=600
     )
@@ -448,12 +448,12 @@ def absorb_rows(
     allows: the block's generated module and its geometry come from the model's own table."""
     import importlib
 
-    from specbind.bench import absorb as bench_absorb
+    from benchmarks import absorb as bench_absorb
     from specbind.core.errors import GeometryError
     from specbind.core.planning import Ranks
 
     try:
-        from specbind.bench.baselines.seed_order import SEED_ORDER
+        from benchmarks.baselines.seed_order import SEED_ORDER
     except ImportError:  # an installed wheel has no baseline folder: no seed-order column
         SEED_ORDER = {}
     model = importlib.import_module(table.make_geometry.__module__)
@@ -497,9 +497,9 @@ def run(
     each ep > 1 of the same sizes (tp 1). ``overrides`` (``--set``) go over ``DEFAULT_SETS``
     for the full-geometry slice (over nothing for ``tiny``); the checkpoint's config.json
     carries them to the bind. Each row says on stderr what it measures as it starts."""
-    from specbind.bench import fixed as bench_fixed
-    from specbind.bench import process as bench_process
-    from specbind.bench import ranks as bench_ranks
+    from benchmarks import fixed as bench_fixed
+    from benchmarks import process as bench_process
+    from benchmarks import ranks as bench_ranks
     from specbind.runtime.config import values_from_config
 
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
@@ -604,7 +604,7 @@ def limits_only(
 
 
 def render_limits(r: dict[str, Any]) -> str:
-    from specbind.bench import limits
+    from benchmarks import limits
 
     m = r["machine"]
     head = (
@@ -620,7 +620,7 @@ def limit_rows(
 ) -> dict[str, Any]:
     """``limits``' rows: a rank in memory at each tp > 1 (ep = tp where the experts split that
     far, else 1), ``--out`` and runai at the last of them, planning on the sparse whole model."""
-    from specbind.bench import limits
+    from benchmarks import limits
 
     sizes = [(tp, tp if tp <= experts else 1) for tp in tps if tp > 1] or [(1, 1)]
     whole = table.real_layers + table.real_mtp
@@ -678,7 +678,7 @@ def render(r: dict[str, Any]) -> str:
             f"{x.get('copy_only_fraction_of_memcpy', float('nan')):.2f}", *_rss_cells(x),
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
-    from specbind.bench import process as bench_process
+    from benchmarks import process as bench_process
 
     if r.get("whole_rows"):
         lines += [
@@ -726,15 +726,15 @@ def render(r: dict[str, Any]) -> str:
     if r.get("synth_s") is not None:
         lines.append(f"writing the slice (synth, once): {r['synth_s']:.1f} s")
     lines.append(f"specbind generate from nothing: {r['generate_s']:.2f} s")
-    from specbind.bench import ranks as bench_ranks
+    from benchmarks import ranks as bench_ranks
 
     lines += bench_ranks.render(r.get("ranks", []), r.get("loaders"))
     if "fixed_cost" in r:
-        from specbind.bench import fixed as bench_fixed
+        from benchmarks import fixed as bench_fixed
 
         lines.append(bench_fixed.render(r["fixed_cost"]))
     if r.get("limits"):
-        from specbind.bench import limits
+        from benchmarks import limits
 
         lines += limits.render(r["limits"])
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""``specbind bench`` rows that separate what the machine limits from what specbind adds.
+"""``python -m benchmarks`` rows that separate what the machine limits from what specbind adds.
 
 Each row is interleaved rounds (every method once per round, after one warm-up round), median
 and minimum, every byte touched on every side:
@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from specbind.bench.common import interleaved, parts, say
+from benchmarks.common import interleaved, lab_env, parts, say
 from specbind.core.errors import SpecbindError
 from specbind.runtime.checkpoint import CheckpointDir
 from specbind.runtime.checks import Array
@@ -226,18 +226,20 @@ def plan_child(ckpt: str, tp: int, ep: int) -> dict[str, Any]:
 
 
 def planning_row(table: ModelTable[Any], cache: Path, layers: int, repeat: int) -> dict[str, Any]:
-    from specbind.bench.scale import ensure_sparse
+    from benchmarks.scale import ensure_sparse
 
     ckpt = ensure_sparse(table, cache, layers)
     tp, ep = PLAN_RANKS
     code = (
-        "import json; from specbind.bench.limits import plan_child; "
+        "import json; from benchmarks.limits import plan_child; "
         f"print(json.dumps(plan_child({str(ckpt)!r}, {tp}, {ep})))"
     )
     runs: list[dict[str, Any]] = []
 
     def one() -> None:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=lab_env()
+        )
         if proc.returncode != 0:
             raise SpecbindError(f"bench planning child failed: {proc.stderr.strip()[-300:]}")
         runs.append(json.loads(proc.stdout))
@@ -267,7 +269,7 @@ def _streamed(ckpt: Path, names: Collection[str]) -> Any:
     import torch
     from runai_model_streamer import SafetensorsStreamer
 
-    from specbind.bench.baselines.vllm_style import _DTYPES, Loader
+    from benchmarks.baselines.vllm_style import _DTYPES, Loader
 
     class Streamed(Loader):
         def __init__(self) -> None:
@@ -302,9 +304,9 @@ def runai_row(ckpt: Path, table: ModelTable[Any], tp: int, ep: int, repeat: int)
     why = runai_missing()
     if why is not None:
         return {"tp": tp, "ep": ep, "skipped": why}
-    from specbind.bench.baselines.vllm_style import Loader
-    from specbind.bench.common import filled
-    from specbind.bench.equal import check_equal, computed_fields
+    from benchmarks.baselines.vllm_style import Loader
+    from benchmarks.common import filled
+    from benchmarks.equal import check_equal, computed_fields
 
     p = parts(table)
     kinds = p["attention"] | p["experts"]

@@ -1,6 +1,6 @@
 """Load time inside vLLM: ``load_format="specbind"`` beside vLLM's default loader.
 
-    python -m specbind.bench.vllm_load CKPT [--repeat R] [--cold]   (in the vLLM venv)
+    python -m benchmarks.vllm_load CKPT [--repeat R] [--cold]   (in the vLLM venv)
 
 One process, vLLM imported once, the engine core in-process, tp 1: a warm-up start of each
 loader, then R pairs interleaved (auto, specbind, auto, ...). Each start times the loader's
@@ -114,8 +114,13 @@ def _fresh(ckpt: str, load_format: str, cold: bool) -> tuple[float, ...]:
 
     if cold:
         drop_cache(ckpt)
-    argv = [sys.executable, "-m", "specbind.bench.vllm_load", ckpt, "--child", load_format]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    argv = [sys.executable, "-m", "benchmarks.vllm_load", ckpt, "--child", load_format]
+    # the clone first on PYTHONPATH: ``-m benchmarks.vllm_load`` from any working directory
+    paths = [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
     out, _ = proc.communicate()
     line = [x for x in out.splitlines() if x.startswith("CHILD ")]
     if proc.returncode or not line:

@@ -1,7 +1,7 @@
 """``make gpu-check``: one offline check of a bare GPU machine, each step with its own
 timeout, the whole inside ``--budget`` seconds, one JSON report in the folder the caller names.
 
-Run from a checkout: ``python3 -m specbind.bench.gpu_check --out DIR``. With no package index:
+Run from a checkout: ``python3 -m benchmarks.gpu_check --out DIR``. With no package index:
 the wheels in ``--wheels`` (``make gpu-wheels``) are checked (``gpu_wheels.check``) and
 installed with ``pip install --no-index --no-deps --target``; every step then runs in a child
 process whose PYTHONPATH is that target and the checkout. The steps (``STEPS``):
@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specbind.bench import gpu_wheels
+from benchmarks import gpu_wheels
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 REPORT = "gpu-check.json"
 REPORT_LIMIT = 16 << 20
 BUDGET_S = 360.0  # twice in 15 minutes, with a machine's start between
@@ -68,7 +68,7 @@ def environment() -> dict[str, Any]:
 
 def step(name: str, scratch: Path, small: bool) -> dict[str, Any]:
     """Run step ``name`` here (in the child) and return its result."""
-    from specbind.bench import gpu_families, gpu_kernels
+    from benchmarks import gpu_families, gpu_kernels
     from specbind.generated import kernels as k
     from specbind.runtime import backends
 
@@ -92,9 +92,9 @@ def step(name: str, scratch: Path, small: bool) -> dict[str, Any]:
 
 
 def bandwidth(scratch: Path, small: bool) -> dict[str, Any]:
+    from benchmarks import gpu
+    from benchmarks.main import DEFAULT_SETS, slice_layers, slice_values
     from specbind import api
-    from specbind.bench import gpu
-    from specbind.bench.main import DEFAULT_SETS, slice_layers, slice_values
     from specbind.runtime.checkpoint import CheckpointDir
     from specbind.synth import synth
 
@@ -198,7 +198,7 @@ def check(out: Path, wheels: Path, budget: float, small: bool,
                     "why": f"{left:.0f} s of the budget left",
                 }
                 continue
-            argv = child or [sys.executable, "-m", "specbind.bench.gpu_check"]
+            argv = child or [sys.executable, "-m", "benchmarks.gpu_check"]
             argv = [*argv, "--step", name, "--scratch", str(scratch)] + (["--small"] * small)
             report["steps"][name] = run_child(argv, env, min(limit, left))
     report["seconds"] = round(time.monotonic() - t0, 2)
@@ -228,7 +228,7 @@ def write(out: Path, report: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m specbind.bench.gpu_check")
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check")
     p.add_argument("--out", type=Path, help="the folder the report is written to")
     p.add_argument("--wheels", type=Path, default=gpu_wheels.DEFAULT_DIR)
     p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole check")

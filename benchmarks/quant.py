@@ -1,5 +1,5 @@
-"""``specbind bench --quant SCHEME``: one quantized MoE layer at the real expert shapes, rank 0
-of each tp (ep 1) and ep (tp 1), beside a hand-written loader and the memcpy limit.
+"""``python -m benchmarks --quant SCHEME``: one quantized MoE layer at the real expert
+shapes, rank 0 of each tp (ep 1) and ep (tp 1), beside a hand-written loader and the memcpy limit.
 
 What is measured: the MoE block's routed experts, shared experts and router, stored as the
 scheme stores them (``synth --quant``: every linear it can hold), bound by the generated binder
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from specbind.bench.common import interleaved
+from benchmarks.common import interleaved
 from specbind.core.errors import SpecbindError
 from specbind.core.planning import Ranks
 from specbind.core.quant import SchemeRule
@@ -106,7 +106,7 @@ def run(
             f"bench --quant: the hand-written baseline reads {list(BASELINE_SUFFIXES)} "
             f"(nvfp4-modelopt), not {scheme.name}'s companions"
         )
-    from specbind.bench.baselines.nvfp4_moe import baseline
+    from benchmarks.baselines.nvfp4_moe import baseline
 
     values = checked_values(table, table.default_values(), {"experts": EXPERTS} | dict(sets))
     path, lq = ensure_layer(table, scheme, cache, values)

@@ -1,4 +1,5 @@
-"""Whole-process rows of ``specbind bench``: specbind and the baseline each as a fresh process.
+"""Whole-process rows of ``python -m benchmarks``: specbind and the baseline, each a fresh
+process.
 
 Two rows per tp, both at (tp, rank 0, ep 1): **whole**, every block of the slice (attention,
 the dense and MoE MLPs, the layer norms, mHC, the embedding, final norm and LM head: the row
@@ -12,11 +13,11 @@ and median.
   ``Arena`` (``into=``): each field made in the process's own memory or copied there once, each
   byte of the rank written once.
 - baseline (``BASELINE``): NumPy, ml_dtypes and ``baselines/vllm_style.py`` loaded by its path,
-  so it pays none of specbind's imports (importing it as ``specbind.bench.baselines...`` would
-  run ``specbind/__init__``); the blocks to load are handed to it; each block's fields go into
-  the arena as soon as the block is loaded (as vLLM's ``weight_loader`` copies each loaded
-  tensor into its parameter), then are dropped, and the map pages it read are released
-  (``Loader.release``).
+  so it pays none of specbind's imports (it imports nothing of specbind, and no package
+  ``__init__`` runs on the way to it); the blocks to load are handed to it; each block's
+  fields go into the arena as soon as the block is loaded (as vLLM's ``weight_loader`` copies
+  each loaded tensor into its parameter), then are dropped, and the map pages it read are
+  released (``Loader.release``).
 Memory: neither side holds two copies of the rank: the baseline's peak is its arena
 (``ARENA``: one buffer per block, each field at a 64-byte aligned offset) plus one block;
 specbind's is its ``Arena`` (a 6.2 GB rank at tp 1 on the full-geometry slice).
@@ -113,8 +114,8 @@ def check(
     those blocks' slots; None: every slot and the model-level tensors). Raises on the first
     difference; returns the (layer, block) pairs compared (-1: the model-level block), the
     field count and, per computed field that needed more than 1 BF16 ulp, how many elements."""
-    from specbind.bench.baselines.vllm_style import Loader
-    from specbind.bench.equal import check_equal, computed_fields
+    from benchmarks.baselines.vllm_style import Loader
+    from benchmarks.equal import check_equal, computed_fields
     from specbind.runtime.bind import GLOBALS, SlotResult, bind_checkpoint
     from specbind.runtime.checkpoint import CheckpointDir
 
@@ -161,7 +162,7 @@ def _process(code: str, method: str, seen: set[str], rss: list[int]) -> Callable
 def row(ckpt: Path, table: Any, tp: int, repeat: int, part: str = "whole") -> dict[str, Any]:
     """``part`` ("whole": every block; "attention": the attention slot) at (tp, rank 0, ep 1):
     checked equal, then each side timed as a fresh process."""
-    from specbind.bench.common import interleaved, parts
+    from benchmarks.common import interleaved, parts
 
     kinds = None if part == "whole" else sorted(parts(table)[part])
     checked = check(ckpt, table, tp, kinds=kinds)
