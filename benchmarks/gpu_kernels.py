@@ -1,10 +1,11 @@
 """``make gpu-check`` step 1: every generated kernel on the GPU against the CPU harness, bit
 for bit, at several sizes including odd ones.
 
-The CPU harness is the generated CUDA source compiled as host C++ (tests/kernels_cpu.py,
-tests/kernel_harness/), driven through a second copy of the generated launch wrappers whose
-``cupy()`` is the stand-in CuPy of tests/fake_cupy.py: the same wrapper, the same arguments, the
-same grid, on the host. So the GPU and the harness run one source with one argument list.
+The CPU harness is the generated CUDA source compiled as host C++
+(tests/support/kernels_cpu.py, tests/kernel_harness/), driven through a second copy of the
+generated launch wrappers whose ``cupy()`` is the stand-in CuPy of tests/support/fake_cupy.py:
+the same wrapper, the same arguments, the same grid, on the host. So the GPU and the harness
+run one source with one argument list.
 
 Invariants: the kernels are read from ``generated/kernels/specbind.cu`` (every
 ``extern "C" __global__`` in it), so a kernel with no inputs below is a failure, never a skip;
@@ -44,9 +45,9 @@ def kernel_names() -> list[str]:
 
 def host_kernels(build_dir: Path) -> types.ModuleType:
     """The generated launch wrappers again, running on the CPU harness."""
-    tests = REPO / "tests"
+    tests = REPO / "tests" / "support"
     if not (tests / "fake_cupy.py").exists():
-        raise SpecbindError(f"the CPU harness is in a checkout's tests/; {tests} has none")
+        raise SpecbindError(f"the CPU harness is in a checkout's tests/support/; {tests} has none")
     if shutil.which("g++") is None and shutil.which("c++") is None:
         raise SpecbindError("the CPU harness needs a C++ compiler: neither g++ nor c++ is on PATH")
     build_dir.mkdir(parents=True, exist_ok=True)
