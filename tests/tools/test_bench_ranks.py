@@ -1,4 +1,4 @@
-"""`specbind bench --ranks N --loaders` rows, on a tiny checkpoint: N workers bind their own
+"""`python -m benchmarks --ranks N --loaders` rows, on a tiny checkpoint: N workers bind their own
 rank's share, and a loader that is not installed is skipped with a note, never an error."""
 
 from __future__ import annotations

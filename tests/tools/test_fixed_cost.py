@@ -1,5 +1,5 @@
 """The CLI's fixed cost: what a start imports, and an entry that skips teardown but loses no
-output. Speed itself is measured by ``specbind bench --fixed-cost``, never asserted here."""
+output. Speed itself is measured by ``python -m benchmarks --fixed-cost``, never asserted here."""
 
 from __future__ import annotations
 
