@@ -31,7 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,7 @@ def planned(
 ) -> Iterator[tuple[TensorPlan, RawTensor, Read]]:  # fmt: skip
     """Each source tensor the bind reads: its plan at ``ranks``, the tensor as the bind sees
     it (a view of the map under the spec's name) and the slicing side's read of its share."""
+    from specbind.runtime.bind import refuse_idle_ep
     from specbind.runtime.config import values_from_config
     from specbind.runtime.quant import quantize_rules
     from specbind.runtime.view import open_layout, slot_quant
@@ -112,6 +113,7 @@ def planned(
     opened = open_layout(ckpt, table, values, mtp)
     quant = slot_quant(table, opened, geometry)
     view, lay = opened.view, opened.lay
+    refuse_idle_ep(table.name, table.blocks, ranks.ep_size)  # as the bind refuses, up front
 
     def one(full: str, plan: TensorPlan) -> tuple[TensorPlan, RawTensor, Read]:
         stored = view.on_disk(full)
@@ -125,6 +127,7 @@ def planned(
         for slot, fill in x.slots.items():
             assert fill.block is not None  # open_layout refused an unfilled slot
             plan = fill.block.plan(geometry, ranks)
+            fill.block.check(geometry, ranks)
             lq = quant[(index, slot)]
             tensors = quantize_rules(fill.block.name, fill.block.tensors, plan, lq)[1].tensors
             for n in fill.names:
@@ -161,7 +164,7 @@ def share(
     return spans
 
 
-def _side(code: str, stdin: str, side: str, seen: list[list[float]]) -> Any:
+def _side(code: str, stdin: str, side: str, seen: list[list[float]]) -> Callable[[], None]:
     def run() -> None:
         t0 = time.perf_counter()
         proc = subprocess.run(
@@ -185,8 +188,8 @@ def run(
     ck = CheckpointDir(ckpt)
     planned = reads(ck, table, overrides, ranks, mtp)
     files: dict[str, list[tuple[str, list[Span | None]]]] = {}
-    for fn, name, spans in planned:
-        files.setdefault(fn, []).append((name, spans))
+    for path, name, spans in planned:
+        files.setdefault(path, []).append((name, spans))
     inputs = {
         "specbind": json.dumps({
             "ckpt": str(ckpt), "model": table.name, "overrides": dict(overrides or {}),
@@ -198,13 +201,13 @@ def run(
     codes = {"specbind": SPECBIND, "safetensors": SAFETENSORS}
     seen: dict[str, list[list[float]]] = {s: [] for s in SIDES}
     fns = {s: _side(codes[s], inputs[s], s, seen[s]) for s in SIDES}
-    for fn in fns.values():
-        fn()  # warm-up: the page cache, the bytecode
+    for side in fns.values():
+        side()  # warm-up: the page cache, the bytecode
     for s in SIDES:
         seen[s].clear()
-    for _ in range(repeat):
-        for fn in fns.values():
-            fn()
+    for _ in range(repeat):  # interleaved: a busy spell on the machine falls on both alike
+        for side in fns.values():
+            side()
     share_bytes = int(seen["safetensors"][0][1])
     row: dict[str, Any] = {
         "checkpoint": str(ckpt), "model": table.name, "tp_size": ranks.tp_size,
