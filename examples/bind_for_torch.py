@@ -2,7 +2,7 @@
 
     python examples/bind_for_torch.py CHECKPOINT_DIR [TP_SIZE] [TP_RANK]
 
-``tests/test_api.py`` runs this file on a tiny checkpoint and type-checks it with
+``tests/tools/test_api.py`` runs this file on a tiny checkpoint and type-checks it with
 ``mypy --strict``: the API's types carry through to a user's code.
 """
 

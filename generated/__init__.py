@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "74623371708024cbcd881bdd74d40059b72a1ccb7c2cf6eff445011d9a30f87c"
+SPECS_SHA256 = "26b5bb8921c85d81eeb963242e9d3682c118013c883925e7f23c042d11c17e68"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.

@@ -25,7 +25,7 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
   quantization scheme may pack; ``ranks: first`` reads only replicated tensors; an engine
   ``constraints`` entry names only geometry symbols and tp, and holds at tp 1;
 - ``proof:`` names the suite's test file that proves the layout parameter-identical to the
-  engine's own loader (tests/test_engine_layouts.py checks that the file holds it); a layout
+  engine's own loader (tests/spec/test_engine_layouts.py checks that the file holds it); a layout
   without one is unproven: ``unproven`` lists it for ``generate`` to report, and the generated
   table says so, for ``bind_for_engine`` to warn;
 - parameter names are unique across the whole model (layer names under ``layers``, the globals

@@ -21,7 +21,7 @@ what differs, when it comes from:
 Then it maps the file (``SafetensorsFile``: header validated, entries tiling the data) and
 hands out read-only views of the map, or with ``copy=True`` copies: the whole data buffer
 read into one fresh buffer with ``readinto`` (one kernel copy out of the page cache, no page
-fault per 4 KiB as a copy from the map takes; measured in ``bench --reload``), each tensor a
+fault per 4 KiB as a copy from the map takes; measured: ``benchmarks/reload.py``), each tensor a
 view of that buffer. Either way every tensor handed out has had its digest checked before
 ``read_bound`` returns: the copies are hashed in memory, the views are hashed through the
 map, which reads every page of the file once (the cost: BENCHMARKS.md, "Issue #22: reload

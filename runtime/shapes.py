@@ -12,7 +12,8 @@ exactly NumPy's (concatenate, stack, einsum lowered to matmul, the dequant and s
 of ``runtime.quant_numerics``); no array is ever allocated, so a full-geometry rank costs
 microseconds. ``Shaped.dtype`` is the spec's dtype name ("BF16"), not NumPy's.
 Trap: a new op in ``ops.Ops`` needs its shape rule here too, or reloading a file of a block
-that uses it fails with an AttributeError — ``tests/test_reload_verify.py`` runs every model.
+that uses it fails with an AttributeError — ``tests/runtime/test_reload_verify.py`` runs every
+model.
 """
 
 from __future__ import annotations

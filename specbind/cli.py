@@ -436,56 +436,16 @@ def _scheme(table: Any, name: str) -> Any:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from specbind.bench import main as bench
+    from specbind import bench
+    from specbind.core.planning import Ranks
+    from specbind.launcher import resolve_tp
 
-    table = _table(a.model)
     if a.repeat < 1:
         raise UsageError("--repeat must be >= 1")
-    if any(n < 1 for n in a.ranks or []):
-        raise UsageError("--ranks must be >= 1")
-    if a.quant is not None:
-        from specbind.bench import quant as bench_quant
-
-        qr = bench_quant.run(
-            table, _scheme(table, a.quant), a.tp_size or [1, 2, 8], a.ep_size or [8],
-            a.repeat, bench.cache_dir(a.cache), _sets(a.set),
-        )  # fmt: skip
-        print(_json(qr) if a.json else bench_quant.render(qr))
-        return 0
-    if a.reload:
-        from specbind.bench import reload as bench_reload
-
-        rel = bench_reload.run(table, bench.cache_dir(a.cache), a.repeat)
-        print(_json(rel) if a.json else bench_reload.render(rel))
-        return 0
-    if a.scale:
-        from specbind.bench import scale as bench_scale
-
-        sizes = tuple(a.scale_layers or bench_scale.SIZES)
-        scale = bench_scale.run(table, bench.cache_dir(a.cache), a.repeat, sizes)
-        print(_json(scale) if a.json else bench_scale.render(scale))
-        return 0
-    if a.fixed_cost:
-        from specbind.bench import fixed as bench_fixed
-
-        fixed = bench_fixed.run(bench.process_repeats(a.repeat, a.quick))
-        print(_json(fixed) if a.json else bench_fixed.render(fixed))
-        return 0
-    tiny = a.tiny or a.quick
-    if a.quick and not a.tiny:
-        print("bench: --quick binds the tiny slice (a smoke run; drop --quick for full-geometry "
-              "figures)", file=sys.stderr)  # fmt: skip
-    if a.limits:
-        lim = bench.limits_only(
-            table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), tiny, _sets(a.set)
-        )
-        print(_json(lim) if a.json else bench.render_limits(lim))
-        return 0
-    result = bench.run(
-        table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), tiny,
-        rss=not a.no_rss, overrides=_sets(a.set), ranks=a.ranks or [], loaders=a.loaders,
-        quick=a.quick,
-    )  # fmt: skip
+    table = _table(a.model, a.ckpt)
+    tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
+    ranks = Ranks(tp_size, tp_rank, _or(a.ep_size, 1), _or(a.ep_rank, 0))
+    result = bench.run(Path(a.ckpt), table, _sets(a.set), ranks, a.repeat, mtp=not a.no_mtp)
     print(_json(result) if a.json else bench.render(result))
     return 0
 
@@ -742,70 +702,15 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     mo.add_argument("--json", action="store_true", help=JSON_HELP.format("the models"))
     mo.set_defaults(func=cmd_models)
 
-    be = sub.add_parser("bench", help="speed and memory beside the loader users would write")
-    be.add_argument(
-        "--tp-size", type=int, action="append", help="tp sizes to measure (default 1 2 8)"
+    be = sub.add_parser(
+        "bench",
+        help="time, GiB/s and peak RSS of this rank's bind beside plain safetensors slicing",
     )
-    be.add_argument("--repeat", type=int, default=3, help="timed runs per measurement (median)")
-    be.add_argument(
-        "--cache", help="where the checkpoint slice is kept (default: ~/.cache/specbind/bench)"
-    )
-    be.add_argument("--tiny", action="store_true", help="tiny geometry (a smoke run)")
-    be.add_argument(
-        "--quick",
-        action="store_true",
-        help="the tiny slice and one round of each whole-process row instead of at least 5 (a "
-        "smoke run: every figure once, none worth quoting; minutes, not tens of them)",
-    )
-    be.add_argument(
-        "--limits",
-        action="store_true",
-        help="only the rows of what the machine limits: a rank in memory vs memcpy, --out vs dd "
-        "conv=fdatasync, planning per tensor, runai-model-streamer + NumPy (if installed)",
-    )
-    be.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
-    be.add_argument(
-        "--ranks",
-        type=int,
-        action="append",
-        help="also N ranks (tp N) binding concurrently on this host beside one after another",
-    )
-    be.add_argument(
-        "--loaders",
-        action="store_true",
-        help="also fastsafetensors and runai-model-streamer reading the same files (if installed)",
-    )
-    be.add_argument(
-        "--scale",
-        action="store_true",
-        help="one rank's share of the real model from a sparse checkpoint (tp 8 x ep 8; tp 1 "
-        "attention), streamed to a file",
-    )
-    be.add_argument(
-        "--reload",
-        action="store_true",
-        help="only the reload row: open_bound(copy=True) of a rank's file beside a memcpy",
-    )
-    be.add_argument(
-        "--scale-layers",
-        type=int,
-        action="append",
-        help="with --scale: checkpoint sizes in layers (default 1 4 46)",
-    )
-    be.add_argument(
-        "--fixed-cost",
-        action="store_true",
-        help="only the start-to-first-work row (specbind beside `import numpy, ml_dtypes`)",
-    )
+    be.add_argument("ckpt", help="the checkpoint directory (or a Hub id in the Hub cache)")
+    be.add_argument("--repeat", type=int, default=3, help="timed rounds of each side (median, min)")
     be.add_argument("--json", action="store_true", help=JSON_HELP.format("the figures"))
-    be.add_argument(
-        "--quant",
-        metavar="SCHEME",
-        help="instead: one MoE layer stored as SCHEME (nvfp4-modelopt) at the real expert shapes",
-    )
-    be.add_argument(
-        "--ep-size", type=int, action="append", help="with --quant: ep sizes (default 8)"
-    )
+    tp(be, rank=True)
+    no_mtp(be)
     common(be)
     be.set_defaults(func=cmd_bench)
     return p

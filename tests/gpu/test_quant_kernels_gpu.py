@@ -1,5 +1,5 @@
 """The quantized-checkpoint kernels on a real GPU, bit for bit against the NumPy path
-(runtime/quant_numerics.py), mirroring tests/test_quant_kernels_cpu.py. A NaN's sign is not
+(runtime/quant_numerics.py), mirroring tests/quant/test_quant_kernels_cpu.py. A NaN's sign is not
 compared: CUDA arithmetic returns its canonical NaN."""
 
 from __future__ import annotations

@@ -1,0 +1,179 @@
+"""Checkpoints written by the real tools bind 100 %, at every tp and ep the geometry allows.
+
+nvidia-modelopt 0.47 (NVFP4 default, experts-only, weight-only W4A16) and llmcompressor 0.14
+(NVFP4 with calibration, NVFP4A16, FP8_BLOCK) each write one tiny checkpoint
+(``tests/support/quant_writers.py``, in subprocesses, at most one per core), cached outside the clone
+keyed by the tools' versions and the writer's source (``tests/support/quant_cache.py``), so a second
+run on the same machine reads what the first wrote. ModelOpt writes transformers'
+internal names (``forget_gate.*``, ``attn_hc.*``, one fused ``conv1d``), which the model spec's
+name map reads; llmcompressor writes the hub names.
+
+Each checkpoint: ``audit`` accounts for every tensor (bound or declared unbound, no problems);
+every rank of every (tp, ep) binds, and the ranks' shares rejoin byte for byte into the
+single-rank fields (companions included). Plus what each recipe claims: the experts-only config
+leaves attention in BF16, weight-only has no input scales, the FP8 scales are 128 x 128 blocks,
+and the fused conv's rank r is ``[q_r; k_r; v_r]``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import pytest
+import quant_cache
+from helpers import TABLE, read_file, rejoin
+from quant_writers import TEXT_CONFIG
+
+from specbind.audit import audit
+from specbind.core.errors import BindError, GeometryError
+from specbind.runtime.bind import BindResult, bind_checkpoint
+from specbind.runtime.checkpoint import CheckpointDir
+
+TOOL = {
+    "mo_nvfp4": "modelopt",
+    "mo_nvfp4_experts": "modelopt",
+    "mo_w4a16": "modelopt",
+    "llmc_nvfp4": "llmcompressor",
+    "llmc_nvfp4a16": "llmcompressor",
+    "llmc_fp8_block": "llmcompressor",
+}
+# tp: the KDA scan tiles 256 channels (8 heads of 64: tp <= 4); ep: up to the 6 experts.
+RANKS = [(1, 1), (2, 1), (4, 1), (1, 6), (2, 3), (4, 2)]
+# FP8 blocks are 128 x 128: no rank of this tiny model can hold whole blocks under tp > 1.
+FP8_RANKS = [(1, 1), (1, 2), (1, 3), (1, 6)]
+
+
+def _has(module: str) -> bool:
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
+
+
+@pytest.fixture(scope="session")
+def written() -> dict[str, Path]:
+    """Every recipe whose tool is installed: from the cache, or written now."""
+    tools = {t: _has(t) for t in set(TOOL.values())}
+    return quant_cache.written(r for r, t in sorted(TOOL.items()) if tools[t])
+
+
+def ckpt(written: dict[str, Path], recipe: str) -> Path:
+    if recipe not in written:
+        pytest.skip(f"{TOOL[recipe]} is not installed (make installs the quant extra)")
+    return written[recipe]
+
+
+def bind(path: Path, **kw: Any) -> BindResult:
+    # llmcompressor calibrates each expert's down_proj input scale on its own (see below)
+    kw.setdefault("allow_unshared_scales", path.name == "llmc_nvfp4")
+    return bind_checkpoint(CheckpointDir(path), TABLE, progress=False, **kw)
+
+
+@pytest.mark.parametrize("recipe", sorted(TOOL))
+def test_audit_accounts_for_every_tensor_a_real_tool_wrote(
+    written: dict[str, Path], recipe: str
+) -> None:
+    path = ckpt(written, recipe)
+    # llmcompressor's per-expert input scales: audit refuses them as bind does, unless allowed
+    rep = audit(CheckpointDir(path), TABLE, progress=False, allow_unshared_scales=True)
+    assert rep["problems"] == []
+    if recipe == "llmc_nvfp4":
+        strict = audit(CheckpointDir(path), TABLE, progress=False)
+        assert [p for p in strict["problems"] if "--allow-unshared-scales" in p], strict
+    cov = rep["coverage"]
+    assert cov["unaccounted"] == 0
+    assert cov["bound"] + cov["declared_unbound"] == rep["tensors"]
+    assert rep["quantization"] is not None
+
+
+@pytest.mark.parametrize("recipe", sorted(TOOL))
+def test_a_real_checkpoint_binds_at_every_tp_and_ep_and_the_shares_rejoin(
+    written: dict[str, Path], recipe: str
+) -> None:
+    path = ckpt(written, recipe)
+    whole = bind(path)
+    assert sum(x.bound for x in whole.layers) + sum(whole.unbound.values()) + (
+        whole.globals.report.bound if whole.globals else 0
+    ) == len(CheckpointDir(path).names()) + 2 * sum(  # a fused conv is read as three
+        1 for n in CheckpointDir(path).names() if n.endswith("self_attn.conv1d.weight")
+    )
+    fields = whole.fields()
+    for tp, ep in FP8_RANKS if recipe == "llmc_fp8_block" else RANKS:
+        shares: dict[str, dict[tuple[int, int], Any]] = {}
+        for t in range(tp):
+            for e in range(ep):
+                r = bind(path, tp_size=tp, tp_rank=t, ep_size=ep, ep_rank=e)
+                for k, (_, a) in r.fields().items():
+                    shares.setdefault(k, {})[(t, e)] = a
+        for k, (rule, a) in fields.items():
+            assert rejoin(rule, shares[k], tp, ep).tobytes() == a.tobytes(), (tp, ep, k)
+
+
+def test_experts_only_quantizes_the_routed_experts_and_nothing_else(
+    written: dict[str, Path],
+) -> None:
+    f = {k: a for k, (_, a) in bind(ckpt(written, "mo_nvfp4_experts")).fields().items()}
+    assert f["layers.1.mlp.w13"].dtype == np.uint8
+    assert "layers.1.mlp.w13_weight_scale_2" in f
+    assert f["layers.0.attention.q_proj"].dtype == ml_dtypes.bfloat16
+    assert f["layers.1.mlp.shared_gate_up"].dtype == ml_dtypes.bfloat16
+    quant = ("_weight_scale", "_weight_scale_2", "_input_scale")
+    assert not any(k.startswith("layers.0.") and k.endswith(quant) for k in f)
+
+
+@pytest.mark.parametrize("recipe", ["mo_w4a16", "llmc_nvfp4a16"])
+def test_weight_only_checkpoints_bind_without_input_scales(
+    written: dict[str, Path], recipe: str
+) -> None:
+    f = bind(ckpt(written, recipe)).fields()
+    assert any(k.endswith("w13_weight_scale") for k in f)
+    assert not any(k.endswith(("_input_scale", "_input_global_scale")) for k in f)
+    stored = CheckpointDir(ckpt(written, recipe)).names()
+    assert not any(n.endswith(("input_scale", "input_global_scale")) for n in stored)
+
+
+def test_fp8_block_scales_are_one_per_128_by_128_block(written: dict[str, Path]) -> None:
+    f = {k: a for k, (_, a) in bind(ckpt(written, "llmc_fp8_block")).fields().items()}
+    x, im = TEXT_CONFIG["hidden_size"], TEXT_CONFIG["moe_intermediate_size"]
+    assert f["layers.1.mlp.w13"].dtype == ml_dtypes.float8_e4m3fn
+    assert f["layers.1.mlp.w13"].shape == (6, 2 * im, x)
+    # gate and up each [Im, X] -> one [1, 1] block each, joined: [E, 2, 1]
+    assert f["layers.1.mlp.w13_weight_scale"].shape == (6, 2, 1)
+
+
+def test_llmcompressor_per_expert_down_input_scales_are_refused_unless_allowed(
+    written: dict[str, Path],
+) -> None:
+    """ModelOpt writes one down_proj input scale per layer; llmcompressor one per expert, which
+    a fused-MoE kernel quantizing the layer's activations once cannot honour. vLLM warns;
+    specbind refuses, unless told otherwise."""
+    with pytest.raises(BindError) as e:
+        bind(ckpt(written, "llmc_nvfp4"), allow_unshared_scales=False)
+    assert "input scales that must be one value differ" in str(e.value)
+    assert "down_proj.input_global_scale" in str(e.value)
+    bind(ckpt(written, "mo_nvfp4"), allow_unshared_scales=False)  # ModelOpt's agree
+
+
+def test_fp8_blocks_split_by_tp_into_partial_blocks_are_refused(written: dict[str, Path]) -> None:
+    with pytest.raises(GeometryError) as e:
+        bind(ckpt(written, "llmc_fp8_block"), tp_size=2, tp_rank=0)
+    assert "(O / tp) % 128 == 0 fails" in str(e.value)
+
+
+def test_the_fused_conv_shards_as_q_k_v_segments_never_as_a_contiguous_third(
+    written: dict[str, Path],
+) -> None:
+    path = ckpt(written, "mo_nvfp4")
+    stored = read_file(path / "model.safetensors")
+    fused = stored["model.language_model.layers.0.self_attn.conv1d.weight"]  # [3Q, 1, K]
+    q = fused.shape[0] // 3
+    for r in range(2):
+        conv = bind(path, tp_size=2, tp_rank=r).fields()["layers.0.attention.conv"][1]
+        half = q // 2
+        want = np.concatenate([fused[s * q + r * half : s * q + (r + 1) * half] for s in range(3)])
+        assert conv.tobytes() == want[:, 0, :].tobytes()  # [q_r; k_r; v_r], squeezed
+        third = fused[r * 3 * half : (r + 1) * 3 * half]  # what a plain row shard would read
+        assert conv.tobytes() != third[:, 0, :].tobytes()
