@@ -9,12 +9,12 @@ carry it so a file can be traced to the specs that produced it.
 
 from __future__ import annotations
 
-from specbind.runtime.model import ModelEntry, Registry
+from specbind.runtime.binder import ModelEntry, Registry
 
 SPECS_SHA256 = "74623371708024cbcd881bdd74d40059b72a1ccb7c2cf6eff445011d9a30f87c"
 
-# Each model's table is imported on first use (runtime.model.Registry): a start that binds one
-# model does not build the others' block modules.
+# Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
+# binds one model does not build the others' block modules.
 MODELS = Registry(
     __name__,
     {
