@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from specbind.core.dtypes import DTYPES
-from specbind.runtime import ops
+from specbind.runtime.binder import ops
 
 F32 = np.float32
 Arr = np.ndarray[Any, Any]

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from specbind.core.errors import SpecbindError
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.layout import layout
-from specbind.runtime.model import ModelTable
+from specbind.runtime.binder.tables import ModelTable
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.layout.slots import layout
 
 REPO = Path(__file__).resolve().parent.parent  # the clone: the lab is never installed
 
@@ -67,7 +67,7 @@ def interleaved(
     """Seconds of each of ``fns`` over ``repeat`` rounds, after one warm-up round; each round
     runs every function once, in turn, so a busy spell falls on all of them alike. With
     ``desc``, a progress bar of the runs on stderr when it is a terminal."""
-    from specbind.runtime.progress import bar
+    from specbind.runtime.io.progress import bar
 
     steps = iter(bar(range((repeat + 1) * len(fns)), None if desc else False, desc or "", "run"))
     for fn in fns.values():

@@ -56,7 +56,7 @@ def hashes(repeat: int, size: int = 256 << 20) -> dict[str, list[float]]:
 def binds(ck: Path, out: Path, repeat: int) -> tuple[dict[str, list[float]], int]:
     from benchmarks.common import interleaved
     from specbind.cli import main
-    from specbind.runtime import stream_out
+    from specbind.runtime.bound import stream_out
 
     args = ["bind", str(ck), "--out", str(out)]
 
@@ -76,7 +76,7 @@ def binds(ck: Path, out: Path, repeat: int) -> tuple[dict[str, list[float]], int
 def reloads(out: Path, repeat: int) -> dict[str, list[float]]:
     from benchmarks.common import interleaved
     from specbind.api import open_bound
-    from specbind.runtime import reload
+    from specbind.runtime.bound import reload
 
     def without(copy: bool) -> object:
         with mock.patch.object(reload, "_verify", lambda *a: None):

@@ -13,8 +13,8 @@ import numpy as np
 
 from specbind.core.dtypes import bf16_ulp
 from specbind.core.errors import SpecbindError
-from specbind.runtime.checks import Array
-from specbind.runtime.model import ModelTable
+from specbind.runtime.binder.checks import Array
+from specbind.runtime.binder.tables import ModelTable
 
 
 def computed_fields(table: ModelTable[Any], kinds: Collection[str]) -> frozenset[str]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from specbind.runtime import backends
+from specbind.runtime.binder import backends
 
 
 def _time(cp: Any, fn: Callable[[], object], repeat: int = 20) -> float:
@@ -176,7 +176,7 @@ def rank_bind(ck: Any, table: Any, tp: int, rank: int, repeat: int = 2) -> dict[
     """One rank of ``ck`` bound on the host (NumPy) and on the GPU (CuPy), best of ``repeat``
     each, and its host fields for ``transfers``."""
     from specbind.generated import kernels as k
-    from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.bind.bind import bind_checkpoint
 
     cp = k.cupy()
     device = backends.cupy_backend(k)

@@ -70,7 +70,7 @@ def step(name: str, scratch: Path, small: bool) -> dict[str, Any]:
     """Run step ``name`` here (in the child) and return its result."""
     from benchmarks import gpu_families, gpu_kernels
     from specbind.generated import kernels as k
-    from specbind.runtime import backends
+    from specbind.runtime.binder import backends
 
     backends.cupy_backend(k)  # a clear error when CuPy or a device is missing
     if name == "kernels":
@@ -95,7 +95,7 @@ def bandwidth(scratch: Path, small: bool) -> dict[str, Any]:
     from benchmarks import gpu
     from benchmarks.main import DEFAULT_SETS, slice_layers, slice_values
     from specbind import api
-    from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.runtime.io.checkpoint import CheckpointDir
     from specbind.synth import synth
 
     kernels = gpu.run(1 << 16 if small else 64 << 20)

@@ -25,9 +25,9 @@ import numpy as np
 
 from specbind.core.dtypes import within_one_bf16_ulp
 from specbind.core.errors import SpecbindError
-from specbind.runtime import backends
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.binder import backends
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 RANKS = ((1, 0), (2, 1))  # (tp_size, tp_rank): tp 1, and one rank of tp 2
 LAYERS = 4
@@ -77,7 +77,7 @@ def checkpoints(
 
 def families(root: Path, models: Collection[str] | None = None) -> dict[str, Any]:
     from specbind.generated import MODELS
-    from specbind.runtime.quant import OUTPUTS as QUANT_OUTPUTS
+    from specbind.runtime.binder.quant import OUTPUTS as QUANT_OUTPUTS
 
     device = backends.get("cupy", importlib.import_module("specbind.generated.kernels"))
     rows: list[dict[str, Any]] = []
@@ -128,7 +128,7 @@ def torch_handoff(root: Path) -> dict[str, Any]:
 
     from specbind import api
     from specbind.generated import MODELS
-    from specbind.runtime.to_torch import _CARRIERS
+    from specbind.runtime.bind.to_torch import _CARRIERS
 
     name, _, ck_path = checkpoints(root)[0]
     ck = api.open(ck_path, model=name)

@@ -44,9 +44,9 @@ import numpy as np
 
 from benchmarks.common import interleaved, lab_env, parts, say
 from specbind.core.errors import SpecbindError
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.checks import Array
-from specbind.runtime.model import ModelTable
+from specbind.runtime.binder.checks import Array
+from specbind.runtime.binder.tables import ModelTable
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 ARENA_LIMIT = 2 << 30  # the most bytes of one rank an in-memory row holds (plus the bind's own)
 # The runai row holds specbind's, the hand loader's and the streamed loader's outputs, the
@@ -73,7 +73,7 @@ def _ratio(s: dict[str, Any], a: str, b: str) -> dict[str, float]:
 def _fields(
     ckpt: Path, table: ModelTable[Any], tp: int, ep: int, kinds: Collection[str] | None = None
 ) -> list[Array]:
-    from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.bind.bind import bind_checkpoint
 
     r = bind_checkpoint(
         CheckpointDir(ckpt), table, tp_size=tp, ep_size=ep, progress=False, kinds=kinds
@@ -85,7 +85,7 @@ def _specbind_load(
     ckpt: Path, table: ModelTable[Any], tp: int, ep: int, kinds: Collection[str]
 ) -> dict[str, Array]:
     """``kinds``' fields of rank 0, keyed ``layer.slot.field``."""
-    from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.bind.bind import bind_checkpoint
 
     r = bind_checkpoint(
         CheckpointDir(ckpt), table, tp_size=tp, ep_size=ep, progress=False, kinds=kinds
@@ -148,11 +148,11 @@ def rank_row(ckpt: Path, table: ModelTable[Any], tp: int, ep: int, repeat: int) 
 def _bind_out(ckpt: Path, table: ModelTable[Any], tp: int, ep: int, out: Path) -> int:
     from specbind.core.planning import Ranks
     from specbind.generated import SPECS_SHA256
-    from specbind.runtime.backends import NUMPY
-    from specbind.runtime.bind import bind_checkpoint
-    from specbind.runtime.bound_format import BoundMeta
-    from specbind.runtime.config import values_from_config
-    from specbind.runtime.stream_out import StreamWriter
+    from specbind.runtime.bind.bind import bind_checkpoint
+    from specbind.runtime.binder.backends import NUMPY
+    from specbind.runtime.bound.bound_format import BoundMeta
+    from specbind.runtime.bound.stream_out import StreamWriter
+    from specbind.runtime.layout.config import values_from_config
 
     ck = CheckpointDir(ckpt)
     head = BoundMeta(
@@ -207,9 +207,9 @@ def plan_child(ckpt: str, tp: int, ep: int) -> dict[str, Any]:
     """One planning pass over every tensor of ``ckpt`` in this (fresh) process."""
     from specbind.api import model_table
     from specbind.core.planning import Ranks
-    from specbind.runtime.config import values_from_config
-    from specbind.runtime.layout import layout
-    from specbind.runtime.view import refuse_problems
+    from specbind.runtime.bind.preamble import refuse_problems
+    from specbind.runtime.layout.config import values_from_config
+    from specbind.runtime.layout.slots import layout
 
     ck = CheckpointDir(Path(ckpt))
     table = model_table(None, "--model", ck.config)

@@ -55,10 +55,10 @@ import numpy as np
 from benchmarks.common import filled, interleaved, parts, peak_rss_mb, say
 from benchmarks.equal import check_equal, computed_fields
 from specbind.core.errors import SpecbindError, UsageError
-from specbind.runtime.backends import Arena
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.checks import Array
-from specbind.runtime.model import ModelTable
+from specbind.runtime.binder.backends import Arena
+from specbind.runtime.binder.checks import Array
+from specbind.runtime.binder.tables import ModelTable
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 REPO = (Path(__file__).resolve().parent.parent / "generated").resolve().parent
 # The full-geometry slice's default ``--set``: 32 routed experts at the real expert shape (one
@@ -108,7 +108,7 @@ def slice_layers(table: ModelTable[Any]) -> int:
 
 def slice_values(table: ModelTable[Any], tiny: bool, sets: Mapping[str, int]) -> dict[str, int]:
     """The geometry the slice is written at: the spec's tiny or real one, with ``sets``."""
-    from specbind.runtime.config import checked_values
+    from specbind.runtime.layout.config import checked_values
     from specbind.synth import tiny_values
 
     base = tiny_values(table) if tiny else table.default_values()
@@ -160,7 +160,7 @@ def specbind_load(
     ep_rank: int = 0,
     into: Any = None,
 ) -> dict[str, Array]:
-    from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.bind.bind import bind_checkpoint
 
     result = bind_checkpoint(
         CheckpointDir(ckpt), table, tp_size=tp, tp_rank=rank, ep_size=ep, ep_rank=ep_rank,
@@ -221,8 +221,8 @@ def shard_reads(
     """This rank's share of every bound source tensor as (shard file, the tensor's file offset,
     its bytes, its plan, its stored dtype): what a reader maps and slices."""
     from specbind.core.planning import Ranks
-    from specbind.runtime.config import values_from_config
-    from specbind.runtime.layout import layout
+    from specbind.runtime.layout.config import values_from_config
+    from specbind.runtime.layout.slots import layout
 
     ck = CheckpointDir(ckpt)
     geometry = table.make_geometry(values_from_config(table, ck.config))
@@ -249,7 +249,7 @@ def mapped(ckpt: Path, reads: list[Read]) -> tuple[list[Array], list[Any]]:
     """Each read's share as a view of its shard file, every file mapped once, and the maps."""
     import mmap
 
-    from specbind.runtime.tp import shard_view
+    from specbind.runtime.binder.tp import shard_view
 
     maps: dict[str, mmap.mmap] = {}
     views = []
@@ -434,7 +434,7 @@ def _members(
 ) -> tuple[int, int]:
     """(the largest family size among ``kinds``, how many of its members ep rank 0 holds)."""
     from specbind.core.planning import member_range
-    from specbind.runtime.config import values_from_config
+    from specbind.runtime.layout.config import values_from_config
 
     geometry = table.make_geometry(values_from_config(table, CheckpointDir(ckpt).config))
     count = max(c for b in sorted(kinds) for c in table.block(b).counts(geometry).values())
@@ -500,7 +500,7 @@ def run(
     from benchmarks import fixed as bench_fixed
     from benchmarks import process as bench_process
     from benchmarks import ranks as bench_ranks
-    from specbind.runtime.config import values_from_config
+    from specbind.runtime.layout.config import values_from_config
 
     sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
     ckpt, synth_s = ensure_checkpoint(table, cache, tiny, sets)

@@ -73,9 +73,9 @@ arena = Arena()
 SPECBIND = """
 from pathlib import Path
 from specbind.generated import MODELS
-from specbind.runtime.backends import Arena as Into
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.binder.backends import Arena as Into
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 into = Into()
 r = bind_checkpoint(
@@ -116,8 +116,8 @@ def check(
     field count and, per computed field that needed more than 1 BF16 ulp, how many elements."""
     from benchmarks.baselines.vllm_style import Loader
     from benchmarks.equal import check_equal, computed_fields
-    from specbind.runtime.bind import GLOBALS, SlotResult, bind_checkpoint
-    from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.runtime.bind.bind import GLOBALS, SlotResult, bind_checkpoint
+    from specbind.runtime.io.checkpoint import CheckpointDir
 
     loader = Loader(ckpt)
     blocks: list[tuple[int, str]] = []

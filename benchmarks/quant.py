@@ -33,12 +33,12 @@ from benchmarks.common import interleaved
 from specbind.core.errors import SpecbindError
 from specbind.core.planning import Ranks
 from specbind.core.quant import SchemeRule
-from specbind.runtime.checks import Array
-from specbind.runtime.config import checked_values
-from specbind.runtime.model import BlockEntry, ModelTable
-from specbind.runtime.quant import LayerQuant, storable
-from specbind.runtime.safetensors_file import SafetensorsFile
-from specbind.runtime.source import RawTensor
+from specbind.runtime.binder.checks import Array
+from specbind.runtime.binder.quant import LayerQuant, storable
+from specbind.runtime.binder.tables import BlockEntry, ModelTable
+from specbind.runtime.io.safetensors_file import SafetensorsFile
+from specbind.runtime.io.source import RawTensor
+from specbind.runtime.layout.config import checked_values
 
 EXPERTS = 32  # of the real 288: 32 x 13.5 MiB of NVFP4 experts, a 0.45 GB layer
 BASELINE_SUFFIXES = ("weight", "weight_scale", "weight_scale_2", "input_scale")
@@ -151,7 +151,7 @@ def run(
 
 
 def _numpy() -> Any:
-    from specbind.runtime.backends import NUMPY
+    from specbind.runtime.binder.backends import NUMPY
 
     return NUMPY
 

@@ -32,14 +32,14 @@ from typing import Any
 import numpy as np
 
 from specbind.core.errors import SpecbindError
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.model import ModelTable
+from specbind.runtime.binder.tables import ModelTable
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 SCRATCH = 64 << 20  # bytes of the loaders' reusable copy target (larger tensors go in pieces)
 
 
 def _bind_fields(ckpt: Path, table: ModelTable[Any], tp: int, rank: int) -> list[Any]:
-    from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.bind.bind import bind_checkpoint
 
     result = bind_checkpoint(CheckpointDir(ckpt), table, tp_size=tp, tp_rank=rank, progress=False)
     return [a for _, a in result.fields().values()]
@@ -57,7 +57,7 @@ def _into_arena(arrays: list[Any], arena: np.ndarray[Any, Any]) -> int:
 def worker(ckpt: str, tp: int, rank: int) -> None:
     """A bench rank: bind once to warm up, say ready, then bind on each ``go`` line."""
     from specbind.api import model_table
-    from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.runtime.io.checkpoint import CheckpointDir
 
     table = model_table(None, "--model", CheckpointDir(Path(ckpt)).config)  # as the CLI picks
     fields = _bind_fields(Path(ckpt), table, tp, rank)

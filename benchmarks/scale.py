@@ -58,14 +58,14 @@ def child(ckpt: str, out: str, tp: int, ep: int, part: str) -> dict[str, Any]:
     from specbind.api import model_table
     from specbind.core.planning import Ranks
     from specbind.generated import SPECS_SHA256
-    from specbind.runtime.backends import NUMPY
-    from specbind.runtime.bind import bind_checkpoint
-    from specbind.runtime.bound_format import BoundMeta
-    from specbind.runtime.checkpoint import CheckpointDir
-    from specbind.runtime.config import values_from_config
-    from specbind.runtime.layout import layout
-    from specbind.runtime.stream_out import StreamWriter
-    from specbind.runtime.view import refuse_problems
+    from specbind.runtime.bind.bind import bind_checkpoint
+    from specbind.runtime.bind.preamble import refuse_problems
+    from specbind.runtime.binder.backends import NUMPY
+    from specbind.runtime.bound.bound_format import BoundMeta
+    from specbind.runtime.bound.stream_out import StreamWriter
+    from specbind.runtime.io.checkpoint import CheckpointDir
+    from specbind.runtime.layout.config import values_from_config
+    from specbind.runtime.layout.slots import layout
 
     table = model_table(None, "--model", CheckpointDir(Path(ckpt)).config)  # as the CLI picks
     kinds = None if part == "all" else parts(table)[part]

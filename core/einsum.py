@@ -11,7 +11,7 @@ The lowering permutes A to ``[batch.., left.., contract..]`` and B to
 Invariants: a letter appears at most once per operand, the output's letters are distinct and
 come from the operands, and no letter is summed within one operand (no traces); anything else
 is an ``AlgebraError`` naming the einsum. The generator checks an einsum here at generate
-time, and ``runtime.ops.contract`` lowers the same text at bind time, so both agree by
+time, and ``runtime.binder.ops.contract`` lowers the same text at bind time, so both agree by
 construction.
 """
 

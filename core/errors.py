@@ -45,7 +45,7 @@ class GeometryError(SpecbindError):
 class DerivedError(GeometryError):
     """A block's derived symbol cannot be computed at this geometry (``hidden / heads`` with a
     remainder): carries the block's symbols it reads, so the model table can name their
-    config.json fields (``runtime.model.BlockEntry``)."""
+    config.json fields (``runtime.binder.tables.BlockEntry``)."""
 
     def __init__(self, message: str, symbols: tuple[str, ...], sizes: tuple[str, ...]) -> None:
         super().__init__(message)

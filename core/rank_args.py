@@ -1,4 +1,4 @@
-"""The tp/ep sizes and ranks a Python caller passes (``runtime.bind.bind_checkpoint``, which
+"""The tp/ep sizes and ranks a Python caller passes (``runtime.bind.bind.bind_checkpoint``, which
 every bind goes through; ``Checkpoint.bind``, ``plan``,
 ``open_bound``, ``engine.bind_for_engine``), checked before any work.
 

@@ -27,7 +27,7 @@ from specbind.core.ir import LayerList, ScheduleCondition, ScheduleRule, SlotRul
 
 # a field's value once read: its checked value (None: absent or ill-typed) and where it is
 Read = tuple[Any, str]
-# a config.json field by (dotted) name: (value, where it was found) or None (runtime.config)
+# a config.json field by (dotted) name: (value, where it was found) or None (runtime.layout.config)
 Lookup = Callable[[str], "tuple[Any, str] | None"]
 _BAD = object()  # an ill-typed field: reported once, never evaluated
 

@@ -9,12 +9,12 @@ carry it so a file can be traced to the specs that produced it.
 
 from __future__ import annotations
 
-from specbind.runtime.model import ModelEntry, Registry
+from specbind.runtime.binder import ModelEntry, Registry
 
 SPECS_SHA256 = "26b5bb8921c85d81eeb963242e9d3682c118013c883925e7f23c042d11c17e68"
 
-# Each model's table is imported on first use (runtime.model.Registry): a start that binds one
-# model does not build the others' block modules.
+# Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
+# binds one model does not build the others' block modules.
 MODELS = Registry(
     __name__,
     {

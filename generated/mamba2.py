@@ -28,18 +28,22 @@ from specbind.core.ir import (
 )
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.core.record import record
-from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.checks import BindReport, bind_tensors, check_dims, require
-from specbind.runtime.quant import (
+from specbind.runtime.binder import (
+    NUMPY,
+    Backend,
+    BindReport,
     LayerQuant,
     QuantFields,
+    ShardedSource,
+    TensorSource,
+    bind_tensors,
+    check_dims,
+    check_finite,
     check_shared,
     companion_fields,
     quantize_rules,
+    require,
 )
-from specbind.runtime.quant_finite import check_finite
-from specbind.runtime.source import TensorSource
-from specbind.runtime.tp import ShardedSource
 
 BLOCK = "mamba2"
 PREFIX = "mixer."
@@ -508,9 +512,10 @@ def assemble(
 ) -> Mamba2Weights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_mamba2`` passes the uploaded arrays and its
-    backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
-    where the ops write each field they make; the caller copies in what they do not."""
+    backend's ``Ops``; a reload passes shapes alone (``runtime.binder.shapes``) to learn what a
+    bound file must hold. An absent optional source leaves its field out. ``into`` (an
+    ``Arena``): where the ops write each field they make; the caller copies in what they do
+    not."""
     return Mamba2Weights(
         # [heads_r * head_dim, hidden] + [heads_r * head_dim, hidden] + [groups_r * state, hidden] + [groups_r * state, hidden] + [heads_r, hidden] -> [heads_r * head_dim + heads_r * head_dim + groups_r * state + groups_r * state + heads_r, hidden]: in_proj_z.weight, in_proj_x.weight, in_proj_B.weight, in_proj_C.weight, in_proj_dt.weight, each this rank's share, in order
         in_proj=ops.concat_squeeze(

@@ -27,21 +27,25 @@ from specbind.core.ir import (
 )
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.core.record import record
-from specbind.runtime import ops as numpy_ops
-from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.checks import Array, BindReport, bind_tensors, check_dims
-from specbind.runtime.ops import Ops
-from specbind.runtime.quant import (
+from specbind.runtime.binder import (
+    NUMPY,
+    Array,
+    Backend,
+    BindReport,
     LayerQuant,
+    Ops,
     QuantFields,
+    ShardedSource,
+    TensorSource,
+    bind_tensors,
+    check_dims,
+    check_finite,
     check_shared,
     companion_fields,
     for_transforms,
+    numpy_ops,
     quantize_rules,
 )
-from specbind.runtime.quant_finite import check_finite
-from specbind.runtime.source import TensorSource
-from specbind.runtime.tp import ShardedSource
 
 BLOCK = "mla_lora"
 PREFIX = "self_attn."
@@ -477,9 +481,10 @@ def assemble(
 ) -> MlaLoraWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_mla_lora`` passes the uploaded arrays and its
-    backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
-    where the ops write each field they make; the caller copies in what they do not."""
+    backend's ``Ops``; a reload passes shapes alone (``runtime.binder.shapes``) to learn what a
+    bound file must hold. An absent optional source leaves its field out. ``into`` (an
+    ``Arena``): where the ops write each field they make; the caller copies in what they do
+    not."""
     td = for_transforms(layer, FIELDS, SOURCES, t, ops, quant)  # transforms read BF16
     return MlaLoraWeights(
         q_a_proj=t["self_attn.q_a_proj.weight"],

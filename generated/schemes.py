@@ -5,7 +5,7 @@ DO NOT EDIT: change the scheme files and run ``make generate``.
 
 Each scheme is the ``repr`` of the parsed, checked ``SchemeRule``: spec text reaches this file
 only as string literals. A checkpoint is bound with the one scheme whose ``detect`` field its
-config holds (``runtime.quant_config.detect``).
+config holds (``runtime.quant.scheme.detect``).
 """
 
 from __future__ import annotations

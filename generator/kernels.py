@@ -6,7 +6,7 @@ Kernels are the load-time work CuPy lacks or that gains from fusion: BF16 widen 
 round-to-nearest-even narrow, a fused BF16 scale, strided column gathers (column shards and
 slices) and row concatenation, and the quantized-checkpoint numerics (NVFP4 and FP8-block
 dequant to BF16, the CUTLASS block-scale swizzle), which must equal
-``runtime.quant_numerics`` bit for bit. Contractions are not here: they go to cuBLAS via
+``runtime.binder.quant_numerics`` bit for bit. Contractions are not here: they go to cuBLAS via
 cupy.matmul.
 """
 

@@ -34,7 +34,7 @@ from specbind.generator.literals import comment, py_literal
 from specbind.generator.rank_shapes import RankShapes, dims_text, times
 from specbind.generator.schemes import parse_scheme
 from specbind.generator.spec import Block, Model, Output, parse_block, parse_model
-from specbind.runtime.atomic import atomic_writer
+from specbind.runtime.io.atomic import atomic_writer
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 # ruff's settings for generated/, given on the command line so an installed wheel (which has no
@@ -317,21 +317,14 @@ def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
     lines.append(f"from specbind.core.ir import {', '.join(sorted(ir))}")
     lines.append("from specbind.core.planning import BlockPlan, plan_block")
     lines.append("from specbind.core.record import record")
-    if has_transform:
-        lines.append("from specbind.runtime import ops as numpy_ops")
-    lines.append("from specbind.runtime.backends import NUMPY, Backend")
+    # generated code reaches runtime through its one contract module, runtime.binder
+    runtime = ["NUMPY", "Backend", *binding, "LayerQuant", "QuantFields", "check_shared"]
+    runtime += ["companion_fields", "quantize_rules", "check_finite"]
+    runtime += ["TensorSource", "ShardedSource"]
+    runtime += ["Ops", "for_transforms", "numpy_ops"] if has_transform else []
     lines.append(
-        f"from specbind.runtime.checks import {', '.join(sorted(binding, key=_isort_key))}"
+        f"from specbind.runtime.binder import {', '.join(sorted(runtime, key=_isort_key))}"
     )
-    if has_transform:
-        lines.append("from specbind.runtime.ops import Ops")
-    quant = ["LayerQuant", "QuantFields", "check_shared", "companion_fields"]
-    quant += ["for_transforms"] if has_transform else []
-    quant.append("quantize_rules")
-    lines.append(f"from specbind.runtime.quant import {', '.join(quant)}")
-    lines.append("from specbind.runtime.quant_finite import check_finite")
-    lines.append("from specbind.runtime.source import TensorSource")
-    lines.append("from specbind.runtime.tp import ShardedSource")
     return lines
 
 

@@ -1,0 +1,7 @@
+"""The loader library, in wings by job; each wing imports only the wings below it:
+
+``io`` <- ``binder`` <- ``layout`` <- ``quant`` <- ``bind`` <- ``bound`` <- ``ranks``
+
+Generated code imports runtime through ``runtime.binder`` alone; no module lives outside a
+wing (``tests/test_architecture.py`` checks both, and the arrows).
+"""

@@ -30,11 +30,11 @@ from specbind.api import (
     open,
     open_bound,
 )
-from specbind.runtime.bind_options import BindOptions
+from specbind.runtime.bind.bind_options import BindOptions
 from specbind.version import __version__
 
 if TYPE_CHECKING:
-    from specbind.runtime.backends import Arena
+    from specbind.runtime.binder.backends import Arena
 
 __all__ = [
     "Arena",
@@ -53,7 +53,7 @@ def __getattr__(name: str) -> Any:
     """``specbind.Arena`` on first use: importing it loads NumPy, which ``import specbind``
     does not."""
     if name == "Arena":
-        from specbind.runtime.backends import Arena
+        from specbind.runtime.binder.backends import Arena
 
         return Arena
     raise AttributeError(f"module 'specbind' has no attribute {name!r}")

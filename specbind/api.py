@@ -7,7 +7,7 @@ Invariants:
 - the backend decides the tensor type: ``numpy`` gives ``numpy.ndarray`` (BF16 as
   ``ml_dtypes.bfloat16``), ``cupy`` gives ``cupy.ndarray`` on the device (BF16 as ``uint16``
   bits), ``torch`` gives ``torch.Tensor`` with the field's dtype (``torch.bfloat16``, ...),
-  sharing memory where it can (``specbind.runtime.to_torch`` says when it copies).
+  sharing memory where it can (``specbind.runtime.bind.to_torch`` says when it copies).
 Trap: importing ``specbind`` imports only this module's standard-library needs; NumPy, the
 generated tables and torch load on first use, so ``python -m specbind`` starts fast.
 """
@@ -21,18 +21,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from specbind.core.record import record
-from specbind.runtime.bind_options import BindOptions
+from specbind.runtime.bind.bind_options import BindOptions
 
 if TYPE_CHECKING:
     import numpy.typing as npt
     import torch
 
-    from specbind.runtime.backends import Arena
-    from specbind.runtime.bind import BindResult
-    from specbind.runtime.checkpoint import CheckpointDir
-    from specbind.runtime.checks import BindReport
-    from specbind.runtime.model import ModelTable
-    from specbind.runtime.reload import BoundFile
+    from specbind.runtime.bind.bind import BindResult
+    from specbind.runtime.binder.backends import Arena
+    from specbind.runtime.binder.checks import BindReport
+    from specbind.runtime.binder.tables import ModelTable
+    from specbind.runtime.bound.reload import BoundFile
+    from specbind.runtime.io.checkpoint import CheckpointDir
 
 T = TypeVar("T")
 W = TypeVar("W")
@@ -107,8 +107,8 @@ class Checkpoint:
         model: str | None = None,
         overrides: Mapping[str, int] | None = None,
     ) -> None:
-        from specbind.runtime.checkpoint import CheckpointDir
-        from specbind.runtime.config import values_from_config
+        from specbind.runtime.io.checkpoint import CheckpointDir
+        from specbind.runtime.layout.config import values_from_config
 
         self._raw: CheckpointDir = CheckpointDir(Path(path))
         self._table: ModelTable[Any] = model_table(model, "model=", self._raw.config)
@@ -238,8 +238,8 @@ class Checkpoint:
         """
         from specbind.core.errors import SpecbindError
         from specbind.core.rank_args import check_ranks
-        from specbind.runtime import backends
-        from specbind.runtime.bind import bind_checkpoint
+        from specbind.runtime.bind.bind import bind_checkpoint
+        from specbind.runtime.binder import backends
 
         tp_size, tp_rank = check_ranks("bind", tp_size, tp_rank)
         ep_size, ep_rank = check_ranks("bind", ep_size, ep_rank, "ep")
@@ -253,7 +253,7 @@ class Checkpoint:
         if backend == "cupy" and device == "cpu":
             raise SpecbindError("backend 'cupy' lives on a CUDA device, not on 'cpu'")
         if backend == "torch":
-            from specbind.runtime.to_torch import torch_module
+            from specbind.runtime.bind.to_torch import torch_module
 
             tm = torch_module()  # refuse a missing torch, or a device it lacks, before any work
             if on_gpu and not _has_cupy() and not tm.cuda.is_available():
@@ -288,7 +288,7 @@ def _bind_options(
 ) -> BindOptions:
     """``options``, or one made of the keywords given; both at once is refused."""
     from specbind.core.errors import SpecbindError
-    from specbind.runtime.bind_options import BindOptions
+    from specbind.runtime.bind.bind_options import BindOptions
 
     given: dict[str, Any] = {
         k: v
@@ -332,12 +332,12 @@ def open_bound(
 ) -> BoundFile:
     """A rank's ``bind --out`` file loaded back: its spec hash, model, geometry, ranks and
     layer kinds checked against these binders (and the ranks asked for), then views of the
-    mapped file, or copies with ``copy=True``. See ``specbind.runtime.reload``."""
-    # a wrapper, not a re-export: importing runtime.reload at `import specbind` loads NumPy;
+    mapped file, or copies with ``copy=True``. See ``specbind.runtime.bound.reload``."""
+    # a wrapper, not a re-export: importing runtime.bound.reload at `import specbind` loads NumPy;
     # and the one place that hands the reader the generated tables it checks against
     from specbind.core.rank_args import as_int
     from specbind.generated import MODELS, SPECS_SHA256
-    from specbind.runtime.reload import read_bound
+    from specbind.runtime.bound.reload import read_bound
 
     given = {"tp_size": tp_size, "tp_rank": tp_rank, "ep_size": ep_size, "ep_rank": ep_rank}
     tp_size, tp_rank, ep_size, ep_rank = (
@@ -493,13 +493,13 @@ class _cuda_device:
 def _converter(backend: str, device: str | None) -> Any:
     if backend != "torch":
         return lambda a, dtype: a
-    from specbind.runtime.to_torch import to_torch
+    from specbind.runtime.bind.to_torch import to_torch
 
     return lambda a, dtype: to_torch(a, dtype, device)
 
 
 def _slot(s: Any, convert: Any) -> BoundSlot[Any]:
-    from specbind.runtime.model import map_arrays
+    from specbind.runtime.binder.tables import map_arrays
 
     dtypes = {name: s.fields[name].dtype for name in s.weights.arrays()}
     weights = map_arrays(s.weights, lambda name, a: convert(a, dtypes[name]))

@@ -33,16 +33,17 @@ from specbind.core.dtypes import QUANT_DTYPES
 from specbind.core.errors import CheckpointError, SpecbindError, UsageError
 from specbind.core.ir import TensorRule
 from specbind.core.units import GIB, size
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.checks import census, family_matcher
-from specbind.runtime.config import values_from_config
-from specbind.runtime.layout import SlotFill, layout
-from specbind.runtime.model import BlockEntry, ModelTable
-from specbind.runtime.progress import bar as progress_bar
-from specbind.runtime.quant import layer_quant, quantized_rules
-from specbind.runtime.quant_config import detect, packed_names
-from specbind.runtime.source import RawTensor, TensorSource
-from specbind.runtime.view import NamedView, geometry_of
+from specbind.runtime.bind.preamble import NamedView, geometry_of
+from specbind.runtime.binder.checks import census, family_matcher
+from specbind.runtime.binder.quant import quantized_rules
+from specbind.runtime.binder.tables import BlockEntry, ModelTable
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.io.progress import bar as progress_bar
+from specbind.runtime.io.source import RawTensor, TensorSource
+from specbind.runtime.layout.config import values_from_config
+from specbind.runtime.layout.slots import SlotFill, layout
+from specbind.runtime.quant.layers import layer_quant
+from specbind.runtime.quant.scheme import detect, packed_names
 from specbind.summary import fold, spans
 from specbind.version import __version__
 
@@ -155,7 +156,9 @@ def _globals_problems(
 ) -> list[str]:
     """What ``bind`` would refuse among the model-level tensors: a missing one, a refused
     dtype, a stored copy of a tied tensor, a tie flag that is not a boolean."""
-    from specbind.runtime.config import config_flags  # bind builds on the layout as audit does
+    from specbind.runtime.layout.config import (
+        config_flags,  # bind builds on the layout as audit does
+    )
 
     if table.globals is None or not present:
         return []  # none at all is a layout problem already
@@ -324,7 +327,7 @@ def _bind_problems(
 ) -> list[str]:  # fmt: skip
     """What a report-only bind of tp rank 0 of 1 refuses (nothing kept, each slot dropped once
     bound), as the one problem it stops at; none when it binds."""
-    from specbind.runtime.bind import ReportOnly, bind_checkpoint
+    from specbind.runtime.bind.bind import ReportOnly, bind_checkpoint
 
     try:
         bind_checkpoint(

@@ -37,9 +37,9 @@ from typing import Any
 
 from specbind.core.errors import SpecbindError
 from specbind.core.planning import Ranks, TensorPlan
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.model import ModelTable
-from specbind.runtime.source import RawTensor
+from specbind.runtime.binder.tables import ModelTable
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.io.source import RawTensor
 
 SIDES = ("specbind", "safetensors")
 Span = tuple[int, int]  # [start, stop) along one axis
@@ -58,9 +58,9 @@ t0 = time.perf_counter()
 import json, sys
 from pathlib import Path
 from specbind.generated import MODELS
-from specbind.runtime.backends import Arena
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.binder.backends import Arena
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 a = json.loads(sys.stdin.read())
 into = Arena()
@@ -103,10 +103,10 @@ def planned(
 ) -> Iterator[tuple[TensorPlan, RawTensor, Read]]:  # fmt: skip
     """Each source tensor the bind reads: its plan at ``ranks``, the tensor as the bind sees
     it (a view of the map under the spec's name) and the slicing side's read of its share."""
-    from specbind.runtime.bind import refuse_idle_ep
-    from specbind.runtime.config import values_from_config
-    from specbind.runtime.quant import quantize_rules
-    from specbind.runtime.view import open_layout, slot_quant
+    from specbind.runtime.bind.bind import refuse_idle_ep
+    from specbind.runtime.bind.preamble import open_layout, slot_quant
+    from specbind.runtime.binder.quant import quantize_rules
+    from specbind.runtime.layout.config import values_from_config
 
     values = values_from_config(table, ckpt.config, dict(overrides or {}))
     geometry = table.make_geometry(values)

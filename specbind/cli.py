@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, cast
 from specbind.core.errors import SpecbindError, UsageError
 
 if TYPE_CHECKING:
-    from specbind.runtime.bind_options import BindOptions
+    from specbind.runtime.bind.bind_options import BindOptions
 
 # The folder that holds specs/ and generated/: the repository root in a checkout (specbind/
 # links to the top-level folders), the installed package in a wheel. Resolved through the
@@ -50,7 +50,7 @@ def _table(name: str | None, ckpt: str | None = None) -> Any:
     belongs to another model); else as ``specbind.api.model_table`` picks it, by that
     ``model_type`` when several models are generated."""
     from specbind.api import model_table
-    from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.runtime.io.checkpoint import CheckpointDir
 
     config = None
     if ckpt is not None:  # also with --model: a checkpoint naming another model is refused
@@ -117,7 +117,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_synth(a: argparse.Namespace) -> int:
-    from specbind.runtime.config import checked_values
+    from specbind.runtime.layout.config import checked_values
     from specbind.synth import synth, tiny_values
 
     table = _table(a.model)
@@ -149,7 +149,7 @@ def cmd_synth(a: argparse.Namespace) -> int:
 
 def cmd_audit(a: argparse.Namespace) -> int:
     from specbind.audit import audit, render_text
-    from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.runtime.io.checkpoint import CheckpointDir
 
     overrides = _sets(a.set)
     table = _table(a.model, a.ckpt)
@@ -239,7 +239,7 @@ def cmd_reload(a: argparse.Namespace) -> int:
 
 
 def cmd_bind(a: argparse.Namespace) -> int:
-    from specbind.runtime.comm import launched
+    from specbind.runtime.ranks.comm import launched
 
     if a.from_ is not None:
         return cmd_reload(a)
@@ -250,10 +250,10 @@ def cmd_bind(a: argparse.Namespace) -> int:
     from specbind.core.planning import Ranks
     from specbind.generated import SPECS_SHA256
     from specbind.launcher import resolve_tp
-    from specbind.runtime import backends
-    from specbind.runtime.bind import ReportOnly, bind_checkpoint
-    from specbind.runtime.checkpoint import CheckpointDir
-    from specbind.runtime.config import values_from_config
+    from specbind.runtime.bind.bind import ReportOnly, bind_checkpoint
+    from specbind.runtime.binder import backends
+    from specbind.runtime.io.checkpoint import CheckpointDir
+    from specbind.runtime.layout.config import values_from_config
 
     table = _table(a.model, a.ckpt)
     overrides = _sets(a.set)
@@ -263,7 +263,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     ckpt = CheckpointDir(Path(a.ckpt))
     out = None
     if a.out is not None:  # the writer's modules only when there is a file to write
-        from specbind.runtime.out_path import check_out_path
+        from specbind.runtime.io.out_path import check_out_path
 
         with _usage():  # the path given is wrong, not the checkpoint
             out = check_out_path(a.out, ckpt.files(), "--out", ckpt.dirs())
@@ -276,8 +276,8 @@ def cmd_bind(a: argparse.Namespace) -> int:
     if out is None:  # checks and reports only: each slot dropped once bound
         result = run(sink=ReportOnly())
     else:  # streamed: one slot's output in memory at a time, the file whole or not at all
-        from specbind.runtime.bound_format import BoundMeta
-        from specbind.runtime.stream_out import StreamWriter
+        from specbind.runtime.bound.bound_format import BoundMeta
+        from specbind.runtime.bound.stream_out import StreamWriter
 
         ranks = Ranks(tp_size, tp_rank, _or(a.ep_size, 1), _or(a.ep_rank, 0))
         head = BoundMeta(table.name, SPECS_SHA256, ranks, values, overrides)
@@ -303,7 +303,7 @@ def _kernels(backend: str) -> Any:
 
 def _options(a: argparse.Namespace) -> BindOptions:
     """``bind``'s binding flags as the ``BindOptions`` the API takes too."""
-    from specbind.runtime.bind_options import BindOptions
+    from specbind.runtime.bind.bind_options import BindOptions
 
     return BindOptions(
         quant_output=tuple(a.quant_output or ()),
@@ -317,8 +317,9 @@ def cmd_bind_ranks(a: argparse.Namespace) -> int:
     """``bind`` under torchrun (every rank at once), or ``bind --out-dir`` (a world of one)."""
     from specbind.generated import SPECS_SHA256
     from specbind.generated import kernels as generated_kernels
-    from specbind.runtime import backends, distributed
-    from specbind.runtime.comm import Comm, LocalComm, TorchComm, launched
+    from specbind.runtime.binder import backends
+    from specbind.runtime.ranks import distributed
+    from specbind.runtime.ranks.comm import Comm, LocalComm, TorchComm, launched
 
     if a.out is not None:
         raise UsageError(
@@ -358,7 +359,7 @@ def cmd_bind_ranks(a: argparse.Namespace) -> int:
 def cmd_plan(a: argparse.Namespace) -> int:
     from specbind.launcher import resolve_tp
     from specbind.plan_report import LayerUse, plan_report, render_text
-    from specbind.runtime.quant import LayerQuant
+    from specbind.runtime.binder.quant import LayerQuant
 
     table = _table(a.model, a.ckpt)
     tp_size, _ = resolve_tp(a.tp_size, 0, os.environ)
@@ -367,8 +368,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
     ckpt_files: list[Path] = []
     if a.ckpt:
         from specbind.plan_report import checkpoint_layers
-        from specbind.runtime.checkpoint import CheckpointDir
-        from specbind.runtime.config import values_from_config
+        from specbind.runtime.io.checkpoint import CheckpointDir
+        from specbind.runtime.layout.config import values_from_config
 
         if a.quant is not None:
             raise UsageError("--quant plans the spec's model; a checkpoint says its own")
@@ -379,8 +380,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
         source = str(ckpt.root)
     else:
         from specbind.core.planning import expand
-        from specbind.runtime.config import checked_values
-        from specbind.runtime.quant import quantized_rules, storable
+        from specbind.runtime.binder.quant import quantized_rules, storable
+        from specbind.runtime.layout.config import checked_values
         from specbind.synth import schedule
 
         values = checked_values(table, table.default_values(), _sets(a.set))

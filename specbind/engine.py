@@ -90,10 +90,10 @@ def bind_for_engine(
     to hand to the parameters (``adopt=``)."""
     from specbind.api import model_table
     from specbind.core.rank_args import check_ranks
-    from specbind.runtime import backends
-    from specbind.runtime.bind import bind_checkpoint
-    from specbind.runtime.checkpoint import CheckpointDir
-    from specbind.runtime.config import values_from_config
+    from specbind.runtime.bind.bind import bind_checkpoint
+    from specbind.runtime.binder import backends
+    from specbind.runtime.io.checkpoint import CheckpointDir
+    from specbind.runtime.layout.config import values_from_config
 
     tp_size, tp_rank = check_ranks("bind_for_engine", tp_size, tp_rank)
     raw = CheckpointDir(Path(path))
@@ -253,7 +253,7 @@ def _shared_storage(params: Mapping[str, Any]) -> set[str]:
 def _adopt(p: Any, f: EngineField, arena: Any, taken: set[int]) -> bool:
     """Make the field's memory ``p``'s storage (``p.data``, the parameter object kept) where
     it may be, and say whether it was."""
-    from specbind.runtime.to_torch import to_torch
+    from specbind.runtime.bind.to_torch import to_torch
 
     a = f.array
     if (
@@ -275,7 +275,7 @@ def _copy(p: Any, a: Any) -> int:
     checkpoint's map), a device one through a host tensor."""
     import torch
 
-    from specbind.runtime.to_torch import to_torch
+    from specbind.runtime.bind.to_torch import to_torch
 
     src = np.asarray(a)
     if p.device.type == "cpu" and src.dtype.itemsize == p.element_size():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbind.runtime.model import ModelTable
+from specbind.runtime.binder.tables import ModelTable
 
 
 def supported() -> list[dict[str, Any]]:

@@ -19,9 +19,9 @@ from typing import Any
 from specbind.core.planning import BlockPlan, Ranks
 from specbind.core.units import size
 from specbind.plan_held import held_by_block, held_totals
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.model import ModelTable
-from specbind.runtime.quant import LayerQuant, quantize_rules, quantized_rules
+from specbind.runtime.binder.quant import LayerQuant, quantize_rules, quantized_rules
+from specbind.runtime.binder.tables import ModelTable
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.summary import spans
 from specbind.version import __version__
 
@@ -39,7 +39,7 @@ def checkpoint_layers(
     """What a checkpoint holds, by layer and block, from names alone (problems refused), and
     each (layer, block)'s quantization as the checkpoint's own config declares it
     (``mtp=False``: the decoder alone, as ``bind --no-mtp``)."""
-    from specbind.runtime.view import open_layout, slot_quant
+    from specbind.runtime.bind.preamble import open_layout, slot_quant
 
     opened = open_layout(ckpt, table, values, mtp)
     lay = opened.lay

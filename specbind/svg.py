@@ -122,14 +122,14 @@ def _n(v: float) -> str:
 def target(given: str, inputs: Iterable[Path] = (), what: str = "--svg") -> Path:
     """The path to write a picture to, checked before any work (``check_out_path``: never a
     directory, a device, or a file of the checkpoint read, ``inputs``)."""
-    from specbind.runtime.out_path import check_out_path
+    from specbind.runtime.io.out_path import check_out_path
 
     return check_out_path(given, inputs, what, names="the .svg picture to write")
 
 
 def write(path: Path, document: str) -> None:
     """Write ``document`` to ``path`` (from ``target``), whole or not at all."""
-    from specbind.runtime.atomic import atomic_writer
+    from specbind.runtime.io.atomic import atomic_writer
 
     with atomic_writer(path) as f:
         f.write(document.encode("utf-8"))

@@ -187,8 +187,8 @@ def load_weights(model: Any, model_config: Any) -> None:
     from vllm.logger import init_logger
 
     from specbind.engine import fill
-    from specbind.runtime.backends import Arena
-    from specbind.runtime.safetensors_file import cores, split_reads
+    from specbind.runtime.binder.backends import Arena
+    from specbind.runtime.io.safetensors_file import cores, split_reads
 
     parallel = get_current_vllm_config().parallel_config
     tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()

@@ -13,8 +13,8 @@ import numpy as np
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.planning import BlockPlan, Ranks
-from specbind.runtime.checks import Array
-from specbind.runtime.safetensors_file import SafetensorsFile
+from specbind.runtime.binder.checks import Array
+from specbind.runtime.io.safetensors_file import SafetensorsFile
 
 
 def baseline(path: Path, plan: BlockPlan, ranks: Ranks) -> dict[str, Array]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from specbind.generated.engines import vllm_deepseek_v3, vllm_llama, vllm_qwen3_moe
-from specbind.runtime.model import EngineTable
+from specbind.runtime.binder import EngineTable
 
 ENGINES: dict[tuple[str, str], EngineTable[Any]] = {
     ("vllm", "deepseek-v3"): vllm_deepseek_v3.LAYOUT,

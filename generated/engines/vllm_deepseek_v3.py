@@ -16,7 +16,7 @@ from specbind.core.planning import Ranks
 from specbind.core.record import replace
 from specbind.generated import model_deepseek_v3 as model
 from specbind.generated.engines import vllm_lm_globals, vllm_mla_lora
-from specbind.runtime.model import BlockEntry, EngineTable
+from specbind.runtime.binder import BlockEntry, EngineTable
 
 ENGINE = "vllm"
 DOC = "vLLM's DeepseekV3ForCausalLM parameters (MLA verbatim for vLLM's own absorb, FusedMoE experts)."

@@ -16,7 +16,7 @@ from specbind.core.planning import Ranks
 from specbind.core.record import replace
 from specbind.generated import model_qwen3_moe as model
 from specbind.generated.engines import vllm_gqa, vllm_lm_globals
-from specbind.runtime.model import BlockEntry, EngineTable
+from specbind.runtime.binder import BlockEntry, EngineTable
 
 ENGINE = "vllm"
 DOC = "vLLM's Qwen3MoeForCausalLM parameters (fused per-rank qkv_proj, FusedMoE experts)."

@@ -38,11 +38,11 @@ from specbind.core.patterns import fill
 from specbind.core.planning import Ranks, expand
 from specbind.core.quant import CompanionRule, SchemeRule
 from specbind.core.schedule import ConfigSchedule
-from specbind.runtime.atomic import write_failed
-from specbind.runtime.checks import Array
-from specbind.runtime.config import config_lookup, flag_group
-from specbind.runtime.model import BlockEntry, ModelTable
-from specbind.runtime.progress import bar
+from specbind.runtime.binder.checks import Array
+from specbind.runtime.binder.tables import BlockEntry, ModelTable
+from specbind.runtime.io.atomic import write_failed
+from specbind.runtime.io.progress import bar
+from specbind.runtime.layout.config import config_lookup, flag_group
 from specbind.synth.quant import companion_values, quant_config_files, quantized_entries
 
 
@@ -186,7 +186,8 @@ def synth(
     """Write the checkpoint; return a summary (files, tensors, bytes). With ``quant``, every
     linear weight the scheme can store is written as its companions (``synth_quant``).
     ``sparse``: headers only, the data left as holes (``synth.sparse``), in shards of
-    about 5 GB unless ``shards`` is given. ``progress``: a bar per shard (``runtime.progress``)."""
+    about 5 GB unless ``shards`` is given. ``progress``: a bar per shard
+    (``runtime.io.progress``)."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise UsageError(f"{out}: exists and is not an empty directory; refusing to overwrite")
     if layers < 0 or layers > 4096:

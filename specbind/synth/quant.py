@@ -21,8 +21,8 @@ import numpy as np
 
 from specbind.core.patterns import member_of
 from specbind.core.quant import CompanionRule, DetectRule, SchemeRule
-from specbind.runtime.checks import Array
-from specbind.runtime.model import BlockEntry
+from specbind.runtime.binder.checks import Array
+from specbind.runtime.binder.tables import BlockEntry
 
 # E8M0 block scales written: 2^-8 .. 2^0, the range real MXFP4 weights use (never 0xFF, NaN)
 E8M0_BYTES = (119, 128)

@@ -94,7 +94,7 @@ def test_a_rope_dim_is_in_the_shapes_but_the_nope_absorb_refuses_it() -> None:
 
 def test_the_glm_spec_refuses_a_rope_dim_as_its_own_nope_only_constraint() -> None:
     from specbind.generated import MODELS
-    from specbind.runtime.config import checked_values
+    from specbind.runtime.layout.config import checked_values
 
     table = MODELS["glm-5.3-flash"]
     assert [c.name for c in table.constraints] == ["nope_only"]

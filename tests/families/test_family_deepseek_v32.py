@@ -43,8 +43,8 @@ from whole_model import Routing, module_output, read_checkpoint
 from specbind.audit import audit
 from specbind.core.errors import SpecbindError
 from specbind.generated import MODELS
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
 transformers = pytest.importorskip("transformers", exc_type=ImportError)
@@ -188,7 +188,7 @@ def test_moe_from_the_bound_fields_summed_over_ranks_equals_transformers_moe(
 def test_an_fp8_block_checkpoint_binds_every_tensor_once_its_rope_rows_dequantized(
     tmp_path: Path,
 ) -> None:
-    from specbind.runtime.quant_numerics import dequant_fp8_block
+    from specbind.runtime.binder.quant_numerics import dequant_fp8_block
     from specbind.synth import synth, tiny_values
 
     path = tmp_path / "fp8"

@@ -37,11 +37,11 @@ from specbind.audit import audit
 from specbind.core.errors import GeometryError
 from specbind.core.planning import Ranks
 from specbind.generated import MODELS
-from specbind.runtime import byte_coverage
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.config import values_from_config
-from specbind.runtime.layout import layout
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.layout.config import values_from_config
+from specbind.runtime.layout.slots import layout
+from specbind.runtime.ranks import byte_coverage
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
 transformers = pytest.importorskip("transformers", exc_type=ImportError)

@@ -35,9 +35,9 @@ from whole_model import expert_range, read_checkpoint
 from specbind.audit import audit
 from specbind.core.errors import BindError
 from specbind.generated import MODELS
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.quant_numerics import dequant_mxfp4
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.binder.quant_numerics import dequant_mxfp4
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
 transformers = pytest.importorskip("transformers", exc_type=ImportError)

@@ -47,8 +47,8 @@ from specbind.audit import audit
 from specbind.core.dtypes import within_one_bf16_ulp
 from specbind.core.errors import GeometryError
 from specbind.generated import MODELS
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
 transformers = pytest.importorskip("transformers", exc_type=ImportError)

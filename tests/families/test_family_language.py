@@ -25,8 +25,8 @@ from specbind.core.errors import BindError, SpecError
 from specbind.core.ir import ShardRule, TensorRule
 from specbind.core.planning import plan_tensor
 from specbind.generator.render import load_specs
-from specbind.runtime.source import RawTensor
-from specbind.runtime.tp import shard_raw
+from specbind.runtime.binder.tp import shard_raw
+from specbind.runtime.io.source import RawTensor
 
 REPO = Path(__file__).resolve().parents[2]
 KIMI = "models/kimi-linear.yaml"
@@ -149,8 +149,8 @@ def test_bench_runs_for_a_model_other_than_the_default(tmp_path: Path) -> None:
     tests/tools/test_bench_smoke.py's; here only the model-specific ones run."""
     from benchmarks import main as bench
     from specbind.generated import MODELS
-    from specbind.runtime.checkpoint import CheckpointDir
-    from specbind.runtime.config import values_from_config
+    from specbind.runtime.io.checkpoint import CheckpointDir
+    from specbind.runtime.layout.config import values_from_config
 
     table = MODELS["kimi-linear"]
     ckpt, _ = bench.ensure_checkpoint(table, tmp_path, tiny=True)
@@ -199,7 +199,7 @@ def _kimi_config() -> dict[str, object]:
 def test_a_geometry_field_is_read_from_its_nested_path_when_the_flat_one_is_absent() -> None:
     """The hub's Kimi config.json has the KDA sizes only in linear_attn_config."""
     from specbind.generated import MODELS
-    from specbind.runtime.config import values_from_config
+    from specbind.runtime.layout.config import values_from_config
 
     table = MODELS["kimi-linear"]
     flat = _kimi_config()
@@ -216,7 +216,7 @@ def test_a_geometry_field_is_read_from_its_nested_path_when_the_flat_one_is_abse
 def test_a_nested_path_that_disagrees_with_the_flat_field_is_refused() -> None:
     from specbind.core.errors import CheckpointError
     from specbind.generated import MODELS
-    from specbind.runtime.config import values_from_config
+    from specbind.runtime.layout.config import values_from_config
 
     flat = _kimi_config()
     both = flat | {"linear_attn_config": {"num_heads": int(str(flat["linear_num_heads"])) * 2}}
@@ -259,9 +259,9 @@ def test_the_device_path_gives_the_numpy_backends_fields_for_the_new_families(
 
     from specbind.core.dtypes import within_one_bf16_ulp
     from specbind.generated import MODELS
-    from specbind.runtime import backends
-    from specbind.runtime.bind import bind_checkpoint
-    from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.runtime.bind.bind import bind_checkpoint
+    from specbind.runtime.binder import backends
+    from specbind.runtime.io.checkpoint import CheckpointDir
     from specbind.synth import synth, tiny_values
 
     table = MODELS[name]

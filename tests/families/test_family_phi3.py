@@ -29,8 +29,8 @@ from whole_model import read_checkpoint
 
 from specbind.audit import audit
 from specbind.generated import MODELS
-from specbind.runtime.bind import BindResult
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import BindResult
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
 transformers = pytest.importorskip("transformers", exc_type=ImportError)

@@ -39,8 +39,8 @@ from whole_model import expert_range, module_output, read_checkpoint
 
 from specbind.audit import audit
 from specbind.generated import MODELS
-from specbind.runtime.bind import BindResult
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import BindResult
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
 pytest.importorskip("transformers", exc_type=ImportError)

@@ -31,8 +31,8 @@ from whole_model import F32_IN_MODULE
 from specbind.core.dtypes import bf16_ulp
 from specbind.core.errors import BindError
 from specbind.generated import MODELS, SPECS_SHA256
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 # exc_type=ImportError: a present but broken install (not only a missing one) skips too.
 torch = pytest.importorskip("torch", exc_type=ImportError)

@@ -42,8 +42,8 @@ from whole_model import (
 from specbind.audit import audit
 from specbind.core.errors import BindError
 from specbind.generated import MODELS
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
 transformers = pytest.importorskip("transformers", exc_type=ImportError)

@@ -12,7 +12,7 @@ from specbind.core import algebra
 from specbind.core.errors import BindError, GeometryError
 from specbind.core.planning import Ranks
 from specbind.generated import kda
-from specbind.runtime.source import DictSource
+from specbind.runtime.io.source import DictSource
 
 AUDITED = {
     "self_attn.q_proj.weight": ("BF16", (8192, 4096)),

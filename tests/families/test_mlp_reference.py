@@ -72,8 +72,8 @@ from whole_model import (
 )
 
 from specbind.generated import MODELS
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 # exc_type=ImportError: a present but broken install (not only a missing one) skips too.
 torch = pytest.importorskip("torch", exc_type=ImportError)

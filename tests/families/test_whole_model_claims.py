@@ -19,8 +19,8 @@ from safetensors.numpy import save_file
 
 from specbind.core.errors import BindError, GeometryError, SpecbindError
 from specbind.generated import moe
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth
 
 E = TINY["experts"]  # 6

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import CheckpointError
-from specbind.runtime.checkpoint import INDEX, CheckpointDir
-from specbind.runtime.safetensors_file import SafetensorsFile, parse_header
+from specbind.runtime.io.checkpoint import INDEX, CheckpointDir
+from specbind.runtime.io.safetensors_file import SafetensorsFile, parse_header
 
 HEADER = "safetensors header"
 

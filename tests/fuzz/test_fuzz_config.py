@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 from specbind.core.errors import SpecbindError
 from specbind.core.patterns import fill
 from specbind.generated import MODELS
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.config import config_flags, quantization_config, values_from_config
-from specbind.runtime.layout import layout
-from specbind.runtime.model import ModelTable
-from specbind.runtime.quant_config import detect
+from specbind.runtime.binder.tables import ModelTable
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.layout.config import config_flags, quantization_config, values_from_config
+from specbind.runtime.layout.slots import layout
+from specbind.runtime.quant.scheme import detect
 from specbind.synth import block_tensors, config_for, schedule, tiny_values
 from specbind.synth.quant import quant_config_files
 

@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from specbind.cli import main
 from specbind.core.errors import SpecbindError
 from specbind.generated import MODELS, SPECS_SHA256
-from specbind.runtime.bound_format import decode
-from specbind.runtime.reload import read_bound
+from specbind.runtime.bound.bound_format import decode
+from specbind.runtime.bound.reload import read_bound
 
 RELOAD = "reload metadata"
 

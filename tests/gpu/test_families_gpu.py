@@ -11,9 +11,9 @@ import pytest
 
 from specbind.core.dtypes import within_one_bf16_ulp
 from specbind.generated import MODELS
-from specbind.runtime import backends
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.binder import backends
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth, tiny_values
 
 

@@ -77,9 +77,9 @@ def test_concat_rows_equals_numpy_concatenate(lengths: list[int], width: int) ->
 def test_the_cupy_backend_binds_the_numpy_backends_bytes(tmp_path: Path) -> None:
     from specbind.core.dtypes import within_one_bf16_ulp
     from specbind.generated import MODELS
-    from specbind.runtime import backends
-    from specbind.runtime.bind import bind_checkpoint
-    from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.runtime.bind.bind import bind_checkpoint
+    from specbind.runtime.binder import backends
+    from specbind.runtime.io.checkpoint import CheckpointDir
     from specbind.synth import synth, tiny_values
 
     table = MODELS["glm-5.3-flash"]

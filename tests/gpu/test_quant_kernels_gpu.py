@@ -1,5 +1,5 @@
 """The quantized-checkpoint kernels on a real GPU, bit for bit against the NumPy path
-(runtime/quant_numerics.py), mirroring tests/quant/test_quant_kernels_cpu.py. A NaN's sign is not
+(runtime/binder/quant_numerics.py), mirroring tests/quant/test_quant_kernels_cpu.py. A NaN's sign is not
 compared: CUDA arithmetic returns its canonical NaN."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specbind.runtime import quant_numerics as qn
+from specbind.runtime.binder import quant_numerics as qn
 
 U8, U16, F32 = np.uint8, np.uint16, np.float32
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -113,7 +113,7 @@ def test_swizzle_kernel_equals_numpy_for_any_shape(
 
 
 def test_the_cupy_ops_give_the_numpy_ops_bytes_for_stacked_experts() -> None:
-    from specbind.runtime import backends, ops
+    from specbind.runtime.binder import backends, ops
 
     rng = np.random.default_rng(3)
     host = {

@@ -1,4 +1,4 @@
-"""The quantized ops on the device path (runtime/ops_cupy.py: uploads, the generated kernels'
+"""The quantized ops on the device path (runtime/binder/ops_cupy.py: uploads, the generated kernels'
 launch wrappers and checks), run against the CuPy stand-in whose kernels execute on the CPU
 harness: the bytes equal the NumPy backend's, F8 goes up as uint8 bits and comes back tagged."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from specbind.core.errors import BindError
-from specbind.runtime import backends
-from specbind.runtime import quant_numerics as qn
+from specbind.runtime.binder import backends
+from specbind.runtime.binder import quant_numerics as qn
 
 U8, U16, F32 = np.uint8, np.uint16, np.float32
 E4M3, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16

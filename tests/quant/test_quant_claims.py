@@ -22,9 +22,9 @@ import pytest
 from helpers import TABLE, TINY, copy_with, read_file, rejoin
 
 from specbind.core.errors import BindError, CheckpointError, GeometryError, SpecbindError
-from specbind.runtime import backends
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.binder import backends
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth
 
 # Every linear's input width (and its column shard up to tp 4) a multiple of 16, so the whole

@@ -1,10 +1,10 @@
 """Nothing non-finite binds silently from a quantized checkpoint: a dequantized field is finite
-unless its stored values are (``runtime.quant_finite``). Each scheme of ``specs/schemes``: a
+unless its stored values are (``runtime.binder.quant_finite``). Each scheme of ``specs/schemes``: a
 non-finite stored scale, a non-finite effective group scale and an overflow past BF16 are
 refused in one line naming the tensor, its first offending index and the stored bits; a code
 times a scale that stays finite binds, as does a stored NaN code; ``synth --quant`` writes
 checkpoints that dequantize finite. The oracle for "overflows" is the reference dequant
-(``runtime.quant_numerics``), not a threshold written here."""
+(``runtime.binder.quant_numerics``), not a threshold written here."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from test_quant_claims import GEO, SCHEMES, edited, tensors
 
 from specbind.core.errors import BindError
 from specbind.generated import MODELS
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.quant_numerics import dequant_mxfp4
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.binder.quant_numerics import dequant_mxfp4
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth, tiny_values
 
 GPT_OSS = MODELS["gpt-oss"]

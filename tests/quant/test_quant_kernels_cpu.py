@@ -1,6 +1,6 @@
 """The generated quantized-checkpoint kernels (NVFP4 and FP8-block dequant, the block-scale
 swizzle), run on the CPU through the emulation harness, bit for bit against the NumPy path in
-runtime/quant_numerics.py: every packed byte under every scale byte, stacked matrices with
+runtime/binder/quant_numerics.py: every packed byte under every scale byte, stacked matrices with
 their own global scales, odd shapes and blocks, tiny grids.
 
 A NaN's sign is not part of the contract (CUDA hardware returns its canonical NaN), so where
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernels_cpu import launch, library, ptr
 
-from specbind.runtime import quant_numerics as qn
+from specbind.runtime.binder import quant_numerics as qn
 
 U8, U16, F32 = np.uint8, np.uint16, np.float32
 E4M3, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16

@@ -1,4 +1,4 @@
-"""The NumPy quantized numerics (runtime/quant_numerics.py) against definitions written out
+"""The NumPy quantized numerics (runtime/binder/quant_numerics.py) against definitions written out
 element by element from the formats' bit layouts, and vLLM's swizzle transcribed to NumPy.
 The libraries themselves are compared in test_quant_reference.py."""
 
@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specbind.core.errors import BindError
-from specbind.runtime import ops
-from specbind.runtime import quant_numerics as qn
+from specbind.runtime.binder import ops
+from specbind.runtime.binder import quant_numerics as qn
 
 F32, U8, U16 = np.float32, np.uint8, np.uint16
 E4M3 = ml_dtypes.float8_e4m3fn

@@ -31,8 +31,8 @@ from quant_writers import TEXT_CONFIG
 
 from specbind.audit import audit
 from specbind.core.errors import BindError, GeometryError
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 TOOL = {
     "mo_nvfp4": "modelopt",

@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from specbind.runtime import ops
+from specbind.runtime.binder import ops
 
 
 class _Lazy:

@@ -14,9 +14,9 @@ from helpers import TINY
 import specbind
 from specbind.core.errors import BindError
 from specbind.generated import MODELS
-from specbind.runtime.backends import Arena, Backend
-from specbind.runtime.bind import ReportOnly, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import ReportOnly, bind_checkpoint
+from specbind.runtime.binder.backends import Arena, Backend
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth
 
 TABLE = MODELS["glm-5.3-flash"]
@@ -85,7 +85,7 @@ def test_a_stacked_column_shard_family_is_gathered_straight_into_the_arena(
     """At tp 2 each expert's down_proj is a column shard: the gather writes it into its slot of
     one family buffer, which must be carved from the arena, so the stack is that buffer itself
     (no second copy into the arena)."""
-    from specbind.runtime import ops
+    from specbind.runtime.binder import ops
 
     runs: list[Any] = []
     real = ops.stacked_run
@@ -185,7 +185,7 @@ def test_a_bind_into_an_arena_reserves_exactly_the_bytes_it_carves(
     """The reservation is what the bind carves (fields, and the column shards a transform
     keeps), so the background populate maps no page the bind leaves unwritten: at tp 1 the
     experts' whole ``down_proj`` is no longer given family room it never fills."""
-    from specbind.runtime.backends import ALIGN
+    from specbind.runtime.binder.backends import ALIGN
     from specbind.synth import tiny_values
 
     table = MODELS[model]

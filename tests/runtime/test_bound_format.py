@@ -7,7 +7,7 @@ import pytest
 from helpers import FULL_META as FULL
 
 from specbind.core.errors import ReloadError
-from specbind.runtime.bound_format import BoundMeta, decode
+from specbind.runtime.bound.bound_format import BoundMeta, decode
 
 
 def test_every_field_survives_encode_then_decode() -> None:

@@ -18,8 +18,8 @@ import pytest
 from helpers import TABLE, TINY, read_file
 
 from specbind.core.errors import SpecbindError
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"

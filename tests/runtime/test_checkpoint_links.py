@@ -15,8 +15,8 @@ from helpers import TABLE, TINY, read_file
 from safetensors.numpy import save_file
 
 from specbind.core.errors import CheckpointError
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import INDEX, SINGLE, CheckpointDir
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.io.checkpoint import INDEX, SINGLE, CheckpointDir
 from specbind.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from specbind.core import config_patterns
 from specbind.core.config_patterns import MAX_COMPILED, MAX_ENTRIES, NameMatcher
 from specbind.core.errors import CheckpointError
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import MAX_CONFIG_BYTES, CheckpointDir
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.io.checkpoint import MAX_CONFIG_BYTES, CheckpointDir
 from specbind.synth import synth
 
 # every linear NVFP4, as in test_quant_claims

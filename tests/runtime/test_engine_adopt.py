@@ -13,7 +13,7 @@ import pytest
 
 from specbind.engine import EngineField, bind_for_engine, fill
 from specbind.engine_ops import padded_share
-from specbind.runtime.backends import Arena
+from specbind.runtime.binder.backends import Arena
 
 torch = pytest.importorskip("torch")
 
@@ -106,7 +106,7 @@ def test_a_row_concat_into_an_arena_reads_its_parts_from_the_file_not_through_th
     """vLLM's fused qkv_proj and gate_up_proj are concats along rows: into an arena each part
     is read into its rows with ``preadv`` (no page of the map touched), never populated and
     copied through the map."""
-    from specbind.runtime import ops
+    from specbind.runtime.binder import ops
 
     mapped: list[Any] = []
     monkeypatch.setattr(ops, "populate", lambda a: mapped.append(a))

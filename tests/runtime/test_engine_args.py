@@ -179,11 +179,11 @@ def test_a_refusal_in_an_engine_process_is_raised_where_vllm_waits_for_its_engin
 def test_the_runtime_bind_every_entry_point_goes_through_refuses_a_bool_or_float_rank(
     kw: dict[str, object], tmp_path: Path
 ) -> None:
-    """The check lives where every bind passes (``runtime.bind.bind_checkpoint``), not only in
+    """The check lives where every bind passes (``runtime.bind.bind.bind_checkpoint``), not only in
     the public entry points: ``tp_size=True`` would otherwise bind as tp 1 and say nothing."""
     from specbind.generated import MODELS
-    from specbind.runtime.bind import ReportOnly, bind_checkpoint
-    from specbind.runtime.checkpoint import CheckpointDir
+    from specbind.runtime.bind.bind import ReportOnly, bind_checkpoint
+    from specbind.runtime.io.checkpoint import CheckpointDir
     from specbind.synth import synth, tiny_values
 
     table = MODELS["llama"]

@@ -15,8 +15,8 @@ from helpers import copy_with, read_file
 
 from specbind.core.errors import SpecbindError
 from specbind.generated import MODELS
-from specbind.runtime.bind import ReportOnly, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import ReportOnly, bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth, tiny_values
 
 

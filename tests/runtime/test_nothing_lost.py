@@ -12,10 +12,10 @@ import pytest
 from specbind.core.planning import Ranks
 from specbind.generator import render
 from specbind.generator.render import generate
-from specbind.runtime.backends import NUMPY
-from specbind.runtime.bind import Expected
-from specbind.runtime.bound_format import BoundMeta
-from specbind.runtime.stream_out import StreamWriter
+from specbind.runtime.bind.bind import Expected
+from specbind.runtime.binder.backends import NUMPY
+from specbind.runtime.bound.bound_format import BoundMeta
+from specbind.runtime.bound.stream_out import StreamWriter
 
 REPO = Path(__file__).resolve().parents[2]
 HEAD = BoundMeta("m", "0" * 64, Ranks(), {"x": 1, "a": 2})

@@ -17,11 +17,11 @@ from helpers import TABLE, TINY, read_file
 
 from specbind.core.errors import OutputError
 from specbind.core.planning import Ranks
-from specbind.runtime.backends import NUMPY
-from specbind.runtime.bound_format import BoundMeta
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.out_path import check_out_path
-from specbind.runtime.stream_out import StreamWriter
+from specbind.runtime.binder.backends import NUMPY
+from specbind.runtime.bound.bound_format import BoundMeta
+from specbind.runtime.bound.stream_out import StreamWriter
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.io.out_path import check_out_path
 from specbind.synth import synth
 
 SHARD = "model-00001-of-00002.safetensors"

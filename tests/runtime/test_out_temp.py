@@ -1,4 +1,4 @@
-"""The temp file of ``bind --out`` / ``--out-dir`` (``runtime/atomic.py``): its name fits in
+"""The temp file of ``bind --out`` / ``--out-dir`` (``runtime/io/atomic.py``): its name fits in
 NAME_MAX, a writer killed outright leaves one that the next write to the same target removes
 (and says so) while a live writer's is never touched, and a full disk is one line naming the
 file, with no file left behind."""
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from specbind.cli import main
-from specbind.runtime import atomic
+from specbind.runtime.io import atomic
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,7 +61,7 @@ def test_a_legal_252_byte_out_name_binds(ckpt: Path, tmp_path: Path) -> None:
 _PAUSED_CHILD = """
 import sys, time
 from pathlib import Path
-from specbind.runtime import stream_out
+from specbind.runtime.bound import stream_out
 real = stream_out.StreamWriter.tensor
 def tensor(self, name, host):
     real(self, name, host)

@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 from specbind.core.errors import BindError
 from specbind.core.planning import Ranks
 from specbind.generated import model_glm_5_3_flash as m
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.source import DictSource
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.io.source import DictSource
 from specbind.synth import synth
 
 MODULES: dict[str, Any] = {

@@ -22,12 +22,12 @@ from helpers import TABLE
 from specbind.core.errors import DistributedError, GeometryError
 from specbind.core.planning import Ranks
 from specbind.generated import SPECS_SHA256
-from specbind.runtime import agreement, byte_coverage, distributed
-from specbind.runtime.backends import NUMPY
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.config import values_from_config
-from specbind.runtime.layout import layout
-from specbind.runtime.view import refuse_problems
+from specbind.runtime.bind.preamble import refuse_problems
+from specbind.runtime.binder.backends import NUMPY
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.layout.config import values_from_config
+from specbind.runtime.layout.slots import layout
+from specbind.runtime.ranks import agreement, byte_coverage, distributed
 
 
 @pytest.fixture(scope="module")
@@ -279,7 +279,7 @@ def test_a_quantized_checkpoint_is_covered_as_its_packed_weights_and_companions(
     every scale read by no rank), and a single-rank --out-dir holds what bind binds."""
     from specbind import open_bound
     from specbind.cli import main
-    from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.bind.bind import bind_checkpoint
 
     ck = tmp_path / "q"
     assert main(["synth", str(ck), "--layers", "4", "--quant", "nvfp4-modelopt"]) == 0

@@ -14,9 +14,9 @@ import pytest
 from helpers import TABLE, TINY, copy_with, read_file
 
 from specbind.core.errors import BindError
-from specbind.runtime import checks
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.binder import checks
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth
 
 # Every linear NVFP4 at tp 1 (as test_quant_claims); 6 experts, so ep 1, 2, 3 and 6 divide them.

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specbind.runtime import safetensors_file
-from specbind.runtime.backends import Arena
-from specbind.runtime.safetensors_file import SafetensorsFile, read_view
+from specbind.runtime.binder.backends import Arena
+from specbind.runtime.io import safetensors_file
+from specbind.runtime.io.safetensors_file import SafetensorsFile, read_view
 
 
 def _write(path: Path, data: np.ndarray) -> None:
@@ -103,7 +103,7 @@ def test_a_stack_of_row_views_reads_each_from_the_file_and_equals_numpys_stack(
 ) -> None:
     """``ops.stack`` of [gate; up] row shards (views of the map) reads each part from the file
     into its rows of the result; the bytes are NumPy's concatenate-then-stack of the same."""
-    from specbind.runtime import ops
+    from specbind.runtime.binder import ops
 
     data = np.random.default_rng(1).integers(0, 256, 6 * 8 * 64, dtype=np.uint8)
     _write(tmp_path / "a.safetensors", data)

@@ -16,9 +16,9 @@ from helpers import TABLE
 from safetensors.numpy import save_file
 
 from specbind.core.errors import CheckpointError
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.config import values_from_config
-from specbind.runtime.safetensors_file import MAX_HEADER_BYTES, SafetensorsFile
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.io.safetensors_file import MAX_HEADER_BYTES, SafetensorsFile
+from specbind.runtime.layout.config import values_from_config
 
 
 def write_raw(

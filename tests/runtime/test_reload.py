@@ -16,8 +16,8 @@ from specbind import open_bound
 from specbind.cli import main
 from specbind.core.errors import ReloadError
 from specbind.generated import MODELS
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 TABLE = MODELS["glm-5.3-flash"]
 
@@ -226,10 +226,10 @@ def test_a_layer_with_an_unknown_role_is_refused(bound: tuple[Path, Path], tmp_p
 def test_the_reader_checks_against_the_tables_and_hash_its_caller_passes(
     bound: tuple[Path, Path],
 ) -> None:
-    """runtime.reload knows no generated code: a caller without this model, or with another
+    """runtime.bound.reload knows no generated code: a caller without this model, or with another
     spec hash, is refused; with the generated ones, the file opens."""
     from specbind.generated import SPECS_SHA256
-    from specbind.runtime.reload import read_bound as read
+    from specbind.runtime.bound.reload import read_bound as read
 
     with pytest.raises(ReloadError, match=r"model glm-5\.3-flash, which these binders do not"):
         read(bound[1], models={}, specs_sha256=SPECS_SHA256)
@@ -241,7 +241,7 @@ def test_the_reader_checks_against_the_tables_and_hash_its_caller_passes(
 
 def _requant(bound: Path, dst: Path, quant: dict[str, object]) -> Path:
     """``bound`` recording ``quant``, its record digest made again (a consistent forgery)."""
-    from specbind.runtime.bound_format import RECORD_KEY, record_digest
+    from specbind.runtime.bound.bound_format import RECORD_KEY, record_digest
 
     def edit(h: dict[str, dict[str, str]]) -> None:
         h["__metadata__"]["quant"] = json.dumps(quant)

@@ -21,10 +21,10 @@ from specbind.cli import main
 from specbind.core.errors import ReloadError
 from specbind.core.planning import Ranks
 from specbind.generated import MODELS
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.config import values_from_config
-from specbind.runtime.view import open_layout, slot_quant
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.bind.preamble import open_layout, slot_quant
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.layout.config import values_from_config
 
 Tensors = dict[str, Any]
 Meta = dict[str, str]

@@ -16,8 +16,8 @@ from safetensors.numpy import load_file
 
 from specbind.cli import main
 from specbind.generated import MODELS
-from specbind.runtime.bind import Expected, SlotResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import Expected, SlotResult, bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 TABLE = MODELS["glm-5.3-flash"]
 
@@ -81,7 +81,7 @@ def _slots_alive_at_each_next_slot(monkeypatch: pytest.MonkeyPatch, run: Any) ->
     import gc
     import weakref
 
-    import specbind.runtime.bind as bind_mod
+    import specbind.runtime.bind.bind as bind_mod
 
     before = bind_mod._bind_one
     refs: list[weakref.ref[Any]] = []
@@ -136,9 +136,9 @@ def test_a_header_write_that_fails_keeps_the_previous_file_and_leaves_no_partial
 ) -> None:
     from specbind.core.errors import OutputError
     from specbind.core.planning import Ranks
-    from specbind.runtime.backends import NUMPY
-    from specbind.runtime.bound_format import BoundMeta
-    from specbind.runtime.stream_out import StreamWriter
+    from specbind.runtime.binder.backends import NUMPY
+    from specbind.runtime.bound.bound_format import BoundMeta
+    from specbind.runtime.bound.stream_out import StreamWriter
 
     out = tmp_path / "rank.safetensors"
     out.write_bytes(b"the previous bind")
@@ -162,9 +162,9 @@ def test_an_out_dir_rank_file_is_streamed_by_the_same_writer_into_the_same_forma
     """``--out-dir`` (here a world of one; torchrun's ranks take the same path) writes each
     tensor through ``StreamWriter`` as it is bound, and its file is the ``--out`` file of that
     rank: the same tensors, byte for byte, and the same metadata plus its world and rank."""
-    from specbind.runtime.bound_format import decode
-    from specbind.runtime.safetensors_file import SafetensorsFile
-    from specbind.runtime.stream_out import StreamWriter
+    from specbind.runtime.bound.bound_format import decode
+    from specbind.runtime.bound.stream_out import StreamWriter
+    from specbind.runtime.io.safetensors_file import SafetensorsFile
 
     written: list[str] = []
     real = StreamWriter.tensor
@@ -199,7 +199,7 @@ def test_a_write_that_fails_in_the_writer_thread_is_one_line_and_leaves_the_prev
     import errno
     import os
 
-    from specbind.runtime import stream_out
+    from specbind.runtime.bound import stream_out
 
     out = tmp_path / "o" / "rank.safetensors"
     out.parent.mkdir()
@@ -253,8 +253,8 @@ def test_a_file_size_limit_hit_by_the_writer_thread_is_reported_and_leaves_no_fi
 def test_down_proj_column_shards_are_gathered_straight_into_w2_with_the_copying_stacks_bytes(
     ckpt: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import specbind.runtime.ops as ops
-    import specbind.runtime.tp as tp
+    import specbind.runtime.binder.ops as ops
+    import specbind.runtime.binder.tp as tp
 
     def w2s() -> list[Any]:
         r = bind_checkpoint(CheckpointDir(ckpt), TABLE, tp_size=2, tp_rank=1, kinds=["moe"])

@@ -16,7 +16,7 @@ from threadpoolctl import threadpool_info, threadpool_limits
 
 from specbind.core.errors import GeometryError
 from specbind.generated import dsa
-from specbind.runtime import ops
+from specbind.runtime.binder import ops
 
 SIX_HEADS = dsa.DsaGeometry(
     hidden=16,

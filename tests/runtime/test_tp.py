@@ -28,9 +28,9 @@ from specbind.core.planning import Ranks
 from specbind.generated import dsa, kda
 from specbind.generated import model_glm_5_3_flash as m
 from specbind.launcher import resolve_tp
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.source import DictSource, RawTensor
-from specbind.runtime.tp import ShardedSource, shard_raw
+from specbind.runtime.binder.tp import ShardedSource, shard_raw
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.io.source import DictSource, RawTensor
 from specbind.synth import synth
 
 MODULES: dict[str, Any] = {"kda": kda, "dsa": dsa}

@@ -128,7 +128,7 @@ def test_a_scalar_and_a_middle_axis_shard_generate_and_bind(
     import numpy as np
     from helpers import raw
 
-    from specbind.runtime.source import DictSource
+    from specbind.runtime.io.source import DictSource
 
     (root / "specs" / "blocks" / "probe.yaml").write_text(SCALAR_AND_AXIS)
     model = root / "specs" / "models" / "glm-5.3-flash.yaml"

@@ -36,9 +36,9 @@ from specbind.core.record import replace
 from specbind.generated import MODELS
 from specbind.generator import yamlio
 from specbind.generator.spec import parse_block, parse_model
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.model import ModelTable
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.binder.tables import ModelTable
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth, tiny_values
 
 REPO = Path(__file__).resolve().parents[2]

@@ -27,9 +27,9 @@ from specbind.audit import audit
 from specbind.cli import main
 from specbind.core.errors import BindError, SpecbindError
 from specbind.generated import MODELS
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.bind_options import BindOptions
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.bind.bind_options import BindOptions
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
 transformers = pytest.importorskip("transformers", exc_type=ImportError)

@@ -28,11 +28,11 @@ from specbind.core.patterns import (
     parts,
 )
 from specbind.generated import MODELS
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.checks import census
-from specbind.runtime.layout import split_layers
-from specbind.runtime.view import NamedView
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.bind.preamble import NamedView
+from specbind.runtime.binder.checks import census
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.layout.slots import split_layers
 from specbind.synth import synth, tiny_values
 
 GOOD = ["0", "7", "10", "288", "999999"]

@@ -28,7 +28,7 @@ from specbind.generated import MODELS
 from specbind.generator import yamlio
 from specbind.generator.rank_shapes import RankShapes
 from specbind.generator.spec import parse_block
-from specbind.runtime import ops
+from specbind.runtime.binder import ops
 from specbind.synth import tiny_values
 
 REPO = Path(__file__).resolve().parents[2]

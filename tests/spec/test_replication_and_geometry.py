@@ -28,11 +28,11 @@ from specbind.core.ir import ShardRule, TensorRule
 from specbind.core.planning import plan_block, plan_tensor
 from specbind.generated import MODELS
 from specbind.generator.render import load_specs
-from specbind.runtime import byte_coverage, distributed
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.config import values_from_config
-from specbind.runtime.layout import layout
-from specbind.runtime.view import refuse_problems
+from specbind.runtime.bind.preamble import refuse_problems
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.layout.config import values_from_config
+from specbind.runtime.layout.slots import layout
+from specbind.runtime.ranks import byte_coverage, distributed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -239,7 +239,7 @@ def test_a_required_group_missing_from_a_layer_is_refused_by_bind_and_audit(
 
     from specbind.audit import audit
     from specbind.core.errors import BindError
-    from specbind.runtime.bind import bind_checkpoint
+    from specbind.runtime.bind.bind import bind_checkpoint
     from specbind.synth import synth, tiny_values
 
     whole = tmp_path / "whole"
@@ -286,7 +286,7 @@ def test_views_and_einsums_of_a_replicated_operand_bind_its_one_unit(
     from helpers import raw
 
     from specbind.generator.render import generate
-    from specbind.runtime.source import DictSource
+    from specbind.runtime.io.source import DictSource
 
     _grouped(root)
     generate(root, root / "generated")

@@ -25,9 +25,9 @@ from specbind.core.errors import CheckpointError, SpecError
 from specbind.core.ir import NameRule
 from specbind.generated import MODELS
 from specbind.generator.render import load_specs
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.view import NamedView
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.bind.preamble import NamedView
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth, tiny_values
 
 REPO = Path(__file__).resolve().parents[2]

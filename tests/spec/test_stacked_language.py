@@ -34,10 +34,10 @@ from specbind.core.ir import ShardRule, TensorRule
 from specbind.core.planning import member_range, plan_block
 from specbind.generated import MODELS
 from specbind.generator.render import load_specs, render_all
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.source import DictSource, RawTensor
-from specbind.runtime.tp import shard_raw
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.binder.tp import shard_raw
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.io.source import DictSource, RawTensor
 
 REPO = Path(__file__).resolve().parents[2]
 MOE = "blocks/stacked_moe.yaml"
@@ -233,7 +233,7 @@ def test_the_device_path_binds_the_stacked_experts_as_the_numpy_backend_does(
     the CPU): the same bytes as the NumPy backend's, at tp 2 x ep 2."""
     import importlib
 
-    from specbind.runtime import backends
+    from specbind.runtime.binder import backends
     from specbind.synth import synth, tiny_values
 
     table = MODELS["gpt-oss"]

@@ -129,7 +129,7 @@ def _module(root: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _bind(mod: Any, tp: int, rank: int, src: Any) -> Any:
-    from specbind.runtime.layout import LayerSource
+    from specbind.runtime.layout.slots import LayerSource
 
     g = mod.ConvGeometry(k_heads=K, k_dim=DK, v_per_k=V // K, v_dim=DV, conv_kernel=KERNEL, tp=tp)
     layer = LayerSource(src, "layers.0.", [n.removeprefix("layers.0.") for n in src.names()])
@@ -211,8 +211,8 @@ def test_a_ratio_written_with_floor_division_in_a_sharded_sum_is_refused_naming_
 def test_the_same_conv_read_as_sections_binds_vllms_q_k_v_shares_on_every_rank(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specbind.runtime.checkpoint import CheckpointDir
-    from specbind.runtime.view import NamedView
+    from specbind.runtime.bind.preamble import NamedView
+    from specbind.runtime.io.checkpoint import CheckpointDir
 
     root = _root(tmp_path, SECTIONS_BLOCK, MODEL + SECTIONS)
     rules = load_specs(root).models["conv-test"].names
@@ -234,7 +234,7 @@ def test_the_fused_conv_declared_interleaved_binds_each_key_heads_rows_whole(
 ) -> None:
     from helpers import raw
 
-    from specbind.runtime.source import DictSource
+    from specbind.runtime.io.source import DictSource
 
     block = FUSED_BLOCK.replace(
         "shard: {rows: k_heads}", "shard: {rows: k_heads, interleave: true}"

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from specbind.core.dtypes import bf16_ulp, within_one_bf16_ulp
 from specbind.core.errors import BindError
 from specbind.generated import dsa
-from specbind.runtime import ops
-from specbind.runtime.tp import shard_raw
+from specbind.runtime.binder import ops
+from specbind.runtime.binder.tp import shard_raw
 
 F64 = np.float64
 

@@ -18,7 +18,7 @@ def schedule_decided(table: Any, config: dict[str, Any], roles: dict[int, dict[s
     asserted equal to the block the layer's names give (``roles``: audit's layer -> slot ->
     block); a schedule that cannot read the file (a field missing without a default) fails."""
     from specbind.core.schedule import ConfigSchedule
-    from specbind.runtime.config import config_lookup
+    from specbind.runtime.layout.config import config_lookup
 
     cs = ConfigSchedule(table.slots, lambda name: config_lookup(config, name))
     assert cs.problems == []

@@ -16,13 +16,13 @@ from specbind.core.dtypes import DTYPES, dtype_name
 from specbind.core.ir import FieldRule, TensorRule
 from specbind.core.planning import Ranks
 from specbind.generated import MODELS, dsa, kda
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.bound_format import BoundMeta, QuantMeta
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.checks import Array
-from specbind.runtime.layout import fill_slot
-from specbind.runtime.model import BlockEntry
-from specbind.runtime.source import DictSource, RawTensor
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.binder.checks import Array
+from specbind.runtime.binder.tables import BlockEntry
+from specbind.runtime.bound.bound_format import BoundMeta, QuantMeta
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.io.source import DictSource, RawTensor
+from specbind.runtime.layout.slots import fill_slot
 from specbind.synth import tiny_values
 
 TABLE = MODELS["glm-5.3-flash"]

@@ -18,8 +18,8 @@ from specbind.core.errors import BindError, SpecbindError
 from specbind.generated import MODELS
 from specbind.generated.dsa import DsaWeights
 from specbind.generated.kda import KdaWeights
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_a_writable_array_is_shared_with_torch_and_a_read_only_one_is_copied() -
     views of the checkpoint's read-only map, which torch must not share (a write would fault)."""
     import ml_dtypes
 
-    from specbind.runtime.to_torch import to_torch
+    from specbind.runtime.bind.to_torch import to_torch
 
     fresh = np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16)
     t = to_torch(fresh, "BF16")

@@ -8,16 +8,19 @@ names. The layers:
 
 - ``core``: the spec IR, shape algebra, plan math and name patterns; imports nothing else of the
   project;
-- ``runtime``: the loader library; imports only ``core``;
-- ``generated``: the emitted binders; import ``core`` and ``runtime``;
-- ``generator``: imports ``core`` (and ``runtime.atomic`` for its file writes);
+- ``runtime``: the loader library; imports only ``core``. Inside it, every module lives in a
+  wing (``runtime/<wing>/``), and each wing imports only the wings below it, in the order of
+  ``WINGS`` (``io`` at the bottom, ``ranks`` at the top);
+- ``generated``: the emitted binders; import ``core``, and runtime only through its contract
+  module ``runtime.binder`` (the package itself, never one of its modules);
+- ``generator``: imports ``core`` (and ``runtime.io.atomic`` for its file writes);
 - the tools (``specbind/*.py``, ``specbind/synth``): anything of the package;
 - ``benchmarks``: the benchmark suite, its hand-written baselines and GPU checks, above
   everything: it may import anything, and nothing of the package imports it (it runs from a
   clone, never ships in the wheel).
 
 and no two modules import each other, directly or through others (no cycle at all). An import
-under ``if TYPE_CHECKING:`` never runs: it counts for the layers, not for cycles.
+under ``if TYPE_CHECKING:`` never runs: it counts for the layers and wings, not for cycles.
 """
 
 from __future__ import annotations
@@ -34,14 +37,17 @@ ALLOWED = {
     "core": set(),
     "runtime": {"core"},
     "generated": {"core", "runtime"},
-    "generator": {"core", "runtime.atomic"},
+    "generator": {"core", "runtime.io.atomic"},
 }
+# runtime's wings, bottom first: each may import only the wings before it.
+WINGS = ("io", "binder", "layout", "quant", "bind", "bound", "ranks")
+CONTRACT = "specbind.runtime.binder"  # the one runtime module generated code imports
 TOOL_DIRS = ("synth",)
 LAB_DIRS = ("benchmarks", "benchmarks/baselines")  # above everything, never in the wheel
 
 
 def _module_name(path: Path) -> str:
-    """``runtime/tp.py`` -> ``specbind.runtime.tp``; ``benchmarks/main.py`` ->
+    """``runtime/binder/tp.py`` -> ``specbind.runtime.binder.tp``; ``benchmarks/main.py`` ->
     ``benchmarks.main``; a package's ``__init__`` is the package."""
     rel = path.relative_to(REPO).with_suffix("")
     parts = list(rel.parts)
@@ -55,6 +61,7 @@ def _module_name(path: Path) -> str:
 def sources() -> dict[str, Path]:
     """Every project module by its ``specbind.`` name (the real files, not the links)."""
     paths = [p for d in LAYERS for p in sorted((REPO / d).glob("*.py"))]
+    paths += sorted((REPO / "runtime").glob("*/**/*.py"))  # the wings, and anything deeper
     paths += sorted((REPO / "specbind").glob("*.py"))
     paths += [p for d in TOOL_DIRS for p in sorted((REPO / "specbind" / d).glob("*.py"))]
     paths += [p for d in LAB_DIRS for p in sorted((REPO / d).glob("*.py"))]
@@ -62,12 +69,19 @@ def sources() -> dict[str, Path]:
 
 
 def layer_of(module: str) -> str:
-    """``specbind.runtime.tp`` -> ``runtime``; ``benchmarks.main`` -> ``benchmarks``; a tool
-    module -> ``tools``."""
+    """``specbind.runtime.binder.tp`` -> ``runtime``; ``benchmarks.main`` -> ``benchmarks``; a
+    tool module -> ``tools``."""
     parts = module.split(".")
     if parts[0] == "benchmarks":
         return "benchmarks"
     return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "tools"
+
+
+def wing_of(module: str) -> str | None:
+    """``specbind.runtime.binder.tp`` -> ``binder``; the package ``specbind.runtime`` and any
+    module outside runtime -> None."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "runtime" else None
 
 
 def _code_imports(text: str) -> list[ast.AST]:
@@ -147,7 +161,7 @@ def edges(typing: bool = True) -> dict[str, set[str]]:
 def test_the_sources_read_are_the_whole_project() -> None:
     found = sources()
     assert len(found) > 80
-    assert "specbind.runtime.bind" in found and "specbind.cli" in found
+    assert "specbind.runtime.bind.bind" in found and "specbind.cli" in found
     assert "benchmarks.main" in found and "specbind.synth" in found
     assert "benchmarks.baselines.vllm_style" in found and "specbind.bench" in found
 
@@ -263,10 +277,72 @@ def test_a_lazy_import_is_an_edge(tmp_path: Path) -> None:
 
 
 def test_runtime_holds_the_loader_library_only() -> None:
-    """At most 31 modules, none of them a command, a report, a synthesizer or a benchmark."""
-    names = [p.stem for p in (REPO / "runtime").glob("*.py") if p.stem != "__init__"]
-    assert len(names) <= 31, names
+    """At most 32 modules, none of them a command, a report, a synthesizer or a benchmark."""
+    names = [p.stem for p in (REPO / "runtime").rglob("*.py") if p.stem != "__init__"]
+    assert len(names) <= 32, names
     assert [n for n in names if n.startswith(("bench", "synth", "cli", "audit"))] == []
+
+
+def test_runtime_has_no_module_outside_a_wing() -> None:
+    """Every runtime module is ``runtime/<wing>/<module>.py`` for a wing of ``WINGS``; only the
+    package's ``__init__`` lies at the top, and it imports nothing."""
+    root = REPO / "runtime"
+    outside = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if p != root / "__init__.py"
+        and (len(p.relative_to(root).parts) != 2 or p.relative_to(root).parts[0] not in WINGS)
+    ]
+    assert outside == []
+    assert sorted(p.parent.name for p in root.glob("*/__init__.py")) == sorted(WINGS)
+    assert edges()["specbind.runtime"] == set()
+
+
+def wing_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Each edge from a runtime wing to a wing at or above it in ``WINGS`` (its own excepted),
+    and each edge from a runtime module outside any wing."""
+    bad = []
+    for module, targets in graph.items():
+        if layer_of(module) != "runtime":
+            continue
+        wing = wing_of(module)
+        for t in targets:
+            to = wing_of(t)
+            if to is None or wing == to:
+                continue
+            if wing is None or WINGS.index(to) > WINGS.index(wing):
+                bad.append(f"{module} -> {t}")
+    return sorted(bad)
+
+
+@pytest.mark.parametrize("wing", WINGS)
+def test_each_wing_imports_only_the_wings_below_it(wing: str) -> None:
+    """One-way arrows: ``io`` imports no other wing, ``binder`` only ``io``, …, ``ranks`` any;
+    so the wings hold no cycle between them, even through type-only imports."""
+    bad = [v for v in wing_violations(edges()) if wing_of(v.split(" -> ")[0]) == wing]
+    assert bad == []
+
+
+def test_the_wing_check_finds_an_upward_arrow() -> None:
+    up = {"specbind.runtime.io.source": {"specbind.runtime.bind.bind"}}
+    down = {"specbind.runtime.bind.bind": {"specbind.runtime.io.source"}}
+    assert wing_violations(up) == ["specbind.runtime.io.source -> specbind.runtime.bind.bind"]
+    assert wing_violations(down) == []
+
+
+def test_generated_code_imports_runtime_only_through_its_contract_module() -> None:
+    """``from specbind.runtime.binder import …`` and nothing else of runtime: the names there
+    are the whole contract between runtime and generated code."""
+    bad = [
+        f"{m} -> {t}"
+        for m, ts in edges().items()
+        if layer_of(m) == "generated"
+        for t in ts
+        if layer_of(t) == "runtime" and t != CONTRACT
+    ]
+    used = {t for m, ts in edges().items() if layer_of(m) == "generated" for t in ts}
+    assert CONTRACT in used
+    assert bad == []
 
 
 def test_every_import_of_the_project_goes_through_the_specbind_namespace() -> None:

@@ -17,8 +17,8 @@ from safetensors import safe_open
 
 from specbind.core.planning import Ranks
 from specbind.generated import MODELS
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.tp import shard_raw
+from specbind.runtime.binder.tp import shard_raw
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth, tiny_values
 
 # glm: row and column shards, per-member experts at ep 2; gpt-oss: a stacked expert family

@@ -15,8 +15,8 @@ from benchmarks import process
 from benchmarks.baselines import vllm_style
 from specbind.core.errors import SpecbindError
 from specbind.generated import MODELS
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 TABLE = MODELS["glm-5.3-flash"]
 

@@ -35,7 +35,7 @@ def _modules_after(args: list[str]) -> set[str]:
 
 def test_bind_without_a_terminal_imports_neither_tqdm_nor_the_generator_stack(ckpt: Path) -> None:
     mods = _modules_after(["bind", str(ckpt), "--json"])
-    assert "specbind.runtime.bind" in mods  # it did bind
+    assert "specbind.runtime.bind.bind" in mods  # it did bind
     for heavy in ("tqdm", "importlib.metadata", "jinja2", "jsonschema", "yaml", "tempfile"):
         assert heavy not in mods, heavy
 
@@ -56,7 +56,7 @@ def test_start_to_first_work_imports_one_models_tables_and_nothing_it_has_not_us
     loaded = {n for n, e in MODELS.entries.items() if f"specbind.generated.{e.module}" in mods}
     assert loaded == set(picked)  # the default model's table, no other model's
     # a thread pool (and logging with it), RE2 for quantized configs' lists, the --out writer
-    for unused in ("concurrent.futures", "logging", "re2", "specbind.runtime.stream_out"):
+    for unused in ("concurrent.futures", "logging", "re2", "specbind.runtime.bound.stream_out"):
         assert unused not in mods, unused
     # the table names its blocks: no block module is built before a block is used; records
     # (core.record) compile no code, and nothing on the way imports dataclasses instead

@@ -14,7 +14,7 @@ from safetensors.numpy import save
 
 from specbind.cli import main
 from specbind.core.dtypes import DTYPES
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth.sparse import SHARD_BYTES
 
 

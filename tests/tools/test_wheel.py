@@ -114,7 +114,7 @@ def test_import_specbind_finds_the_installed_copy_and_no_bare_runtime(
     venv: Path, tmp_path: Path
 ) -> None:
     code = (
-        "import importlib.util, specbind, specbind.runtime.bind\n"
+        "import importlib.util, specbind, specbind.runtime.bind.bind\n"
         "print(specbind.__file__)\n"
         "print([n for n in ('runtime', 'generated', 'generator', 'core')"
         " if importlib.util.find_spec(n) is not None])\n"

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from specbind.core.patterns import is_index
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 SHOWN = 3  # disagreements named in the refusal; the rest are counted
 

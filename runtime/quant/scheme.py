@@ -34,8 +34,8 @@ from specbind.core.config_patterns import Kind, NameMatcher
 from specbind.core.errors import CheckpointError
 from specbind.core.quant import DetectRule, SchemeRule
 from specbind.core.record import field, record
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.config import quantization_config
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.layout.config import quantization_config
 
 
 def lookup(doc: Any, dotted: str) -> list[Any]:

@@ -34,7 +34,7 @@ class BindOptions:
     mtp: bool = True
 
     def __post_init__(self) -> None:
-        from specbind.runtime.quant import OUTPUTS
+        from specbind.runtime.binder.quant import OUTPUTS
 
         given: Any = self.quant_output
         outs = (given,) if isinstance(given, str) else tuple(_iterable(given))
@@ -52,7 +52,7 @@ class BindOptions:
             raise BindError(f"progress is {self.progress!r}, expected True, False or None")
 
     def bind_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments ``runtime.bind.bind_checkpoint`` takes for these options."""
+        """The keyword arguments ``runtime.bind.bind.bind_checkpoint`` takes for these options."""
         return {
             "quant_outputs": self.quant_output,
             "allow_unshared_scales": self.allow_unshared_scales,

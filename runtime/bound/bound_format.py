@@ -59,7 +59,7 @@ from specbind.core.errors import ReloadError
 from specbind.core.patterns import is_index
 from specbind.core.planning import Ranks
 from specbind.core.record import field, record
-from specbind.runtime.quant import OUTPUTS, quant_metadata
+from specbind.runtime.binder.quant import OUTPUTS, quant_metadata
 
 ALGORITHM = "xxh3_128"
 HEX = 32  # characters of one digest

@@ -9,7 +9,7 @@ the fields sorted by name — is written into the reserved region at the end, pa
 bound: every name that may come (``Expected``), each with the longest dtype, a rank-16 shape of
 15-digit dims and 19-digit offsets, plus the metadata with the largest tensor count and a
 digest (fixed width) for every name that may come.
-Each tensor's content digest (``runtime.bound_format``) is computed from the bytes as they are
+Each tensor's content digest (``runtime.bound.bound_format``) is computed from the bytes as they are
 written, so recording it costs one hash pass over memory already in hand, no read of the file.
 Written by hand rather than with ``safetensors.serialize_file``, which needs every tensor's
 bytes in memory at once (a full-geometry rank is many GB).
@@ -48,14 +48,14 @@ import numpy as np
 from specbind.core.dtypes import DTYPES, dtype_name
 from specbind.core.errors import OutputError
 from specbind.core.record import replace
-from specbind.runtime.atomic import atomic_writer, write_failed
-from specbind.runtime.backends import Backend
-from specbind.runtime.bound_format import HEX, BoundMeta, quant_of, tensor_hasher
-from specbind.runtime.checks import Array
-from specbind.runtime.out_path import check_out_path
+from specbind.runtime.binder.backends import Backend
+from specbind.runtime.binder.checks import Array
+from specbind.runtime.bound.bound_format import HEX, BoundMeta, quant_of, tensor_hasher
+from specbind.runtime.io.atomic import atomic_writer, write_failed
+from specbind.runtime.io.out_path import check_out_path
 
 if TYPE_CHECKING:
-    from specbind.runtime.bind import Expected, SlotResult
+    from specbind.runtime.bind.bind import Expected, SlotResult
 
 _LONGEST_DTYPE = max(len(d) for d in DTYPES)
 # {"dtype":"<dtype>","shape":[16 dims of <= 15 digits],"data_offsets":[<=19 digits,<=19]},

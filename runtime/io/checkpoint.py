@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from specbind.core.errors import CheckpointError, NoCheckpointError
-from specbind.runtime.safetensors_file import SafetensorsFile
-from specbind.runtime.source import RawTensor
+from specbind.runtime.io.safetensors_file import SafetensorsFile
+from specbind.runtime.io.source import RawTensor
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

@@ -35,7 +35,7 @@ from specbind.core.errors import BindError, at
 from specbind.core.patterns import fill, parts
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.core.record import replace
-from specbind.runtime.source import MapSpan, RawTensor, TensorSource
+from specbind.runtime.io.source import MapSpan, RawTensor, TensorSource
 
 if TYPE_CHECKING:  # annotations only: numpy.typing costs every start ~1 ms
     import numpy.typing as npt
@@ -129,7 +129,7 @@ def shard_view(
 GATHER_BLOCK = 4 << 20  # bytes of source rows mapped at a time during a column gather
 # Linux's madvise values (5.14+; Python 3.11's mmap module has no names for them): map every
 # page of a range in one call (read: a file's pages; write: fresh memory's) instead of one
-# fault per touched page. ``runtime.ops`` and the arena use them too.
+# fault per touched page. ``runtime.binder.ops`` and the arena use them too.
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
@@ -199,7 +199,7 @@ def gather_room(plan: BlockPlan, p: TensorPlan) -> Literal["family", "shard"] | 
     family's stacked buffer (a member of a family ``plan`` splits by rank); ``"shard"``, room
     of its own in the caller's arena, when there is one; None, no gather at all (a row shard
     is a view, as is a tensor read whole, and a family member's rows past ``members``). The
-    one rule, read by the bind's arena reservation too (``runtime.bind``)."""
+    one rule, read by the bind's arena reservation too (``runtime.bind.bind``)."""
     if p.kind == "replicated" or p.axis == 0 or p.local_shape == p.full_shape:
         return None
     fam = parts(p.pattern)[1]

@@ -38,11 +38,11 @@ import numpy as np
 from specbind.core.dtypes import DTYPES
 from specbind.core.planning import Ranks, TensorPlan
 from specbind.core.record import record
-from specbind.runtime.layout import Layout
-from specbind.runtime.model import ModelTable
-from specbind.runtime.quant import LayerQuant, quantize_rules
-from specbind.runtime.source import TensorSource
-from specbind.runtime.tp import shard_raw
+from specbind.runtime.binder.quant import LayerQuant, quantize_rules
+from specbind.runtime.binder.tables import ModelTable
+from specbind.runtime.binder.tp import shard_raw
+from specbind.runtime.io.source import TensorSource
+from specbind.runtime.layout.slots import Layout
 
 DIGEST_BYTES = 16  # blake2b-128: a collision by chance is not a concern at any model size
 

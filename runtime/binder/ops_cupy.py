@@ -1,7 +1,7 @@
 """The transform ops on a CUDA device: generated kernels for the elementwise work and gathers,
 cuBLAS (``cupy.matmul``) for the contractions — never a hand-written GEMM.
 
-Mirrors :mod:`runtime.ops` call for call, with BF16 carried as ``uint16`` bits. Invariants:
+Mirrors :mod:`runtime.binder.ops` call for call, with BF16 carried as ``uint16`` bits. Invariants:
 widening is exact, narrowing rounds to nearest even (the kernels are bit-exact with ml_dtypes,
 tested on the CPU harness); contractions compute in F32, so an absorbed field may differ from
 the NumPy backend's by at most 1 BF16 ulp (cuBLAS may sum in another order), while every
@@ -17,11 +17,11 @@ from typing import Any
 
 from specbind.core.einsum import lower
 from specbind.core.errors import BindError
-from specbind.runtime import quant_numerics as qn
-from specbind.runtime.ops import matmul_dims
+from specbind.runtime.binder import quant_numerics as qn
+from specbind.runtime.binder.ops import matmul_dims
 
-# The generated kernel wrappers, handed over by ``runtime.backends.cupy_backend`` (the runtime
-# never imports ``generated`` itself).
+# The generated kernel wrappers, handed over by ``runtime.binder.backends.cupy_backend`` (the
+# runtime never imports ``generated`` itself).
 kernels: Any = None
 
 
@@ -118,7 +118,7 @@ def concat_squeeze(parts: Sequence[Any], axis: int, squeeze: int | None, into: A
 
 
 def stack(groups: Sequence[Sequence[Any]], axis: int, squeeze: int | None, into: Any = None) -> Any:
-    """As :func:`runtime.ops.stack`, on the device: one slice per family member on axis 0; at
+    """As :func:`runtime.binder.ops.stack`, on the device: one slice per family member on axis 0; at
     most one member's temporary lives beside the result."""
     _host_only(into)
     cp = _cp()
@@ -175,7 +175,8 @@ def dequant_nvfp4(
     negative_zero: bool | None = None,
     what: str = "NVFP4 dequant",
 ) -> Any:
-    """As :func:`runtime.quant_numerics.dequant_nvfp4`, by the generated kernel; BF16 bits."""
+    """As :func:`runtime.binder.quant_numerics.dequant_nvfp4`, by the generated kernel; BF16
+    bits."""
     cp = _cp()
     packed, scale = (
         _bytes(packed, what, "the packed weight"),
@@ -199,7 +200,7 @@ def dequant_fp8_block(
     block: tuple[int, int] = (128, 128),
     what: str = "FP8 block dequant",
 ) -> Any:
-    """As :func:`runtime.quant_numerics.dequant_fp8_block`, by the generated kernel; a BF16
+    """As :func:`runtime.binder.quant_numerics.dequant_fp8_block`, by the generated kernel; a BF16
     scale is widened exactly first."""
     weight = _bytes(weight, what, "the weight")
     qn.fp8_block_geometry(weight.shape, scale_inv.shape, block, what)
@@ -209,14 +210,14 @@ def dequant_fp8_block(
 
 
 def swizzle_blockscale(scale: Any, *, what: str = "block-scale swizzle") -> Any:
-    """As :func:`runtime.quant_numerics.swizzle_blockscale`, by the generated kernel."""
+    """As :func:`runtime.binder.quant_numerics.swizzle_blockscale`, by the generated kernel."""
     if scale.ndim < 2:
         raise BindError(f"{what}: the scale is {scale.ndim}-D, expected [..., M, K]")
     return kernels.swizzle_blockscale_b1(_bytes(scale, what, "the scale"))
 
 
 def dequant_mxfp4(blocks: Any, scales: Any, *, what: str = "MXFP4 dequant") -> Any:
-    """As :func:`runtime.quant_numerics.dequant_mxfp4`, with CuPy array ops and the narrow
+    """As :func:`runtime.binder.quant_numerics.dequant_mxfp4`, with CuPy array ops and the narrow
     kernel: each product of an E2M1 value and a power of two is exact in F32, so the one
     rounding is the kernel's nearest-even narrow (overflow to ±inf, E8M0 255 gives NaN)."""
     cp = _cp()

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from specbind.core.errors import CheckpointError, GeometryError, OverrideError
 from specbind.core.geometry import computed, resolve
 
-if TYPE_CHECKING:  # a type only: model -> quant -> quant_config -> config at run time
+if TYPE_CHECKING:  # types only: reading config.json loads nothing of runtime.binder
     from specbind.core.ir import LayerGroupRule
-    from specbind.runtime.model import ModelTable
+    from specbind.runtime.binder.tables import ModelTable
 
 MAX_LAYERS = 1 << 16  # a layer count past this is a broken config, not a model
 

@@ -1,6 +1,6 @@
 """The NumPy ops that generated transforms call: view, slice, widen, scale, contract, cast,
 and the quantized-checkpoint numerics (NVFP4 / FP8-block dequant, the block-scale swizzle),
-which live in ``runtime.quant_numerics`` (here they only get ``threads()`` workers).
+which live in ``runtime.binder.quant_numerics`` (here they only get ``threads()`` workers).
 
 Invariants:
 - ``widen`` turns BF16/F16 into F32 exactly (every BF16 value is an F32 value);
@@ -14,7 +14,7 @@ Invariants:
   the usable cores) and runs every BLAS call single-threaded (``single_threaded_blas``), only
   while it works: the caller's BLAS setting is back when it returns.
 ``into``: the ops that make a field (permute, scale, cast, concat, stack, contract) write
-their result into the caller's memory when handed an ``Arena`` (``runtime.backends``), else
+their result into the caller's memory when handed an ``Arena`` (``runtime.binder.backends``), else
 into a new array; the bytes are the same either way.
 ``stats`` counts the multiply-adds and operand elements a contraction used, so tests can show
 that a rank multiplies only its own heads.
@@ -35,10 +35,10 @@ from specbind.core.dtypes import DTYPES
 from specbind.core.einsum import Lowering, lower
 from specbind.core.errors import BindError, GeometryError
 from specbind.core.record import field, record
-from specbind.runtime import quant_numerics
-from specbind.runtime.checks import Array
-from specbind.runtime.quant_numerics import swizzle_blockscale as swizzle_blockscale
-from specbind.runtime.tp import MADV_POPULATE_READ, empty_in, stacked_run
+from specbind.runtime.binder import quant_numerics
+from specbind.runtime.binder.checks import Array
+from specbind.runtime.binder.quant_numerics import swizzle_blockscale as swizzle_blockscale
+from specbind.runtime.binder.tp import MADV_POPULATE_READ, empty_in, stacked_run
 
 F32 = np.dtype(np.float32)
 
@@ -233,7 +233,7 @@ def copy_in(dest: Array, src: Array) -> None:
     """``src`` copied into ``dest`` (same shape and dtype): a contiguous view of a mapped
     checkpoint file read from the file (``read_view``: its pages never mapped in), anything
     else copied, a view of the map populated first (``populate``)."""
-    from specbind.runtime.safetensors_file import read_view
+    from specbind.runtime.io.safetensors_file import read_view
 
     if not read_view(dest, src):
         populate(src)
@@ -301,7 +301,8 @@ def advise(address: int, length: int, advice: int) -> bool:
 
 
 class Ops(Protocol):
-    """What generated transforms call; ``runtime.ops`` (NumPy) and ``runtime.ops_cupy`` agree.
+    """What generated transforms call; ``runtime.binder.ops`` (NumPy) and
+    ``runtime.binder.ops_cupy`` agree.
 
     Results are typed as NumPy arrays; on the CuPy backend they are CuPy arrays of the same
     shape, and the ``Weights`` fields hold those.
@@ -329,7 +330,7 @@ class Ops(Protocol):
         factor: float | None = None,
         into: Any = None,
     ) -> Array: ...
-    # Quantized checkpoints (formulas and traps in runtime/quant_numerics.py), BF16 results.
+    # Quantized checkpoints (formulas and traps in runtime/binder/quant_numerics.py), BF16 results.
     # NVFP4: ``divide`` picks compressed-tensors' scale / global (else ModelOpt's scale *
     # global); ``negative_zero`` (code 8 is -0.0) follows ``divide`` unless given, as each
     # library's own table does; ``global_scale`` is a scalar, one per stacked matrix, or
@@ -453,7 +454,7 @@ def dequant_nvfp4(
     group: int = 16,
     negative_zero: bool | None = None,
 ) -> Array:
-    """:func:`runtime.quant_numerics.dequant_nvfp4` on ``threads()`` workers (same bytes)."""
+    """:func:`runtime.binder.quant_numerics.dequant_nvfp4` on ``threads()`` workers (same bytes)."""
     return quant_numerics.dequant_nvfp4(
         packed, scale, global_scale, divide=divide, group=group,
         negative_zero=negative_zero, workers=threads(),
@@ -461,12 +462,13 @@ def dequant_nvfp4(
 
 
 def dequant_mxfp4(blocks: Array, scales: Array) -> Array:
-    """:func:`runtime.quant_numerics.dequant_mxfp4` (BF16 ``[..., O, I]``)."""
+    """:func:`runtime.binder.quant_numerics.dequant_mxfp4` (BF16 ``[..., O, I]``)."""
     return quant_numerics.dequant_mxfp4(blocks, scales)
 
 
 def dequant_fp8_block(
     weight: Array, scale_inv: Array, *, block: tuple[int, int] = (128, 128)
 ) -> Array:
-    """:func:`runtime.quant_numerics.dequant_fp8_block` on ``threads()`` workers (same bytes)."""
+    """:func:`runtime.binder.quant_numerics.dequant_fp8_block` on ``threads()`` workers (same
+    bytes)."""
     return quant_numerics.dequant_fp8_block(weight, scale_inv, block=block, workers=threads())

@@ -2,7 +2,8 @@
 split with its linear so a rank reads only its own bytes and holds whole scale groups.
 
 How a block binds quantized (every step generic; no model, block or tensor is named here):
-1. ``layer_quant`` decides, per linear rule (``linear: true``) of the block in one layer,
+1. ``runtime.quant.layers.layer_quant`` (above this wing: it reads the checkpoint's config)
+   decides, per linear rule (``linear: true``) of the block in one layer,
    whether the checkpoint's config quantizes it, and cross-checks the names: an excluded
    module that carries a companion is refused naming the module; experts of one family must
    agree (a stacked ``w13`` has one layout);
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol, cast
 
 from specbind.core.errors import BindError, GeometryError, at
@@ -36,9 +37,8 @@ from specbind.core.patterns import fill, index_of, member_of, parts, placeholder
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.core.quant import CompanionRule, SchemeRule, window
 from specbind.core.record import field, record, replace
-from specbind.runtime.checks import Array, BindReport, check_one, members
-from specbind.runtime.quant_config import QuantConfig
-from specbind.runtime.source import TensorSource
+from specbind.runtime.binder.checks import Array, BindReport, check_one, members
+from specbind.runtime.io.source import TensorSource
 
 OUTPUTS = ("swizzled", "dequantized")  # optional bound layouts a caller may ask for
 
@@ -107,76 +107,6 @@ class LayerQuant:
     def by_role(self, rule: str, role: str) -> str | None:
         c = next((c for c in self.companions if c.role == role), None)
         return None if c is None else self.name(rule, c)
-
-
-def layer_quant(
-    q: QuantConfig | None,
-    rules: Sequence[TensorRule],
-    names: Sequence[str],
-    full: str,
-    counts: Mapping[str, int],
-    layer: int,
-    on_disk: Callable[[str], str] | None = None,
-    outputs: frozenset[str] = frozenset(),
-    allow_unshared: bool = False,
-    aliases: Callable[[str], list[str]] = lambda _: [],
-) -> LayerQuant | None:
-    """Which linear rules of a block the config quantizes in one layer (``full``: the layer's
-    full-name prefix; ``on_disk``: a full name's stored name, which the config lists)."""
-    if q is None:
-        return None
-    present = set(names)
-    extra = [c.suffix for c in q.scheme.companions if c.role != "weight"]
-    quantized: set[str] = set()
-    for r in rules:
-        if not r.linear:
-            continue
-        idx = range(counts[r.family]) if r.family is not None else [None]
-        says: dict[bool, list[int]] = {True: [], False: []}
-        for i in idx:
-            name = r.name if i is None else r.concrete(i).name
-            stored = q.scheme.weight.stored_name(name) if q.scheme.weight.template else name
-            if stored not in present:
-                continue  # an absent optional group (a shared DSA layer's indexer): not stored
-            module = module_of(name)
-            disk = stored_module(on_disk(full + name) if on_disk else full + name, q.scheme)
-            yes = q.quantized(disk, aliases(disk))
-            if yes and not q.scheme.holds(r.linear_axes is not None):
-                raise BindError(
-                    f"{at(layer)}: {name}: {q.scheme.name} stores it, but binds "
-                    f"{'only stacked linears' if q.scheme.weight.template else 'no stacked linear'}"
-                    " so far; refused rather than bound partly"
-                )
-            says[yes].append(-1 if i is None else i)
-            carried = [
-                n for c in q.scheme.companions
-                if c.role != "weight" and (n := c.stored_name(name)) in present
-            ]  # fmt: skip
-            if not yes and carried:
-                raise BindError(
-                    f"{at(layer)}: {module} is excluded from quantization "
-                    f"({q.why_excluded(disk)}), but carries {carried} — refused: "
-                    "its config and its tensors disagree"
-                )
-            if yes and not carried and extra:
-                raise BindError(
-                    f"{at(layer)}: {module}: {q.source} leaves it quantized "
-                    f"({q.scheme.name}), but none of its {extra} is stored — refused: its "
-                    "config and its tensors disagree"
-                )
-        if says[True] and says[False]:
-            raise BindError(
-                f"{at(layer)}: {r.name}: the config quantizes members {says[True]} and "
-                f"excludes {says[False]}; a stacked family has one layout"
-            )
-        if says[True]:
-            quantized.add(r.name)
-    if not quantized:
-        return None
-    axes = tuple((r.name, r.linear_axes) for r in rules if r.linear_axes and r.name in quantized)
-    return LayerQuant(
-        q.scheme, q.weight_only, frozenset(quantized), outputs, allow_unshared, axes=axes
-    )
 
 
 def quantize_rules(

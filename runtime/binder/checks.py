@@ -39,7 +39,7 @@ from specbind.core.ir import ConstraintRule, GroupRule, TensorRule
 from specbind.core.patterns import Matcher, fill, matcher
 from specbind.core.planning import BlockPlan
 from specbind.core.record import field, record
-from specbind.runtime.source import TensorSource, WholeSource
+from specbind.runtime.io.source import TensorSource, WholeSource
 
 Array = np.ndarray[Any, np.dtype[Any]]  # numpy.typing.NDArray[Any], without importing it
 # The largest stored tensor (on-disk bytes) a narrowing reads whole for its verdict; above it

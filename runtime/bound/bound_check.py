@@ -26,12 +26,12 @@ from typing import Any
 from specbind.core.errors import ReloadError, SpecbindError
 from specbind.core.planning import Ranks
 from specbind.core.record import record
-from specbind.runtime.bound_format import Layers
-from specbind.runtime.model import BlockEntry, ModelTable
-from specbind.runtime.quant import LayerQuant
-from specbind.runtime.shapes import Shaped
+from specbind.runtime.binder.quant import LayerQuant
+from specbind.runtime.binder.shapes import Shaped
+from specbind.runtime.binder.tables import BlockEntry, ModelTable
+from specbind.runtime.bound.bound_format import Layers
 
-GLOBALS = -1  # the layer index the model-level tensors are bound under (runtime.bind)
+GLOBALS = -1  # the layer index the model-level tensors are bound under (runtime.bind.bind)
 
 
 @record

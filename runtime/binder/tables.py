@@ -3,7 +3,7 @@
 Invariants: a ``ModelTable`` is data the generator emitted (never built by hand outside tests);
 each ``BlockEntry`` is one generated block module with its binder and the map from the model's
 geometry to the block's, so every question about a block is one call into generated code.
-config.json is read in ``runtime.config``, not here.
+config.json is read in ``runtime.layout.config``, not here.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from specbind.core.ir import (
 from specbind.core.planning import BlockPlan, Ranks, expand
 from specbind.core.quant import SchemeRule
 from specbind.core.record import field, record
-from specbind.runtime.backends import Backend
-from specbind.runtime.checks import Array, BindReport
-from specbind.runtime.quant import LayerQuant, quantize_rules
-from specbind.runtime.shapes import SHAPE_OPS, Shaped, planned
-from specbind.runtime.source import TensorSource
+from specbind.runtime.binder.backends import Backend
+from specbind.runtime.binder.checks import Array, BindReport
+from specbind.runtime.binder.quant import LayerQuant, quantize_rules
+from specbind.runtime.binder.shapes import SHAPE_OPS, Shaped, planned
+from specbind.runtime.io.source import TensorSource
 
 G = TypeVar("G")
 
@@ -48,7 +48,7 @@ def map_arrays(weights: Any, fn: Callable[[str, Any], Any]) -> Any:
     array)``: each bound field, and each companion of a quantized field, by its name in
     ``arrays()``. An absent optional field stays absent."""
     from specbind.core.record import fields, is_record, replace
-    from specbind.runtime.quant import QuantFields
+    from specbind.runtime.binder.quant import QuantFields
 
     if not is_record(weights) or isinstance(weights, type):
         return weights  # a streamed slot's weights: none kept
@@ -212,8 +212,8 @@ class BlockEntry(Generic[G]):
         absent: Collection[str] = (),
     ) -> dict[str, Shaped]:
         """Every field a bind of this rank holds, by name, with its shape and dtype: the
-        generated ``assemble`` run on shapes alone (``runtime.shapes``), so it is the binder's
-        own result; ``absent`` names optional groups the checkpoint did not carry."""
+        generated ``assemble`` run on shapes alone (``runtime.binder.shapes``), so it is the
+        binder's own result; ``absent`` names optional groups the checkpoint did not carry."""
         rules, plan = quantize_rules(self.name, self.tensors, self.plan(g, ranks), quant)
         group = {r.name: r.group or "" for r in rules}
         gone = frozenset(n for n, t in plan.tensors.items() if group.get(t.pattern, "") in absent)

@@ -47,13 +47,14 @@ from specbind.core.errors import BindError, CheckpointError
 from specbind.core.ir import NameRule
 from specbind.core.patterns import LayerPattern, fill, index_of, layer_pattern, parts
 from specbind.core.record import record
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.config import values_from_config
-from specbind.runtime.layout import Layout, layout
-from specbind.runtime.model import ModelTable
-from specbind.runtime.quant import LayerQuant, layer_quant
-from specbind.runtime.quant_config import QuantConfig, detect, packed_names
-from specbind.runtime.source import MapSpan, RawTensor
+from specbind.runtime.binder.quant import LayerQuant
+from specbind.runtime.binder.tables import ModelTable
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.io.source import MapSpan, RawTensor
+from specbind.runtime.layout.config import values_from_config
+from specbind.runtime.layout.slots import Layout, layout
+from specbind.runtime.quant.layers import layer_quant
+from specbind.runtime.quant.scheme import QuantConfig, detect, packed_names
 
 
 class NamedView:

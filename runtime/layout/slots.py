@@ -33,10 +33,10 @@ from specbind.core.errors import CheckpointError
 from specbind.core.patterns import INDEX, Matcher, layer_pattern, parts
 from specbind.core.record import field, record
 from specbind.core.schedule import ConfigSchedule, slot_problems
-from specbind.runtime.checks import family_matcher
-from specbind.runtime.config import config_count, config_lookup, expected_groups
-from specbind.runtime.model import BlockEntry, ModelTable
-from specbind.runtime.source import RawTensor, TensorSource
+from specbind.runtime.binder.checks import family_matcher
+from specbind.runtime.binder.tables import BlockEntry, ModelTable
+from specbind.runtime.io.source import RawTensor, TensorSource
+from specbind.runtime.layout.config import config_count, config_lookup, expected_groups
 
 
 @record(frozen=False)

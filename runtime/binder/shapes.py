@@ -4,12 +4,12 @@ A reload must know the shape of every field a bind of one rank holds, at any geo
 no checkpoint to read. Rather than a second formula per field kind (which could drift from
 the binder), the generated ``assemble`` — the one function that makes every field from a
 rank's checked arrays — is run on ``Shaped`` placeholders with ``SHAPE_OPS``: each op here
-returns the shape (and dtype) the NumPy op in ``runtime.ops`` returns, and refuses what it
+returns the shape (and dtype) the NumPy op in ``runtime.binder.ops`` returns, and refuses what it
 refuses, so a field's expected shape is the binder's own result.
 
 Invariants: every method of ``ops.Ops`` is here with the same signature; a result's shape is
 exactly NumPy's (concatenate, stack, einsum lowered to matmul, the dequant and swizzle shapes
-of ``runtime.quant_numerics``); no array is ever allocated, so a full-geometry rank costs
+of ``runtime.binder.quant_numerics``); no array is ever allocated, so a full-geometry rank costs
 microseconds. ``Shaped.dtype`` is the spec's dtype name ("BF16"), not NumPy's.
 Trap: a new op in ``ops.Ops`` needs its shape rule here too, or reloading a file of a block
 that uses it fails with an AttributeError — ``tests/runtime/test_reload_verify.py`` runs every
@@ -26,8 +26,8 @@ from specbind.core.einsum import lower
 from specbind.core.errors import BindError
 from specbind.core.planning import BlockPlan
 from specbind.core.record import record
-from specbind.runtime.ops import matmul_dims
-from specbind.runtime.quant_numerics import fp8_block_geometry, nvfp4_geometry, padded_shape
+from specbind.runtime.binder.ops import matmul_dims
+from specbind.runtime.binder.quant_numerics import fp8_block_geometry, nvfp4_geometry, padded_shape
 
 
 @record

@@ -1,7 +1,7 @@
 """Bind every tensor of a checkpoint through the generated binders: each slot of each layer,
 and the model-level tensors.
 
-Invariants: the layout (``runtime.layout``) is computed from names alone and every problem in
+Invariants: the layout (``runtime.layout.slots``) is computed from names alone and every problem in
 it is refused before any tensor byte is read; every (block, geometry, ranks) is planned and
 its constraints checked before binding starts; all layers are bound before any result is
 returned, so a refusal never leaves a partial result behind; declared-unbound names (a vision
@@ -20,24 +20,29 @@ from specbind.core.ir import FieldRule
 from specbind.core.planning import BlockPlan, Ranks
 from specbind.core.rank_args import check_ranks
 from specbind.core.record import field, record
-from specbind.runtime.backends import ALIGN as ARENA_ALIGN
-from specbind.runtime.backends import NUMPY, Arena, Backend
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.checks import BindReport
-from specbind.runtime.config import config_flags, values_from_config
-from specbind.runtime.layout import LayerSource, Layout
-from specbind.runtime.model import (
+from specbind.runtime.bind.preamble import open_layout, slot_quant
+from specbind.runtime.binder.backends import ALIGN as ARENA_ALIGN
+from specbind.runtime.binder.backends import NUMPY, Arena, Backend
+from specbind.runtime.binder.checks import BindReport
+from specbind.runtime.binder.quant import OUTPUTS as QUANT_OUTPUTS
+from specbind.runtime.binder.quant import (
+    LayerQuant,
+    quant_metadata,
+    quantize_rules,
+    quantized_names,
+)
+from specbind.runtime.binder.tables import (
     BlockEntry,
     ModelTable,
     Weights,
     map_arrays,
 )
-from specbind.runtime.progress import byte_bar, shown
-from specbind.runtime.quant import OUTPUTS as QUANT_OUTPUTS
-from specbind.runtime.quant import LayerQuant, quant_metadata, quantize_rules, quantized_names
-from specbind.runtime.source import RawTensor, TensorSource
-from specbind.runtime.tp import gather_room
-from specbind.runtime.view import open_layout, slot_quant
+from specbind.runtime.binder.tp import gather_room
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.io.progress import byte_bar, shown
+from specbind.runtime.io.source import RawTensor, TensorSource
+from specbind.runtime.layout.config import config_flags, values_from_config
+from specbind.runtime.layout.slots import LayerSource, Layout
 
 GLOBALS = -1  # the "layer" index the model-level tensors are reported under
 

@@ -17,7 +17,7 @@ what differs, when it comes from:
   than the block's binder makes at the recorded geometry and ranks;
 - no content digests (written before they were recorded: bind it again), a record digest
   that is not its metadata's (an edited rank, geometry, layer list or count), or a tensor
-  whose bytes are not what its bind wrote (``runtime.bound_format``).
+  whose bytes are not what its bind wrote (``runtime.bound.bound_format``).
 Then it maps the file (``SafetensorsFile``: header validated, entries tiling the data) and
 hands out read-only views of the map, or with ``copy=True`` copies: the whole data buffer
 read into one fresh buffer with ``readinto`` (one kernel copy out of the page cache, no page
@@ -43,8 +43,11 @@ from specbind.core.dtypes import DTYPES
 from specbind.core.errors import CheckpointError, ReloadError, SpecbindError
 from specbind.core.planning import Ranks
 from specbind.core.record import record
-from specbind.runtime.bound_check import Entry, check_fields
-from specbind.runtime.bound_format import (
+from specbind.runtime.binder.checks import Array
+from specbind.runtime.binder.quant import LayerQuant
+from specbind.runtime.binder.tables import ModelTable
+from specbind.runtime.bound.bound_check import Entry, check_fields
+from specbind.runtime.bound.bound_format import (
     RECORD_KEY,
     BoundMeta,
     Layers,
@@ -53,11 +56,8 @@ from specbind.runtime.bound_format import (
     record_digest,
     tensor_digest,
 )
-from specbind.runtime.checks import Array
-from specbind.runtime.config import checked_values
-from specbind.runtime.model import ModelTable
-from specbind.runtime.quant import LayerQuant
-from specbind.runtime.safetensors_file import SafetensorsFile
+from specbind.runtime.io.safetensors_file import SafetensorsFile
+from specbind.runtime.layout.config import checked_values
 
 
 @record(frozen=False)

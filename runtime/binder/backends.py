@@ -21,9 +21,9 @@ import numpy as np
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, SpecbindError
 from specbind.core.record import record
-from specbind.runtime import ops as numpy_ops
-from specbind.runtime.checks import Array
-from specbind.runtime.ops import Ops
+from specbind.runtime.binder import ops as numpy_ops
+from specbind.runtime.binder.checks import Array
+from specbind.runtime.binder.ops import Ops
 
 F8 = tuple(
     np.dtype(t) for t in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.float8_e8m0fnu)
@@ -80,7 +80,7 @@ def cupy_backend(kernels: Any) -> Backend:
         ) from None
     if count < 1:
         raise SpecbindError("--backend cupy needs a CUDA device: none is visible")
-    from specbind.runtime import ops_cupy
+    from specbind.runtime.binder import ops_cupy
 
     ops_cupy.use(kernels)
     return Backend("cupy", ops_cupy, device=True)
@@ -102,8 +102,8 @@ POPULATE_STEP = 16 << 20  # bytes a background populate maps per call
 
 def _populate_write(chunk: Any) -> None:
     """Map every page of ``chunk`` writable, a step at a time (see ``Arena.reserve``)."""
-    from specbind.runtime.ops import advise
-    from specbind.runtime.tp import MADV_POPULATE_WRITE
+    from specbind.runtime.binder.ops import advise
+    from specbind.runtime.binder.tp import MADV_POPULATE_WRITE
 
     base, size = chunk.ctypes.data, chunk.nbytes
     for off in range(0, size, POPULATE_STEP):

@@ -10,7 +10,7 @@ whole tensor's coordinates) and the offending byte or value:
 - an overflow: a finite code times its finite scale past BF16's largest value (the declared
   output is BF16), e.g. E8M0 0xFE (2^127) times the E2M1 code 6.0.
 What is allowed: a stored non-finite code (an FP8 E4M3 weight NaN) stays NaN, as a widening
-of a stored BF16 NaN stays NaN (``runtime.checks``): those are the stored values.
+of a stored BF16 NaN stays NaN (``runtime.binder.checks``): those are the stored values.
 
 Cost: one pass over the scales (a 16th of MXFP4's bytes, an 8th of NVFP4's, a 16384th of
 FP8-block's); the codes are read only in the groups whose scale times the largest code could
@@ -36,10 +36,10 @@ from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, at
 from specbind.core.patterns import fill, index_of, member_of, parts
 from specbind.core.planning import BlockPlan, TensorPlan
-from specbind.runtime.checks import WHOLE_CHECK_BYTES, Array, BindReport
-from specbind.runtime.quant import LayerQuant
-from specbind.runtime.quant_numerics import E2M1_MAGNITUDES, e4m3_to_f32, row_scales
-from specbind.runtime.source import TensorSource, WholeSource
+from specbind.runtime.binder.checks import WHOLE_CHECK_BYTES, Array, BindReport
+from specbind.runtime.binder.quant import LayerQuant
+from specbind.runtime.binder.quant_numerics import E2M1_MAGNITUDES, e4m3_to_f32, row_scales
+from specbind.runtime.io.source import TensorSource, WholeSource
 
 F32 = np.dtype(np.float32)
 BF16 = np.dtype(ml_dtypes.bfloat16)

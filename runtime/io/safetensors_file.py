@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import CheckpointError
-from specbind.runtime.source import MapSpan, RawTensor
+from specbind.runtime.io.source import MapSpan, RawTensor
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the cap the safetensors library itself applies
 MAX_RANK = 16

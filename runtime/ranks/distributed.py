@@ -10,11 +10,11 @@ node). ``--tp-rank``/``--ep-rank`` are refused: the process group gives the rank
 
 Phases, each closed by a collective on which every rank reports success or its error:
 1. prepare: open the checkpoint, plan its layout, check the output path; all-gather each
-   rank's description (``runtime.agreement``) and refuse, on every rank, any disagreement;
-2. plan: each rank's byte windows of every tensor (``runtime.byte_coverage``), with digests where
-   other ranks read the same bytes; gathered on rank 0 (one rank holds every rank's windows,
-   not all of them), which proves the coverage and broadcasts the verdict (and, before it,
-   removes the index of any earlier run in D);
+   rank's description (``runtime.ranks.agreement``) and refuse, on every rank, any disagreement;
+2. plan: each rank's byte windows of every tensor (``runtime.ranks.byte_coverage``), with
+   digests where other ranks read the same bytes; gathered on rank 0 (one rank holds every
+   rank's windows, not all of them), which proves the coverage and broadcasts the verdict
+   (and, before it, removes the index of any earlier run in D);
 3. bind: bind this rank's shard, streamed into ``D/rank-RRRRR-of-WWWWW.safetensors`` as it goes
    (``stream_out.StreamWriter``, as ``bind --out``: one slot's output in memory at a time; the
    file appears whole or not at all);
@@ -48,20 +48,20 @@ from specbind.core.errors import DistributedError, RankError, SpecbindError
 from specbind.core.planning import Ranks
 from specbind.core.record import record
 from specbind.core.units import GIB, done, size
-from specbind.runtime import agreement, byte_coverage
-from specbind.runtime.atomic import atomic_writer
-from specbind.runtime.backends import Backend
-from specbind.runtime.bind import ReportOnly, bind_checkpoint
-from specbind.runtime.bound_format import BoundMeta
-from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.comm import Comm
-from specbind.runtime.config import values_from_config
-from specbind.runtime.layout import Layout
-from specbind.runtime.model import ModelTable
-from specbind.runtime.out_path import check_out_path
-from specbind.runtime.quant import LayerQuant
-from specbind.runtime.stream_out import StreamWriter
-from specbind.runtime.view import NamedView, open_layout, slot_quant
+from specbind.runtime.bind.bind import ReportOnly, bind_checkpoint
+from specbind.runtime.bind.preamble import NamedView, open_layout, slot_quant
+from specbind.runtime.binder.backends import Backend
+from specbind.runtime.binder.quant import LayerQuant
+from specbind.runtime.binder.tables import ModelTable
+from specbind.runtime.bound.bound_format import BoundMeta
+from specbind.runtime.bound.stream_out import StreamWriter
+from specbind.runtime.io.atomic import atomic_writer
+from specbind.runtime.io.checkpoint import CheckpointDir
+from specbind.runtime.io.out_path import check_out_path
+from specbind.runtime.layout.config import values_from_config
+from specbind.runtime.layout.slots import Layout
+from specbind.runtime.ranks import agreement, byte_coverage
+from specbind.runtime.ranks.comm import Comm
 
 INDEX = "specbind-index.json"
 T = TypeVar("T")
