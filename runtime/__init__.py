@@ -3,5 +3,5 @@
 ``io`` <- ``binder`` <- ``layout`` <- ``quant`` <- ``bind`` <- ``bound`` <- ``ranks``
 
 Generated code imports runtime through ``runtime.binder`` alone; no module lives outside a
-wing (``tests/test_architecture.py`` checks both, and the arrows).
+wing (``tests/tools/test_architecture.py`` checks both, and the arrows).
 """

@@ -1,7 +1,7 @@
 """What generated binders call: the one face of runtime that generated code imports.
 
 Every name generated code uses of runtime is imported here and only here
-(``from specbind.runtime.binder import ...``; ``tests/test_architecture.py`` refuses any other
+(``from specbind.runtime.binder import ...``; ``tests/tools/test_architecture.py`` refuses any other
 runtime import in generated/). The wing's modules:
 
 - ``checks``: the strict checks every binder runs (census, dtype, shape, bytes);

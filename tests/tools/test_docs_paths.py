@@ -1,7 +1,7 @@
 """Every file the README, BENCHMARKS.md and the docs name is there.
 
 A path in backticks that starts at a top-level folder of the repository (`runtime/bind/bind.py`,
-`tests/test_api.py`, `specs/blocks/`) must exist, so a moved or renamed file shows here, not to
+`tests/tools/test_api.py`, `specs/blocks/`) must exist, so a moved or renamed file shows here, not to
 a reader; a path with a placeholder (`*`, `{e}`, `<engine>`) is a pattern and is skipped. The
 README's and BENCHMARKS.md's own links (GitHub renders them; `mkdocs build --strict` checks the
 docs' links) must point at files too. The dated log (benchmarks/LOG.md) is left out: it records
