@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "74623371708024cbcd881bdd74d40059b72a1ccb7c2cf6eff445011d9a30f87c"
+SPECS_SHA256 = "ce5a5d6461fbaeb84c506c92a2a915e0368e5fa5e48b7f00debd6d9c3593ad92"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -24,6 +24,7 @@ MODELS = Registry(
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
+        "mistral": ModelEntry("model_mistral", ("mistral",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),

@@ -1,0 +1,44 @@
+"""Reference layouts shared by the family rows: the standard layers vLLM builds most dense
+families from, written as family_table rules over transformers' module names.
+
+Each is a dict of bound `slot.field` -> rule; a row takes them whole or merges in its own
+(``LLAMA_LAYER | {"attention.q_bias": ...}``).
+"""
+
+from __future__ import annotations
+
+from family_table import Cat, Col, Rep, Row, Rule
+
+HEADS, KV, INTER, VOCAB = (
+    "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
+)  # fmt: skip
+
+# specs/blocks/gqa.yaml: separate q/k/v fields; k and v replicate where tp > KV heads.
+GQA: dict[str, Rule] = {
+    "attention.q_proj": Col("self_attn.q_proj.weight", HEADS),
+    "attention.k_proj": Col("self_attn.k_proj.weight", KV),
+    "attention.v_proj": Col("self_attn.v_proj.weight", KV),
+    "attention.o_proj": Row("self_attn.o_proj.weight", HEADS),
+}
+# Qwen3's per-head RMSNorm of q and k: over head_dim, the same on every rank.
+QK_NORM: dict[str, Rule] = {
+    "attention.q_norm": Rep("self_attn.q_norm.weight"),
+    "attention.k_norm": Rep("self_attn.k_norm.weight"),
+}
+# specs/blocks/dense.yaml: MergedColumnParallelLinear [gate_r; up_r], RowParallelLinear down.
+SWIGLU: dict[str, Rule] = {
+    "mlp.gate_up": Cat(Col("mlp.gate_proj.weight", INTER), Col("mlp.up_proj.weight", INTER)),
+    "mlp.down": Row("mlp.down_proj.weight", INTER),
+}
+NORMS: dict[str, Rule] = {
+    "norms.input_norm": Rep("input_layernorm.weight"),
+    "norms.post_attention_norm": Rep("post_attention_layernorm.weight"),
+}
+LLAMA_LAYER: dict[str, Rule] = GQA | SWIGLU | NORMS
+# specs/blocks/lm_globals.yaml: VocabParallelEmbedding / ParallelLMHead by vocabulary rows
+# (specbind binds the stored rows; vLLM's padding to a multiple of 64 is the engine layout's).
+LM_GLOBALS: dict[str, Rule] = {
+    "embed_tokens": Col("model.embed_tokens.weight", VOCAB),
+    "norm": Rep("model.norm.weight"),
+    "lm_head": Col("lm_head.weight", VOCAB),
+}

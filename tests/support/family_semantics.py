@@ -1,0 +1,145 @@
+"""Semantic checks for the family proofs: a layer's output computed from every rank's bound
+fields alone, summed over the ranks as the engine's all-reduce sums them, against the loaded
+transformers module on the same input.
+
+Each check is a factory returning ``(ctx, tp) -> None`` (a row's ``semantics`` entry). The
+module runs in float64 on BF16-exact inputs; transformers' eager attention takes its softmax
+in float32, so the two sides differ by float32 rounding there (about 1e-7 relative), and by
+float64 rounding elsewhere. A wrong slice, order or section is off by order 1.
+
+Traps:
+* norms are applied through a copy of the module's own norm with the bound weight in it, so a
+  family's norm formula (Gemma's ``1 + w``) is the module's, while the weight is the field's;
+* attention runs without a mask (every token sees every token) on both sides; the module's
+  ``scaling`` and logit soft-capping are runtime values, read from the module, not weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from family_proof import ProofContext
+from family_table import Semantic
+
+TOKENS = 7
+REL_TOL = 1e-6  # float32 softmax inside the module (see the docstring)
+
+
+def rel_err(got: Any, want: Any) -> float:
+    return float(np.abs(got - want).max()) / float(np.abs(want).max())
+
+
+def bf16_input(rows: int, cols: int, seed: int) -> Any:
+    x = np.random.default_rng(seed).standard_normal((rows, cols))
+    return x.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def _t(a: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))
+
+
+def _norm_with(module_norm: Any, weight: Any, x: Any) -> Any:
+    """The module's own norm formula with ``weight`` (a bound field) in place of its own."""
+    import torch
+
+    norm = copy.deepcopy(module_norm)
+    with torch.no_grad():
+        norm.weight.data = _t(weight).reshape(norm.weight.shape)
+        return norm(x)
+
+
+def swiglu_mlp(slot: str = "mlp") -> Semantic:
+    """Σ over tp ranks of down_r · act(gate_r x) * (up_r x), from each rank's ``gate_up``
+    ([gate_r; up_r]) and ``down``, equals the module's MLP (the act is the module's)."""
+
+    def check(ctx: ProofContext, tp: int) -> None:
+        import torch
+
+        cfg = ctx.config
+        for i in range(cfg["num_hidden_layers"]):
+            mlp = ctx.layer(i).mlp
+            x = bf16_input(TOKENS, cfg["hidden_size"], seed=100 + i)
+            with torch.no_grad():
+                want = mlp(_t(x)).numpy()
+            got = np.zeros_like(want)
+            for r in range(tp):
+                f = ctx.layer_fields(tp, r, i)
+                gate, up = np.split(f[f"{slot}.gate_up"], 2)  # [2·I_r, H] -> 2 x [I_r, H]
+                with torch.no_grad():
+                    h = mlp.act_fn(_t(x @ gate.T)).numpy() * (x @ up.T)
+                got += h @ f[f"{slot}.down"].T
+            assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
+
+    return check
+
+
+def attention(qk_norm: str | None = None) -> Semantic:
+    """Σ over tp ranks of each rank's attention through its o_proj columns equals the module's
+    attention: q/k/v from the rank's ``q_proj``/``k_proj``/``v_proj`` (or one fused
+    ``qkv_proj`` [q_r; k_r; v_r]) and their biases where bound; ``qk_norm="head"``: the bound
+    q_norm/k_norm over each head (Qwen3); rotary from the module's own rotary embedding."""
+
+    def check(ctx: ProofContext, tp: int) -> None:
+        import torch
+
+        cfg = ctx.config
+        hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        model = ctx.model
+        x = bf16_input(TOKENS, cfg["hidden_size"], seed=tp)
+        with torch.no_grad():
+            cos, sin = model.model.rotary_emb(_t(x)[None], torch.arange(TOKENS)[None])
+        for i in range(cfg["num_hidden_layers"]):
+            attn = ctx.layer(i).self_attn
+            with torch.no_grad():
+                want = attn(_t(x)[None], (cos, sin), None)[0][0].numpy()
+            got = sum(
+                _attention_rank(ctx.layer_fields(tp, r, i), attn, x, cos, sin, hd, qk_norm)
+                for r in range(tp)
+            )
+            if "attention.o_bias" in ctx.layer_fields(tp, 0, i):
+                got = got + ctx.layer_fields(tp, 0, i)["attention.o_bias"]  # added once
+            assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
+
+    return check
+
+
+def _attention_rank(
+    f: dict[str, Any], attn: Any, x: Any, cos: Any, sin: Any, hd: int, qk_norm: str | None
+) -> Any:
+    import torch
+
+    rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+    t = x.shape[0]
+    if "attention.qkv_proj" in f:
+        w = f["attention.qkv_proj"]
+        b = f.get("attention.qkv_bias")
+    else:
+        w = np.concatenate([f[f"attention.{p}_proj"] for p in "qkv"])
+        bias = [f.get(f"attention.{p}_bias") for p in "qkv"]
+        b = None if bias[0] is None else np.concatenate(bias)
+    # this rank's heads: q rows h_r·hd, then k and v kv_r·hd each
+    q_rows = f["attention.o_proj"].shape[1]
+    kv_rows = (w.shape[0] - q_rows) // 2
+    y = x @ w.T + (0 if b is None else b)  # [T, (h_r + 2·kv_r)·hd]
+    q = _t(y[:, :q_rows]).view(t, -1, hd)  # [T, h_r, hd]
+    k = _t(y[:, q_rows : q_rows + kv_rows]).view(t, -1, hd)  # [T, kv_r, hd]
+    v = _t(y[:, q_rows + kv_rows :]).view(t, -1, hd)
+    if qk_norm == "head":
+        q = _norm_with(attn.q_norm, f["attention.q_norm"], q)
+        k = _norm_with(attn.k_norm, f["attention.k_norm"], k)
+    q, k, v = (a.transpose(0, 1)[None] for a in (q, k, v))  # [1, heads, T, hd]
+    q, k = rope(q, k, cos, sin)
+    group = q.shape[1] // k.shape[1]  # query heads per KV head on this rank
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    logits = q @ k.transpose(-1, -2) * attn.scaling
+    cap = getattr(attn, "attn_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    o = (torch.softmax(logits, dim=-1) @ v)[0].transpose(0, 1).reshape(t, -1)  # [T, h_r·hd]
+    return o.numpy() @ f["attention.o_proj"].T
