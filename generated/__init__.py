@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "ce5a5d6461fbaeb84c506c92a2a915e0368e5fa5e48b7f00debd6d9c3593ad92"
+SPECS_SHA256 = "c88f3ade87fa5ce52484cfd0733c4fa6228f9b2f17f2ab670c92c961a35af040"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
