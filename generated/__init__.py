@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "c88f3ade87fa5ce52484cfd0733c4fa6228f9b2f17f2ab670c92c961a35af040"
+SPECS_SHA256 = "fbce55190725d6e72767f275de47bf88b8d0995163a4a148113973dd7ac6c997"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -27,6 +27,7 @@ MODELS = Registry(
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
+        "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
     },
 )

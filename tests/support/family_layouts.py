@@ -42,3 +42,9 @@ LM_GLOBALS: dict[str, Rule] = {
     "norm": Rep("model.norm.weight"),
     "lm_head": Col("lm_head.weight", VOCAB),
 }
+# specs/blocks/gqa_bias.yaml: the biases shard as their projections' rows (QKVParallelLinear).
+QKV_BIAS: dict[str, Rule] = {
+    "attention.q_bias": Col("self_attn.q_proj.bias", HEADS),
+    "attention.k_bias": Col("self_attn.k_proj.bias", KV),
+    "attention.v_bias": Col("self_attn.v_proj.bias", KV),
+}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from family_layouts import LLAMA_LAYER, LM_GLOBALS
+from family_layouts import LLAMA_LAYER, LM_GLOBALS, QKV_BIAS
 from family_semantics import attention, swiglu_mlp
 from family_table import Family
 
@@ -39,4 +39,33 @@ MISTRAL = Family(
     semantics=(attention(), swiglu_mlp()),
 )
 
-ROWS: tuple[Family, ...] = (MISTRAL,)
+LLAMA = Family(
+    model="llama",
+    hf_class="LlamaForCausalLM",
+    config_class="LlamaConfig",
+    config=LLAMA_LIKE,
+    layer=LLAMA_LAYER,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    semantics=(attention(), swiglu_mlp()),
+    variants={"tied": {"tie_word_embeddings": True}},
+)
+
+# No head_dim in config.json (Qwen2 never writes one): 48 / 8 heads = 6.
+NO_HEAD_DIM: dict[str, Any] = {k: v for k, v in LLAMA_LIKE.items() if k != "head_dim"} | {
+    "hidden_size": 48
+}
+
+QWEN2 = Family(
+    model="qwen2",
+    hf_class="Qwen2ForCausalLM",
+    config_class="Qwen2Config",
+    config=NO_HEAD_DIM,
+    layer=LLAMA_LAYER | QKV_BIAS,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    semantics=(attention(), swiglu_mlp()),
+    variants={"tied": {"tie_word_embeddings": True}},
+)
+
+ROWS: tuple[Family, ...] = (MISTRAL, LLAMA, QWEN2)
