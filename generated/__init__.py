@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "fbce55190725d6e72767f275de47bf88b8d0995163a4a148113973dd7ac6c997"
+SPECS_SHA256 = "7fe99cebbc75faf6a3db8a82febf60a99b8b358287e5616fe94e2c4406c332e8"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -28,6 +28,7 @@ MODELS = Registry(
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
+        "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
     },
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from family_layouts import LLAMA_LAYER, LM_GLOBALS, QKV_BIAS
+from family_layouts import LLAMA_LAYER, LM_GLOBALS, QK_NORM, QKV_BIAS
 from family_semantics import attention, swiglu_mlp
 from family_table import Family
 
@@ -68,4 +68,15 @@ QWEN2 = Family(
     variants={"tied": {"tie_word_embeddings": True}},
 )
 
-ROWS: tuple[Family, ...] = (MISTRAL, LLAMA, QWEN2)
+QWEN3 = Family(
+    model="qwen3",
+    hf_class="Qwen3ForCausalLM",
+    config_class="Qwen3Config",
+    config=LLAMA_LIKE,
+    layer=LLAMA_LAYER | QK_NORM,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    semantics=(attention(qk_norm="head"), swiglu_mlp()),
+)
+
+ROWS: tuple[Family, ...] = (MISTRAL, LLAMA, QWEN2, QWEN3)
