@@ -35,6 +35,11 @@ NORMS: dict[str, Rule] = {
     "norms.post_attention_norm": Rep("post_attention_layernorm.weight"),
 }
 LLAMA_LAYER: dict[str, Rule] = GQA | SWIGLU | NORMS
+# specs/blocks/sandwich_norms.yaml (Gemma 2 and 3): four replicated norms per layer.
+SANDWICH_NORMS: dict[str, Rule] = NORMS | {
+    "norms.pre_mlp_norm": Rep("pre_feedforward_layernorm.weight"),
+    "norms.post_mlp_norm": Rep("post_feedforward_layernorm.weight"),
+}
 # specs/blocks/lm_globals.yaml: VocabParallelEmbedding / ParallelLMHead by vocabulary rows
 # (specbind binds the stored rows; vLLM's padding to a multiple of 64 is the engine layout's).
 LM_GLOBALS: dict[str, Rule] = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from family_layouts import LLAMA_LAYER, LM_GLOBALS, QK_NORM, QKV_BIAS
+from family_layouts import GQA, LLAMA_LAYER, LM_GLOBALS, QK_NORM, QKV_BIAS, SANDWICH_NORMS, SWIGLU
 from family_semantics import attention, swiglu_mlp
 from family_table import Family
 
@@ -79,4 +79,26 @@ QWEN3 = Family(
     semantics=(attention(qk_norm="head"), swiglu_mlp()),
 )
 
-ROWS: tuple[Family, ...] = (MISTRAL, LLAMA, QWEN2, QWEN3)
+# Gemma: the head tied as released; query_pre_attn_scalar (10) is none of head_dim's sizes,
+# so a semantic check that scaled by head_dim**-0.5 instead would fail; soft-capping on.
+GEMMA: dict[str, Any] = LLAMA_LIKE | {
+    "tie_word_embeddings": True,
+    "query_pre_attn_scalar": 10,
+    "attn_logit_softcapping": 5.0,
+    "sliding_window": 16,
+    "layer_types": ["sliding_attention", "full_attention"],
+}
+
+GEMMA2 = Family(
+    model="gemma2",
+    hf_class="Gemma2ForCausalLM",
+    config_class="Gemma2Config",
+    config=GEMMA,
+    layer=GQA | SWIGLU | SANDWICH_NORMS,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    semantics=(attention(), swiglu_mlp()),
+    variants={"untied": {"tie_word_embeddings": False}},
+)
+
+ROWS: tuple[Family, ...] = (MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2)

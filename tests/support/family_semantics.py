@@ -17,6 +17,7 @@ Traps:
 from __future__ import annotations
 
 import copy
+import inspect
 import sys
 from typing import Any
 
@@ -90,11 +91,9 @@ def attention(qk_norm: str | None = None) -> Semantic:
 
         cfg = ctx.config
         hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-        model = ctx.model
         x = bf16_input(TOKENS, cfg["hidden_size"], seed=tp)
-        with torch.no_grad():
-            cos, sin = model.model.rotary_emb(_t(x)[None], torch.arange(TOKENS)[None])
         for i in range(cfg["num_hidden_layers"]):
+            cos, sin = _rotary(ctx, x, i)
             attn = ctx.layer(i).self_attn
             with torch.no_grad():
                 want = attn(_t(x)[None], (cos, sin), None)[0][0].numpy()
@@ -107,6 +106,20 @@ def attention(qk_norm: str | None = None) -> Semantic:
             assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
 
     return check
+
+
+def _rotary(ctx: ProofContext, x: Any, i: int) -> tuple[Any, Any]:
+    """(cos, sin) of positions 0..T-1 for layer ``i`` from the model's own rotary embedding
+    (Gemma 3's takes the layer's type: local and global layers rotate with other bases)."""
+    import torch
+
+    rotary = ctx.model.model.rotary_emb
+    args: tuple[Any, ...] = (_t(x)[None], torch.arange(x.shape[0])[None])
+    if "layer_type" in inspect.signature(rotary.forward).parameters:
+        args = (*args, ctx.config["layer_types"][i])
+    with torch.no_grad():
+        cos, sin = rotary(*args)
+    return cos, sin
 
 
 def _attention_rank(
