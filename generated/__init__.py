@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "21e45887340c5892e7a2f01a34c14602cc965e3048d2947cef1f6c86154767dd"
+SPECS_SHA256 = "c16a07f4ad60d3cbfed23b6d5b978b853b2dd8759b905913f719b4bbf33351ab"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -21,6 +21,7 @@ MODELS = Registry(
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
         "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),
+        "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),

@@ -101,4 +101,15 @@ GEMMA2 = Family(
     variants={"untied": {"tie_word_embeddings": False}},
 )
 
-ROWS: tuple[Family, ...] = (MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2)
+GEMMA3_TEXT = Family(
+    model="gemma3-text",
+    hf_class="Gemma3ForCausalLM",
+    config_class="Gemma3TextConfig",
+    config=GEMMA | {"attn_logit_softcapping": None},
+    layer=GQA | QK_NORM | SWIGLU | SANDWICH_NORMS,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    semantics=(attention(qk_norm="head"), swiglu_mlp()),
+)
+
+ROWS: tuple[Family, ...] = (MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT)
