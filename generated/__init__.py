@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "c16a07f4ad60d3cbfed23b6d5b978b853b2dd8759b905913f719b4bbf33351ab"
+SPECS_SHA256 = "c17fd9cfcf1d904a3eb4bcd4fd1e9852daaf0f97b7979005f4bd97417f1a6a9c"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -24,6 +24,7 @@ MODELS = Registry(
         "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
+        "granite": ModelEntry("model_granite", ("granite",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),

@@ -112,4 +112,25 @@ GEMMA3_TEXT = Family(
     semantics=(attention(qk_norm="head"), swiglu_mlp()),
 )
 
-ROWS: tuple[Family, ...] = (MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT)
+# The multipliers are none of 1 (and attention_multiplier is not head_dim**-0.5), so a semantic
+# check that ignored the module's scaling would fail.
+GRANITE = Family(
+    model="granite",
+    hf_class="GraniteForCausalLM",
+    config_class="GraniteConfig",
+    config=NO_HEAD_DIM
+    | {
+        "tie_word_embeddings": True,
+        "attention_multiplier": 0.3,
+        "embedding_multiplier": 6.0,
+        "residual_multiplier": 0.2,
+        "logits_scaling": 4.0,
+    },
+    layer=LLAMA_LAYER,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    semantics=(attention(), swiglu_mlp()),
+    variants={"untied": {"tie_word_embeddings": False}},
+)
+
+ROWS: tuple[Family, ...] = (MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE)
