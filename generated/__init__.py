@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "c17fd9cfcf1d904a3eb4bcd4fd1e9852daaf0f97b7979005f4bd97417f1a6a9c"
+SPECS_SHA256 = "bd715a5a3c398eddb769efd57d532811a7410f58dfb35b373e9d7ff975bcc236"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.

@@ -135,12 +135,12 @@ def test_models_lists_every_generated_model_with_blocks_rules_schemes_and_engine
         assert [e["proof"] is not None for e in r["engines"]] == [name in proved] * len(
             r["engines"]
         )
-    assert llama["engines"] == [{"engine": "vllm", "proof": "tests/test_vllm_loader.py"}]
+    assert llama["engines"] == [{"engine": "vllm", "proof": "tests/vllm/test_vllm_proofs.py"}]
     assert rows["glm-5.3-flash"]["default"] and rows["glm-5.3-flash"]["engines"] == []
     text, _ = run(capsys, "models")
     for name in MODELS:
         assert re.search(rf"^{re.escape(name)}( \(default\))?: model_type ", text, re.M), name
-    assert "vllm (proved by tests/test_vllm_loader.py)" in text
+    assert "vllm (proved by tests/vllm/test_vllm_proofs.py)" in text
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

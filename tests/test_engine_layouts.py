@@ -2,7 +2,7 @@
 model spec, and at load every engine parameter filled exactly once or refused by name.
 
 No engine here: the parameters are torch tensors of the shapes vLLM gives them (the claims
-against a real vLLM are tests/test_vllm_loader.py's).
+against a real vLLM are tests/vllm/test_vllm_proofs.py's and tests/test_vllm_loader.py's).
 """
 
 from __future__ import annotations
@@ -182,11 +182,11 @@ def test_a_tied_head_fills_nothing_where_the_engine_holds_it_as_the_embedding(
     import torch
     import transformers
     from hf_random import write_random
-    from vllm_checkpoints import _NOTHING, LLAMA
+    from vllm_rows import LLAMA_LIKE, NOTHING
 
     ckpt = tmp_path / "tied"
     write_random(transformers.LlamaForCausalLM, transformers.LlamaConfig,
-                 LLAMA | {"tie_word_embeddings": True}, ckpt, _NOTHING)  # fmt: skip
+                 LLAMA_LIKE | {"tie_word_embeddings": True}, ckpt, NOTHING)  # fmt: skip
     fields = bind_for_engine(ckpt, "vllm", tp_size=2, tp_rank=0)
     assert fields["lm_head.weight"].tied_to == "model.embed_tokens.weight"
     params = _params(fields)
@@ -436,8 +436,8 @@ def test_functions_rank_0_and_constraints_the_field_or_geometry_cannot_take_are_
 
 
 def test_every_engine_layout_names_the_proof_that_runs_it_against_the_engines_loader() -> None:
-    import test_vllm_loader
     import yaml
+    from vllm_rows import ROWS
 
     layouts = sorted((REPO / "specs" / "engines").glob("*/*.yaml"))
     assert layouts
@@ -447,15 +447,12 @@ def test_every_engine_layout_names_the_proof_that_runs_it_against_the_engines_lo
         assert proof, f"{p.relative_to(REPO)} names no proof"
         assert (REPO / proof["test"]).is_file(), proof["test"]
         proven.setdefault(p.parent.name, set()).add(p.stem)
-    # the vLLM proof runs every vLLM layout, and only those, at tp 1 and on each rank of tp 2
-    assert set(test_vllm_loader.MODELS) == proven.pop("vllm")
+    # the vLLM proof runs every vLLM layout, and only those, on each rank of each row's tp
+    assert {r.model for r in ROWS} == proven.pop("vllm")
     assert not proven, f"layouts of engines no test runs: {proven}"
-    text = (REPO / "tests" / "test_vllm_loader.py").read_text()
-    for claim in (
-        "test_every_vllm_parameter_after_loading_equals_the_default_loaders_at_tp1",
-        "test_every_vllm_parameter_after_loading_equals_the_default_loaders_on_each_rank_at_tp2",
-    ):
-        assert f"def {claim}(" in text and '@pytest.mark.parametrize("model", MODELS)' in text
+    text = (REPO / "tests" / "vllm" / "test_vllm_proofs.py").read_text()
+    claim = "test_every_vllm_parameter_after_loading_equals_the_default_loaders_on_each_rank"
+    assert f"def {claim}(" in text and '@pytest.mark.parametrize(("model", "tp"), CASES)' in text
 
 
 def test_a_layout_without_a_proof_is_reported_by_generate_and_warned_of_at_bind(
@@ -472,9 +469,10 @@ def test_a_layout_without_a_proof_is_reported_by_generate_and_warned_of_at_bind(
 
     p = root / "specs" / "engines" / "vllm" / "llama.yaml"
     text = p.read_text()
-    start = text.index("proof:\n")
-    end = text.index("\n", text.index("  claim:", start)) + 1
-    p.write_text(text[:start] + text[end:])
+    lines = text.splitlines(keepends=True)
+    start = lines.index("proof:\n")
+    end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("  "))
+    p.write_text("".join(lines[:start] + lines[end:]))  # the whole proof: mapping
     monkeypatch.setattr(render, "generate", lambda root, out: [])  # the note, not the writes
     assert main(["generate", "--root", str(root)]) == 0
     err = capsys.readouterr().err
