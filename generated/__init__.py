@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "bd715a5a3c398eddb769efd57d532811a7410f58dfb35b373e9d7ff975bcc236"
+SPECS_SHA256 = "39cbca74183d231966a6de8cd4752d62191b471d9c78cd3fd519444eafd7e423"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.

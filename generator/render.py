@@ -517,7 +517,11 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment) -> dict[str
         alone = sum(1 for k2 in bodies if k2[:2] == (engine, bname)) == 1
         module = _slug(engine, bname) if alone else _slug(engine, users[0].model, bname)
         names[key] = module
-        src = ", ".join([specs.blocks[bname].file, *(u.file for u in users)])
+        written = {  # the layout files the variant's entries are written in
+            located.file if (located := u.blocks[bname].located) is not None else u.file
+            for u in users
+        }
+        src = ", ".join([specs.blocks[bname].file, *sorted(written)])
         files[f"engines/{module}.py"] = HEADER.format(src=src) + "\n" + body.lstrip("\n")
     tables = []
     for k, e in enumerate(layouts):

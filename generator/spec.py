@@ -136,11 +136,17 @@ class Model:
 
 @cache
 def _schema(kind: str) -> dict[str, Any]:
+    if kind == "engine_block":  # an engine's block layout: a definition of the engine schema
+        engine = _schema("engine")
+        return {"$schema": engine["$schema"], "$defs": engine["$defs"],
+                **engine["$defs"]["block_layout"]}  # fmt: skip
     loaded: dict[str, Any] = json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text())
     return loaded
 
 
-def validate_schema(doc: Located, kind: Literal["block", "model", "scheme", "engine"]) -> None:
+def validate_schema(
+    doc: Located, kind: Literal["block", "model", "scheme", "engine", "engine_block"]
+) -> None:
     validator = jsonschema.Draft202012Validator(_schema(kind))
     errors = sorted(
         validator.iter_errors(doc.data), key=lambda e: (list(map(str, e.path)), e.message)

@@ -20,7 +20,7 @@ from specbind.runtime.model import BlockEntry, EngineTable
 
 ENGINE = "vllm"
 DOC = "vLLM's LlamaForCausalLM parameters (fused per-rank qkv_proj, merged gate_up_proj)."
-# Proven parameter-identical to vllm's own loader by tests/vllm/test_vllm_proofs.py.
+# Proven parameter-identical to vllm's own loader by tests/vllm/test_vllm_proofs.py (tp 1, 2).
 
 # The engine's name prefix of layer {index}'s parameters.
 LAYERS = "model.layers.{index}."
@@ -110,5 +110,7 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     first_rank=FIRST_RANK,
     constraints=CONSTRAINTS,
     proof="tests/vllm/test_vllm_proofs.py",
+    proof_tp=(1, 2),
+    unproven=None,
     skip_mtp=None,
 )
