@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "c17fd9cfcf1d904a3eb4bcd4fd1e9852daaf0f97b7979005f4bd97417f1a6a9c"
+SPECS_SHA256 = "9ad9e88a345e433f5e8d71ba4be06c16f7196323889fd3ad4002e4d8017895e1"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -29,6 +29,7 @@ MODELS = Registry(
         "llama": ModelEntry("model_llama", ("llama",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
+        "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),

@@ -7,6 +7,9 @@ Each is a dict of bound `slot.field` -> rule; a row takes them whole or merges i
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from family_table import Cat, Col, Rep, Row, Rule
 
 HEADS, KV, INTER, VOCAB = (
@@ -52,4 +55,29 @@ QKV_BIAS: dict[str, Rule] = {
     "attention.q_bias": Col("self_attn.q_proj.bias", HEADS),
     "attention.k_bias": Col("self_attn.k_proj.bias", KV),
     "attention.v_bias": Col("self_attn.v_proj.bias", KV),
+}
+
+
+def head_dim(cfg: Mapping[str, Any]) -> int:
+    return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+
+
+def kv_rows(cfg: Mapping[str, Any]) -> int:
+    return int(cfg[KV]) * head_dim(cfg)
+
+
+# specs/blocks/gqa_proj_norm.yaml (OLMo-2 through vLLM's Transformers backend): q, k and v are
+# ColumnParallelLinear split into tp contiguous row blocks (k and v by rows, so mid-head at
+# tp > KV heads, never replicated), outputs gathered; the whole-projection norms replicated.
+GQA_PROJ_NORM: dict[str, Rule] = {
+    "attention.q_proj": Col("self_attn.q_proj.weight", HEADS),
+    "attention.k_proj": Col("self_attn.k_proj.weight", kv_rows),
+    "attention.v_proj": Col("self_attn.v_proj.weight", kv_rows),
+    "attention.o_proj": Row("self_attn.o_proj.weight", HEADS),
+    "attention.q_norm": Rep("self_attn.q_norm.weight"),
+    "attention.k_norm": Rep("self_attn.k_norm.weight"),
+}
+POST_NORMS: dict[str, Rule] = {
+    "norms.post_attention_norm": Rep("post_attention_layernorm.weight"),
+    "norms.post_mlp_norm": Rep("post_feedforward_layernorm.weight"),
 }

@@ -10,8 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from family_layouts import GQA, LLAMA_LAYER, LM_GLOBALS, QK_NORM, QKV_BIAS, SANDWICH_NORMS, SWIGLU
-from family_semantics import attention, swiglu_mlp
+from family_layouts import (
+    GQA,
+    GQA_PROJ_NORM,
+    LLAMA_LAYER,
+    LM_GLOBALS,
+    POST_NORMS,
+    QK_NORM,
+    QKV_BIAS,
+    SANDWICH_NORMS,
+    SWIGLU,
+)
+from family_semantics import attention, gathered_attention, swiglu_mlp
 from family_table import Family
 
 # Llama-shaped sizes: q rows 96, kv rows 24 (2 x 12), no size repeated.
@@ -133,4 +143,19 @@ GRANITE = Family(
     variants={"untied": {"tie_word_embeddings": False}},
 )
 
-ROWS: tuple[Family, ...] = (MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE)
+# tp 4 and 8 split each KV head's rows across ranks (kv rows 12: 3 per rank at tp 4), as
+# vLLM's Transformers backend does; the semantic check gathers them back.
+OLMO2 = Family(
+    model="olmo2",
+    hf_class="Olmo2ForCausalLM",
+    config_class="Olmo2Config",
+    config=NO_HEAD_DIM,
+    layer=GQA_PROJ_NORM | SWIGLU | POST_NORMS,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    semantics=(gathered_attention(), swiglu_mlp()),
+)
+
+ROWS: tuple[Family, ...] = (
+    MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2,
+)  # fmt: skip

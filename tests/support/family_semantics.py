@@ -125,9 +125,6 @@ def _rotary(ctx: ProofContext, x: Any, i: int) -> tuple[Any, Any]:
 def _attention_rank(
     f: dict[str, Any], attn: Any, x: Any, cos: Any, sin: Any, hd: int, qk_norm: str | None
 ) -> Any:
-    import torch
-
-    rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
     t = x.shape[0]
     if "attention.qkv_proj" in f:
         w = f["attention.qkv_proj"]
@@ -146,13 +143,59 @@ def _attention_rank(
     if qk_norm == "head":
         q = _norm_with(attn.q_norm, f["attention.q_norm"], q)
         k = _norm_with(attn.k_norm, f["attention.k_norm"], k)
-    q, k, v = (a.transpose(0, 1)[None] for a in (q, k, v))  # [1, heads, T, hd]
+    return _attend(attn, q, k, v, cos, sin, hd) @ f["attention.o_proj"].T
+
+
+def _attend(attn: Any, q: Any, k: Any, v: Any, cos: Any, sin: Any, hd: int) -> Any:
+    """softmax(rope(q) rope(k)^T * scaling) v for q [T, h·hd], k and v [T, kv·hd] (or already
+    [T, h, hd]), with the module's scaling, soft-cap and rotary; [T, h·hd] as NumPy."""
+    import torch
+
+    rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+    t = q.shape[0]
+    q, k, v = (a.reshape(t, -1, hd).transpose(0, 1)[None] for a in (q, k, v))  # [1, n, T, hd]
     q, k = rope(q, k, cos, sin)
-    group = q.shape[1] // k.shape[1]  # query heads per KV head on this rank
+    group = q.shape[1] // k.shape[1]  # query heads per KV head
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     logits = q @ k.transpose(-1, -2) * attn.scaling
     cap = getattr(attn, "attn_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
-    o = (torch.softmax(logits, dim=-1) @ v)[0].transpose(0, 1).reshape(t, -1)  # [T, h_r·hd]
-    return o.numpy() @ f["attention.o_proj"].T
+    o = (torch.softmax(logits, dim=-1) @ v)[0].transpose(0, 1).reshape(t, -1)  # [T, h·hd]
+    return o.numpy()
+
+
+def gathered_attention() -> Semantic:
+    """OLMo-2 under vLLM's Transformers backend: every rank's q, k and v outputs gathered
+    (concatenated in rank order) into the whole projections, normed by the bound whole-
+    projection q_norm/k_norm, attended over all heads; then o_proj split by input columns,
+    each rank's share of the output summed, equals the module's attention."""
+
+    def check(ctx: ProofContext, tp: int) -> None:
+        import torch
+
+        cfg = ctx.config
+        hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        x = bf16_input(TOKENS, cfg["hidden_size"], seed=tp)
+        for i in range(cfg["num_hidden_layers"]):
+            cos, sin = _rotary(ctx, x, i)
+            attn = ctx.layer(i).self_attn
+            with torch.no_grad():
+                want = attn(_t(x)[None], (cos, sin), None)[0][0].numpy()
+            ranks = [ctx.layer_fields(tp, r, i) for r in range(tp)]
+            q, k, v = (
+                np.concatenate([x @ f[f"attention.{p}_proj"].T for f in ranks], axis=1)
+                for p in "qkv"
+            )  # each [T, whole projection]
+            q = _norm_with(attn.q_norm, ranks[0]["attention.q_norm"], _t(q))
+            k = _norm_with(attn.k_norm, ranks[0]["attention.k_norm"], _t(k))
+            o = _attend(attn, q, k, _t(v), cos, sin, hd)  # [T, heads·hd], every head
+            got = np.zeros_like(want)
+            lo = 0
+            for f in ranks:  # RowParallelLinear: rank r's input columns, summed
+                cols = f["attention.o_proj"].shape[1]
+                got += o[:, lo : lo + cols] @ f["attention.o_proj"].T
+                lo += cols
+            assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
+
+    return check
