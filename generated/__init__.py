@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "9ad9e88a345e433f5e8d71ba4be06c16f7196323889fd3ad4002e4d8017895e1"
+SPECS_SHA256 = "740865a8302a67b547370d2415d1fb2463e88eb7eddc038aa2c3a29303ec1bb2"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
 MODELS = Registry(
     __name__,
     {
+        "cohere": ModelEntry("model_cohere", ("cohere",), False),
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
         "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),

@@ -81,3 +81,10 @@ POST_NORMS: dict[str, Rule] = {
     "norms.post_attention_norm": Rep("post_attention_layernorm.weight"),
     "norms.post_mlp_norm": Rep("post_feedforward_layernorm.weight"),
 }
+# specs/blocks/gqa_head_norms.yaml (Command R+): [heads, head_dim] norms split by heads, as
+# vLLM's commandr row_parallel_weight_loader splits them.
+HEAD_NORMS: dict[str, Rule] = {
+    "attention.q_norm": Col("self_attn.q_norm.weight", HEADS),
+    "attention.k_norm": Col("self_attn.k_norm.weight", KV),
+}
+INPUT_NORM: dict[str, Rule] = {"norms.input_norm": Rep("input_layernorm.weight")}

@@ -13,6 +13,8 @@ from typing import Any
 from family_layouts import (
     GQA,
     GQA_PROJ_NORM,
+    HEAD_NORMS,
+    INPUT_NORM,
     LLAMA_LAYER,
     LM_GLOBALS,
     POST_NORMS,
@@ -156,6 +158,26 @@ OLMO2 = Family(
     semantics=(gathered_attention(), swiglu_mlp()),
 )
 
+# Command R+'s per-head q/k LayerNorms on; 4 KV heads so every tp listed holds whole KV heads
+# (vLLM's commandr cannot load k_norm at tp > kv_heads). Command R without them: a variant.
+COHERE = Family(
+    model="cohere",
+    hf_class="CohereForCausalLM",
+    config_class="CohereConfig",
+    config=NO_HEAD_DIM
+    | {
+        "num_key_value_heads": 4,
+        "use_qk_norm": True,
+        "tie_word_embeddings": True,
+        "logit_scale": 0.5,
+    },
+    layer=GQA | HEAD_NORMS | SWIGLU | INPUT_NORM,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    semantics=(attention(qk_norm="head"), swiglu_mlp()),
+    variants={"command-r": {"use_qk_norm": False}},
+)
+
 ROWS: tuple[Family, ...] = (
-    MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2,
+    MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE,
 )  # fmt: skip

@@ -50,8 +50,8 @@ def _norm_with(module_norm: Any, weight: Any, x: Any) -> Any:
     import torch
 
     norm = copy.deepcopy(module_norm)
-    with torch.no_grad():
-        norm.weight.data = _t(weight).reshape(norm.weight.shape)
+    with torch.no_grad():  # the field's own shape: a rank's rows of a [heads, hd] weight stay so
+        norm.weight.data = _t(weight)
         return norm(x)
 
 
@@ -80,11 +80,12 @@ def swiglu_mlp(slot: str = "mlp") -> Semantic:
     return check
 
 
-def attention(qk_norm: str | None = None) -> Semantic:
+def attention(qk_norm: str | None = None, rope_sliding_only: bool = False) -> Semantic:
     """Σ over tp ranks of each rank's attention through its o_proj columns equals the module's
     attention: q/k/v from the rank's ``q_proj``/``k_proj``/``v_proj`` (or one fused
     ``qkv_proj`` [q_r; k_r; v_r]) and their biases where bound; ``qk_norm="head"``: the bound
-    q_norm/k_norm over each head (Qwen3); rotary from the module's own rotary embedding."""
+    q_norm/k_norm over each head (Qwen3); rotary from the module's own rotary embedding
+    (``rope_sliding_only``: on sliding-window layers only, Cohere2's global layers have none)."""
 
     def check(ctx: ProofContext, tp: int) -> None:
         import torch
@@ -97,8 +98,9 @@ def attention(qk_norm: str | None = None) -> Semantic:
             attn = ctx.layer(i).self_attn
             with torch.no_grad():
                 want = attn(_t(x)[None], (cos, sin), None)[0][0].numpy()
+            rope = not rope_sliding_only or attn.sliding_window is not None
             got = sum(
-                _attention_rank(ctx.layer_fields(tp, r, i), attn, x, cos, sin, hd, qk_norm)
+                _attention_rank(ctx.layer_fields(tp, r, i), attn, x, (cos, sin, rope), hd, qk_norm)
                 for r in range(tp)
             )
             if "attention.o_bias" in ctx.layer_fields(tp, 0, i):
@@ -123,8 +125,9 @@ def _rotary(ctx: ProofContext, x: Any, i: int) -> tuple[Any, Any]:
 
 
 def _attention_rank(
-    f: dict[str, Any], attn: Any, x: Any, cos: Any, sin: Any, hd: int, qk_norm: str | None
-) -> Any:
+    f: dict[str, Any], attn: Any, x: Any, rotary: tuple[Any, Any, bool], hd: int,
+    qk_norm: str | None,
+) -> Any:  # fmt: skip
     t = x.shape[0]
     if "attention.qkv_proj" in f:
         w = f["attention.qkv_proj"]
@@ -143,18 +146,21 @@ def _attention_rank(
     if qk_norm == "head":
         q = _norm_with(attn.q_norm, f["attention.q_norm"], q)
         k = _norm_with(attn.k_norm, f["attention.k_norm"], k)
-    return _attend(attn, q, k, v, cos, sin, hd) @ f["attention.o_proj"].T
+    return _attend(attn, q, k, v, rotary, hd) @ f["attention.o_proj"].T
 
 
-def _attend(attn: Any, q: Any, k: Any, v: Any, cos: Any, sin: Any, hd: int) -> Any:
+def _attend(attn: Any, q: Any, k: Any, v: Any, rotary: tuple[Any, Any, bool], hd: int) -> Any:
     """softmax(rope(q) rope(k)^T * scaling) v for q [T, h·hd], k and v [T, kv·hd] (or already
-    [T, h, hd]), with the module's scaling, soft-cap and rotary; [T, h·hd] as NumPy."""
+    [T, h, hd]), with the module's scaling, soft-cap and rotary (``rotary``: cos, sin, and
+    whether this layer rotates at all); [T, h·hd] as NumPy."""
     import torch
 
     rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
     t = q.shape[0]
     q, k, v = (a.reshape(t, -1, hd).transpose(0, 1)[None] for a in (q, k, v))  # [1, n, T, hd]
-    q, k = rope(q, k, cos, sin)
+    cos, sin, rotates = rotary
+    if rotates:
+        q, k = rope(q, k, cos, sin)
     group = q.shape[1] // k.shape[1]  # query heads per KV head
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     logits = q @ k.transpose(-1, -2) * attn.scaling
@@ -189,7 +195,7 @@ def gathered_attention() -> Semantic:
             )  # each [T, whole projection]
             q = _norm_with(attn.q_norm, ranks[0]["attention.q_norm"], _t(q))
             k = _norm_with(attn.k_norm, ranks[0]["attention.k_norm"], _t(k))
-            o = _attend(attn, q, k, _t(v), cos, sin, hd)  # [T, heads·hd], every head
+            o = _attend(attn, q, k, _t(v), (cos, sin, True), hd)  # [T, heads·hd], every head
             got = np.zeros_like(want)
             lo = 0
             for f in ranks:  # RowParallelLinear: rank r's input columns, summed
