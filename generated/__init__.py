@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "740865a8302a67b547370d2415d1fb2463e88eb7eddc038aa2c3a29303ec1bb2"
+SPECS_SHA256 = "161d8581c82d32f39730a645b5b5d85f49885fc056ce5d30246ce6a8c3686926"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -19,6 +19,7 @@ MODELS = Registry(
     __name__,
     {
         "cohere": ModelEntry("model_cohere", ("cohere",), False),
+        "cohere2": ModelEntry("model_cohere2", ("cohere2",), False),
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
         "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),

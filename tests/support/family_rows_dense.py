@@ -178,6 +178,22 @@ COHERE = Family(
     variants={"command-r": {"use_qk_norm": False}},
 )
 
+COHERE2 = Family(
+    model="cohere2",
+    hf_class="Cohere2ForCausalLM",
+    config_class="Cohere2Config",
+    config=NO_HEAD_DIM
+    | {
+        "tie_word_embeddings": True,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention"],
+    },
+    layer=GQA | SWIGLU | INPUT_NORM,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    semantics=(attention(rope_sliding_only=True), swiglu_mlp()),
+)
+
 ROWS: tuple[Family, ...] = (
-    MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE,
+    MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2,
 )  # fmt: skip
