@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "161d8581c82d32f39730a645b5b5d85f49885fc056ce5d30246ce6a8c3686926"
+SPECS_SHA256 = "4368d9fe23c72460e6907d5053b768fb77d7ad4c0a8d93cdec29f7b59ac75a17"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -22,6 +22,7 @@ MODELS = Registry(
         "cohere2": ModelEntry("model_cohere2", ("cohere2",), False),
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
+        "exaone4": ModelEntry("model_exaone4", ("exaone4",), False),
         "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),
         "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),

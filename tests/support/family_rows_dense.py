@@ -191,9 +191,25 @@ COHERE2 = Family(
     layer=GQA | SWIGLU | INPUT_NORM,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
-    semantics=(attention(rope_sliding_only=True), swiglu_mlp()),
+    semantics=(attention(rotates=lambda a: a.sliding_window is not None), swiglu_mlp()),
+)
+
+EXAONE4 = Family(
+    model="exaone4",
+    hf_class="Exaone4ForCausalLM",
+    config_class="Exaone4Config",
+    config=LLAMA_LIKE
+    | {"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]},
+    layer=GQA | QK_NORM | SWIGLU | POST_NORMS,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    semantics=(
+        attention(qk_norm="head", rotates=lambda a: a.sliding_window is None or a.is_sliding),
+        swiglu_mlp(),
+    ),
+    variants={"tied": {"tie_word_embeddings": True}},
 )
 
 ROWS: tuple[Family, ...] = (
-    MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2,
+    MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
 )  # fmt: skip

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import inspect
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -80,12 +81,17 @@ def swiglu_mlp(slot: str = "mlp") -> Semantic:
     return check
 
 
-def attention(qk_norm: str | None = None, rope_sliding_only: bool = False) -> Semantic:
+def _always(attn: Any) -> bool:
+    return True
+
+
+def attention(qk_norm: str | None = None, rotates: Callable[[Any], bool] = _always) -> Semantic:
     """Σ over tp ranks of each rank's attention through its o_proj columns equals the module's
     attention: q/k/v from the rank's ``q_proj``/``k_proj``/``v_proj`` (or one fused
     ``qkv_proj`` [q_r; k_r; v_r]) and their biases where bound; ``qk_norm="head"``: the bound
     q_norm/k_norm over each head (Qwen3); rotary from the module's own rotary embedding
-    (``rope_sliding_only``: on sliding-window layers only, Cohere2's global layers have none)."""
+    (``rotates(module)``: whether the layer rotates at all, as the module decides: Cohere2's and
+    EXAONE-4's global layers do not)."""
 
     def check(ctx: ProofContext, tp: int) -> None:
         import torch
@@ -98,7 +104,7 @@ def attention(qk_norm: str | None = None, rope_sliding_only: bool = False) -> Se
             attn = ctx.layer(i).self_attn
             with torch.no_grad():
                 want = attn(_t(x)[None], (cos, sin), None)[0][0].numpy()
-            rope = not rope_sliding_only or attn.sliding_window is not None
+            rope = rotates(attn)
             got = sum(
                 _attention_rank(ctx.layer_fields(tp, r, i), attn, x, (cos, sin, rope), hd, qk_norm)
                 for r in range(tp)
