@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "4368d9fe23c72460e6907d5053b768fb77d7ad4c0a8d93cdec29f7b59ac75a17"
+SPECS_SHA256 = "a4de487416ff6cbd86672a7bef748f6a51b4dc7f263212aa1cc1061641ae329c"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -26,6 +26,7 @@ MODELS = Registry(
         "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),
         "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
+        "glm4": ModelEntry("model_glm4", ("glm4",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),

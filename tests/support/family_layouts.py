@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from family_table import Cat, Col, Rep, Row, Rule
+from family_table import Cat, Col, Part, Rep, Row, Rule
 
 HEADS, KV, INTER, VOCAB = (
     "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
@@ -88,3 +88,20 @@ HEAD_NORMS: dict[str, Rule] = {
     "attention.k_norm": Col("self_attn.k_norm.weight", KV),
 }
 INPUT_NORM: dict[str, Rule] = {"norms.input_norm": Rep("input_layernorm.weight")}
+GLM4_NORMS: dict[str, Rule] = {
+    "norms.input_norm": Rep("input_layernorm.weight"),
+    "norms.post_attention_norm": Rep("post_self_attn_layernorm.weight"),
+    "norms.pre_mlp_norm": Rep("post_attention_layernorm.weight"),
+    "norms.post_mlp_norm": Rep("post_mlp_layernorm.weight"),
+}
+
+
+def fused_gate_up(intermediate: int) -> dict[str, Rule]:
+    """One stored gate_up_proj [gate; up] (Phi-3, GLM-4): rank r's [gate_r; up_r], as vLLM's
+    MergedColumnParallelLinear loads the fused tensor (each half split by its own rows)."""
+    whole = Col("mlp.gate_up_proj.weight", INTER)
+    halves = (intermediate, intermediate)
+    return {
+        "mlp.gate_up": Cat(Part(whole, halves, 0), Part(whole, halves, 1)),
+        "mlp.down": Row("mlp.down_proj.weight", INTER),
+    }

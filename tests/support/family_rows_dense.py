@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from family_layouts import (
+    GLM4_NORMS,
     GQA,
     GQA_PROJ_NORM,
     HEAD_NORMS,
@@ -22,6 +23,7 @@ from family_layouts import (
     QKV_BIAS,
     SANDWICH_NORMS,
     SWIGLU,
+    fused_gate_up,
 )
 from family_semantics import attention, gathered_attention, swiglu_mlp
 from family_table import Family
@@ -210,6 +212,27 @@ EXAONE4 = Family(
     variants={"tied": {"tie_word_embeddings": True}},
 )
 
+# Partial rotary (half of head_dim) as released; q/k/v biases on.
+GLM4 = Family(
+    model="glm4",
+    hf_class="Glm4ForCausalLM",
+    config_class="Glm4Config",
+    config=LLAMA_LIKE
+    | {
+        "attention_bias": True,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+    },
+    layer=GQA | QKV_BIAS | fused_gate_up(LLAMA_LIKE["intermediate_size"]) | GLM4_NORMS,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    semantics=(attention(), swiglu_mlp()),
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
+    GLM4,
 )  # fmt: skip

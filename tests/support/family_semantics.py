@@ -66,6 +66,7 @@ def swiglu_mlp(slot: str = "mlp") -> Semantic:
         cfg = ctx.config
         for i in range(cfg["num_hidden_layers"]):
             mlp = ctx.layer(i).mlp
+            act = getattr(mlp, "act_fn", None) or mlp.activation_fn  # GLM-4 names it so
             x = bf16_input(TOKENS, cfg["hidden_size"], seed=100 + i)
             with torch.no_grad():
                 want = mlp(_t(x)).numpy()
@@ -74,7 +75,7 @@ def swiglu_mlp(slot: str = "mlp") -> Semantic:
                 f = ctx.layer_fields(tp, r, i)
                 gate, up = np.split(f[f"{slot}.gate_up"], 2)  # [2·I_r, H] -> 2 x [I_r, H]
                 with torch.no_grad():
-                    h = mlp.act_fn(_t(x @ gate.T)).numpy() * (x @ up.T)
+                    h = act(_t(x @ gate.T)).numpy() * (x @ up.T)
                 got += h @ f[f"{slot}.down"].T
             assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
 
