@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "a4de487416ff6cbd86672a7bef748f6a51b4dc7f263212aa1cc1061641ae329c"
+SPECS_SHA256 = "8667e81bb485352a13cc9af2e23314a9fc9a7bcc30fdcf9b634f63a0d8c09955"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -38,5 +38,6 @@ MODELS = Registry(
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
+        "starcoder2": ModelEntry("model_starcoder2", ("starcoder2",), False),
     },
 )

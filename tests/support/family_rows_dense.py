@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from family_layouts import (
+    FC_MLP,
     GLM4_NORMS,
     GQA,
     GQA_PROJ_NORM,
@@ -18,6 +19,9 @@ from family_layouts import (
     INPUT_NORM,
     LLAMA_LAYER,
     LM_GLOBALS,
+    LM_GLOBALS_BIAS,
+    NORMS_BIAS,
+    O_BIAS,
     POST_NORMS,
     QK_NORM,
     QKV_BIAS,
@@ -25,7 +29,7 @@ from family_layouts import (
     SWIGLU,
     fused_gate_up,
 )
-from family_semantics import attention, gathered_attention, swiglu_mlp
+from family_semantics import attention, fc_mlp, gathered_attention, swiglu_mlp
 from family_table import Family
 
 # Llama-shaped sizes: q rows 96, kv rows 24 (2 x 12), no size repeated.
@@ -232,7 +236,28 @@ GLM4 = Family(
     semantics=(attention(), swiglu_mlp()),
 )
 
+# 4 KV heads: vLLM's Transformers backend (plain ColumnParallelLinear k/v) holds whole KV
+# heads only while tp <= kv_heads, so those are the tps proven.
+STARCODER2 = Family(
+    model="starcoder2",
+    hf_class="Starcoder2ForCausalLM",
+    config_class="Starcoder2Config",
+    config=NO_HEAD_DIM
+    | {
+        "num_key_value_heads": 4,
+        "use_bias": True,
+        "tie_word_embeddings": True,
+        "hidden_act": "gelu_pytorch_tanh",
+        "sliding_window": 16,
+    },
+    layer=GQA | QKV_BIAS | O_BIAS | FC_MLP | NORMS_BIAS,
+    globals=LM_GLOBALS_BIAS,
+    tps=(1, 2, 4),
+    semantics=(attention(), fc_mlp()),
+    variants={"untied": {"tie_word_embeddings": False}},
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
-    GLM4,
+    GLM4, STARCODER2,
 )  # fmt: skip

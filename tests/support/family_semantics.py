@@ -212,3 +212,27 @@ def gathered_attention() -> Semantic:
             assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
 
     return check
+
+
+def fc_mlp() -> Semantic:
+    """Starcoder2's non-gated MLP: Σ over tp ranks of act(x c_fc_r^T + b_r) c_proj_r^T, plus
+    the replicated c_proj bias once, equals the module's MLP (the act is the module's)."""
+
+    def check(ctx: ProofContext, tp: int) -> None:
+        import torch
+
+        cfg = ctx.config
+        for i in range(cfg["num_hidden_layers"]):
+            mlp = ctx.layer(i).mlp
+            x = bf16_input(TOKENS, cfg["hidden_size"], seed=200 + i)
+            with torch.no_grad():
+                want = mlp(_t(x)).numpy()
+            got = ctx.layer_fields(tp, 0, i)["mlp.c_proj_bias"] + np.zeros_like(want)
+            for r in range(tp):
+                f = ctx.layer_fields(tp, r, i)
+                with torch.no_grad():
+                    h = mlp.act(_t(x @ f["mlp.c_fc"].T + f["mlp.c_fc_bias"])).numpy()
+                got += h @ f["mlp.c_proj"].T
+            assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
+
+    return check
