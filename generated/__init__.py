@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "8667e81bb485352a13cc9af2e23314a9fc9a7bcc30fdcf9b634f63a0d8c09955"
+SPECS_SHA256 = "571066524d57eec19bd3b100c9df0f3a1822bed1e1acb4dcf28e75bf86625f8d"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -23,6 +23,7 @@ MODELS = Registry(
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
         "exaone4": ModelEntry("model_exaone4", ("exaone4",), False),
+        "gemma": ModelEntry("model_gemma", ("gemma",), False),
         "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),
         "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),

@@ -257,7 +257,20 @@ STARCODER2 = Family(
     variants={"untied": {"tie_word_embeddings": False}},
 )
 
+GEMMA1 = Family(
+    model="gemma",
+    hf_class="GemmaForCausalLM",
+    config_class="GemmaConfig",
+    config=LLAMA_LIKE | {"tie_word_embeddings": True},
+    layer=LLAMA_LAYER,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    semantics=(attention(), swiglu_mlp()),
+)
+
+# vLLM runs SmolLM3 and Seed-OSS through its Transformers backend (plain ColumnParallelLinear
+# k/v): 4 KV heads, tps within them. Layer 0 is a NoPE layer, layer 1 rotates.
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
-    GLM4, STARCODER2,
+    GLM4, STARCODER2, GEMMA1,
 )  # fmt: skip
