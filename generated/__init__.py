@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "571066524d57eec19bd3b100c9df0f3a1822bed1e1acb4dcf28e75bf86625f8d"
+SPECS_SHA256 = "9cda10eb5c29905604810495e0cd6849813fd84aa867ed1e74712d3eaa8a06bc"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -35,6 +35,7 @@ MODELS = Registry(
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
+        "olmo3": ModelEntry("model_olmo3", ("olmo3",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),

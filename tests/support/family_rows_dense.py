@@ -268,9 +268,21 @@ GEMMA1 = Family(
     semantics=(attention(), swiglu_mlp()),
 )
 
+OLMO3 = Family(
+    model="olmo3",
+    hf_class="Olmo3ForCausalLM",
+    config_class="Olmo3Config",
+    config=NO_HEAD_DIM
+    | {"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]},
+    layer=GQA_PROJ_NORM | SWIGLU | POST_NORMS,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    semantics=(gathered_attention(), swiglu_mlp()),
+)
+
 # vLLM runs SmolLM3 and Seed-OSS through its Transformers backend (plain ColumnParallelLinear
 # k/v): 4 KV heads, tps within them. Layer 0 is a NoPE layer, layer 1 rotates.
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
-    GLM4, STARCODER2, GEMMA1,
+    GLM4, STARCODER2, GEMMA1, OLMO3,
 )  # fmt: skip
