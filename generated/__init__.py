@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "9cda10eb5c29905604810495e0cd6849813fd84aa867ed1e74712d3eaa8a06bc"
+SPECS_SHA256 = "f1ca60574d20fc1335e0f3fe999620eb99ff4f214e1dbfa8e0569457b2f14705"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -40,6 +40,7 @@ MODELS = Registry(
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
+        "smollm3": ModelEntry("model_smollm3", ("smollm3",), False),
         "starcoder2": ModelEntry("model_starcoder2", ("starcoder2",), False),
     },
 )

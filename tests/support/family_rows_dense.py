@@ -282,7 +282,19 @@ OLMO3 = Family(
 
 # vLLM runs SmolLM3 and Seed-OSS through its Transformers backend (plain ColumnParallelLinear
 # k/v): 4 KV heads, tps within them. Layer 0 is a NoPE layer, layer 1 rotates.
+SMOLLM3 = Family(
+    model="smollm3",
+    hf_class="SmolLM3ForCausalLM",
+    config_class="SmolLM3Config",
+    config=NO_HEAD_DIM
+    | {"num_key_value_heads": 4, "tie_word_embeddings": True, "no_rope_layers": [0, 1]},
+    layer=LLAMA_LAYER,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    semantics=(attention(rotates=lambda a: bool(a.use_rope)), swiglu_mlp()),
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
-    GLM4, STARCODER2, GEMMA1, OLMO3,
+    GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3,
 )  # fmt: skip
