@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "f1ca60574d20fc1335e0f3fe999620eb99ff4f214e1dbfa8e0569457b2f14705"
+SPECS_SHA256 = "bddc0480dfe7a09f4d79852a4a93f8712329426f93208919036a8d46c6a0d8ed"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -22,6 +22,7 @@ MODELS = Registry(
         "cohere2": ModelEntry("model_cohere2", ("cohere2",), False),
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
+        "ernie4-5": ModelEntry("model_ernie4_5", ("ernie4_5",), False),
         "exaone4": ModelEntry("model_exaone4", ("exaone4",), False),
         "gemma": ModelEntry("model_gemma", ("gemma",), False),
         "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),

@@ -294,7 +294,18 @@ SMOLLM3 = Family(
     semantics=(attention(rotates=lambda a: bool(a.use_rope)), swiglu_mlp()),
 )
 
+ERNIE4_5 = Family(
+    model="ernie4-5",
+    hf_class="Ernie4_5ForCausalLM",
+    config_class="Ernie4_5Config",
+    config=LLAMA_LIKE | {"tie_word_embeddings": True},
+    layer=LLAMA_LAYER,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    semantics=(attention(), swiglu_mlp()),
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
-    GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3,
+    GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5,
 )  # fmt: skip
