@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "bddc0480dfe7a09f4d79852a4a93f8712329426f93208919036a8d46c6a0d8ed"
+SPECS_SHA256 = "8f9582a809d1ed1257efb497e7f7eb0e430615cd11e664bc58496037fb0f74f2"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -41,6 +41,7 @@ MODELS = Registry(
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
+        "seed-oss": ModelEntry("model_seed_oss", ("seed_oss",), False),
         "smollm3": ModelEntry("model_smollm3", ("smollm3",), False),
         "starcoder2": ModelEntry("model_starcoder2", ("starcoder2",), False),
     },

@@ -305,7 +305,20 @@ ERNIE4_5 = Family(
     semantics=(attention(), swiglu_mlp()),
 )
 
+SEED_OSS = Family(
+    model="seed-oss",
+    hf_class="SeedOssForCausalLM",
+    config_class="SeedOssConfig",
+    config=LLAMA_LIKE
+    | {"num_key_value_heads": 4, "attention_bias": True, "attention_out_bias": True},
+    layer=LLAMA_LAYER | QKV_BIAS | O_BIAS,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    semantics=(attention(), swiglu_mlp()),
+    variants={"no-o-bias": {"attention_out_bias": False}},
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
-    GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5,
+    GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS,
 )  # fmt: skip
