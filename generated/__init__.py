@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "8f9582a809d1ed1257efb497e7f7eb0e430615cd11e664bc58496037fb0f74f2"
+SPECS_SHA256 = "2870a85dc07875426078de239ab85627cfa549d7840ff782193449ddb1a2cc3e"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -33,6 +33,7 @@ MODELS = Registry(
         "granite": ModelEntry("model_granite", ("granite",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
+        "ministral": ModelEntry("model_ministral", ("ministral",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),

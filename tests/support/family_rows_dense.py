@@ -20,6 +20,7 @@ from family_layouts import (
     LLAMA_LAYER,
     LM_GLOBALS,
     LM_GLOBALS_BIAS,
+    NORMS,
     NORMS_BIAS,
     O_BIAS,
     POST_NORMS,
@@ -30,7 +31,7 @@ from family_layouts import (
     fused_gate_up,
 )
 from family_semantics import attention, fc_mlp, gathered_attention, swiglu_mlp
-from family_table import Family
+from family_table import Family, Rep
 
 # Llama-shaped sizes: q rows 96, kv rows 24 (2 x 12), no size repeated.
 LLAMA_LIKE: dict[str, Any] = {
@@ -318,7 +319,23 @@ SEED_OSS = Family(
     variants={"no-o-bias": {"attention_out_bias": False}},
 )
 
+# Ministral, Helium and Hunyuan dense have no vLLM model of their own: the Transformers
+# backend runs them, holding whole KV heads while tp <= kv_heads (4 here).
+KV4: dict[str, Any] = LLAMA_LIKE | {"num_key_value_heads": 4}
+
+MINISTRAL = Family(
+    model="ministral",
+    hf_class="MinistralForCausalLM",
+    config_class="MinistralConfig",
+    config=KV4 | {"sliding_window": 16, "layer_types": ["sliding_attention", "full_attention"]},
+    layer=LLAMA_LAYER,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    semantics=(attention(), swiglu_mlp()),
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
-    GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS,
+    GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL,
+   
 )  # fmt: skip

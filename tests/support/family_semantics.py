@@ -90,7 +90,8 @@ def attention(qk_norm: str | None = None, rotates: Callable[[Any], bool] = _alwa
     """Σ over tp ranks of each rank's attention through its o_proj columns equals the module's
     attention: q/k/v from the rank's ``q_proj``/``k_proj``/``v_proj`` (or one fused
     ``qkv_proj`` [q_r; k_r; v_r]) and their biases where bound; ``qk_norm="head"``: the bound
-    q_norm/k_norm over each head (Qwen3); rotary from the module's own rotary embedding
+    q_norm/k_norm over each head (Qwen3), ``"head_after_rope"``: the same after the rotary
+    (Hunyuan); rotary from the module's own rotary embedding
     (``rotates(module)``: whether the layer rotates at all, as the module decides: Cohere2's and
     EXAONE-4's global layers do not)."""
 
@@ -150,13 +151,23 @@ def _attention_rank(
     q = _t(y[:, :q_rows]).view(t, -1, hd)  # [T, h_r, hd]
     k = _t(y[:, q_rows : q_rows + kv_rows]).view(t, -1, hd)  # [T, kv_r, hd]
     v = _t(y[:, q_rows + kv_rows :]).view(t, -1, hd)
+    post = None
     if qk_norm == "head":
         q = _norm_with(attn.q_norm, f["attention.q_norm"], q)
         k = _norm_with(attn.k_norm, f["attention.k_norm"], k)
-    return _attend(attn, q, k, v, rotary, hd) @ f["attention.o_proj"].T
+    elif qk_norm == "head_after_rope":  # Hunyuan: query_/key_layernorm after the rotary
+
+        def post(q: Any, k: Any) -> tuple[Any, Any]:
+            return (_norm_with(attn.query_layernorm, f["attention.q_norm"], q),
+                    _norm_with(attn.key_layernorm, f["attention.k_norm"], k))  # fmt: skip
+
+    return _attend(attn, q, k, v, rotary, hd, post) @ f["attention.o_proj"].T
 
 
-def _attend(attn: Any, q: Any, k: Any, v: Any, rotary: tuple[Any, Any, bool], hd: int) -> Any:
+def _attend(
+    attn: Any, q: Any, k: Any, v: Any, rotary: tuple[Any, Any, bool], hd: int,
+    post_rope: Callable[[Any, Any], tuple[Any, Any]] | None = None,
+) -> Any:  # fmt: skip
     """softmax(rope(q) rope(k)^T * scaling) v for q [T, h·hd], k and v [T, kv·hd] (or already
     [T, h, hd]), with the module's scaling, soft-cap and rotary (``rotary``: cos, sin, and
     whether this layer rotates at all); [T, h·hd] as NumPy."""
@@ -168,6 +179,8 @@ def _attend(attn: Any, q: Any, k: Any, v: Any, rotary: tuple[Any, Any, bool], hd
     cos, sin, rotates = rotary
     if rotates:
         q, k = rope(q, k, cos, sin)
+    if post_rope is not None:
+        q, k = post_rope(q, k)
     group = q.shape[1] // k.shape[1]  # query heads per KV head
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     logits = q @ k.transpose(-1, -2) * attn.scaling
