@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "2870a85dc07875426078de239ab85627cfa549d7840ff782193449ddb1a2cc3e"
+SPECS_SHA256 = "2c2c01151c408f6a039141d64042f0393354268c993eac48ebb0b7ddc6347160"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -31,6 +31,7 @@ MODELS = Registry(
         "glm4": ModelEntry("model_glm4", ("glm4",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
+        "helium": ModelEntry("model_helium", ("helium",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
         "ministral": ModelEntry("model_ministral", ("ministral",), False),

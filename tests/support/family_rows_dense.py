@@ -334,8 +334,19 @@ MINISTRAL = Family(
     semantics=(attention(), swiglu_mlp()),
 )
 
+HELIUM = Family(
+    model="helium",
+    hf_class="HeliumForCausalLM",
+    config_class="HeliumConfig",
+    config=NO_HEAD_DIM | {"num_key_value_heads": 4, "head_dim": 6},  # heads x 6 = hidden
+    layer=LLAMA_LAYER,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    semantics=(attention(), swiglu_mlp()),
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
-    GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL,
+    GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM,
    
 )  # fmt: skip
