@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "2c2c01151c408f6a039141d64042f0393354268c993eac48ebb0b7ddc6347160"
+SPECS_SHA256 = "c453b10d6379ecd6dc0db1a9e6faf57e4ffd9927acf394b747a20c19fcba71f0"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -27,6 +27,7 @@ MODELS = Registry(
         "gemma": ModelEntry("model_gemma", ("gemma",), False),
         "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),
         "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
+        "glm": ModelEntry("model_glm", ("glm",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
         "glm4": ModelEntry("model_glm4", ("glm4",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),

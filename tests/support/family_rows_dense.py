@@ -345,8 +345,19 @@ HELIUM = Family(
     semantics=(attention(), swiglu_mlp()),
 )
 
+GLM = Family(
+    model="glm",
+    hf_class="GlmForCausalLM",
+    config_class="GlmConfig",
+    config=GLM4.config,
+    layer=GQA | QKV_BIAS | fused_gate_up(LLAMA_LIKE["intermediate_size"]) | NORMS,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    semantics=(attention(), swiglu_mlp()),
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
-    GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM,
+    GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM, GLM,
    
 )  # fmt: skip
