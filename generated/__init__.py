@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "c453b10d6379ecd6dc0db1a9e6faf57e4ffd9927acf394b747a20c19fcba71f0"
+SPECS_SHA256 = "0b2d6a7f5053178231ccf25e1be23a3400e1e251f3bdae939df8d7842fa691c4"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -33,6 +33,7 @@ MODELS = Registry(
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
         "helium": ModelEntry("model_helium", ("helium",), False),
+        "hunyuan-dense": ModelEntry("model_hunyuan_dense", ("hunyuan_v1_dense",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
         "ministral": ModelEntry("model_ministral", ("ministral",), False),

@@ -356,8 +356,23 @@ GLM = Family(
     semantics=(attention(), swiglu_mlp()),
 )
 
+HUNYUAN_DENSE = Family(
+    model="hunyuan-dense",
+    hf_class="HunYuanDenseV1ForCausalLM",
+    config_class="HunYuanDenseV1Config",
+    config=KV4,
+    layer=LLAMA_LAYER
+    | {
+        "attention.q_norm": Rep("self_attn.query_layernorm.weight"),
+        "attention.k_norm": Rep("self_attn.key_layernorm.weight"),
+    },
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    semantics=(attention(qk_norm="head_after_rope"), swiglu_mlp()),
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
     GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM, GLM,
-   
+    HUNYUAN_DENSE,
 )  # fmt: skip
