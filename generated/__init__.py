@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "0b2d6a7f5053178231ccf25e1be23a3400e1e251f3bdae939df8d7842fa691c4"
+SPECS_SHA256 = "450579d7bf560ac736d49e19d98ee4039ce0ce24e40d42c922e50d33a8015c4a"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -38,6 +38,7 @@ MODELS = Registry(
         "llama": ModelEntry("model_llama", ("llama",), False),
         "ministral": ModelEntry("model_ministral", ("ministral",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
+        "nemotron": ModelEntry("model_nemotron", ("nemotron",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "olmo3": ModelEntry("model_olmo3", ("olmo3",), False),

@@ -120,3 +120,8 @@ NORMS_BIAS: dict[str, Rule] = NORMS | {
 }
 LM_GLOBALS_BIAS: dict[str, Rule] = LM_GLOBALS | {"norm_bias": Rep("model.norm.bias")}
 O_BIAS: dict[str, Rule] = {"attention.o_bias": Rep("self_attn.o_proj.bias")}
+# specs/blocks/up_down_mlp.yaml (Nemotron, Arcee): ColumnParallelLinear up, RowParallel down.
+UP_DOWN: dict[str, Rule] = {
+    "mlp.up": Col("mlp.up_proj.weight", INTER),
+    "mlp.down": Row("mlp.down_proj.weight", INTER),
+}

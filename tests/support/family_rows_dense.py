@@ -28,9 +28,10 @@ from family_layouts import (
     QKV_BIAS,
     SANDWICH_NORMS,
     SWIGLU,
+    UP_DOWN,
     fused_gate_up,
 )
-from family_semantics import attention, fc_mlp, gathered_attention, swiglu_mlp
+from family_semantics import attention, fc_mlp, gathered_attention, swiglu_mlp, up_down_mlp
 from family_table import Family, Rep
 
 # Llama-shaped sizes: q rows 96, kv rows 24 (2 x 12), no size repeated.
@@ -371,8 +372,31 @@ HUNYUAN_DENSE = Family(
     semantics=(attention(qk_norm="head_after_rope"), swiglu_mlp()),
 )
 
+# Partial rotary (half of head_dim) as released; squared ReLU.
+NEMOTRON = Family(
+    model="nemotron",
+    hf_class="NemotronForCausalLM",
+    config_class="NemotronConfig",
+    config=LLAMA_LIKE
+    | {
+        "hidden_act": "relu2",
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+    },
+    layer=GQA | UP_DOWN | NORMS_BIAS,
+    globals=LM_GLOBALS_BIAS,
+    tps=(1, 2, 4, 8),
+    semantics=(attention(), up_down_mlp()),
+)
+
+# vLLM runs Arcee through its Transformers backend: tps within its 4 KV heads.
+# StableLM 2 (q/k/v biases, partial rotary); StableLM-3B-4E1T without biases: a variant. Its
+# head_dim is hidden / heads: 4 heads of 12, so the rotary half (6 dims) is whole pairs.
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
     GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM, GLM,
-    HUNYUAN_DENSE,
+    HUNYUAN_DENSE, NEMOTRON,
 )  # fmt: skip

@@ -105,7 +105,9 @@ def attention(qk_norm: str | None = None, rotates: Callable[[Any], bool] = _alwa
             cos, sin = _rotary(ctx, x, i)
             attn = ctx.layer(i).self_attn
             with torch.no_grad():
-                want = attn(_t(x)[None], (cos, sin), None)[0][0].numpy()
+                want = attn(
+                    hidden_states=_t(x)[None], position_embeddings=(cos, sin), attention_mask=None
+                )[0][0].numpy()
             rope = rotates(attn)
             got = sum(
                 _attention_rank(ctx.layer_fields(tp, r, i), attn, x, (cos, sin, rope), hd, qk_norm)
@@ -177,8 +179,10 @@ def _attend(
     t = q.shape[0]
     q, k, v = (a.reshape(t, -1, hd).transpose(0, 1)[None] for a in (q, k, v))  # [1, n, T, hd]
     cos, sin, rotates = rotary
+    rd = cos.shape[-1]  # partial rotary (StableLM, Nemotron): the first rd dims of each head
     if rotates:
-        q, k = rope(q, k, cos, sin)
+        q_rot, k_rot = rope(q[..., :rd], k[..., :rd], cos, sin)
+        q, k = torch.cat([q_rot, q[..., rd:]], -1), torch.cat([k_rot, k[..., rd:]], -1)
     if post_rope is not None:
         q, k = post_rope(q, k)
     group = q.shape[1] // k.shape[1]  # query heads per KV head
@@ -207,7 +211,9 @@ def gathered_attention() -> Semantic:
             cos, sin = _rotary(ctx, x, i)
             attn = ctx.layer(i).self_attn
             with torch.no_grad():
-                want = attn(_t(x)[None], (cos, sin), None)[0][0].numpy()
+                want = attn(
+                    hidden_states=_t(x)[None], position_embeddings=(cos, sin), attention_mask=None
+                )[0][0].numpy()
             ranks = [ctx.layer_fields(tp, r, i) for r in range(tp)]
             q, k, v = (
                 np.concatenate([x @ f[f"attention.{p}_proj"].T for f in ranks], axis=1)
@@ -246,6 +252,29 @@ def fc_mlp() -> Semantic:
                 with torch.no_grad():
                     h = mlp.act(_t(x @ f["mlp.c_fc"].T + f["mlp.c_fc_bias"])).numpy()
                 got += h @ f["mlp.c_proj"].T
+            assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
+
+    return check
+
+
+def up_down_mlp() -> Semantic:
+    """A non-gated MLP (Nemotron, Arcee): Σ over tp ranks of down_r · act(up_r x) equals the
+    module's MLP (the act is the module's)."""
+
+    def check(ctx: ProofContext, tp: int) -> None:
+        import torch
+
+        cfg = ctx.config
+        for i in range(cfg["num_hidden_layers"]):
+            mlp = ctx.layer(i).mlp
+            x = bf16_input(TOKENS, cfg["hidden_size"], seed=300 + i)
+            with torch.no_grad():
+                want = mlp(_t(x)).numpy()
+            got = np.zeros_like(want)
+            for r in range(tp):
+                f = ctx.layer_fields(tp, r, i)
+                with torch.no_grad():
+                    got += mlp.act_fn(_t(x @ f["mlp.up"].T)).numpy() @ f["mlp.down"].T
             assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
 
     return check
