@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "450579d7bf560ac736d49e19d98ee4039ce0ce24e40d42c922e50d33a8015c4a"
+SPECS_SHA256 = "2827647c71946d48078ddb1e909089bd6ded30617e94dc471d4e8133b9930eee"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
 MODELS = Registry(
     __name__,
     {
+        "arcee": ModelEntry("model_arcee", ("arcee",), False),
         "cohere": ModelEntry("model_cohere", ("cohere",), False),
         "cohere2": ModelEntry("model_cohere2", ("cohere2",), False),
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),

@@ -393,10 +393,21 @@ NEMOTRON = Family(
 )
 
 # vLLM runs Arcee through its Transformers backend: tps within its 4 KV heads.
+ARCEE = Family(
+    model="arcee",
+    hf_class="ArceeForCausalLM",
+    config_class="ArceeConfig",
+    config=KV4,
+    layer=GQA | UP_DOWN | NORMS,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    semantics=(attention(), up_down_mlp()),
+)
+
 # StableLM 2 (q/k/v biases, partial rotary); StableLM-3B-4E1T without biases: a variant. Its
 # head_dim is hidden / heads: 4 heads of 12, so the rotary half (6 dims) is whole pairs.
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
     GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM, GLM,
-    HUNYUAN_DENSE, NEMOTRON,
+    HUNYUAN_DENSE, NEMOTRON, ARCEE,
 )  # fmt: skip
