@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "2827647c71946d48078ddb1e909089bd6ded30617e94dc471d4e8133b9930eee"
+SPECS_SHA256 = "c81761f518b19b37319c512fd6031d291a26ebd63091595d2e95772e7d2eee2e"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -49,6 +49,7 @@ MODELS = Registry(
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
         "seed-oss": ModelEntry("model_seed_oss", ("seed_oss",), False),
         "smollm3": ModelEntry("model_smollm3", ("smollm3",), False),
+        "stablelm": ModelEntry("model_stablelm", ("stablelm",), False),
         "starcoder2": ModelEntry("model_starcoder2", ("starcoder2",), False),
     },
 )

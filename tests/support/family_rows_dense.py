@@ -406,8 +406,30 @@ ARCEE = Family(
 
 # StableLM 2 (q/k/v biases, partial rotary); StableLM-3B-4E1T without biases: a variant. Its
 # head_dim is hidden / heads: 4 heads of 12, so the rotary half (6 dims) is whole pairs.
+STABLELM = Family(
+    model="stablelm",
+    hf_class="StableLmForCausalLM",
+    config_class="StableLmConfig",
+    config=NO_HEAD_DIM
+    | {
+        "num_attention_heads": 4,
+        "use_qkv_bias": True,
+        "layer_norm_eps": 1e-5,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+    },
+    layer=LLAMA_LAYER | QKV_BIAS | NORMS_BIAS,
+    globals=LM_GLOBALS_BIAS,
+    tps=(1, 2, 4),
+    semantics=(attention(), swiglu_mlp()),
+    variants={"no-qkv-bias": {"use_qkv_bias": False}},
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
     GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM, GLM,
-    HUNYUAN_DENSE, NEMOTRON, ARCEE,
+    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM,
 )  # fmt: skip
