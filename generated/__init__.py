@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "c81761f518b19b37319c512fd6031d291a26ebd63091595d2e95772e7d2eee2e"
+SPECS_SHA256 = "9f2a96b34c4123b5424c9ebf861ee4160971dbdbe5cc4f35915dbf018216010d"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -43,6 +43,7 @@ MODELS = Registry(
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "olmo3": ModelEntry("model_olmo3", ("olmo3",), False),
+        "phi": ModelEntry("model_phi", ("phi",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),

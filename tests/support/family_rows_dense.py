@@ -32,7 +32,7 @@ from family_layouts import (
     fused_gate_up,
 )
 from family_semantics import attention, fc_mlp, gathered_attention, swiglu_mlp, up_down_mlp
-from family_table import Family, Rep
+from family_table import Col, Family, Rep, Row
 
 # Llama-shaped sizes: q rows 96, kv rows 24 (2 x 12), no size repeated.
 LLAMA_LIKE: dict[str, Any] = {
@@ -428,8 +428,50 @@ STABLELM = Family(
     variants={"no-qkv-bias": {"use_qkv_bias": False}},
 )
 
+# vLLM runs Phi through its Transformers backend: tps within the KV heads (4 here, MHA as
+# released: kv_heads = heads would leave no tp > kv_heads to check anyway). Partial rotary 0.5.
+PHI = Family(
+    model="phi",
+    hf_class="PhiForCausalLM",
+    config_class="PhiConfig",
+    config=NO_HEAD_DIM
+    | {
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "layer_norm_eps": 1e-5,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+    },
+    layer={
+        "attention.q_proj": Col("self_attn.q_proj.weight", "num_attention_heads"),
+        "attention.k_proj": Col("self_attn.k_proj.weight", "num_key_value_heads"),
+        "attention.v_proj": Col("self_attn.v_proj.weight", "num_key_value_heads"),
+        "attention.o_proj": Row("self_attn.dense.weight", "num_attention_heads"),
+        "attention.o_bias": Rep("self_attn.dense.bias"),
+        "mlp.c_fc": Col("mlp.fc1.weight", "intermediate_size"),
+        "mlp.c_fc_bias": Col("mlp.fc1.bias", "intermediate_size"),
+        "mlp.c_proj": Row("mlp.fc2.weight", "intermediate_size"),
+        "mlp.c_proj_bias": Rep("mlp.fc2.bias"),
+        "norms.input_norm": Rep("input_layernorm.weight"),
+        "norms.input_norm_bias": Rep("input_layernorm.bias"),
+    }
+    | QKV_BIAS,
+    globals={
+        "embed_tokens": Col("model.embed_tokens.weight", "vocab_size"),
+        "norm": Rep("model.final_layernorm.weight"),
+        "norm_bias": Rep("model.final_layernorm.bias"),
+        "lm_head": Col("lm_head.weight", "vocab_size"),
+        "lm_head_bias": Col("lm_head.bias", "vocab_size"),
+    },
+    tps=(1, 2, 4),
+    semantics=(attention(), fc_mlp()),
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
     GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM, GLM,
-    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM,
+    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM, PHI,
 )  # fmt: skip

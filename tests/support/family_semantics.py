@@ -234,7 +234,7 @@ def gathered_attention() -> Semantic:
 
 
 def fc_mlp() -> Semantic:
-    """Starcoder2's non-gated MLP: Σ over tp ranks of act(x c_fc_r^T + b_r) c_proj_r^T, plus
+    """A non-gated MLP with biases (Starcoder2, Phi): Σ over tp ranks of act(x c_fc_r^T + b_r) c_proj_r^T, plus
     the replicated c_proj bias once, equals the module's MLP (the act is the module's)."""
 
     def check(ctx: ProofContext, tp: int) -> None:
@@ -250,7 +250,8 @@ def fc_mlp() -> Semantic:
             for r in range(tp):
                 f = ctx.layer_fields(tp, r, i)
                 with torch.no_grad():
-                    h = mlp.act(_t(x @ f["mlp.c_fc"].T + f["mlp.c_fc_bias"])).numpy()
+                    act = getattr(mlp, "act", None) or mlp.activation_fn  # Phi's name
+                    h = act(_t(x @ f["mlp.c_fc"].T + f["mlp.c_fc_bias"])).numpy()
                 got += h @ f["mlp.c_proj"].T
             assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
 
