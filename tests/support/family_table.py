@@ -9,7 +9,7 @@ MergedColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, replicate
 here from vLLM's loaders, never read back from the spec: a spec that shards a tensor another
 way fails the proof.
 
-Rules (``units`` is a config.json field, or an int):
+Rules (``units``: a config.json field, an int, or a function of config.json):
 * ``Rep(t)``: the whole tensor on every rank.
 * ``Col(t, units)``: rows (axis 0) split into tp equal parts by ``units``; where tp exceeds
   ``units`` (KV heads at tp 4 with 2 KV heads), unit ``r // (tp / units)`` whole, as vLLM
@@ -32,11 +32,14 @@ from typing import Any
 
 import numpy as np
 
-Units = str | int
+# a config.json field, a number, or a function of config.json (kv_heads * head_dim)
+Units = str | int | Callable[[Mapping[str, Any]], int]
 
 
 def units_of(config: Mapping[str, Any], units: Units) -> int:
-    return units if isinstance(units, int) else int(config[units])
+    if isinstance(units, int):
+        return units
+    return int(config[units]) if isinstance(units, str) else units(config)
 
 
 @dataclass(frozen=True)
