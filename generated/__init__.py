@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "74623371708024cbcd881bdd74d40059b72a1ccb7c2cf6eff445011d9a30f87c"
+SPECS_SHA256 = "a6d2aefed91debf023256177ec47adab8373b5c662b70c1d00ca7f80b02e56d4"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
