@@ -11,21 +11,32 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "a6d2aefed91debf023256177ec47adab8373b5c662b70c1d00ca7f80b02e56d4"
+SPECS_SHA256 = "fcd6b56ff39519542fc4ce59c6ab7a4f71f13eb752a958c92697062e72a8f8ef"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
 MODELS = Registry(
     __name__,
     {
+        "cohere": ModelEntry("model_cohere", ("cohere",), False),
+        "cohere2": ModelEntry("model_cohere2", ("cohere2",), False),
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
+        "exaone4": ModelEntry("model_exaone4", ("exaone4",), False),
+        "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),
+        "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
+        "glm4": ModelEntry("model_glm4", ("glm4",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
+        "granite": ModelEntry("model_granite", ("granite",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
+        "mistral": ModelEntry("model_mistral", ("mistral",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
+        "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
+        "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
+        "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
     },
 )
