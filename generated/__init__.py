@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "fcd6b56ff39519542fc4ce59c6ab7a4f71f13eb752a958c92697062e72a8f8ef"
+SPECS_SHA256 = "236db8c36000fc92bd09a914b8a39c9b110fae8947913513dae0e7515be15e7a"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -32,6 +32,7 @@ MODELS = Registry(
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
+        "mixtral": ModelEntry("model_mixtral", ("mixtral",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),

@@ -1,0 +1,191 @@
+"""Reference rules and the semantic check for the mixture-of-experts family rows.
+
+Rules (over the LOADED module's tensors, written from vLLM's FusedMoE loader, never read back
+from the spec): an ep rank holds the contiguous experts ``[e·base + min(e, rem), + base + (e <
+rem))`` (``base, rem = divmod(E, ep)``), and within each expert tp rank r its r-th block of the
+intermediate size, as vLLM's ``FusedMoE.weight_loader`` narrows w1/w3 by rows and w2 by columns.
+
+* ``W13(t, inter)``: transformers' fused ``experts.gate_up_proj`` [E, 2·I, X] (gate first) as
+  FusedMoE's w13 [E_r, 2·I/tp, X]: each of the rank's experts' [gate_r; up_r];
+* ``W2(t, inter)``: ``experts.down_proj`` [E, X, I] as w2 [E_r, X, I/tp];
+* ``Stacked(rule)``: a per-expert layout written as a rule over one expert ``[.., ..]`` (a
+  stored ``[E, ...]`` tensor's member), stacked over the rank's experts.
+
+Each has ``slice_ep`` (the harness passes the ep size and rank to a rule that has one).
+
+The semantic check (``sparse_moe``) routes with a copy of the module's own router holding each
+rank's bound router weight (so a family's routing formula, float32 softmax included, is the
+module's own), then sums over every (tp, ep) rank the rank's experts' SwiGLU outputs from its
+w13/w2 (the module's activation), scaled by the routing weights, plus the shared expert's tp
+share (on ep rank 0 only), gated as the module gates it. The sum equals the module's output.
+Trap: a routing decided by a near-tie could flip between two equal-looking computations;
+routing through the module's own router with the bound weight (bit-equal to its own, as the
+field proof shows) takes the same decisions.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from family_proof import ProofContext
+from family_table import Units, units_of
+
+REL_TOL = 1e-6
+TOKENS = 23
+
+
+def experts_of(n: int, ep: int, e: int) -> slice:
+    base, rem = divmod(n, ep)
+    lo = e * base + min(e, rem)
+    return slice(lo, lo + base + (1 if e < rem else 0))
+
+
+def _block(n: int, tp: int, r: int) -> slice:
+    assert n % tp == 0, f"tp {tp} does not divide {n}"
+    return slice(r * n // tp, (r + 1) * n // tp)
+
+
+@dataclass(frozen=True)
+class W13:
+    tensor: str  # [E, 2·I, X], gate rows first
+    inter: Units
+
+    def slice_ep(
+        self, t: Callable[[str], Any], cfg: Mapping[str, Any], tp: int, r: int, ep: int, e: int
+    ) -> Any:
+        a = t(self.tensor)
+        i = units_of(cfg, self.inter)
+        assert a.shape[1] == 2 * i, (self.tensor, a.shape, i)
+        mine = a[experts_of(a.shape[0], ep, e)]
+        rows = _block(i, tp, r)
+        return np.concatenate([mine[:, :i][:, rows], mine[:, i:][:, rows]], axis=1)
+
+
+@dataclass(frozen=True)
+class W2:
+    tensor: str  # [E, X, I]
+    inter: Units
+
+    def slice_ep(
+        self, t: Callable[[str], Any], cfg: Mapping[str, Any], tp: int, r: int, ep: int, e: int
+    ) -> Any:
+        a = t(self.tensor)
+        i = units_of(cfg, self.inter)
+        assert a.shape[2] == i, (self.tensor, a.shape, i)
+        return a[experts_of(a.shape[0], ep, e)][:, :, _block(i, tp, r)]
+
+
+@dataclass(frozen=True)
+class Stacked:
+    """A per-expert rule (over one expert's ``[.., ..]``, named ``member``) stacked over the
+    rank's experts of the stored ``[E, ...]`` tensor ``tensor``."""
+
+    tensor: str
+    rule: Any  # its tensor name is "member"
+
+    def slice_ep(
+        self, t: Callable[[str], Any], cfg: Mapping[str, Any], tp: int, r: int, ep: int, e: int
+    ) -> Any:
+        a = t(self.tensor)
+        return np.stack(
+            [self.rule.slice(lambda _: m, cfg, tp, r) for m in a[experts_of(a.shape[0], ep, e)]]
+        )
+
+
+def _t(a: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))
+
+
+def bf16_input(rows: int, cols: int, seed: int) -> Any:
+    import ml_dtypes
+
+    x = np.random.default_rng(seed).standard_normal((rows, cols))
+    return x.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def rel_err(got: Any, want: Any) -> float:
+    return float(np.abs(got - want).max()) / float(np.abs(want).max())
+
+
+def _route(module_gate: Any, weight: Any, x: Any) -> tuple[Any, Any]:
+    """(top-k expert ids [T, k], their weights [T, k]) from a copy of the module's router with
+    ``weight`` (a rank's bound router) in place of its own."""
+    import torch
+
+    gate = copy.deepcopy(module_gate)
+    with torch.no_grad():
+        gate.weight.data = _t(weight)
+        _, weights, index = gate(_t(x))
+    return index.numpy(), weights.double().numpy()
+
+
+def sparse_moe(
+    slot: str = "mlp",
+    module: str = "mlp",
+    shared: Callable[[Any, Any, Any], Any] | None = None,
+) -> Any:
+    """The summed per-(tp, ep)-rank MoE output equals the module's, every layer whose
+    ``slot`` binds w13 (``shared(block, x, y_r)``: the module's gating of a rank's shared
+    expert output ``y_r``, from the rank's ``shared_gate_up`` / ``shared_down``)."""
+
+    def check(ctx: ProofContext, tp: int, ep: int) -> None:
+        import torch
+
+        cfg = ctx.config
+        checked = 0
+        for i in range(cfg["num_hidden_layers"]):
+            block = ctx.layer(i).get_submodule(module)
+            if f"layers.{i}.{slot}.w13" not in ctx.fields(tp, 0, ep, 0):
+                continue  # a dense layer of a schedule
+            act = block.experts.act_fn
+            x = bf16_input(TOKENS, cfg["hidden_size"], seed=200 + i)
+            with torch.no_grad():
+                want = block(_t(x)[None]).numpy()[0]
+            got = np.zeros_like(want)
+            for r in range(tp):
+                for e in range(ep):
+                    f = ctx.fields(tp, r, ep, e)
+                    head = f"layers.{i}.{slot}."
+                    w13, w2 = f[head + "w13"], f[head + "w2"]
+                    first = experts_of(f[head + "router"].shape[0], ep, e).start
+                    index, weights = _route(block.gate, f[head + "router"], x)
+                    for j in range(w13.shape[0]):
+                        hit = index == first + j  # [T, k]
+                        scale = (weights * hit).sum(axis=-1)  # [T]
+                        gate, up = np.split(w13[j], 2)  # [2·I_r, X] -> 2 x [I_r, X]
+                        with torch.no_grad():
+                            h = act(_t(x @ gate.T)).numpy() * (x @ up.T)
+                        got += scale[:, None] * (h @ w2[j].T)
+                    if shared is not None and e == 0:
+                        sg, su = np.split(f[head + "shared_gate_up"], 2)
+                        with torch.no_grad():
+                            h = act(_t(x @ sg.T)).numpy() * (x @ su.T)
+                        got += shared(block, x, h @ f[head + "shared_down"].T)
+            assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, ep, rel_err(got, want))
+            checked += 1
+        assert checked, f"{ctx.row.model}: no layer binds {slot}.w13"
+
+    check.per_ep = True  # type: ignore[attr-defined]
+    return check
+
+
+def sigmoid_gated(gate_name: str) -> Callable[[Any, Any, Any], Any]:
+    """Qwen2-MoE's shared expert: ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``; the
+    gate is replicated, so each tp rank's share of the sum is gated by the same factor."""
+
+    def gated(block: Any, x: Any, y: Any) -> Any:
+        w = block.get_parameter(f"{gate_name}.weight").detach().double().numpy()  # [1, X]
+        return y / (1.0 + np.exp(-(x @ w.T)))
+
+    return gated
+
+
+def plain(block: Any, x: Any, y: Any) -> Any:
+    """A shared expert added ungated (GLM-4.5, ERNIE-4.5)."""
+    return y

@@ -1,0 +1,57 @@
+"""Family rows for the mixture-of-experts and hybrid families (tests/families/
+test_family_proofs.py collects every ``family_rows_*.py``'s ``ROWS``).
+
+Each config: no two sizes equal (hidden, heads, kv_heads, head_dim, expert and shared
+intermediates, experts, vocab, the q rows heads·head_dim), 2 layers, 2 KV heads so k/v replicate
+at tp 4 and 8; 6 experts, so ep 2 splits them evenly and ep 4 does not (the first 2 ranks hold
+one more, vLLM's map); every ep rank checked at each tp.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from family_layouts import GQA, LM_GLOBALS, NORMS
+from family_moe import W2, W13, sparse_moe
+from family_semantics import attention
+from family_table import Family, Rep, Rule
+
+# one expert's intermediate 72 (Mixtral's intermediate_size), q rows 96, kv rows 24, 6 experts
+MIXTRAL_CONFIG: dict[str, Any] = {
+    "vocab_size": 112,
+    "hidden_size": 40,
+    "intermediate_size": 72,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 12,
+    "num_local_experts": 6,
+    "num_experts_per_tok": 2,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+}
+
+
+def routed(inter: str) -> dict[str, Rule | Any]:
+    """specs/blocks/moe.yaml's router and routed experts over transformers' fused experts."""
+    return {
+        "mlp.router": Rep("mlp.gate.weight"),
+        "mlp.w13": W13("mlp.experts.gate_up_proj", inter),
+        "mlp.w2": W2("mlp.experts.down_proj", inter),
+    }
+
+
+MIXTRAL = Family(
+    model="mixtral",
+    hf_class="MixtralForCausalLM",
+    config_class="MixtralConfig",
+    config=MIXTRAL_CONFIG,
+    layer=GQA | NORMS | routed("intermediate_size"),
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    eps=(1, 2, 4),
+    semantics=(attention(), sparse_moe()),
+)
+
+ROWS = [MIXTRAL]
