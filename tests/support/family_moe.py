@@ -92,7 +92,10 @@ class Stacked:
     ) -> Any:
         a = t(self.tensor)
         return np.stack(
-            [self.rule.slice(lambda _: m, cfg, tp, r) for m in a[experts_of(a.shape[0], ep, e)]]
+            [
+                self.rule.slice(lambda _, m=m: m, cfg, tp, r)
+                for m in a[experts_of(a.shape[0], ep, e)]
+            ]
         )
 
 
