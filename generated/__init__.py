@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "236db8c36000fc92bd09a914b8a39c9b110fae8947913513dae0e7515be15e7a"
+SPECS_SHA256 = "3ff66385028c8cc212e93e66136d737049d8c430a70f42e440fa5128f399e05a"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -37,6 +37,7 @@ MODELS = Registry(
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
+        "qwen2-moe": ModelEntry("model_qwen2_moe", ("qwen2_moe",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
     },

@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from family_proof import ProofContext
@@ -131,11 +131,12 @@ def _route(module_gate: Any, weight: Any, x: Any) -> tuple[Any, Any]:
 def sparse_moe(
     slot: str = "mlp",
     module: str = "mlp",
-    shared: Callable[[Any, Any, Any], Any] | None = None,
+    shared: Literal["plain", "sigmoid"] | None = None,
 ) -> Any:
     """The summed per-(tp, ep)-rank MoE output equals the module's, every layer whose
-    ``slot`` binds w13 (``shared(block, x, y_r)``: the module's gating of a rank's shared
-    expert output ``y_r``, from the rank's ``shared_gate_up`` / ``shared_down``)."""
+    ``slot`` binds w13. ``shared``: the rank's shared expert (``shared_gate_up`` /
+    ``shared_down``) added as is (``plain``: GLM-4.5, ERNIE-4.5) or scaled by
+    ``sigmoid(shared_gate · x)`` from the bound, replicated gate (``sigmoid``: Qwen2-MoE)."""
 
     def check(ctx: ProofContext, tp: int, ep: int) -> None:
         import torch
@@ -169,26 +170,13 @@ def sparse_moe(
                         sg, su = np.split(f[head + "shared_gate_up"], 2)
                         with torch.no_grad():
                             h = act(_t(x @ sg.T)).numpy() * (x @ su.T)
-                        got += shared(block, x, h @ f[head + "shared_down"].T)
+                        y = h @ f[head + "shared_down"].T
+                        if shared == "sigmoid":
+                            y = y / (1.0 + np.exp(-(x @ f[head + "shared_gate"].T)))
+                        got += y
             assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, ep, rel_err(got, want))
             checked += 1
         assert checked, f"{ctx.row.model}: no layer binds {slot}.w13"
 
     check.per_ep = True  # type: ignore[attr-defined]
     return check
-
-
-def sigmoid_gated(gate_name: str) -> Callable[[Any, Any, Any], Any]:
-    """Qwen2-MoE's shared expert: ``sigmoid(shared_expert_gate(x)) * shared_expert(x)``; the
-    gate is replicated, so each tp rank's share of the sum is gated by the same factor."""
-
-    def gated(block: Any, x: Any, y: Any) -> Any:
-        w = block.get_parameter(f"{gate_name}.weight").detach().double().numpy()  # [1, X]
-        return y / (1.0 + np.exp(-(x @ w.T)))
-
-    return gated
-
-
-def plain(block: Any, x: Any, y: Any) -> Any:
-    """A shared expert added ungated (GLM-4.5, ERNIE-4.5)."""
-    return y

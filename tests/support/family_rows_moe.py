@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from family_layouts import GQA, LM_GLOBALS, NORMS
+from family_layouts import GQA, LM_GLOBALS, NORMS, QKV_BIAS
 from family_moe import W2, W13, sparse_moe
 from family_semantics import attention
-from family_table import Family, Rep, Rule
+from family_table import Cat, Col, Family, Rep, Row, Rule
 
 # one expert's intermediate 72 (Mixtral's intermediate_size), q rows 96, kv rows 24, 6 experts
 MIXTRAL_CONFIG: dict[str, Any] = {
@@ -54,4 +54,44 @@ MIXTRAL = Family(
     semantics=(attention(), sparse_moe()),
 )
 
-ROWS = [MIXTRAL]
+# Qwen2-MoE writes no head_dim (hidden / heads = 6): q rows equal hidden (48) by construction.
+# 7 experts (6 is head_dim): ep 2 and 4 split them unevenly; shared expert 28, experts 20.
+QWEN2_MOE_CONFIG: dict[str, Any] = {
+    "vocab_size": 112,
+    "hidden_size": 48,
+    "intermediate_size": 72,
+    "moe_intermediate_size": 20,
+    "shared_expert_intermediate_size": 28,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_experts": 7,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": False,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+}
+SHARED = "shared_expert_intermediate_size"
+
+QWEN2_MOE = Family(
+    model="qwen2-moe",
+    hf_class="Qwen2MoeForCausalLM",
+    config_class="Qwen2MoeConfig",
+    config=QWEN2_MOE_CONFIG,
+    layer=GQA | QKV_BIAS | NORMS | routed("moe_intermediate_size") | {
+        "mlp.shared_gate_up": Cat(Col("mlp.shared_expert.gate_proj.weight", SHARED),
+                                  Col("mlp.shared_expert.up_proj.weight", SHARED)),
+        "mlp.shared_down": Row("mlp.shared_expert.down_proj.weight", SHARED),
+        "mlp.shared_gate": Rep("mlp.shared_expert_gate.weight"),
+    },
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(attention(), sparse_moe(shared="sigmoid")),
+    variants={"dense-layer-1": {"mlp_only_layers": [1]}},
+)  # fmt: skip
+
+ROWS = [MIXTRAL, QWEN2_MOE]
