@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "3ff66385028c8cc212e93e66136d737049d8c430a70f42e440fa5128f399e05a"
+SPECS_SHA256 = "bef5c3eedc184ecc0d7036e19640295f5f3fabaa8f78a72dc830f42339acf958"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -35,6 +35,7 @@ MODELS = Registry(
         "mixtral": ModelEntry("model_mixtral", ("mixtral",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
+        "olmoe": ModelEntry("model_olmoe", ("olmoe",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
         "qwen2-moe": ModelEntry("model_qwen2_moe", ("qwen2_moe",), False),

@@ -180,3 +180,44 @@ def sparse_moe(
 
     check.per_ep = True  # type: ignore[attr-defined]
     return check
+
+
+def whole_norm_attention() -> Any:
+    """OLMoE in vLLM's native layout: q (split by heads) and k, v (split by KV heads, each
+    replicated on tp / kv_heads ranks where tp exceeds them) gathered into the whole
+    projections (one copy of each KV head), normed by the bound whole-projection q_norm /
+    k_norm, attended over all heads; o_proj split by input columns, every rank's share of the
+    output summed, equals the module's attention."""
+    from family_semantics import _attend, _norm_with, _rotary
+
+    def check(ctx: ProofContext, tp: int) -> None:
+        import torch
+
+        cfg = ctx.config
+        hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        kv = cfg["num_key_value_heads"]
+        x = bf16_input(TOKENS, cfg["hidden_size"], seed=tp)
+        holders = range(0, tp, max(tp // kv, 1))  # one rank per distinct KV head share
+        for i in range(cfg["num_hidden_layers"]):
+            cos, sin = _rotary(ctx, x, i)
+            attn = ctx.layer(i).self_attn
+            with torch.no_grad():
+                want = attn(_t(x)[None], (cos, sin), None)[0][0].numpy()
+            ranks = [ctx.layer_fields(tp, r, i) for r in range(tp)]
+            q = np.concatenate([x @ f["attention.q_proj"].T for f in ranks], axis=1)
+            k, v = (
+                np.concatenate([x @ ranks[r][f"attention.{p}_proj"].T for r in holders], axis=1)
+                for p in "kv"
+            )  # each [T, whole projection]
+            q = _norm_with(attn.q_norm, ranks[0]["attention.q_norm"], _t(q))
+            k = _norm_with(attn.k_norm, ranks[0]["attention.k_norm"], _t(k))
+            o = _attend(attn, q, k, _t(v), (cos, sin, True), hd)  # [T, heads·hd]
+            got = np.zeros_like(want)
+            lo = 0
+            for f in ranks:  # RowParallelLinear: rank r's input columns, summed
+                cols = f["attention.o_proj"].shape[1]
+                got += o[:, lo : lo + cols] @ f["attention.o_proj"].T
+                lo += cols
+            assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
+
+    return check

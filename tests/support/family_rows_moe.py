@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from family_layouts import GQA, LM_GLOBALS, NORMS, QKV_BIAS
-from family_moe import W2, W13, sparse_moe
+from family_moe import W2, W13, sparse_moe, whole_norm_attention
 from family_semantics import attention
 from family_table import Cat, Col, Family, Rep, Row, Rule
 
@@ -94,4 +94,24 @@ QWEN2_MOE = Family(
     variants={"dense-layer-1": {"mlp_only_layers": [1]}},
 )  # fmt: skip
 
-ROWS = [MIXTRAL, QWEN2_MOE]
+# OLMoE writes no head_dim (48 / 8 = 6); one expert's intermediate 20, 7 experts.
+OLMOE = Family(
+    model="olmoe",
+    hf_class="OlmoeForCausalLM",
+    config_class="OlmoeConfig",
+    config={
+        k: v for k, v in QWEN2_MOE_CONFIG.items()
+        if k not in ("moe_intermediate_size", "shared_expert_intermediate_size",
+                     "decoder_sparse_step", "mlp_only_layers")
+    } | {"intermediate_size": 20, "eos_token_id": 1, "bos_token_id": 2},
+    layer=GQA | NORMS | routed("intermediate_size") | {
+        "attention.q_norm": Rep("self_attn.q_norm.weight"),
+        "attention.k_norm": Rep("self_attn.k_norm.weight"),
+    },
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(whole_norm_attention(), sparse_moe()),
+)  # fmt: skip
+
+ROWS = [MIXTRAL, QWEN2_MOE, OLMOE]
