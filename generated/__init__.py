@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "bef5c3eedc184ecc0d7036e19640295f5f3fabaa8f78a72dc830f42339acf958"
+SPECS_SHA256 = "886838fd5297106caf601e315c9f99207660114c0614c93a394986ead8e51c68"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -37,6 +37,7 @@ MODELS = Registry(
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "olmoe": ModelEntry("model_olmoe", ("olmoe",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
+        "phimoe": ModelEntry("model_phimoe", ("phimoe",), False),
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
         "qwen2-moe": ModelEntry("model_qwen2_moe", ("qwen2_moe",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),

@@ -132,11 +132,13 @@ def sparse_moe(
     slot: str = "mlp",
     module: str = "mlp",
     shared: Literal["plain", "sigmoid"] | None = None,
+    router: str = "gate",
 ) -> Any:
     """The summed per-(tp, ep)-rank MoE output equals the module's, every layer whose
     ``slot`` binds w13. ``shared``: the rank's shared expert (``shared_gate_up`` /
     ``shared_down``) added as is (``plain``: GLM-4.5, ERNIE-4.5) or scaled by
-    ``sigmoid(shared_gate · x)`` from the bound, replicated gate (``sigmoid``: Qwen2-MoE)."""
+    ``sigmoid(shared_gate · x)`` from the bound, replicated gate (``sigmoid``: Qwen2-MoE).
+    ``router``: the block's router module (PhiMoE's is ``router``)."""
 
     def check(ctx: ProofContext, tp: int, ep: int) -> None:
         import torch
@@ -158,7 +160,7 @@ def sparse_moe(
                     head = f"layers.{i}.{slot}."
                     w13, w2 = f[head + "w13"], f[head + "w2"]
                     first = experts_of(f[head + "router"].shape[0], ep, e).start
-                    index, weights = _route(block.gate, f[head + "router"], x)
+                    index, weights = _route(block.get_submodule(router), f[head + "router"], x)
                     for j in range(w13.shape[0]):
                         hit = index == first + j  # [T, k]
                         scale = (weights * hit).sum(axis=-1)  # [T]

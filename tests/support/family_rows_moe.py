@@ -114,4 +114,27 @@ OLMOE = Family(
     semantics=(whole_norm_attention(), sparse_moe()),
 )  # fmt: skip
 
-ROWS = [MIXTRAL, QWEN2_MOE, OLMOE]
+# vLLM's PhiMoE always biases q/k/v/o and the head, as Phi-3.5-MoE's config.json says.
+PHIMOE = Family(
+    model="phimoe",
+    hf_class="PhimoeForCausalLM",
+    config_class="PhimoeConfig",
+    config=OLMOE.config | {"num_local_experts": 7, "attention_bias": True, "lm_head_bias": True},
+    layer=GQA | QKV_BIAS | routed("intermediate_size") | {
+        "attention.o_bias": Rep("self_attn.o_proj.bias"),
+        "mlp.router": Rep("mlp.router.weight"),
+        "norms.input_norm": Rep("input_layernorm.weight"),
+        "norms.input_norm_bias": Rep("input_layernorm.bias"),
+        "norms.post_attention_norm": Rep("post_attention_layernorm.weight"),
+        "norms.post_attention_norm_bias": Rep("post_attention_layernorm.bias"),
+    },
+    globals=LM_GLOBALS | {
+        "norm_bias": Rep("model.norm.bias"),
+        "lm_head_bias": Col("lm_head.bias", "vocab_size"),
+    },
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(attention(), sparse_moe(router="router")),
+)  # fmt: skip
+
+ROWS = [MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE]
