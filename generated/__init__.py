@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "886838fd5297106caf601e315c9f99207660114c0614c93a394986ead8e51c68"
+SPECS_SHA256 = "f063733dfae054ad60c8e32237f2e6a53d514da6c0509d4b3f96ce84355b2c49"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -27,6 +27,7 @@ MODELS = Registry(
         "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
         "glm4": ModelEntry("model_glm4", ("glm4",), False),
+        "glm4-moe": ModelEntry("model_glm4_moe", ("glm4_moe",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),

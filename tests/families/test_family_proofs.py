@@ -91,7 +91,11 @@ def _is_reference(
 ) -> None:
     """Bound field ``name`` of rank (r, e) equals ``rule``'s slice of ``root``'s tensors (a
     rule with ``slice_ep``, an expert layout, is given the ep size and rank too)."""
-    t = lambda n: root.get_parameter(n).detach().numpy()  # noqa: E731
+
+    def t(n: str) -> Any:  # a parameter, or a buffer (a router's score-correction bias)
+        module, _, attr = n.rpartition(".")
+        return getattr(root.get_submodule(module), attr).detach().numpy()
+
     by_ep = getattr(rule, "slice_ep", None)
     want = by_ep(t, cfg, tp, r, ep, e) if by_ep is not None else rule.slice(t, cfg, tp, r)
     assert got[name].shape == want.shape, (name, tp, r, got[name].shape, want.shape)
@@ -105,7 +109,7 @@ def test_every_field_of_every_rank_is_vllms_slice_of_the_loaded_module(
     ctx = proofs(row)
     cfg = ctx.config
     layers = cfg["num_hidden_layers"]
-    expected = {f"layers.{i}.{k}" for i in range(layers) for k in row.layer}
+    expected = {f"layers.{i}.{k}" for i in range(layers) for k in row.layout(cfg, i)}
     expected |= {f"globals.{k}" for k in row.globals}
     checked = 0
     for r in range(tp):
@@ -116,7 +120,7 @@ def test_every_field_of_every_rank_is_vllms_slice_of_the_loaded_module(
                 f"referenced but not bound: {sorted(expected - set(got))}"
             )
             for i in range(layers):
-                for k, rule in row.layer.items():
+                for k, rule in row.layout(cfg, i).items():
                     _is_reference(got, f"layers.{i}.{k}", rule, ctx.layer(i), cfg, tp, r, ep, e)
                     checked += 1
             for k, rule in row.globals.items():

@@ -116,14 +116,18 @@ def rel_err(got: Any, want: Any) -> float:
     return float(np.abs(got - want).max()) / float(np.abs(want).max())
 
 
-def _route(module_gate: Any, weight: Any, x: Any) -> tuple[Any, Any]:
+def _route(module_gate: Any, weight: Any, bias: Any, x: Any) -> tuple[Any, Any]:
     """(top-k expert ids [T, k], their weights [T, k]) from a copy of the module's router with
-    ``weight`` (a rank's bound router) in place of its own."""
+    ``weight`` (a rank's bound router) and ``bias`` (its bound score-correction bias, or None)
+    in place of its own."""
     import torch
 
     gate = copy.deepcopy(module_gate)
     with torch.no_grad():
         gate.weight.data = _t(weight)
+        if bias is not None:  # a buffer in the module's own dtype (F32): the bound F32 exactly
+            own = gate.e_score_correction_bias
+            gate.e_score_correction_bias.data = _t(bias).to(own.dtype)
         _, weights, index = gate(_t(x))
     return index.numpy(), weights.double().numpy()
 
@@ -160,7 +164,10 @@ def sparse_moe(
                     head = f"layers.{i}.{slot}."
                     w13, w2 = f[head + "w13"], f[head + "w2"]
                     first = experts_of(f[head + "router"].shape[0], ep, e).start
-                    index, weights = _route(block.get_submodule(router), f[head + "router"], x)
+                    index, weights = _route(
+                        block.get_submodule(router), f[head + "router"],
+                        f.get(head + "router_bias"), x,
+                    )  # fmt: skip
                     for j in range(w13.shape[0]):
                         hit = index == first + j  # [T, k]
                         scale = (weights * hit).sum(axis=-1)  # [T]
@@ -221,5 +228,35 @@ def whole_norm_attention() -> Any:
                 got += o[:, lo : lo + cols] @ f["attention.o_proj"].T
                 lo += cols
             assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
+
+    return check
+
+
+def dense_layers(slot: str = "mlp") -> Any:
+    """The dense layers of a MoE schedule (those whose ``slot`` binds ``gate_up``): Σ over tp
+    ranks of down_r · act(gate_r x) * (up_r x) equals the module's MLP."""
+
+    def check(ctx: ProofContext, tp: int) -> None:
+        import torch
+
+        cfg = ctx.config
+        checked = 0
+        for i in range(cfg["num_hidden_layers"]):
+            if f"layers.{i}.{slot}.gate_up" not in ctx.fields(tp, 0):
+                continue
+            mlp = ctx.layer(i).mlp
+            x = bf16_input(TOKENS, cfg["hidden_size"], seed=300 + i)
+            with torch.no_grad():
+                want = mlp(_t(x)).numpy()
+            got = np.zeros_like(want)
+            for r in range(tp):
+                f = ctx.layer_fields(tp, r, i)
+                gate, up = np.split(f[f"{slot}.gate_up"], 2)  # [2·I_r, X] -> 2 x [I_r, X]
+                with torch.no_grad():
+                    h = mlp.act_fn(_t(x @ gate.T)).numpy() * (x @ up.T)
+                got += h @ f[f"{slot}.down"].T
+            assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
+            checked += 1
+        assert checked, f"{ctx.row.model}: no dense layer"
 
     return check

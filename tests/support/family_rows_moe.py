@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from family_layouts import GQA, LM_GLOBALS, NORMS, QKV_BIAS
-from family_moe import W2, W13, sparse_moe, whole_norm_attention
+from family_layouts import GQA, LM_GLOBALS, NORMS, QK_NORM, QKV_BIAS, SWIGLU
+from family_moe import W2, W13, dense_layers, sparse_moe, whole_norm_attention
 from family_semantics import attention
 from family_table import Cat, Col, Family, Rep, Row, Rule
 
@@ -33,7 +33,7 @@ MIXTRAL_CONFIG: dict[str, Any] = {
 }
 
 
-def routed(inter: str) -> dict[str, Rule | Any]:
+def routed(inter: str) -> dict[str, Rule]:
     """specs/blocks/moe.yaml's router and routed experts over transformers' fused experts."""
     return {
         "mlp.router": Rep("mlp.gate.weight"),
@@ -137,4 +137,62 @@ PHIMOE = Family(
     semantics=(attention(), sparse_moe(router="router")),
 )  # fmt: skip
 
-ROWS = [MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE]
+# GLM-4.5: 3 layers (layer 0 dense, 1 and 2 MoE), head_dim 10 of its own, 2 shared experts
+# (shared rows 40), the F32 score-correction bias; no MTP layer (transformers writes none).
+GLM4_MOE_CONFIG: dict[str, Any] = {
+    "vocab_size": 112,
+    "hidden_size": 48,
+    "intermediate_size": 72,
+    "moe_intermediate_size": 20,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 10,
+    "n_routed_experts": 7,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0,
+    "attention_bias": True,
+    "use_qk_norm": True,
+    "num_nextn_predict_layers": 0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+}
+
+
+def shared_rows(cfg: Any) -> int:
+    return int(cfg["n_shared_experts"]) * int(cfg["moe_intermediate_size"])
+
+
+GLM4_ATTENTION = GQA | QKV_BIAS | QK_NORM | NORMS
+GLM4_MOE_MLP: dict[str, Rule] = routed("moe_intermediate_size") | {
+    "mlp.router_bias": Rep("mlp.gate.e_score_correction_bias"),
+    "mlp.shared_gate_up": Cat(Col("mlp.shared_experts.gate_proj.weight", shared_rows),
+                              Col("mlp.shared_experts.up_proj.weight", shared_rows)),
+    "mlp.shared_down": Row("mlp.shared_experts.down_proj.weight", shared_rows),
+}  # fmt: skip
+GLM4_MOE_LAYER = GLM4_ATTENTION | GLM4_MOE_MLP
+
+GLM4_MOE = Family(
+    model="glm4-moe",
+    hf_class="Glm4MoeForCausalLM",
+    config_class="Glm4MoeConfig",
+    config=GLM4_MOE_CONFIG,
+    layer=GLM4_MOE_LAYER,
+    layer_at=lambda cfg, i: GLM4_ATTENTION | (
+        SWIGLU if i < cfg["first_k_dense_replace"] else GLM4_MOE_MLP
+    ),
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(attention(qk_norm="head"), dense_layers(), sparse_moe(shared="plain")),
+    f32=r"model\.layers\.\d+\.mlp\.gate\.e_score_correction_bias",
+    variants={"no-qk-norm": {"use_qk_norm": False}},
+)  # fmt: skip
+
+ROWS = [MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE, GLM4_MOE]
