@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "f135eb051ec4f2df8a8d49fd6a8f80f4fe6adc57ec0c16f6922f59fd36d2a9d1"
+SPECS_SHA256 = "efdc8b896fb1343ed5c0a6470cd371bd37629519b80d15ddd4b1faa0606c4838"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -31,6 +31,7 @@ MODELS = Registry(
         "glm": ModelEntry("model_glm", ("glm",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
         "glm4": ModelEntry("model_glm4", ("glm4",), False),
+        "glm4-moe": ModelEntry("model_glm4_moe", ("glm4_moe",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
         "helium": ModelEntry("model_helium", ("helium",), False),
@@ -39,13 +40,17 @@ MODELS = Registry(
         "llama": ModelEntry("model_llama", ("llama",), False),
         "ministral": ModelEntry("model_ministral", ("ministral",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
+        "mixtral": ModelEntry("model_mixtral", ("mixtral",), False),
         "nemotron": ModelEntry("model_nemotron", ("nemotron",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "olmo3": ModelEntry("model_olmo3", ("olmo3",), False),
+        "olmoe": ModelEntry("model_olmoe", ("olmoe",), False),
         "phi": ModelEntry("model_phi", ("phi",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
+        "phimoe": ModelEntry("model_phimoe", ("phimoe",), False),
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
+        "qwen2-moe": ModelEntry("model_qwen2_moe", ("qwen2_moe",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
         "seed-oss": ModelEntry("model_seed_oss", ("seed_oss",), False),

@@ -4,7 +4,7 @@
 DO NOT EDIT: change the spec and run ``make generate``.
 
 Invariants, checked on every layer this binder sees:
-- the block's ``(unprefixed)`` tensors are exactly the 3 required rules below plus the 1 of optional group(s) head, each all-or-nothing;
+- the block's ``(unprefixed)`` tensors are exactly the 3 required rules below plus the 2 of optional group(s) head, head_bias, each all-or-nothing;
   any other name under the prefix is refused (all of them in one error), never skipped;
 - every dtype, shape and byte count is checked against the geometry; a dtype is converted
   only where the spec accepts another stored dtype, and only exactly;
@@ -104,10 +104,24 @@ TENSORS: tuple[TensorRule, ...] = (
         root=True,
         tie=TieRule(to="embed_tokens.weight", config="tie_word_embeddings"),
     ),
+    # lm_head.bias [vocab] BF16 on disk; rank r reads [vocab_r], block r of the rows (whole vocab)
+    TensorRule(
+        name="lm_head.bias",
+        dtype="BF16",
+        shape="[vocab]",
+        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        group="head_bias",
+        root=True,
+    ),
 )
 
 GROUPS: dict[str, GroupRule] = {
     "head": GroupRule(name="head", optional=True, why="a base-model checkpoint carries no LM head"),
+    "head_bias": GroupRule(
+        name="head_bias",
+        optional=True,
+        why="only Phi-3.5-MoE's head has a bias (Starcoder2's, StableLM's, Nemotron's have none)",
+    ),
 }
 
 # Each family's size symbol; a family split by `experts` is divided whole across ep ranks.
@@ -124,6 +138,7 @@ SOURCES: dict[str, tuple[str, ...]] = {
     "norm": ("norm.weight",),
     "norm_bias": ("norm.bias",),
     "lm_head": ("lm_head.weight",),
+    "lm_head_bias": ("lm_head.bias",),
 }
 
 # How each bound field is made, and how it splits across tensor-parallel ranks: a rank holds
@@ -139,6 +154,9 @@ FIELDS: dict[str, FieldRule] = {
         kind="verbatim", dtype="BF16", layout="replicated", parts=1, axis=0, family=None
     ),
     "lm_head": FieldRule(
+        kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None
+    ),
+    "lm_head_bias": FieldRule(
         kind="verbatim", dtype="BF16", layout="rows", parts=1, axis=0, family=None
     ),
 }
@@ -165,6 +183,7 @@ def expected_shapes(g: LmGlobalsBiasGeometry) -> dict[str, tuple[int, ...]]:
         "norm.weight": (g.hidden,),  # [hidden]
         "norm.bias": (g.hidden,),  # [hidden]
         "lm_head.weight": (g.vocab, g.hidden),  # [vocab, hidden]
+        "lm_head.bias": (g.vocab,),  # [vocab]
     }
 
 
@@ -210,6 +229,8 @@ class LmGlobalsBiasWeights(Generic[T]):
     norm_bias: T  # [hidden], replicated
     # lm_head.weight [vocab, hidden] BF16, verbatim
     lm_head: T | None  # [vocab_r, hidden]
+    # lm_head.bias [vocab] BF16, verbatim
+    lm_head_bias: T | None  # [vocab_r]
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 
@@ -221,6 +242,8 @@ class LmGlobalsBiasWeights(Generic[T]):
         out["norm_bias"] = self.norm_bias
         if self.lm_head is not None:
             out["lm_head"] = self.lm_head
+        if self.lm_head_bias is not None:
+            out["lm_head_bias"] = self.lm_head_bias
         if self.quant is not None:
             out.update(self.quant.arrays)
         return out
@@ -288,5 +311,6 @@ def assemble(
         norm=t["norm.weight"],
         norm_bias=t["norm.bias"],
         lm_head=t.get("lm_head.weight"),
+        lm_head_bias=t.get("lm_head.bias"),
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
