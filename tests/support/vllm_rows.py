@@ -100,6 +100,40 @@ DEEPSEEK_V3: dict[str, Any] = dict(
     tie_word_embeddings=False,
 )
 
+# The engine sizes laid over a family's transformers-proof config (tests/support/
+# family_rows_*.py: its class, its config's flags): head_dim 32 (hidden 96, q rows 128), or,
+# for a config without head_dim, hidden 128 over 4 heads; experts of 32 rows, 4 of them.
+DENSE_SIZES: dict[str, Any] = dict(
+    vocab_size=200, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2
+)  # fmt: skip
+EXPERT_SIZES: dict[str, Any] = {
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+}
+
+
+def from_family(family: Any, **over: Any) -> VllmRow:
+    """A family row's class and config at the engine sizes (then ``over``)."""
+    cfg = dict(family.config)
+    sizes = DENSE_SIZES | (
+        {"hidden_size": 96, "head_dim": 32} if "head_dim" in cfg else {"hidden_size": 128}
+    )
+    sizes |= {k: v for k, v in EXPERT_SIZES.items() if k in cfg}
+    return VllmRow(family.model, family.hf_class, family.config_class, cfg | sizes | over)
+
+
+def _families() -> dict[str, Any]:
+    import family_rows_dense
+    import family_rows_moe
+
+    return {r.model: r for r in (*family_rows_dense.ROWS, *family_rows_moe.ROWS)}
+
+
+_F = _families()
+
 ROWS: tuple[VllmRow, ...] = (
     VllmRow("llama", "LlamaForCausalLM", "LlamaConfig", LLAMA_LIKE),
     VllmRow("qwen3-moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", QWEN3_MOE),
@@ -113,5 +147,14 @@ ROWS: tuple[VllmRow, ...] = (
         f32=re.compile(r".*\.gate\.e_score_correction_bias"),
         config_json={"topk_method": "noaux_tc", "scoring_func": "sigmoid"},
     ),
+    from_family(_F["mistral"]),
+    from_family(_F["qwen2"]),
+    from_family(_F["qwen3"]),
+    from_family(_F["gemma"]),
+    from_family(_F["gemma2"]),
+    from_family(_F["gemma3-text"]),
+    from_family(_F["granite"]),
+    from_family(_F["ernie4-5"]),
+    from_family(_F["mixtral"], intermediate_size=64),  # Mixtral's experts are intermediate_size
 )
 BY_MODEL = {r.model: r for r in ROWS}
