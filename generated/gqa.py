@@ -77,7 +77,7 @@ class GqaGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   heads_r = heads/tp (1 when tp > heads): this rank's share of heads (attention (query) heads)
+#   heads_r = heads/tp (a tp > heads refused): this rank's share of heads (attention (query) heads)
 #   kv_heads_r = kv_heads/tp (1 when tp > kv_heads): this rank's share of kv_heads (key/value heads)
 
 TENSORS: tuple[TensorRule, ...] = (
@@ -86,7 +86,12 @@ TENSORS: tuple[TensorRule, ...] = (
         name="self_attn.q_proj.weight",
         dtype="BF16",
         shape="[q_dim, hidden]",
-        shard=ShardRule(kind="rows", unit="heads", axis=0),
+        shard=ShardRule(
+            kind="rows",
+            unit="heads",
+            axis=0,
+            never_replicated="vLLM's QKVParallelLinear splits query heads across ranks and never replicates them",
+        ),
         linear=True,
     ),
     # self_attn.k_proj.weight [kv_dim, hidden] BF16 on disk; rank r reads [kv_heads_r * head_dim, hidden], block r of the rows (whole kv_heads)
@@ -110,7 +115,12 @@ TENSORS: tuple[TensorRule, ...] = (
         name="self_attn.o_proj.weight",
         dtype="BF16",
         shape="[hidden, q_dim]",
-        shard=ShardRule(kind="cols", unit="heads", axis=-1),
+        shard=ShardRule(
+            kind="cols",
+            unit="heads",
+            axis=-1,
+            never_replicated="vLLM's QKVParallelLinear splits query heads across ranks and never replicates them",
+        ),
         linear=True,
     ),
     # self_attn.q_norm.weight [head_dim] BF16 on disk; replicated: every rank reads all of it

@@ -76,7 +76,7 @@ class MixerAttentionGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   heads_r = heads/tp (1 when tp > heads): this rank's share of heads (attention heads)
+#   heads_r = heads/tp (a tp > heads refused): this rank's share of heads (attention heads)
 #   kv_heads_r = kv_heads/tp (1 when tp > kv_heads): this rank's share of kv_heads (key/value heads)
 
 TENSORS: tuple[TensorRule, ...] = (
@@ -85,7 +85,12 @@ TENSORS: tuple[TensorRule, ...] = (
         name="mixer.q_proj.weight",
         dtype="BF16",
         shape="[heads * head_dim, hidden]",
-        shard=ShardRule(kind="rows", unit="heads", axis=0),
+        shard=ShardRule(
+            kind="rows",
+            unit="heads",
+            axis=0,
+            never_replicated="vLLM's QKVParallelLinear splits query heads across ranks and never replicates them",
+        ),
         linear=True,
     ),
     # mixer.k_proj.weight [kv_heads * head_dim, hidden] BF16 on disk; rank r reads [kv_heads_r * head_dim, hidden], block r of the rows (whole kv_heads)
@@ -109,7 +114,12 @@ TENSORS: tuple[TensorRule, ...] = (
         name="mixer.o_proj.weight",
         dtype="BF16",
         shape="[hidden, heads * head_dim]",
-        shard=ShardRule(kind="cols", unit="heads", axis=-1),
+        shard=ShardRule(
+            kind="cols",
+            unit="heads",
+            axis=-1,
+            never_replicated="vLLM's QKVParallelLinear splits query heads across ranks and never replicates them",
+        ),
         linear=True,
     ),
 )

@@ -25,9 +25,14 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
   quantization scheme may pack; ``ranks: first`` reads only replicated tensors; an engine
   ``constraints`` entry names only geometry symbols and tp, and holds at tp 1;
 - ``proof:`` names the suite's test file that proves the layout parameter-identical to the
-  engine's own loader (tests/spec/test_engine_layouts.py checks that the file holds it); a layout
-  without one is unproven: ``unproven`` lists it for ``generate`` to report, and the generated
-  table says so, for ``bind_for_engine`` to warn;
+  engine's own loader and the tps it does (tests/spec/test_engine_layouts.py checks that the file
+  holds it); a layout without one is unproven: ``unproven`` lists it for ``generate`` to
+  report, and the generated table says so, for ``bind_for_engine`` to warn; its ``unproven:``
+  says why (the engine's measured error line), for the supported-models table;
+- a block a model's layout does not name is bound by the engine's block layout
+  (``<engine>/blocks/<block>.yaml``, shapes in the block's own symbols), a named one by the
+  model's entry alone (shapes in the model's geometry symbols); a block neither lays out is
+  refused, as is a block layout of an unknown block or in a file not named after it;
 - parameter names are unique across the whole model (layer names under ``layers``, the globals
   block's as full names).
 Trap: the engine's names reach generated code only through ``repr``.
@@ -108,6 +113,21 @@ class EngineConstraint:
 class EngineBlock:
     block: Block  # the model's block with the engine's outputs
     parameters: tuple[Parameter, ...]
+    # where the entry is written: the model's layout (``blocks.<block>``, shapes in the model's
+    # geometry symbols) or the engine's block layout (top level, shapes in the block's symbols)
+    located: Located | None = None
+    base: PathKey = ()
+    block_symbols: bool = False
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """``specs/engines/<engine>/blocks/<block>.yaml``: how the engine holds one block, for
+    every model that uses the block and does not say otherwise."""
+
+    engine: str
+    block: str
+    doc: Located
 
 
 @dataclass(frozen=True)
@@ -122,6 +142,8 @@ class EngineLayout:
     located: Located
     constraints: tuple[EngineConstraint, ...] = ()
     proof: str | None = None  # the suite's test file proving it against the engine's loader
+    proof_tp: tuple[int, ...] = ()  # the tp sizes it proves the layout at
+    unproven: str | None = None  # the measured reason no proof runs (the engine's error line)
 
 
 def _outputs_schema() -> dict[str, Any]:
@@ -131,14 +153,23 @@ def _outputs_schema() -> dict[str, Any]:
     return {"$defs": block["$defs"], **outputs}
 
 
-def parse_engine(doc: Located, models: dict[str, Model], blocks: dict[str, Block]) -> EngineLayout:
+def parse_engine(
+    doc: Located,
+    models: dict[str, Model],
+    blocks: dict[str, Block],
+    block_layouts: dict[str, BlockLayout] | None = None,
+) -> EngineLayout:
+    """A model's layout: its own ``blocks:`` entries, and for every other block of the model
+    the engine's block layout (``block_layouts``, by block name)."""
     validate_schema(doc, "engine")
     d = doc.data
     if d["model"] not in models:
         raise doc.error(("model",), f"unknown model {d['model']!r} (specs: {', '.join(models)})")
     model = models[d["model"]]
+    own_blocks: dict[str, Any] = d.get("blocks") or {}
+    shared = {b: bl for b, bl in (block_layouts or {}).items() if bl.engine == d["engine"]}
     used = [u.block for u in model.blocks]
-    for b in d["blocks"]:
+    for b in own_blocks:
         if b not in used:
             raise doc.error(("blocks", b), f"block {b!r} is not a block of {model.name}")
     mtp_only = {  # blocks no decoder layer holds: the engine binds them only with MTP layers
@@ -147,14 +178,24 @@ def parse_engine(doc: Located, models: dict[str, Model], blocks: dict[str, Block
         if b != model.globals and all(s.scope == "mtp" for s in model.slots if b in s.blocks)
     }
     skip = set(mtp_only) if d.get("skip_mtp") else set()
-    missing = [b for b in used if b not in d["blocks"] and b not in skip]
+    missing = [b for b in used if b not in own_blocks and b not in shared and b not in skip]
     if missing:
-        raise doc.error(("blocks",), f"no engine parameters for block(s) {', '.join(missing)}")
+        raise doc.error(
+            ("blocks",),
+            f"no engine parameters for block(s) {', '.join(missing)}: no entry here and no "
+            f"specs/engines/{d['engine']}/blocks/<block>.yaml",
+        )
     gnames = {g.name for g in model.geometry} | {"tp"}
     out: dict[str, EngineBlock] = {}
     seen: dict[str, str] = {}  # full engine name -> block
-    for bname in (b for b in used if b in d["blocks"]):
-        eb = _engine_block(doc, bname, d["blocks"][bname], blocks[bname], gnames)
+    for bname in (b for b in used if b in own_blocks or (b in shared and b not in skip)):
+        if bname in own_blocks:
+            eb = _engine_block(doc, ("blocks", bname), bname, own_blocks[bname], blocks[bname],
+                               gnames)  # fmt: skip
+        else:
+            bl = shared[bname]
+            bsyms = set(blocks[bname].symbols) | set(blocks[bname].derived) | {"tp"}
+            eb = _engine_block(bl.doc, (), bname, bl.doc.data, blocks[bname], bsyms, True)
         for p in eb.parameters:
             full = p.name if bname == model.globals else d["layers"] + p.name
             if full in seen:
@@ -169,20 +210,40 @@ def parse_engine(doc: Located, models: dict[str, Model], blocks: dict[str, Block
         dataclasses.replace(model, blocks=tuple(u for u in model.blocks if u.block in variant)),
         variant,
     )
+    proof = d.get("proof") or {}
+    if proof and d.get("unproven"):
+        raise doc.error(("unproven",), "a layout with a proof: is not unproven; drop one")
     layout = EngineLayout(
         check_ident(doc, ("engine",), d["engine"], "engine name"), model.name, doc.file,
         d.get("doc", ""), d["layers"], d.get("skip_mtp"), out, doc,
         _constraints(doc, d.get("constraints") or [], model, gnames),
-        (d.get("proof") or {}).get("test"),
+        proof.get("test"), tuple(proof.get("tp") or ()), d.get("unproven"),
     )  # fmt: skip
     check_engine_shapes(layout, model)
     return layout
 
 
+def parse_block_layout(doc: Located, engine: str, blocks: dict[str, Block]) -> BlockLayout:
+    """An engine's layout of one block (its file ``<engine>/blocks/<block>.yaml``): checked
+    here against the block's schema entry; against each model when a layout uses it."""
+    validate_schema(doc, "engine_block")
+    d = doc.data
+    if d["engine"] != engine:
+        raise doc.error(("engine",), f"a block layout under specs/engines/{engine}/ is {engine}'s")
+    if d["block"] not in blocks:
+        raise doc.error(("block",), f"unknown block {d['block']!r} (specs: {', '.join(blocks)})")
+    return BlockLayout(engine, d["block"], doc)
+
+
 def _engine_block(
-    doc: Located, bname: str, raw: dict[str, Any], block: Block, gnames: set[str]
+    doc: Located,
+    base: PathKey,
+    bname: str,
+    raw: dict[str, Any],
+    block: Block,
+    gnames: set[str],
+    block_symbols: bool = False,
 ) -> EngineBlock:
-    base: PathKey = ("blocks", bname)
     own = {o.field: o for o in block.outputs}
     extra_raw: dict[str, Any] = raw.get("outputs") or {}
     validator = jsonschema.Draft202012Validator(_outputs_schema())
@@ -244,7 +305,7 @@ def _engine_block(
         for t in block.tensors
     )  # a padded split is the engine's: the variant reads the tensor whole, the bind slices it
     variant = dataclasses.replace(block, outputs=tuple(outputs), tensors=tensors, located=under)
-    return EngineBlock(variant, tuple(params))
+    return EngineBlock(variant, tuple(params), doc, base, block_symbols)
 
 
 _FLOATS = ("BF16", "F16", "F32")
@@ -413,21 +474,26 @@ def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
             units = {t.shard.unit for t in b.tensors if t.shard.unit is not None}
             env = block_env(b, values)
             for tp in (tp for tp in _TPS if all(env[u] % tp == 0 for u in units)):
+                # a block layout's shapes are in the block's symbols, a model's in its geometry's
+                at = block_env(b, values, tp) if eb.block_symbols else gv | {"tp": tp}
                 for p in eb.parameters:
-                    ctx = f"{layout.engine} {p.name} at the {what} geometry, tp {tp}"
+                    ctx = (
+                        f"{layout.engine} {p.name} of {model.name} at the {what} geometry, tp {tp}"
+                    )
                     got = field_shape(b, by_field[p.field], values, tp, ctx)
                     if p.pad is not None:
-                        got = _padded_share(layout, use.block, p, got, tp, ctx)
+                        got = _padded_share(eb, p, got, tp, ctx)
                     elif p.shape is None:
                         continue
                     assert p.shape is not None
-                    where = ("blocks", use.block, "parameters", p.name, "shape")
+                    where = (*eb.base, "parameters", p.name, "shape")
+                    located = eb.located or layout.located
                     try:
-                        want = tuple(int(algebra.evaluate(e, gv | {"tp": tp})) for e in p.shape)
+                        want = tuple(int(algebra.evaluate(e, at)) for e in p.shape)
                     except SpecbindError as exc:
-                        raise layout.located.error(where, f"{ctx}: {exc}") from None
+                        raise located.error(where, f"{ctx}: {exc}") from None
                     if got != want:
-                        raise layout.located.error(
+                        raise located.error(
                             where,
                             f"{ctx}: the engine's shape is {list(want)}, field {p.field!r} "
                             f"binds {list(got)}",
@@ -435,15 +501,16 @@ def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
 
 
 def _padded_share(
-    layout: EngineLayout, block: str, p: Parameter, whole: tuple[int, ...], tp: int, ctx: str
+    eb: EngineBlock, p: Parameter, whole: tuple[int, ...], tp: int, ctx: str
 ) -> tuple[int, ...]:
     """One rank's shape of a padded split of ``whole``: its axis padded up to a multiple of
     ``p.pad``, then split into tp equal shares (refused where tp does not split it)."""
     assert p.pad is not None
     padded = -(-whole[p.pad_axis] // p.pad) * p.pad
     if padded % tp:
-        raise layout.located.error(
-            ("blocks", block, "parameters", p.name, "pad"),
+        assert eb.located is not None
+        raise eb.located.error(
+            (*eb.base, "parameters", p.name, "pad"),
             f"{ctx}: {whole[p.pad_axis]} padded to a multiple of {p.pad} is {padded}, which "
             f"tp {tp} does not split",
         )
@@ -453,14 +520,26 @@ def _padded_share(
 def load_engines(
     root: Path, models: dict[str, Model], blocks: dict[str, Block]
 ) -> list[EngineLayout]:
-    """Every ``specs/engines/<engine>/<model>.yaml``, parsed and checked."""
+    """Every ``specs/engines/<engine>/<model>.yaml``, parsed and checked, each block the file
+    does not name taken from ``specs/engines/<engine>/blocks/<block>.yaml``."""
     out: list[EngineLayout] = []
     folder = root / "specs" / "engines"
     if not folder.is_dir():
         return out
+    shared: dict[str, dict[str, BlockLayout]] = {}  # engine -> block -> its layout
+    for p in sorted(folder.glob("*/blocks/*.yaml")):
+        rel = p.relative_to(root).as_posix()
+        bl = parse_block_layout(yamlio.load(p, rel), p.parent.parent.name, blocks)
+        if p.stem != bl.block:
+            raise SpecError(
+                rel, "block", None,
+                f"the {bl.engine} layout of block {bl.block} lives in "
+                f"specs/engines/{bl.engine}/blocks/{bl.block}.yaml",
+            )  # fmt: skip
+        shared.setdefault(bl.engine, {})[bl.block] = bl
     for p in sorted(folder.glob("*/*.yaml")):
         rel = p.relative_to(root).as_posix()
-        layout = parse_engine(yamlio.load(p, rel), models, blocks)
+        layout = parse_engine(yamlio.load(p, rel), models, blocks, shared.get(p.parent.name))
         if (p.parent.name, p.stem) != (layout.engine, layout.model):
             raise SpecError(
                 rel, "engine", None,

@@ -128,6 +128,7 @@ class Model:
     model_types: tuple[str, ...] = ()  # config.json model_type values of its checkpoints
     default: bool = False  # used by a command given neither --model nor a checkpoint
     constraints: tuple[ConstraintRule, ...] = ()  # over geometry symbols, this model alone
+    extends: str | None = None  # the base model this spec is merged onto (generator/extends.py)
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -135,11 +136,17 @@ class Model:
 
 @cache
 def _schema(kind: str) -> dict[str, Any]:
+    if kind == "engine_block":  # an engine's block layout: a definition of the engine schema
+        engine = _schema("engine")
+        return {"$schema": engine["$schema"], "$defs": engine["$defs"],
+                **engine["$defs"]["block_layout"]}  # fmt: skip
     loaded: dict[str, Any] = json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text())
     return loaded
 
 
-def validate_schema(doc: Located, kind: Literal["block", "model", "scheme", "engine"]) -> None:
+def validate_schema(
+    doc: Located, kind: Literal["block", "model", "scheme", "engine", "engine_block"]
+) -> None:
     validator = jsonschema.Draft202012Validator(_schema(kind))
     errors = sorted(
         validator.iter_errors(doc.data), key=lambda e: (list(map(str, e.path)), e.message)
@@ -289,6 +296,7 @@ def parse_block(doc: Located) -> Block:
         g: GroupRule(check_ident(doc, ("groups", g), g, "group"), bool(v["optional"]), v["why"])
         for g, v in (d.get("groups") or {}).items()
     }
+    whole = _never_replicated(doc, d, set(symbols))
     tensors: list[TensorRule] = []
     for tname, t in d["tensors"].items():
         base: PathKey = ("tensors", tname)
@@ -297,6 +305,9 @@ def parse_block(doc: Located) -> Block:
             for i, dim in enumerate(t["shape"])
         )
         shard = _shard(doc, (*base, "shard"), t["shard"], set(symbols), len(dims))
+        if shard.unit in whole:
+            shard = ShardRule(shard.kind, shard.unit, shard.axis, whole[shard.unit])
+        _shard_dim_expands(doc, (*base, "shard"), dims, shard, derived)
         group = t.get("group")
         if group is not None and group not in groups:
             raise doc.error((*base, "group"), f"group {group!r} is not declared under groups")
@@ -409,6 +420,50 @@ def parse_block(doc: Located) -> Block:
         _shared_scales(doc, prefix, by_full, families),
         frozenset(prefix + n for n, t in d["tensors"].items() if _interleave(t["shard"])),
     )  # fmt: skip
+
+
+def _never_replicated(doc: Located, d: dict[str, Any], symbols: set[str]) -> dict[str, str]:
+    """``never_replicated: {unit: why}``: each a symbol some tensor shards on."""
+    raw: dict[str, str] = d.get("never_replicated") or {}
+    units = set()
+    for t in d["tensors"].values():
+        sh = t["shard"]
+        if isinstance(sh, dict):
+            units.add(sh.get("rows") or sh.get("cols") or sh.get("unit"))
+    for u in raw:
+        if u not in symbols:
+            raise doc.error(("never_replicated", u), f"{u!r} is not a symbol of this block")
+        if u not in units:
+            raise doc.error(("never_replicated", u), f"no tensor of this block shards on {u!r}")
+    return dict(raw)
+
+
+def _shard_dim_expands(
+    doc: Located, path: PathKey, dims: tuple[algebra.Expr, ...], shard: ShardRule,
+    derived: dict[str, algebra.Expr],
+) -> None:  # fmt: skip
+    """A sharded dim holding ``max``/``min`` (itself or through a derived symbol) is refused:
+    the whole-units proofs expand a sharded dim into terms over its unit, and an extremum
+    does not expand (``max(H, 4) * D`` on ``{rows: H}`` is whole H units at some geometries
+    only), so nothing could say rank r's rows are its units'."""
+    if shard.unit is None or not dims:
+        return
+    dim = dims[shard.resolved(len(dims))]
+    seen: set[str] = set()
+    todo = [dim]
+    while todo:
+        e = todo.pop()
+        if e.extremum:
+            via = "" if e is dim else f" (through derived {e.text!r})"
+            raise doc.error(
+                path,
+                f"dim {dim.text!r} shards on {shard.unit} but holds max/min{via}, which the "
+                "whole-units proof cannot expand; shard a dim that is a product of its unit, "
+                "or take the extremum in a geometry symbol",
+            )
+        for n in e.names & derived.keys() - seen:
+            seen.add(n)
+            todo.append(derived[n])
 
 
 def _interleave(raw: Any) -> bool:
@@ -707,6 +762,7 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
     unbound = tuple(UnboundRule(u["prefix"], u["why"]) for u in (d.get("unbound") or []))
     names = _names(doc, d.get("names") or [], gnames)
     _sections_not_declared_whole(doc, names, [blocks[u.block] for u in uses])
+    _model_names_reach_globals(doc, names, blocks[glob] if glob is not None else None)
     flags = sorted(
         {t.tie.config for u in uses for t in blocks[u.block].tensors if t.tie is not None}
     )
@@ -723,6 +779,7 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         tuple(d.get("model_types") or ()),
         bool(d.get("default", False)),
         _model_constraints(doc, d.get("constraints") or [], gnames),
+        d.get("extends"),
     )  # fmt: skip
 
 
@@ -818,6 +875,12 @@ def _names(doc: Located, raw: list[dict[str, Any]], gnames: set[str]) -> tuple[N
             )
         if len(to) == 1 and seg is not None:
             raise doc.error(("names", i, "segments"), "segments needs one name per segment")
+        scope = r.get("scope", "layer")
+        if scope == "model" and (len(to) > 1 or seg is not None):
+            raise doc.error(
+                ("names", i, "scope"),
+                "a model-level name is renamed whole or as a prefix, never read as sections",
+            )
         held = (placeholders(r["from"]), [p for t in to for p in placeholders(t)])
         if held != ([], []):
             # one whole name with a member index, renamed member by member (Mixtral's w1 ->
@@ -830,8 +893,33 @@ def _names(doc: Located, raw: list[dict[str, Any]], gnames: set[str]) -> tuple[N
                 raise doc.error(
                     ("names", i), "a name with a placeholder is a whole name, not a prefix"
                 )
-        out.append(NameRule(r["from"], to, r["why"], sizes))
+        if scope == "model" and held != ([], []):
+            raise doc.error(("names", i, "scope"), "a model-level name has no family placeholder")
+        out.append(NameRule(r["from"], to, r["why"], sizes, scope))
     return tuple(out)
+
+
+def _model_names_reach_globals(
+    doc: Located, names: tuple[NameRule, ...], globals_block: Block | None
+) -> None:
+    """A model-level rename names a tensor of the globals block (a whole name) or a prefix
+    some of its tensors start with; anything else would rename into nothing."""
+    for i, r in enumerate(names):
+        if r.scope != "model":
+            continue
+        if globals_block is None:
+            raise doc.error(("names", i, "scope"), "a model-level name needs a globals block")
+        to = r.to[0]
+        held = [t.name for t in globals_block.tensors]
+        prefix = r.source.endswith((".", "_"))
+        hit = any(t.startswith(to) for t in held) if prefix else to in held
+        if not hit:
+            raise doc.error(
+                ("names", i, "to"),
+                f"model-level name {r.source!r} -> {to!r}: block {globals_block.name!r} "
+                f"declares no tensor {'under ' if prefix else ''}{to!r} "
+                f"(it holds {', '.join(held)})",
+            )
 
 
 def _sections_not_declared_whole(

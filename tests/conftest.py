@@ -1,6 +1,7 @@
 """pytest configuration: Hypothesis profiles (``HYPOTHESIS_PROFILE=ci`` is the default), the
-CuPy stand-in fixture shared by the device-path tests, and the reader fuzzers' example count in
-the summary (``fuzz_tally``).
+CuPy stand-in fixture shared by the device-path tests, and in the summary the reader fuzzers'
+example count (``fuzz_tally``) and where the vLLM proofs' results came from (``vllm_proofs``:
+the cache, or a run with its wall and CPU seconds).
 
 Every property follows the loaded profile: none pins ``max_examples``; one that needs more (or
 fewer) examples than the rest asks for a multiple of the profile's (``budget.examples``). The
@@ -89,6 +90,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 _fuzzed: Counter[str] = Counter()  # reader -> examples run this session (all workers)
+_vllm_proofs: dict[str, None] = {}  # the vLLM proofs' report lines, in order, once each
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -104,6 +106,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         if key == fuzz_tally.PROPERTY:
             reader, n = cast("tuple[str, int]", value)
             _fuzzed[reader] += n
+        elif key == "vllm_proofs":
+            _vllm_proofs[str(value)] = None
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
@@ -111,3 +115,6 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         each = ", ".join(f"{r} {n:,}" for r, n in sorted(_fuzzed.items()))
         total = sum(_fuzzed.values())
         terminalreporter.write_line(f"reader fuzzing: {total:,} generated examples ({each})")
+    if not hasattr(terminalreporter.config, "workerinput"):
+        for line in _vllm_proofs:
+            terminalreporter.write_line(line)

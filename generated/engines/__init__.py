@@ -8,11 +8,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from specbind.generated.engines import vllm_deepseek_v3, vllm_llama, vllm_qwen3_moe
+from specbind.generated.engines import (
+    vllm_deepseek_v3,
+    vllm_ernie4_5,
+    vllm_gemma,
+    vllm_gemma2,
+    vllm_gemma3_text,
+    vllm_granite,
+    vllm_llama,
+    vllm_mistral,
+    vllm_mixtral,
+    vllm_qwen2,
+    vllm_qwen3,
+    vllm_qwen3_moe,
+)
 from specbind.runtime.binder import EngineTable
 
 ENGINES: dict[tuple[str, str], EngineTable[Any]] = {
     ("vllm", "deepseek-v3"): vllm_deepseek_v3.LAYOUT,
+    ("vllm", "ernie4-5"): vllm_ernie4_5.LAYOUT,
+    ("vllm", "gemma"): vllm_gemma.LAYOUT,
+    ("vllm", "gemma2"): vllm_gemma2.LAYOUT,
+    ("vllm", "gemma3-text"): vllm_gemma3_text.LAYOUT,
+    ("vllm", "granite"): vllm_granite.LAYOUT,
     ("vllm", "llama"): vllm_llama.LAYOUT,
+    ("vllm", "mistral"): vllm_mistral.LAYOUT,
+    ("vllm", "mixtral"): vllm_mixtral.LAYOUT,
+    ("vllm", "qwen2"): vllm_qwen2.LAYOUT,
     ("vllm", "qwen3-moe"): vllm_qwen3_moe.LAYOUT,
+    ("vllm", "qwen3"): vllm_qwen3.LAYOUT,
 }

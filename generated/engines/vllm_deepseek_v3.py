@@ -20,7 +20,7 @@ from specbind.runtime.binder import BlockEntry, EngineTable
 
 ENGINE = "vllm"
 DOC = "vLLM's DeepseekV3ForCausalLM parameters (MLA verbatim for vLLM's own absorb, FusedMoE experts)."
-# Proven parameter-identical to vllm's own loader by tests/vllm/test_vllm_loader.py.
+# Proven parameter-identical to vllm's own loader by tests/vllm/test_vllm_proofs.py (tp 1, 2).
 
 # The engine's name prefix of layer {index}'s parameters.
 LAYERS = "model.layers.{index}."
@@ -122,6 +122,8 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     values=VALUES,
     first_rank=FIRST_RANK,
     constraints=CONSTRAINTS,
-    proof="tests/vllm/test_vllm_loader.py",
-    skip_mtp="vLLM's DeepseekV3ForCausalLM holds no MTP layer (its DeepSeekMTP is a separate draft model)",
+    proof="tests/vllm/test_vllm_proofs.py",
+    proof_tp=(1, 2),
+    unproven=None,
+    skip_mtp="vLLM's DeepseekV3ForCausalLM holds no MTP layers (its DeepSeekMTP is a separate draft model)",
 )

@@ -2,7 +2,9 @@
 names-only preamble that ``bind``, ``plan`` and the ranks under torchrun share.
 
 Names (``NamedView``): the model spec's ``names`` rules (like transformers' conversion
-mapping) say how other writers name the same tensors: a layer-relative prefix renamed
+mapping) say how other writers name the same tensors: a model-level name (``scope: model``,
+under one of the text model's prefixes: ``backbone.norm_f.weight`` -> ``backbone.norm.weight``)
+renamed whole or as a prefix, a layer-relative prefix renamed
 (``self_attn.forget_gate.`` -> ``self_attn.``, ``attn_hc.`` -> ``hc_attn_``), one whole
 name with a member index renamed member by member (``block_sparse_moe.experts.{e}.w1.weight`` ->
 ``mlp.experts.{e}.gate_proj.weight``), or one stored tensor read as row sections: N equal
@@ -67,18 +69,23 @@ class NamedView:
         rules: tuple[NameRule, ...],
         suffixes: Mapping[str, str] | None = None,
         values: Callable[[], Mapping[str, int]] | None = None,
+        prefixes: tuple[str, ...] = ("",),
     ) -> None:
         self._ckpt = ckpt
         self.root: Path = ckpt.root
         rx = layer_pattern(pattern)  # under any prefix: the view is made before the split
-        self._rx, self._rules = rx, rules
+        self._rx = rx
+        self._rules = tuple(r for r in rules if r.scope == "layer")
+        # model-level renames, tried under each text-model prefix, the longest first
+        heads = sorted(set(prefixes) | {""}, key=len, reverse=True)
+        model = tuple((p, r) for r in rules if r.scope == "model" for p in heads)
         self._values = values  # the geometry sections are sized at, asked for when first needed
         self._sizes: dict[str, tuple[int, ...]] = {}  # a rule's section sizes, evaluated once
         # name -> (stored, segment, of n, the rule's section sizes as written; () equal)
         self._map: dict[str, tuple[str, int, int, tuple[str, ...]]] = {}
         stored = ckpt.names()
         for n in stored:
-            for new, seg, of, sizes in _mapped(n, rx, rules, suffixes or {}):
+            for new, seg, of, sizes in _mapped(n, rx, self._rules, suffixes or {}, model):
                 if new in self._map:
                     raise CheckpointError(
                         f"{n} and {self._map[new][0]} would both be read as {new}; refusing "
@@ -173,7 +180,11 @@ class NamedView:
 
 
 def _mapped(
-    name: str, rx: LayerPattern, rules: tuple[NameRule, ...], suffixes: Mapping[str, str]
+    name: str,
+    rx: LayerPattern,
+    rules: tuple[NameRule, ...],
+    suffixes: Mapping[str, str],
+    model: tuple[tuple[str, NameRule], ...] = (),
 ) -> list[tuple[str, int, int, tuple[str, ...]]]:
     for old, new in suffixes.items():
         if name.endswith("." + old):
@@ -181,7 +192,7 @@ def _mapped(
             break
     layer = rx.split(name)
     if layer is None:
-        return [(name, 0, 1, ())]
+        return [(_model_level(name, model), 0, 1, ())]
     head, _, rel = layer
     for r in rules:
         if parts(r.source)[1] is not None:  # one whole name with a member index
@@ -194,6 +205,20 @@ def _mapped(
         if len(r.to) == 1 and rel.startswith(r.source):
             return [(head + r.to[0] + rel[len(r.source) :], 0, 1, ())]
     return [(name, 0, 1, ())]
+
+
+def _model_level(name: str, model: tuple[tuple[str, NameRule], ...]) -> str:
+    """A name outside the layers under the first model-level rule that matches it: a whole
+    name (``backbone.norm_f.weight`` -> ``backbone.norm.weight``) or a prefix, under one of
+    the text model's prefixes; anything else unchanged."""
+    for head, r in model:
+        if not name.startswith(head):
+            continue
+        rel = name[len(head) :]
+        whole = not r.source.endswith((".", "_"))
+        if rel == r.source if whole else rel.startswith(r.source):
+            return head + r.to[0] + rel[len(r.source) :]
+    return name
 
 
 @record
@@ -219,6 +244,7 @@ def open_layout(
         table.names,
         packed_names(qconf),
         geometry_of(ckpt, table, values),
+        table.layer_prefixes,
     )
     lay = layout(table, view.names(), ckpt.config, mtp)
     if not lay.layers:

@@ -340,6 +340,8 @@ class EngineTable(Generic[G]):
     first_rank: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # rank 0 holds them
     constraints: tuple[tuple[str, str, str], ...] = ()  # (name, check, why) over geometry, tp
     proof: str | None = None  # the test proving it against the engine's own loader; None: none
+    proof_tp: tuple[int, ...] = ()  # the tp sizes that test proves it at, every rank of each
+    unproven: str | None = None  # why no test proves it: the engine's measured error line
 
     @property
     def model(self) -> str:

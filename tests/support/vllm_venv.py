@@ -14,6 +14,7 @@ import hashlib
 import os
 import subprocess
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,11 +39,27 @@ def python() -> Path:
     return venv_dir() / "bin" / "python"
 
 
-def run_scenario(spec: Path, out: Path, timeout: int) -> subprocess.CompletedProcess[str]:
-    """``tests/support/vllm_scenario.py`` in the vLLM venv; stdout and stderr captured."""
+def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHONPATH"] = str(REPO)  # this clone's specbind, not the one installed editable
+    return env
+
+
+def run_scenario(spec: Path, out: Path, timeout: int) -> subprocess.CompletedProcess[str]:
+    """``tests/support/vllm_scenario.py`` in the vLLM venv; stdout and stderr captured."""
     return subprocess.run(
         [str(python()), str(REPO / "tests" / "support" / "vllm_scenario.py"), str(spec), str(out)],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=spec.parent, check=False,
+        capture_output=True, text=True, timeout=timeout, env=_env(), cwd=spec.parent,
+        check=False,
+    )  # fmt: skip
+
+
+def popen(argv: list[str], cwd: Path, log: IO[str]) -> subprocess.Popen[str]:
+    """The vLLM venv's python on ``argv``, started (stdout and stderr to ``log``: a file, not a
+    pipe, so that a worker never blocks on a full pipe its peer's reader is not draining), with
+    one OpenMP thread: the proofs' workers run one per core."""
+    env = _env() | {"OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        [str(python()), *argv], stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+        cwd=cwd,
     )  # fmt: skip

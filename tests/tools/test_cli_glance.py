@@ -136,12 +136,33 @@ def test_models_lists_every_generated_model_with_blocks_rules_schemes_and_engine
         assert [e["proof"] is not None for e in r["engines"]] == [name in proved] * len(
             r["engines"]
         )
-    assert llama["engines"] == [{"engine": "vllm", "proof": "tests/vllm/test_vllm_loader.py"}]
+    assert llama["engines"] == [
+        {
+            "engine": "vllm",
+            "proof": "tests/vllm/test_vllm_proofs.py",
+            "tp": [1, 2],
+            "unproven": None,
+        }
+    ]
     assert rows["glm-5.3-flash"]["default"] and rows["glm-5.3-flash"]["engines"] == []
     text, _ = run(capsys, "models")
     for name in MODELS:
         assert re.search(rf"^{re.escape(name)}( \(default\))?: model_type ", text, re.M), name
-    assert "vllm (proved by tests/vllm/test_vllm_loader.py)" in text
+    assert "vllm (proved at tp 1, 2 by tests/vllm/test_vllm_proofs.py)" in text
+
+
+def test_the_models_table_gives_an_unproven_layouts_measured_reason() -> None:
+    from specbind.models_table import render_text
+
+    why = "vLLM-CPU: ValueError: Head size 48 is not supported by the CPU attention backend"
+    row = {
+        "model": "m", "default": False, "model_types": ["m"], "blocks": ["gqa"], "layers": 2,
+        "mtp_layers": 0, "tp_splits": ["heads"], "ep": None, "quantization": [],
+        "engines": [{"engine": "vllm", "proof": None, "tp": [], "unproven": why}],
+    }  # fmt: skip
+    assert f"engines    vllm (unproven: {why})" in render_text([row])
+    row["engines"] = [{"engine": "vllm", "proof": None, "tp": [], "unproven": None}]
+    assert "engines    vllm (unproven)" in render_text([row])
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))

