@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "9f2a96b34c4123b5424c9ebf861ee4160971dbdbe5cc4f35915dbf018216010d"
+SPECS_SHA256 = "9ba642058bcd4ec0a6388627401afba8a365ccddf9c418f0558f783712681b63"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -41,6 +41,7 @@ MODELS = Registry(
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
         "nemotron": ModelEntry("model_nemotron", ("nemotron",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
+        "olmo": ModelEntry("model_olmo", ("olmo",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "olmo3": ModelEntry("model_olmo3", ("olmo3",), False),
         "phi": ModelEntry("model_phi", ("phi",), False),

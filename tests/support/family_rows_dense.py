@@ -470,8 +470,21 @@ PHI = Family(
     semantics=(attention(), fc_mlp()),
 )
 
+# OLMo-1: no norm tensors at all; vLLM's Transformers backend runs it (tps within 4 KV heads).
+OLMO = Family(
+    model="olmo",
+    hf_class="OlmoForCausalLM",
+    config_class="OlmoConfig",
+    config=NO_HEAD_DIM | {"num_key_value_heads": 4},
+    layer=GQA | SWIGLU,
+    globals={k: v for k, v in LM_GLOBALS.items() if k != "norm"},
+    tps=(1, 2, 4),
+    semantics=(attention(), swiglu_mlp()),
+    variants={"tied": {"tie_word_embeddings": True}},
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
     GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM, GLM,
-    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM, PHI,
+    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM, PHI, OLMO,
 )  # fmt: skip
