@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "9ba642058bcd4ec0a6388627401afba8a365ccddf9c418f0558f783712681b63"
+SPECS_SHA256 = "29b187dee4f4aee02ce10c0c5abd74776a7e8ee5a6f3a77eb79d438813dc8de8"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -31,6 +31,7 @@ MODELS = Registry(
         "glm": ModelEntry("model_glm", ("glm",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
         "glm4": ModelEntry("model_glm4", ("glm4",), False),
+        "gpt-neox": ModelEntry("model_gpt_neox", ("gpt_neox",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
         "helium": ModelEntry("model_helium", ("helium",), False),

@@ -31,7 +31,14 @@ from family_layouts import (
     UP_DOWN,
     fused_gate_up,
 )
-from family_semantics import attention, fc_mlp, gathered_attention, swiglu_mlp, up_down_mlp
+from family_semantics import (
+    attention,
+    fc_mlp,
+    gathered_attention,
+    neox_attention,
+    swiglu_mlp,
+    up_down_mlp,
+)
 from family_table import Col, Family, Rep, Row
 
 # Llama-shaped sizes: q rows 96, kv rows 24 (2 x 12), no size repeated.
@@ -483,8 +490,47 @@ OLMO = Family(
     variants={"tied": {"tie_word_embeddings": True}},
 )
 
+# GPT-NeoX through vLLM's Transformers backend: query_key_value split into contiguous row
+# blocks, which are whole heads in its per-head interleave; MHA, 4 heads: tp 1, 2, 4.
+# rotary_pct 0.5 (Pythia's 0.25 of 6 dims is not whole pairs at this size).
+GPT_NEOX = Family(
+    model="gpt-neox",
+    hf_class="GPTNeoXForCausalLM",
+    config_class="GPTNeoXConfig",
+    config={k: v for k, v in NO_HEAD_DIM.items() if k != "num_key_value_heads"}
+    | {
+        "num_attention_heads": 4,
+        "layer_norm_eps": 1e-5,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+    },
+    layer={
+        "attention.qkv_proj": Col("attention.query_key_value.weight", "num_attention_heads"),
+        "attention.qkv_bias": Col("attention.query_key_value.bias", "num_attention_heads"),
+        "attention.o_proj": Row("attention.dense.weight", "num_attention_heads"),
+        "attention.o_bias": Rep("attention.dense.bias"),
+        "mlp.c_fc": Col("mlp.dense_h_to_4h.weight", "intermediate_size"),
+        "mlp.c_fc_bias": Col("mlp.dense_h_to_4h.bias", "intermediate_size"),
+        "mlp.c_proj": Row("mlp.dense_4h_to_h.weight", "intermediate_size"),
+        "mlp.c_proj_bias": Rep("mlp.dense_4h_to_h.bias"),
+    }
+    | NORMS_BIAS,
+    globals={
+        "embed_tokens": Col("gpt_neox.embed_in.weight", "vocab_size"),
+        "norm": Rep("gpt_neox.final_layer_norm.weight"),
+        "norm_bias": Rep("gpt_neox.final_layer_norm.bias"),
+        "lm_head": Col("lm_head.weight", "vocab_size"),  # stored as embed_out
+    },
+    tps=(1, 2, 4),
+    semantics=(neox_attention(), fc_mlp()),
+    layers_path="gpt_neox.layers",
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
     GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM, GLM,
-    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM, PHI, OLMO,
+    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM, PHI, OLMO, GPT_NEOX,
 )  # fmt: skip

@@ -125,7 +125,7 @@ def _rotary(ctx: ProofContext, x: Any, i: int) -> tuple[Any, Any]:
     (Gemma 3's takes the layer's type: local and global layers rotate with other bases)."""
     import torch
 
-    rotary = ctx.model.model.rotary_emb
+    rotary = ctx.model.base_model.rotary_emb  # .model, or .gpt_neox
     args: tuple[Any, ...] = (_t(x)[None], torch.arange(x.shape[0])[None])
     if "layer_type" in inspect.signature(rotary.forward).parameters:
         args = (*args, ctx.config["layer_types"][i])
@@ -276,6 +276,36 @@ def up_down_mlp() -> Semantic:
                 f = ctx.layer_fields(tp, r, i)
                 with torch.no_grad():
                     got += mlp.act_fn(_t(x @ f["mlp.up"].T)).numpy() @ f["mlp.down"].T
+            assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
+
+    return check
+
+
+def neox_attention() -> Semantic:
+    """GPT-NeoX: each rank's fused qkv rows are whole heads, each head's [q; k; v] in turn;
+    Σ over tp ranks of each rank's attention through its dense columns, plus the dense bias
+    once, equals the module's attention."""
+
+    def check(ctx: ProofContext, tp: int) -> None:
+        import torch
+
+        cfg = ctx.config
+        hd = cfg["hidden_size"] // cfg["num_attention_heads"]
+        x = bf16_input(TOKENS, cfg["hidden_size"], seed=tp)
+        for i in range(cfg["num_hidden_layers"]):
+            cos, sin = _rotary(ctx, x, i)
+            attn = ctx.layer(i).attention
+            with torch.no_grad():
+                want = attn(
+                    hidden_states=_t(x)[None], position_embeddings=(cos, sin), attention_mask=None
+                )[0][0].numpy()
+            got = ctx.layer_fields(tp, 0, i)["attention.o_bias"] + np.zeros_like(want)
+            for r in range(tp):
+                f = ctx.layer_fields(tp, r, i)
+                y = x @ f["attention.qkv_proj"].T + f["attention.qkv_bias"]  # [T, h_r·3·hd]
+                q, k, v = np.split(y.reshape(TOKENS, -1, 3 * hd), 3, axis=-1)  # [T, h_r, hd]
+                o = _attend(attn, _t(q), _t(k), _t(v), (cos, sin, True), hd)
+                got += o @ f["attention.o_proj"].T
             assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
 
     return check
