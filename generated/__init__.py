@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "29b187dee4f4aee02ce10c0c5abd74776a7e8ee5a6f3a77eb79d438813dc8de8"
+SPECS_SHA256 = "5da63ede924785b0024da5a9a845222575a391b7dbfdc2a0dacc6ac61ff058b5"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -45,6 +45,7 @@ MODELS = Registry(
         "olmo": ModelEntry("model_olmo", ("olmo",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "olmo3": ModelEntry("model_olmo3", ("olmo3",), False),
+        "opt": ModelEntry("model_opt", ("opt",), False),
         "phi": ModelEntry("model_phi", ("phi",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),

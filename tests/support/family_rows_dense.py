@@ -36,6 +36,7 @@ from family_semantics import (
     fc_mlp,
     gathered_attention,
     neox_attention,
+    opt_mlp,
     swiglu_mlp,
     up_down_mlp,
 )
@@ -529,8 +530,55 @@ GPT_NEOX = Family(
     layers_path="gpt_neox.layers",
 )
 
+# OPT: MHA (8 heads of 6), learned positions (24 + 2 rows), tied head; vLLM's own opt model.
+OPT = Family(
+    model="opt",
+    hf_class="OPTForCausalLM",
+    config_class="OPTConfig",
+    config={
+        "vocab_size": 112,
+        "hidden_size": 48,
+        "ffn_dim": 72,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "max_position_embeddings": 24,
+        "word_embed_proj_dim": 48,
+        "tie_word_embeddings": True,
+        "pad_token_id": 1,
+    },
+    layer={
+        "attention.q_proj": Col("self_attn.q_proj.weight", "num_attention_heads"),
+        "attention.k_proj": Col("self_attn.k_proj.weight", "num_attention_heads"),
+        "attention.v_proj": Col("self_attn.v_proj.weight", "num_attention_heads"),
+        "attention.o_proj": Row("self_attn.out_proj.weight", "num_attention_heads"),
+        "attention.q_bias": Col("self_attn.q_proj.bias", "num_attention_heads"),
+        "attention.k_bias": Col("self_attn.k_proj.bias", "num_attention_heads"),
+        "attention.v_bias": Col("self_attn.v_proj.bias", "num_attention_heads"),
+        "attention.o_bias": Rep("self_attn.out_proj.bias"),
+        "mlp.c_fc": Col("fc1.weight", "ffn_dim"),
+        "mlp.c_fc_bias": Col("fc1.bias", "ffn_dim"),
+        "mlp.c_proj": Row("fc2.weight", "ffn_dim"),
+        "mlp.c_proj_bias": Rep("fc2.bias"),
+        "norms.input_norm": Rep("self_attn_layer_norm.weight"),
+        "norms.input_norm_bias": Rep("self_attn_layer_norm.bias"),
+        "norms.post_attention_norm": Rep("final_layer_norm.weight"),
+        "norms.post_attention_norm_bias": Rep("final_layer_norm.bias"),
+    },
+    globals={
+        "embed_tokens": Col("model.decoder.embed_tokens.weight", "vocab_size"),
+        "embed_positions": Rep("model.decoder.embed_positions.weight"),
+        "norm": Rep("model.decoder.final_layer_norm.weight"),
+        "norm_bias": Rep("model.decoder.final_layer_norm.bias"),
+        "lm_head": Col("lm_head.weight", "vocab_size"),
+    },
+    tps=(1, 2, 4, 8),
+    semantics=(attention(rotary=False), opt_mlp()),
+    layers_path="model.decoder.layers",
+    variants={"untied": {"tie_word_embeddings": False}},
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
     GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM, GLM,
-    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM, PHI, OLMO, GPT_NEOX,
+    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM, PHI, OLMO, GPT_NEOX, OPT,
 )  # fmt: skip
