@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "5da63ede924785b0024da5a9a845222575a391b7dbfdc2a0dacc6ac61ff058b5"
+SPECS_SHA256 = "f7395b6fb8e85e6e7f4499ff2082fc209be2fb49479aee9131f88913a7403c80"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.

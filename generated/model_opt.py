@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # each block module is imported on first use (runtime.model.B
 MODEL = "opt"
 DOC = "OPT (MHA with biases, non-gated fc1/fc2 MLP, LayerNorms, learned positions, tied head)."
 LAYER_PATTERN = "layers.{index}."
-LAYER_PREFIXES: tuple[str, ...] = ("decoder.", "model.decoder.")
+LAYER_PREFIXES: tuple[str, ...] = ("", "decoder.", "model.decoder.")
 
 # Which layers carry an optional group: by a per-layer config.json list, a config flag, always.
 LAYER_GROUPS: tuple[LayerGroupRule, ...] = (LayerGroupRule(group="o_bias", required=True),)
