@@ -42,6 +42,18 @@ from family_semantics import (
 )
 from family_table import Col, Family, Rep, Row
 
+# Why a tp that bind accepts is not proven (a row's ``beyond``).
+BACKEND_KV = (
+    "vLLM runs this family through its Transformers backend, whose plain ColumnParallelLinear "
+    "k/v would split a KV head's rows across ranks at tp > kv_heads, which its attention "
+    "cannot run; specbind replicates the KV heads there (vLLM's native QKVParallelLinear "
+    "layout), unproven against an engine"
+)
+COMMANDR_KV = (
+    "vLLM's commandr loads k_norm [kv_heads, head_dim] with row_parallel_weight_loader, which "
+    "reads past the stored rows at tp > kv_heads; specbind replicates the KV heads' rows there"
+)
+
 # Llama-shaped sizes: q rows 96, kv rows 24 (2 x 12), no size repeated.
 LLAMA_LIKE: dict[str, Any] = {
     "vocab_size": 112,
@@ -64,6 +76,7 @@ MISTRAL = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -75,6 +88,7 @@ LLAMA = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
     variants={"tied": {"tie_word_embeddings": True}},
 )
@@ -92,6 +106,7 @@ QWEN2 = Family(
     layer=LLAMA_LAYER | QKV_BIAS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
     variants={"tied": {"tie_word_embeddings": True}},
 )
@@ -104,6 +119,7 @@ QWEN3 = Family(
     layer=LLAMA_LAYER | QK_NORM,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(qk_norm="head"), swiglu_mlp()),
 )
 
@@ -125,6 +141,7 @@ GEMMA2 = Family(
     layer=GQA | SWIGLU | SANDWICH_NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
     variants={"untied": {"tie_word_embeddings": False}},
 )
@@ -137,6 +154,7 @@ GEMMA3_TEXT = Family(
     layer=GQA | QK_NORM | SWIGLU | SANDWICH_NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(qk_norm="head"), swiglu_mlp()),
 )
 
@@ -157,6 +175,7 @@ GRANITE = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
     variants={"untied": {"tie_word_embeddings": False}},
 )
@@ -171,6 +190,7 @@ OLMO2 = Family(
     layer=GQA_PROJ_NORM | SWIGLU | POST_NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={},
     semantics=(gathered_attention(), swiglu_mlp()),
 )
 
@@ -190,6 +210,7 @@ COHERE = Family(
     layer=GQA | HEAD_NORMS | SWIGLU | INPUT_NORM,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: COMMANDR_KV},
     semantics=(attention(qk_norm="head"), swiglu_mlp()),
     variants={"command-r": {"use_qk_norm": False}},
 )
@@ -207,6 +228,7 @@ COHERE2 = Family(
     layer=GQA | SWIGLU | INPUT_NORM,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(rotates=lambda a: a.sliding_window is not None), swiglu_mlp()),
 )
 
@@ -219,6 +241,7 @@ EXAONE4 = Family(
     layer=GQA | QK_NORM | SWIGLU | POST_NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(
         attention(qk_norm="head", rotates=lambda a: a.sliding_window is None or a.is_sliding),
         swiglu_mlp(),
@@ -243,6 +266,7 @@ GLM4 = Family(
     layer=GQA | QKV_BIAS | fused_gate_up(LLAMA_LIKE["intermediate_size"]) | GLM4_NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -263,6 +287,7 @@ STARCODER2 = Family(
     layer=GQA | QKV_BIAS | O_BIAS | FC_MLP | NORMS_BIAS,
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(), fc_mlp()),
     variants={"untied": {"tie_word_embeddings": False}},
 )
@@ -275,6 +300,7 @@ GEMMA1 = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -287,6 +313,7 @@ OLMO3 = Family(
     layer=GQA_PROJ_NORM | SWIGLU | POST_NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={},
     semantics=(gathered_attention(), swiglu_mlp()),
 )
 
@@ -301,6 +328,7 @@ SMOLLM3 = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(rotates=lambda a: bool(a.use_rope)), swiglu_mlp()),
 )
 
@@ -312,6 +340,7 @@ ERNIE4_5 = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -324,6 +353,7 @@ SEED_OSS = Family(
     layer=LLAMA_LAYER | QKV_BIAS | O_BIAS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(), swiglu_mlp()),
     variants={"no-o-bias": {"attention_out_bias": False}},
 )
@@ -340,6 +370,7 @@ MINISTRAL = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -351,6 +382,7 @@ HELIUM = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -362,6 +394,7 @@ GLM = Family(
     layer=GQA | QKV_BIAS | fused_gate_up(LLAMA_LIKE["intermediate_size"]) | NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -377,6 +410,7 @@ HUNYUAN_DENSE = Family(
     },
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(qk_norm="head_after_rope"), swiglu_mlp()),
 )
 
@@ -397,6 +431,7 @@ NEMOTRON = Family(
     layer=GQA | UP_DOWN | NORMS_BIAS,
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), up_down_mlp()),
 )
 
@@ -409,6 +444,7 @@ ARCEE = Family(
     layer=GQA | UP_DOWN | NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(), up_down_mlp()),
 )
 
@@ -432,6 +468,7 @@ STABLELM = Family(
     layer=LLAMA_LAYER | QKV_BIAS | NORMS_BIAS,
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
     variants={"no-qkv-bias": {"use_qkv_bias": False}},
 )
@@ -475,6 +512,7 @@ PHI = Family(
         "lm_head_bias": Col("lm_head.bias", "vocab_size"),
     },
     tps=(1, 2, 4),
+    beyond={},
     semantics=(attention(), fc_mlp()),
 )
 
@@ -487,6 +525,7 @@ OLMO = Family(
     layer=GQA | SWIGLU,
     globals={k: v for k, v in LM_GLOBALS.items() if k != "norm"},
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(), swiglu_mlp()),
     variants={"tied": {"tie_word_embeddings": True}},
 )
@@ -526,6 +565,7 @@ GPT_NEOX = Family(
         "lm_head": Col("lm_head.weight", "vocab_size"),  # stored as embed_out
     },
     tps=(1, 2, 4),
+    beyond={},
     semantics=(neox_attention(), fc_mlp()),
     layers_path="gpt_neox.layers",
 )
@@ -572,6 +612,7 @@ OPT = Family(
         "lm_head": Col("lm_head.weight", "vocab_size"),
     },
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(rotary=False), opt_mlp()),
     layers_path="model.decoder.layers",
     variants={"untied": {"tie_word_embeddings": False}},
