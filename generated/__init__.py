@@ -11,21 +11,49 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "74623371708024cbcd881bdd74d40059b72a1ccb7c2cf6eff445011d9a30f87c"
+SPECS_SHA256 = "f7395b6fb8e85e6e7f4499ff2082fc209be2fb49479aee9131f88913a7403c80"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.
 MODELS = Registry(
     __name__,
     {
+        "arcee": ModelEntry("model_arcee", ("arcee",), False),
+        "cohere": ModelEntry("model_cohere", ("cohere",), False),
+        "cohere2": ModelEntry("model_cohere2", ("cohere2",), False),
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
+        "ernie4-5": ModelEntry("model_ernie4_5", ("ernie4_5",), False),
+        "exaone4": ModelEntry("model_exaone4", ("exaone4",), False),
+        "gemma": ModelEntry("model_gemma", ("gemma",), False),
+        "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),
+        "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
+        "glm": ModelEntry("model_glm", ("glm",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
+        "glm4": ModelEntry("model_glm4", ("glm4",), False),
+        "gpt-neox": ModelEntry("model_gpt_neox", ("gpt_neox",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
+        "granite": ModelEntry("model_granite", ("granite",), False),
+        "helium": ModelEntry("model_helium", ("helium",), False),
+        "hunyuan-dense": ModelEntry("model_hunyuan_dense", ("hunyuan_v1_dense",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
+        "ministral": ModelEntry("model_ministral", ("ministral",), False),
+        "mistral": ModelEntry("model_mistral", ("mistral",), False),
+        "nemotron": ModelEntry("model_nemotron", ("nemotron",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
+        "olmo": ModelEntry("model_olmo", ("olmo",), False),
+        "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
+        "olmo3": ModelEntry("model_olmo3", ("olmo3",), False),
+        "opt": ModelEntry("model_opt", ("opt",), False),
+        "phi": ModelEntry("model_phi", ("phi",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
+        "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
+        "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
+        "seed-oss": ModelEntry("model_seed_oss", ("seed_oss",), False),
+        "smollm3": ModelEntry("model_smollm3", ("smollm3",), False),
+        "stablelm": ModelEntry("model_stablelm", ("stablelm",), False),
+        "starcoder2": ModelEntry("model_starcoder2", ("starcoder2",), False),
     },
 )

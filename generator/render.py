@@ -27,7 +27,7 @@ from specbind.core import algebra
 from specbind.core.errors import GenerateError, SpecError
 from specbind.core.ir import TensorRule
 from specbind.core.quant import SchemeRule
-from specbind.generator import codegen_transforms, engines, yamlio
+from specbind.generator import codegen_transforms, engines, extends, yamlio
 from specbind.generator import kernels as generator_kernels
 from specbind.generator.evaluate import check_model_geometry
 from specbind.generator.literals import comment, py_literal
@@ -92,14 +92,22 @@ def load_specs(root: Path) -> Specs:
             raise b.located.error(("block",), f"block {b.name!r} must live in blocks/{b.name}.yaml")
         blocks[b.name] = b
     models: dict[str, Model] = {}
+    docs: dict[str, yamlio.Located] = {}
+    parsed: dict[str, Model] = {}
     for p in _spec_files(specs_dir / "models"):
         rel = p.relative_to(root).as_posix()
         h.update(rel.encode() + b"\0" + p.read_bytes() + b"\0")
-        m = parse_model(yamlio.load(p, rel), blocks)
-        if m.name in models:
-            raise m.located.error(
-                ("model",), f"model {m.name!r} is also defined in {models[m.name].file}"
-            )
+        doc = yamlio.load(p, rel)
+        name = doc.data.get("model")
+        if not isinstance(name, str) or "extends" not in doc.data:
+            parsed[name] = parse_model(doc, blocks)  # a base is checked in its own file first
+        if name in docs:
+            raise doc.error(("model",), f"model {name!r} is also defined in {docs[name].file}")
+        docs[name] = doc
+    # each `extends:` merged onto its base (generator/extends.py), then parsed as one document
+    resolved = extends.resolve(docs, {n: tuple(b.symbols) for n, b in blocks.items()})
+    for name in docs:
+        m = parsed.get(name) or parse_model(resolved[name], blocks)
         check_model_geometry(m, blocks)
         clash = [o for o in models.values() if model_module(o.name) == model_module(m.name)]
         if clash:

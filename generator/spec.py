@@ -128,6 +128,7 @@ class Model:
     model_types: tuple[str, ...] = ()  # config.json model_type values of its checkpoints
     default: bool = False  # used by a command given neither --model nor a checkpoint
     constraints: tuple[ConstraintRule, ...] = ()  # over geometry symbols, this model alone
+    extends: str | None = None  # the base model this spec is merged onto (generator/extends.py)
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -723,6 +724,7 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         tuple(d.get("model_types") or ()),
         bool(d.get("default", False)),
         _model_constraints(doc, d.get("constraints") or [], gnames),
+        d.get("extends"),
     )  # fmt: skip
 
 

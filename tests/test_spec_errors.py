@@ -361,7 +361,8 @@ def test_a_bad_spec_names_file_path_and_line_and_leaves_generated_untouched(
 
 def test_the_real_specs_load(root: Path) -> None:
     specs = load_specs(root)
-    assert set(specs.blocks) == {
+    # at least these: the families added since (tests/families/) grow both sets on their own
+    assert set(specs.blocks) >= {
         "kda",
         "dsa",
         "moe",
@@ -384,7 +385,7 @@ def test_the_real_specs_load(root: Path) -> None:
         "stacked_moe",
         "mla_lora",
     }
-    assert set(specs.models) == {
+    assert set(specs.models) >= {
         "glm-5.3-flash", "kimi-linear", "deepseek-v3.2", "nemotron-h", "phi3", "llama", "qwen3-moe",
         "gpt-oss", "deepseek-v3",
     }  # fmt: skip
