@@ -25,9 +25,9 @@ from specbind.core.ir import (
 from specbind.core.planning import Ranks
 from specbind.core.record import record
 from specbind.generated.schemes import SCHEMES
-from specbind.runtime.model import BlockEntry, ModelTable
+from specbind.runtime.binder import BlockEntry, ModelTable
 
-if TYPE_CHECKING:  # each block module is imported on first use (runtime.model.BlockEntry)
+if TYPE_CHECKING:  # each block module is imported on first use (binder.tables.BlockEntry)
     from specbind.generated import dense, gqa, layer_norms, lm_globals
 
 MODEL = "smollm3"
@@ -114,7 +114,7 @@ def check_constraints(m: Geometry) -> None:
 
 
 def geometry(values: dict[str, int]) -> Geometry:
-    """Build the geometry from a symbol -> value mapping (see runtime.config.values_from_config)."""
+    """Build the geometry from a symbol -> value mapping (see runtime.layout.config.values_from_config)."""
     return Geometry(
         hidden=values["hidden"],
         vocab=values["vocab"],

@@ -28,18 +28,21 @@ from specbind.core.ir import (
 )
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.core.record import record
-from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.checks import BindReport, bind_tensors, check_dims
-from specbind.runtime.quant import (
+from specbind.runtime.binder import (
+    NUMPY,
+    Backend,
+    BindReport,
     LayerQuant,
     QuantFields,
+    ShardedSource,
+    TensorSource,
+    bind_tensors,
+    check_dims,
+    check_finite,
     check_shared,
     companion_fields,
     quantize_rules,
 )
-from specbind.runtime.quant_finite import check_finite
-from specbind.runtime.source import TensorSource
-from specbind.runtime.tp import ShardedSource
 
 BLOCK = "opt_globals"
 PREFIX = ""
@@ -296,9 +299,10 @@ def assemble(
 ) -> OptGlobalsWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_opt_globals`` passes the uploaded arrays and its
-    backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
-    where the ops write each field they make; the caller copies in what they do not."""
+    backend's ``Ops``; a reload passes shapes alone (``runtime.binder.shapes``) to learn what a
+    bound file must hold. An absent optional source leaves its field out. ``into`` (an
+    ``Arena``): where the ops write each field they make; the caller copies in what they do
+    not."""
     return OptGlobalsWeights(
         embed_tokens=t["embed_tokens.weight"],
         embed_positions=t["embed_positions.weight"],

@@ -27,7 +27,7 @@ from family_table import Family
 
 from specbind.audit import audit
 from specbind.core.errors import GeometryError
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 pytest.importorskip("torch", exc_type=ImportError)
 pytest.importorskip("transformers", exc_type=ImportError)

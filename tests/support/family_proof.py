@@ -18,8 +18,8 @@ from family_table import Family
 from hf_random import write_random
 
 from specbind.generated import MODELS
-from specbind.runtime.bind import BindResult, bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 
 
 @dataclass

@@ -14,8 +14,8 @@ import pytest
 
 from specbind.audit import audit
 from specbind.generated import MODELS
-from specbind.runtime.bind import bind_checkpoint
-from specbind.runtime.checkpoint import CheckpointDir
+from specbind.runtime.bind.bind import bind_checkpoint
+from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth, tiny_values
 
 NAMES = [n for n, t in MODELS.items() if t.synth is not None]
