@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "f063733dfae054ad60c8e32237f2e6a53d514da6c0509d4b3f96ce84355b2c49"
+SPECS_SHA256 = "ebc3e5348c56063310d3ea01a4dcbfa19236ec1e78cecd70b23bd5642ae3c74b"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.

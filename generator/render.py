@@ -331,6 +331,7 @@ def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
     lines.append(
         f"from specbind.runtime.checks import {', '.join(sorted(binding, key=_isort_key))}"
     )
+    lines.append("from specbind.runtime.half import rules_in")
     if has_transform:
         lines.append("from specbind.runtime.ops import Ops")
     quant = ["LayerQuant", "QuantFields", "check_shared", "companion_fields"]

@@ -129,6 +129,7 @@ class Model:
     default: bool = False  # used by a command given neither --model nor a checkpoint
     constraints: tuple[ConstraintRule, ...] = ()  # over geometry symbols, this model alone
     extends: str | None = None  # the base model this spec is merged onto (generator/extends.py)
+    dtypes: tuple[str, ...] = ("BF16",)  # the half dtypes its checkpoints may be stored in
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -774,7 +775,25 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         bool(d.get("default", False)),
         _model_constraints(doc, d.get("constraints") or [], gnames),
         d.get("extends"),
+        _dtypes(doc, d.get("dtypes"), [blocks[u.block] for u in uses]),
     )  # fmt: skip
+
+
+def _dtypes(doc: Located, raw: Any, blocks: list[Block]) -> tuple[str, ...]:
+    """``dtypes:``; F16 only where no block computes a field (a transform's result is the
+    spec's dtype, so an F16 bind would hand back a BF16 field)."""
+    if raw is None:
+        return ("BF16",)
+    if "F16" in raw:
+        for b in blocks:
+            tf = next((o for o in b.outputs if o.kind == "transform"), None)
+            if tf is not None:
+                raise doc.error(
+                    ("dtypes",),
+                    f"F16: block {b.name!r} computes {tf.field} by a transform, whose result "
+                    "is the spec's dtype; only blocks that bind stored tensors may follow F16",
+                )
+    return tuple(raw)
 
 
 def _geometry_expressions(doc: Located, geometry: tuple[GeometryField, ...]) -> None:
