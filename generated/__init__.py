@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "ebc3e5348c56063310d3ea01a4dcbfa19236ec1e78cecd70b23bd5642ae3c74b"
+SPECS_SHA256 = "5850cd286d97db36e3805089abf1074c26e403b94659a89c31a56c8986713b0b"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -30,6 +30,7 @@ MODELS = Registry(
         "glm4-moe": ModelEntry("model_glm4_moe", ("glm4_moe",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
+        "granitemoe": ModelEntry("model_granitemoe", ("granitemoe",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),

@@ -30,8 +30,7 @@ from specbind.core.planning import BlockPlan, plan_block
 from specbind.core.record import record
 from specbind.runtime import ops as numpy_ops
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.checks import Array, BindReport, bind_tensors, check_dims
-from specbind.runtime.half import rules_in
+from specbind.runtime.checks import Array, BindReport, bind_tensors, check_dims, rules_in
 from specbind.runtime.ops import Ops
 from specbind.runtime.quant import (
     LayerQuant,
@@ -539,7 +538,7 @@ def bind_dsa(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    rules, p = rules_in(rules, p, dtype)  # the checkpoint's half dtype (runtime.half)
+    rules, p = rules_in(rules, p, dtype)  # the checkpoint's half dtype (config.choose)
     sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,

@@ -29,8 +29,7 @@ from specbind.core.ir import (
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.core.record import record
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.checks import BindReport, bind_tensors, check_dims, require
-from specbind.runtime.half import rules_in
+from specbind.runtime.checks import BindReport, bind_tensors, check_dims, require, rules_in
 from specbind.runtime.quant import (
     LayerQuant,
     QuantFields,
@@ -490,7 +489,7 @@ def bind_kda(
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
-    rules, p = rules_in(rules, p, dtype)  # the checkpoint's half dtype (runtime.half)
+    rules, p = rules_in(rules, p, dtype)  # the checkpoint's half dtype (config.choose)
     sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,

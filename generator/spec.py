@@ -889,6 +889,9 @@ def _names(doc: Located, raw: list[dict[str, Any]], gnames: set[str]) -> tuple[N
         if len(to) == 1 and seg is not None:
             raise doc.error(("names", i, "segments"), "segments needs one name per segment")
         scope = r.get("scope", "layer")
+        if r.get("unstack"):
+            out.append(_unstack(doc, i, r, to, seg, sizes, scope))
+            continue
         if scope == "model" and (len(to) > 1 or seg is not None):
             raise doc.error(
                 ("names", i, "scope"),
@@ -910,6 +913,26 @@ def _names(doc: Located, raw: list[dict[str, Any]], gnames: set[str]) -> tuple[N
             raise doc.error(("names", i, "scope"), "a model-level name has no family placeholder")
         out.append(NameRule(r["from"], to, r["why"], sizes, scope))
     return tuple(out)
+
+
+def _unstack(
+    doc: Located, i: int, r: dict[str, Any], to: tuple[str, ...], seg: int | None,
+    sizes: tuple[str, ...], scope: str,
+) -> NameRule:  # fmt: skip
+    """``unstack: true``: one stored [members, ...] tensor (no placeholder in ``from``) read
+    member by member as ``to`` (each holding one and the same placeholder), in equal row
+    segments where there are several."""
+    where: PathKey = ("names", i, "unstack")
+    if scope != "layer" or sizes:
+        raise doc.error(where, "unstack reads a layer's stacked tensor, in equal segments only")
+    if placeholders(r["from"]) or r["from"].endswith((".", "_")):
+        raise doc.error(where, "unstack's `from` is one whole stored tensor, with no placeholder")
+    held = {tuple(placeholders(t)) for t in to}
+    if len(held) != 1 or len(next(iter(held))) != 1:
+        raise doc.error(where, "each unstacked `to` holds one and the same placeholder ({e})")
+    if len(to) > 1 and seg != len(to):
+        raise doc.error(where, f"{len(to)} names per member need segments: {len(to)}")
+    return NameRule(r["from"], to, r["why"], (), "layer", True)
 
 
 def _model_names_reach_globals(

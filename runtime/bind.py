@@ -23,9 +23,8 @@ from specbind.core.record import field, record
 from specbind.runtime.backends import ALIGN as ARENA_ALIGN
 from specbind.runtime.backends import NUMPY, Arena, Backend
 from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.checks import BindReport
-from specbind.runtime.config import config_flags, values_from_config
-from specbind.runtime.half import choose, fields_in
+from specbind.runtime.checks import BindReport, fields_in
+from specbind.runtime.config import choose, config_flags, values_from_config
 from specbind.runtime.layout import LayerSource, Layout
 from specbind.runtime.model import (
     BlockEntry,
@@ -184,7 +183,7 @@ def bind_checkpoint(
     checkpoint. A streaming bind (``sink``) keeps no field, so the two are refused together.
 
     ``dtype`` (BF16 or F16): the half dtype the spec's BF16 tensors bind in; None: the
-    checkpoint's own, from config.json (``runtime.half``), where the model spec allows it.
+    checkpoint's own, from config.json (``config.choose``), where the model spec allows it.
     """
     t0 = time.perf_counter()
     if into is not None and sink is not None:

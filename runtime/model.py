@@ -178,7 +178,7 @@ class BlockEntry(Generic[G]):
     ) -> tuple[Weights, BindReport]:
         """This rank's weights of one layer's slot, and the report. ``into``: an ``Arena``
         the ops write the fields they make into (the caller copies in the rest); ``dtype``:
-        the half dtype the block's BF16 tensors bind in (``runtime.half``)."""
+        the half dtype the block's BF16 tensors bind in (``config.choose``)."""
         with self._named():
             return self.binder(
                 self.geometry(g, ranks), layer, source, ranks.tp_rank, backend, ranks.ep_rank,

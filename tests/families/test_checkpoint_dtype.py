@@ -1,4 +1,4 @@
-"""The checkpoint's own half dtype (runtime/half.py): a family stored in F16 throughout binds
+"""The checkpoint's own half dtype (runtime/config.py choose, runtime/checks.py rules_in): a family stored in F16 throughout binds
 as F16 where its model spec allows it (``dtypes: [BF16, F16]``: Llama and the families built
 from it), and nothing is converted between F16 and BF16.
 

@@ -260,3 +260,47 @@ def dense_layers(slot: str = "mlp") -> Any:
         assert checked, f"{ctx.row.model}: no dense layer"
 
     return check
+
+
+def mamba2_projections(slot: str = "mixer") -> Any:
+    """Each tp rank's in_proj applied to x gives, section by section (z, x, B, C by heads or
+    groups, dt by heads), its block of the module's own in_proj output; and out_proj split by
+    input columns, summed over ranks, equals the module's out_proj (a Mamba2 layer's tp-split
+    projections, as NemotronH's are proven; the scan itself is not recomputed here)."""
+
+    def check(ctx: ProofContext, tp: int) -> None:
+        import torch
+
+        cfg = ctx.config
+        heads, hd = cfg["num_heads"], cfg["head_dim"]
+        groups, state = cfg["n_groups"], cfg["state_size"]
+        inner, gs = heads * hd, groups * state
+        sections = [(inner, heads), (inner, heads), (gs, groups), (gs, groups), (heads, heads)]
+        x = bf16_input(TOKENS, cfg["hidden_size"], seed=400 + tp)
+        for i in range(cfg["num_hidden_layers"]):
+            mixer = ctx.layer(i).mixer
+            with torch.no_grad():
+                whole = mixer.in_proj(_t(x)).numpy()  # [T, z + x + B + C + dt]
+            ranks = [ctx.layer_fields(tp, r, i) for r in range(tp)]
+            for r, f in enumerate(ranks):
+                got = x @ f[f"{slot}.in_proj"].T
+                want, lo = [], 0
+                for size, units in sections:
+                    part = whole[:, lo : lo + size]
+                    # rank r's block: size / tp rows, or (tp > units) unit r // (tp / units)
+                    per = size // tp if tp <= units else size // units
+                    first = (r if tp <= units else r // (tp // units)) * per
+                    want.append(part[:, first : first + per])
+                    lo += size
+                assert np.allclose(got, np.concatenate(want, axis=1), rtol=1e-12, atol=1e-12)
+            y = bf16_input(TOKENS, inner, seed=500 + i)
+            with torch.no_grad():
+                want_out = mixer.out_proj(_t(y)).numpy()
+            got_out, lo = np.zeros_like(want_out), 0
+            for f in ranks:  # RowParallelLinear over the rank's inner channels (its heads)
+                cols = f[f"{slot}.out_proj"].shape[1]
+                got_out += y[:, lo : lo + cols] @ f[f"{slot}.out_proj"].T
+                lo += cols
+            assert rel_err(got_out, want_out) < REL_TOL, (ctx.row.model, i, tp)
+
+    return check

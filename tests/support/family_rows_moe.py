@@ -195,4 +195,30 @@ GLM4_MOE = Family(
     variants={"no-qk-norm": {"use_qk_norm": False}},
 )  # fmt: skip
 
-ROWS = [MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE, GLM4_MOE]
+# GraniteMoE stores its experts stacked (input_linear [E, 2I, X], output_linear [E, X, I]);
+# transformers holds them as experts.gate_up_proj / down_proj under block_sparse_moe.
+GRANITEMOE = Family(
+    model="granitemoe",
+    hf_class="GraniteMoeForCausalLM",
+    config_class="GraniteMoeConfig",
+    config=OLMOE.config | {
+        "num_local_experts": 7,
+        "tie_word_embeddings": True,
+        "attention_multiplier": 0.3,
+        "embedding_multiplier": 6.0,
+        "residual_multiplier": 0.2,
+        "logits_scaling": 4.0,
+    },
+    layer=GQA | NORMS | {
+        "mlp.router": Rep("block_sparse_moe.router.weight"),
+        "mlp.w13": W13("block_sparse_moe.experts.gate_up_proj", "intermediate_size"),
+        "mlp.w2": W2("block_sparse_moe.experts.down_proj", "intermediate_size"),
+    },
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(attention(), sparse_moe(module="block_sparse_moe", router="router")),
+    variants={"untied": {"tie_word_embeddings": False}},
+)  # fmt: skip
+
+ROWS = [MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE, GLM4_MOE, GRANITEMOE]
