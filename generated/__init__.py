@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "5850cd286d97db36e3805089abf1074c26e403b94659a89c31a56c8986713b0b"
+SPECS_SHA256 = "8cd2878d81bf9b94bed105a90fff7331c67da7f536226daeef168497aad6d48c"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -33,6 +33,7 @@ MODELS = Registry(
         "granitemoe": ModelEntry("model_granitemoe", ("granitemoe",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
+        "mamba2": ModelEntry("model_mamba2", ("mamba2",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
         "mixtral": ModelEntry("model_mixtral", ("mixtral",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),

@@ -12,9 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from family_layouts import GQA, LM_GLOBALS, NORMS, QK_NORM, QKV_BIAS, SWIGLU
-from family_moe import W2, W13, dense_layers, sparse_moe, whole_norm_attention
+from family_moe import (
+    W2,
+    W13,
+    dense_layers,
+    mamba2_projections,
+    sparse_moe,
+    whole_norm_attention,
+)
 from family_semantics import attention
-from family_table import Cat, Col, Family, Rep, Row, Rule
+from family_table import Cat, Col, Family, Part, Rep, Row, Rule
 
 # one expert's intermediate 72 (Mixtral's intermediate_size), q rows 96, kv rows 24, 6 experts
 MIXTRAL_CONFIG: dict[str, Any] = {
@@ -221,4 +228,57 @@ GRANITEMOE = Family(
     variants={"untied": {"tie_word_embeddings": False}},
 )  # fmt: skip
 
-ROWS = [MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE, GLM4_MOE, GRANITEMOE]
+# Mamba2: inner 80 = 16 heads x 5 (= expand 2 x hidden 40), 4 groups of state 6 (B, C rows
+# 24), conv kernel 3; in_proj [z; x; B; C; dt] = 80 + 80 + 24 + 24 + 16 rows.
+MAMBA2_CONFIG: dict[str, Any] = {
+    "vocab_size": 112,
+    "hidden_size": 40,
+    "num_hidden_layers": 2,
+    "num_heads": 16,
+    "head_dim": 5,
+    "n_groups": 4,
+    "state_size": 6,
+    "expand": 2,
+    "conv_kernel": 3,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+}
+
+
+def mamba2_mixer(cfg: Any) -> dict[str, Rule]:
+    """specs/blocks/mamba2.yaml over transformers' fused in_proj / conv1d, each section split
+    by its own unit, as vLLM's mamba_v2_sharded_weight_loader lays rank r's rows out."""
+    h, hd, g, n = cfg["num_heads"], cfg["head_dim"], cfg["n_groups"], cfg["state_size"]
+    inner, gs = h * hd, g * n
+    ins, conv = (inner, inner, gs, gs, h), (inner, gs, gs)
+    by = ("num_heads", "num_heads", "n_groups", "n_groups", "num_heads")
+    w, cw, cb = "mixer.in_proj.weight", "mixer.conv1d.weight", "mixer.conv1d.bias"
+    return {
+        "mixer.in_proj": Cat(*(Part(Col(w, u), ins, k) for k, u in enumerate(by))),
+        "mixer.conv1d": Cat(*(Part(Col(cw, u), conv, k) for k, u in enumerate(by[1:4]))),
+        "mixer.conv1d_bias": Cat(*(Part(Col(cb, u), conv, k) for k, u in enumerate(by[1:4]))),
+        "mixer.a_log": Col("mixer.A_log", "num_heads"),
+        "mixer.d": Col("mixer.D", "num_heads"),
+        "mixer.dt_bias": Col("mixer.dt_bias", "num_heads"),
+        "mixer.norm": Col("mixer.norm.weight", "num_heads"),
+        "mixer.out_proj": Row("mixer.out_proj.weight", "num_heads"),
+    }
+
+
+MAMBA2 = Family(
+    model="mamba2",
+    hf_class="Mamba2ForCausalLM",
+    config_class="Mamba2Config",
+    config=MAMBA2_CONFIG,
+    layer=mamba2_mixer(MAMBA2_CONFIG) | {"norms.norm": Rep("norm.weight")},
+    globals={
+        "embed_tokens": Col("backbone.embeddings.weight", "vocab_size"),
+        "norm": Rep("backbone.norm_f.weight"),
+        "lm_head": Col("lm_head.weight", "vocab_size"),
+    },
+    tps=(1, 2, 4),
+    semantics=(mamba2_projections(),),
+    layers_path="backbone.layers",
+)
+
+ROWS = [MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE, GLM4_MOE, GRANITEMOE, MAMBA2]
