@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "8cd2878d81bf9b94bed105a90fff7331c67da7f536226daeef168497aad6d48c"
+SPECS_SHA256 = "bd5f5c564abf9e794f5e523ecef4e061fdee780f957585295167efda3c526719"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -31,6 +31,7 @@ MODELS = Registry(
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
         "granitemoe": ModelEntry("model_granitemoe", ("granitemoe",), False),
+        "granitemoehybrid": ModelEntry("model_granitemoehybrid", ("granitemoehybrid",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
         "mamba2": ModelEntry("model_mamba2", ("mamba2",), False),

@@ -4,7 +4,7 @@
 DO NOT EDIT: change the spec and run ``make generate``.
 
 Invariants, checked on every layer this binder sees:
-- the block's ``mlp.`` tensors are exactly the 8 required rules below;
+- the block's ``mlp.`` tensors are exactly the 7 required rules below plus the 1 of optional group(s) shared_gate, each all-or-nothing;
   any other name under the prefix is refused (all of them in one error), never skipped;
 - a family holds every member by name; this rank reads only the members its ep rank owns;
 - every dtype, shape and byte count is checked against the geometry; a dtype is converted
@@ -143,10 +143,17 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[1, hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
+        group="shared_gate",
     ),
 )
 
-GROUPS: dict[str, GroupRule] = {}
+GROUPS: dict[str, GroupRule] = {
+    "shared_gate": GroupRule(
+        name="shared_gate",
+        optional=True,
+        why="Granite-4's shared MLP is added ungated; Qwen2-MoE and Qwen3-Next gate theirs",
+    ),
+}
 
 # Each family's size symbol; a family split by `experts` is divided whole across ep ranks.
 FAMILIES: dict[str, str] = {
@@ -208,7 +215,7 @@ FIELDS: dict[str, FieldRule] = {
 MARKERS: frozenset[str] = frozenset(
     {
         "mlp.gate.weight",
-        "mlp.shared_expert_gate.weight",
+        "mlp.shared_expert.down_proj.weight",
     }
 )
 
@@ -279,7 +286,7 @@ class MoeGatedSharedWeights(Generic[T]):
     # shared_expert.down_proj.weight [hidden, shared_inter] BF16, verbatim
     shared_down: T  # [hidden, shared_inter_r]
     # shared_expert_gate.weight [1, hidden] BF16, verbatim
-    shared_gate: T  # [1, hidden], replicated
+    shared_gate: T | None  # [1, hidden], replicated
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 
@@ -291,7 +298,8 @@ class MoeGatedSharedWeights(Generic[T]):
         out["w2"] = self.w2
         out["shared_gate_up"] = self.shared_gate_up
         out["shared_down"] = self.shared_down
-        out["shared_gate"] = self.shared_gate
+        if self.shared_gate is not None:
+            out["shared_gate"] = self.shared_gate
         if self.quant is not None:
             out.update(self.quant.arrays)
         return out
@@ -387,6 +395,6 @@ def assemble(
             into=into,
         ),
         shared_down=t["mlp.shared_expert.down_proj.weight"],
-        shared_gate=t["mlp.shared_expert_gate.weight"],
+        shared_gate=t.get("mlp.shared_expert_gate.weight"),
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )
