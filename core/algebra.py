@@ -1,6 +1,7 @@
 """The shape algebra: a whitelist evaluator over Python's ``ast``, and a renderer to Python.
 
-Grammar: integer literals, symbols, ``+ - * / // % **``, unary ``-``/``+`` and parentheses;
+Grammar: integer literals, symbols, ``+ - * / // % **``, unary ``-``/``+``, parentheses and
+the calls ``max(a, b, ...)`` / ``min(a, b, ...)`` (two or more arguments, exact integers);
 constraint checks add comparisons, ``and``, ``or`` and ``not``.
 
 Invariants:
@@ -8,7 +9,11 @@ Invariants:
   anything else (calls, attributes, subscripts, strings, floats) is refused with a message;
 - :func:`to_python` renders only accepted nodes, names through a caller-checked mapping, and
   integers through ``repr``, so no spec text reaches generated code verbatim;
-- evaluation and generated code share :mod:`core.algebra_ops`, so they agree.
+- evaluation and generated code share :mod:`core.algebra_ops`, so they agree;
+- ``max`` and ``min`` are the only calls, by bare name with positional arguments; they are not
+  symbols (``Expr.names`` leaves them out) and a bare ``max`` is refused.
+Trap: ``max``/``min`` are not polynomials: a proof that expands shapes (``core.polynomial``)
+sees them as opaque, so a sharded dim holding one is refused by the spec checker.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from specbind.core.record import record
 MAX_EXPR_LEN = 300
 MAX_DEPTH = 32
 RESERVED = frozenset({"tp", "ep"})
+# The calls the algebra admits, and the ``core.algebra_ops`` helper each renders to.
+FUNCTIONS: dict[str, str] = {"max": "maximum", "min": "minimum"}
 
 _ARITH: dict[type[ast.operator], str] = {
     ast.Add: "+",
@@ -53,7 +60,16 @@ class Expr:
 
     @property
     def names(self) -> frozenset[str]:
-        return frozenset(n.id for n in ast.walk(self.node) if isinstance(n, ast.Name))
+        """The symbols it reads (a call's function name, ``max``/``min``, is none)."""
+        calls = {id(n.func) for n in ast.walk(self.node) if isinstance(n, ast.Call)}
+        return frozenset(
+            n.id for n in ast.walk(self.node) if isinstance(n, ast.Name) and id(n) not in calls
+        )
+
+    @property
+    def extremum(self) -> bool:
+        """It calls ``max`` or ``min`` somewhere."""
+        return any(isinstance(n, ast.Call) for n in ast.walk(self.node))
 
 
 def parse(text: str | int, *, check: bool = False) -> Expr:
@@ -76,7 +92,10 @@ def _tree(text: str) -> ast.expr:
     try:
         return ast.parse(text.strip(), mode="eval").body
     except SyntaxError as e:
-        raise AlgebraError(f"cannot parse {text!r}: {e.msg}") from None
+        hint = ""
+        if text.count("(") != text.count(")"):  # YAML's [a, b] splits max(a, b) at its comma
+            hint = " (quote an expression holding a comma inside a YAML [...] list)"
+        raise AlgebraError(f"cannot parse {text!r}: {e.msg}{hint}") from None
 
 
 def _validate(node: ast.expr, *, check: bool, top: bool, depth: int) -> None:
@@ -90,6 +109,11 @@ def _validate(node: ast.expr, *, check: bool, top: bool, depth: int) -> None:
     if isinstance(node, ast.Name):
         if not node.id.isidentifier() or node.id.startswith("_"):
             raise AlgebraError(f"bad symbol name {node.id!r}")
+        if node.id in FUNCTIONS:
+            raise AlgebraError(f"{node.id} is a function, not a symbol: call it, {node.id}(a, b)")
+        return
+    if isinstance(node, ast.Call):
+        _validate_call(node, d)
         return
     if isinstance(node, ast.BinOp):
         if type(node.op) not in _ARITH:
@@ -119,6 +143,21 @@ def _validate(node: ast.expr, *, check: bool, top: bool, depth: int) -> None:
     if isinstance(node, ast.Compare | ast.BoolOp):
         raise AlgebraError("a comparison is allowed only in a constraint check")
     raise AlgebraError(f"{what} is not allowed in the shape algebra")
+
+
+def _validate_call(node: ast.Call, depth: int) -> None:
+    """``max(a, b, ...)`` / ``min(a, b, ...)``: a bare function name, two or more positional
+    integer arguments; no other call, no keywords, no ``*args``."""
+    func = node.func.id if isinstance(node.func, ast.Name) else None
+    if func not in FUNCTIONS:
+        shown = func if func is not None else type(node.func).__name__
+        raise AlgebraError(f"call of {shown!r}: only max(...) and min(...) are allowed")
+    if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+        raise AlgebraError(f"{func}(...) takes positional arguments only")
+    if len(node.args) < 2:
+        raise AlgebraError(f"{func}(...) needs two or more arguments, not {len(node.args)}")
+    for a in node.args:
+        _validate(a, check=False, top=False, depth=depth)
 
 
 def evaluate(expr: Expr, env: Mapping[str, int]) -> int | bool:
@@ -156,6 +195,11 @@ def _eval(node: ast.expr, env: Mapping[str, int]) -> int | bool:
         if op is ast.Mod:
             return algebra_ops.mod(a, b)
         return algebra_ops.power(a, b)
+    if isinstance(node, ast.Call):
+        assert isinstance(node.func, ast.Name)  # parse() admits max/min by name only
+        args = [int(_eval(a, env)) for a in node.args]
+        helper = algebra_ops.maximum if node.func.id == "max" else algebra_ops.minimum
+        return helper(*args)
     if isinstance(node, ast.Compare):
         left = int(_eval(node.left, env))
         for cmp, comp in zip(node.ops, node.comparators, strict=True):
@@ -190,8 +234,9 @@ _HELPER = {ast.Div: "div", ast.FloorDiv: "floordiv", ast.Mod: "mod", ast.Pow: "p
 def to_python(expr: Expr, name: Callable[[str], str]) -> str:
     """Render as Python source; ``name`` maps a symbol to a checked Python expression.
 
-    ``/ // % **`` become calls into :mod:`core.algebra_ops` (exact, zero-checked, bounded);
-    ``ast.unparse`` of the rewritten, already-whitelisted tree supplies minimal parentheses.
+    ``/ // % **`` and ``max``/``min`` become calls into :mod:`core.algebra_ops` (exact,
+    zero-checked, bounded); ``ast.unparse`` of the rewritten, already-whitelisted tree
+    supplies minimal parentheses.
     """
     return ast.unparse(_Rewrite(name).visit(copy.deepcopy(expr.node)))
 
@@ -213,6 +258,13 @@ class _Rewrite(ast.NodeTransformer):
             return node
         func = ast.Attribute(ast.Name("algebra_ops", ast.Load()), helper, ast.Load())
         return ast.Call(func, [node.left, node.right], [])
+
+    def visit_Call(self, node: ast.Call) -> ast.expr:
+        assert isinstance(node.func, ast.Name)  # parse() admits max/min by name only
+        args = [self.visit(a) for a in node.args]
+        helper = FUNCTIONS[node.func.id]
+        func = ast.Attribute(ast.Name("algebra_ops", ast.Load()), helper, ast.Load())
+        return ast.Call(func, args, [])
 
 
 # --- real-valued expressions (a ``scale``): floats allowed, ``/`` and ``**`` are real ----------

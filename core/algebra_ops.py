@@ -80,6 +80,16 @@ def power(a: int, b: int) -> int:
     return _bounded(a**b)
 
 
+def maximum(*args: int) -> int:
+    """``max(a, b, ...)`` of the algebra: exact, like every integer operation here."""
+    return max(args)
+
+
+def minimum(*args: int) -> int:
+    """``min(a, b, ...)`` of the algebra."""
+    return min(args)
+
+
 def rdiv(a: float, b: float) -> float:
     """Real division for a scale factor."""
     if b == 0:

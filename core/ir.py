@@ -35,6 +35,8 @@ class ShardRule:
     kind: ShardKind
     unit: str | None = None
     axis: int = 0  # rows: 0; cols: -1; axis: as declared
+    # why ``unit`` is never replicated (a tp past its count is refused); None: it replicates
+    never_replicated: str | None = None
 
     def resolved(self, rank: int) -> int:
         return self.axis % rank if rank else 0
@@ -232,14 +234,19 @@ class SlotRule:
 
 @record
 class NameRule:
-    """Another writer's layer-relative name: ``source`` (a prefix) read as ``to[0]``, or, with
-    several ``to``, one stored tensor read as that many row sections, in order: equal ones
-    (``segments``), or ``sizes`` rows each (geometry expressions over the model's symbols)."""
+    """Another writer's layer-relative name (or, ``scope`` "model", model-level name):
+    ``source`` (a prefix or whole name) read as ``to[0]``, or, with several ``to``, one stored
+    tensor read as that many row sections, in order: equal ones (``segments``), or ``sizes``
+    rows each (geometry expressions over the model's symbols)."""
 
     source: str
     to: tuple[str, ...]
     why: str
     sizes: tuple[str, ...] = ()  # one row count per ``to``; empty: equal segments
+    # "model": a model-level name (relative to the text model's prefix), one ``to``
+    scope: Literal["layer", "model"] = "layer"
+    # ``source`` is one stored [members, ...] tensor: member i read as each ``to`` with {e} = i
+    unstack: bool = False
 
 
 @record

@@ -10,7 +10,9 @@ A plan is computed per (block, geometry, tp, ep, ranks) from the spec's rules:
   ``[r·base + min(r, rem), … + base + (r < rem))`` with ``base = n // ep``, ``rem = n % ep``
   (vLLM's map), and each member's tensors are then split by tp as above;
 - replication (vLLM's ``QKVParallelLinear`` for KV heads): when ``1 <= U < tp`` and
-  ``tp % U == 0``, each unit is held by ``tp / U`` ranks: rank r holds unit ``r // (tp / U)``.
+  ``tp % U == 0``, each unit is held by ``tp / U`` ranks: rank r holds unit ``r // (tp / U)``;
+  a unit the block declares ``never_replicated`` (query heads) is refused there instead,
+  naming the tensor, the unit and why.
 - a stacked family (one stored tensor ``[E, …]``, the family on axis 0): the same map picks
   this ep rank's rows of axis 0 (``members``: first row and count), and tp splits another
   axis of them; the local shape starts with the rank's member count.
@@ -197,6 +199,12 @@ def plan_tensor(
             f"{block}: {r.name} shards {kind} on {unit} = {units} units, "
             f"which tp {tp} does not divide (nor is tp a multiple of {unit}, "
             "which would replicate each unit on tp / units ranks)"
+        )
+    if units < tp and r.shard.never_replicated is not None:
+        raise GeometryError(
+            f"{block}: {r.name} shards {kind} on {unit} = {units} units, fewer than tp {tp}, "
+            f"and {unit} is never replicated ({r.shard.never_replicated}); use a tp of at "
+            f"most {units}"
         )
     held, replicas = rank_units(units, tp)
     local = full[axis] // units * held  # whole units of (dim / units) each

@@ -9,7 +9,8 @@ Invariants:
 - exact: coefficients are ``Fraction``s, never floats; a zero coefficient is dropped, so two
   spellings of one polynomial expand to equal mappings;
 - ``+ - *``, ``/`` by a single term and ``**`` by a non-negative integer literal expand; ``//``,
-  ``%``, a power by a symbol and a division by a sum do not, and raise :class:`NotPolynomial`
+  ``%``, ``max``/``min``, a power by a symbol and a division by a sum do not, and raise
+  :class:`NotPolynomial`
   (the caller then proves nothing from the expansion: it is not a proof of absence).
 Trap: the algebra's ``/`` is exact at every step; an expansion says what a shape *is* where it
 evaluates, not that it evaluates (``a / b * b`` expands to ``a``).
@@ -115,6 +116,8 @@ def _expand(node: ast.expr, subst: Callable[[str], Poly]) -> Poly:
             return mul(a, b)
         if isinstance(node.op, ast.Div):
             return div(a, b)
+    if isinstance(node, ast.Call):
+        raise NotPolynomial("max/min does not expand")
     raise NotPolynomial(f"{type(node).__name__} does not expand")
 
 

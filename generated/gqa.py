@@ -42,6 +42,7 @@ from specbind.runtime.binder import (
     check_shared,
     companion_fields,
     quantize_rules,
+    rules_in,
 )
 
 BLOCK = "gqa"
@@ -77,7 +78,7 @@ class GqaGeometry:
 
 
 # Shape comments below are one rank's share (tp rank r and its ep rank), global if replicated:
-#   heads_r = heads/tp (1 when tp > heads): this rank's share of heads (attention (query) heads)
+#   heads_r = heads/tp (a tp > heads refused): this rank's share of heads (attention (query) heads)
 #   kv_heads_r = kv_heads/tp (1 when tp > kv_heads): this rank's share of kv_heads (key/value heads)
 
 TENSORS: tuple[TensorRule, ...] = (
@@ -86,7 +87,12 @@ TENSORS: tuple[TensorRule, ...] = (
         name="self_attn.q_proj.weight",
         dtype="BF16",
         shape="[q_dim, hidden]",
-        shard=ShardRule(kind="rows", unit="heads", axis=0),
+        shard=ShardRule(
+            kind="rows",
+            unit="heads",
+            axis=0,
+            never_replicated="vLLM's QKVParallelLinear splits query heads across ranks and never replicates them",
+        ),
         linear=True,
     ),
     # self_attn.k_proj.weight [kv_dim, hidden] BF16 on disk; rank r reads [kv_heads_r * head_dim, hidden], block r of the rows (whole kv_heads)
@@ -110,7 +116,12 @@ TENSORS: tuple[TensorRule, ...] = (
         name="self_attn.o_proj.weight",
         dtype="BF16",
         shape="[hidden, q_dim]",
-        shard=ShardRule(kind="cols", unit="heads", axis=-1),
+        shard=ShardRule(
+            kind="cols",
+            unit="heads",
+            axis=-1,
+            never_replicated="vLLM's QKVParallelLinear splits query heads across ranks and never replicates them",
+        ),
         linear=True,
     ),
     # self_attn.q_norm.weight [head_dim] BF16 on disk; replicated: every rank reads all of it
@@ -313,6 +324,7 @@ def bind_gqa(
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
     into: Any = None,
+    dtype: str = "BF16",
 ) -> tuple[GqaWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -320,11 +332,13 @@ def bind_gqa(
     this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
     ``quant`` (from the checkpoint's config) says which linears are stored quantized: their
-    rules and plans become the scheme's companions, split in whole groups.
+    rules and plans become the scheme's companions, split in whole groups. ``dtype``: the half
+    dtype the spec's BF16 tensors bind in (F16 for an F16 checkpoint its model allows).
     """
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
+    rules, p = rules_in(rules, p, dtype)  # the checkpoint's half dtype (config.choose)
     sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,

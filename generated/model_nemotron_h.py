@@ -31,7 +31,7 @@ from specbind.runtime.binder import BlockEntry, ModelTable
 
 if TYPE_CHECKING:  # each block module is imported on first use (binder.tables.BlockEntry)
     from specbind.generated import (
-        backbone_globals,
+        lm_globals,
         mamba2,
         mixer_attention,
         mixer_mlp,
@@ -117,6 +117,13 @@ NAMES: tuple[NameRule, ...] = (
             "mamba_groups * ssm_state",
         ),
     ),
+    NameRule(
+        source="embeddings.weight",
+        to=("embed_tokens.weight",),
+        why="the token embedding",
+        scope="model",
+    ),
+    NameRule(source="norm_f.weight", to=("norm.weight",), why="the final RMSNorm", scope="model"),
 )
 
 # Checkpoint names this model declares it does not bind, each with the reason.
@@ -313,13 +320,11 @@ def pre_norm_geometry(m: Geometry, ranks: Ranks) -> pre_norm.PreNormGeometry:
     )
 
 
-def backbone_globals_geometry(
-    m: Geometry, ranks: Ranks
-) -> backbone_globals.BackboneGlobalsGeometry:
-    """The ``backbone_globals`` block's symbols from the model's geometry."""
-    import specbind.generated.backbone_globals as backbone_globals  # imported on first use
+def lm_globals_geometry(m: Geometry, ranks: Ranks) -> lm_globals.LmGlobalsGeometry:
+    """The ``lm_globals`` block's symbols from the model's geometry."""
+    import specbind.generated.lm_globals as lm_globals  # imported on first use
 
-    return backbone_globals.BackboneGlobalsGeometry(
+    return lm_globals.LmGlobalsGeometry(
         hidden=m.hidden,
         vocab=m.vocab,
         tp=ranks.tp_size,
@@ -393,9 +398,9 @@ BLOCKS: tuple[BlockEntry[Geometry], ...] = (
         (),
     ),
     BlockEntry(
-        "backbone_globals",
-        "specbind.generated.backbone_globals",
-        backbone_globals_geometry,
+        "lm_globals",
+        "specbind.generated.lm_globals",
+        lm_globals_geometry,
         (("hidden", "config.json hidden_size"), ("vocab", "config.json vocab_size")),
         (),
     ),
@@ -411,7 +416,7 @@ TABLE: ModelTable[Geometry] = ModelTable(
     blocks=BLOCKS,
     layer_groups=LAYER_GROUPS,
     slots=SLOTS,
-    globals="backbone_globals",
+    globals="lm_globals",
     unbound=UNBOUND,
     names=NAMES,
     layer_count="num_hidden_layers",

@@ -20,10 +20,11 @@ Invariants (the proof, :func:`check_sum_units`):
 Not proven (traps): a sum whose every term holds the unit (MLA's ``heads * (nope + v)``; the
 conv1d above where the ratio is the config field and ``v_heads`` is ``expr: k_heads * v_per_k``)
 or a single term with a coefficient (``2 * inter``) is taken as per-unit, unit-major, which cannot
-be told from equal sections by shapes alone. A symbol computed with ``//``, ``%`` or a power
-by a symbol does not expand: a sharded sum holding it is refused (it could hide another
-unit, ``v_heads // k_heads``), a single term holding it is left to the scaling check
-(``evaluate.check_whole_units``).
+be told from equal sections by shapes alone. A symbol computed with ``//``, ``%``,
+``max``/``min`` or a power by a symbol does not expand: a sharded sum holding it is refused (it
+could hide another unit, ``v_heads // k_heads``), a single term holding it is left to the
+scaling check (``evaluate.check_whole_units``). A block's sharded dim holding ``max``/``min``
+itself or through a derived symbol never reaches these proofs: the spec checker refuses it.
 """
 
 from __future__ import annotations
@@ -135,8 +136,8 @@ def _refuse_opaque(
         ("tensors", rel, "shard"),
         f"{ctx}: {rel} shards {t.shard.kind} on {t.shard.unit}, but dim {axis} "
         f"({t.dims[axis].text}) is {render(dim)} in {model.name}'s base symbols{via}, a sum "
-        f"over {', '.join(hidden)}, computed with //, % or a power the whole-units proof "
-        f"cannot see through, so whether every term is over {t.shard.unit} is unknown; write "
+        f"over {', '.join(hidden)}, computed with //, %, max/min or a power the whole-units "
+        f"proof cannot see through, so whether every term is over {t.shard.unit} is unknown; write "
         f"the ratio with exact division (/), or declare its sections (model names: with "
         f"sections:) or interleave: true on the shard",
     )

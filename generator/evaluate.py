@@ -90,7 +90,12 @@ def check_transforms(block: Block, values: dict[str, int], ctx: str) -> None:
     env = block_env(block, values)
     full = shapes_at(block, env, ctx)
     units = {t.shard.unit for t in block.tensors if t.shard.unit is not None}
-    tps = [tp for tp in (1, 2, 4, 8) if all(env[u] % tp == 0 or tp % env[u] == 0 for u in units)]
+    whole = {t.shard.unit for t in block.tensors if t.shard.never_replicated is not None}
+    tps = [
+        tp
+        for tp in (1, 2, 4, 8)
+        if all(env[u] % tp == 0 or (tp % env[u] == 0 and u not in whole) for u in units)
+    ]
     for out in block.outputs:
         tf = out.transform
         if tf is None:

@@ -63,9 +63,10 @@ class RankShapes:
 
     def tp_unit(self, unit: str) -> str:
         """``U_r``, recording its legend line."""
+        whole = any(t.shard.unit == unit and t.shard.never_replicated for t in self.block.tensors)
+        when = f"a tp > {unit} refused" if whole else f"1 when tp > {unit}"
         self._used[rank_name(unit)] = (
-            f"{rank_name(unit)} = {unit}/tp (1 when tp > {unit}): this rank's share of "
-            f"{self.what(unit)}"
+            f"{rank_name(unit)} = {unit}/tp ({when}): this rank's share of {self.what(unit)}"
         )
         return rank_name(unit)
 

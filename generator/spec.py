@@ -129,6 +129,7 @@ class Model:
     default: bool = False  # used by a command given neither --model nor a checkpoint
     constraints: tuple[ConstraintRule, ...] = ()  # over geometry symbols, this model alone
     extends: str | None = None  # the base model this spec is merged onto (generator/extends.py)
+    dtypes: tuple[str, ...] = ("BF16",)  # the half dtypes its checkpoints may be stored in
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -290,6 +291,7 @@ def parse_block(doc: Located) -> Block:
         g: GroupRule(check_ident(doc, ("groups", g), g, "group"), bool(v["optional"]), v["why"])
         for g, v in (d.get("groups") or {}).items()
     }
+    whole = _never_replicated(doc, d, set(symbols))
     tensors: list[TensorRule] = []
     for tname, t in d["tensors"].items():
         base: PathKey = ("tensors", tname)
@@ -298,6 +300,9 @@ def parse_block(doc: Located) -> Block:
             for i, dim in enumerate(t["shape"])
         )
         shard = _shard(doc, (*base, "shard"), t["shard"], set(symbols), len(dims))
+        if shard.unit in whole:
+            shard = ShardRule(shard.kind, shard.unit, shard.axis, whole[shard.unit])
+        _shard_dim_expands(doc, (*base, "shard"), dims, shard, derived)
         group = t.get("group")
         if group is not None and group not in groups:
             raise doc.error((*base, "group"), f"group {group!r} is not declared under groups")
@@ -410,6 +415,50 @@ def parse_block(doc: Located) -> Block:
         _shared_scales(doc, prefix, by_full, families),
         frozenset(prefix + n for n, t in d["tensors"].items() if _interleave(t["shard"])),
     )  # fmt: skip
+
+
+def _never_replicated(doc: Located, d: dict[str, Any], symbols: set[str]) -> dict[str, str]:
+    """``never_replicated: {unit: why}``: each a symbol some tensor shards on."""
+    raw: dict[str, str] = d.get("never_replicated") or {}
+    units = set()
+    for t in d["tensors"].values():
+        sh = t["shard"]
+        if isinstance(sh, dict):
+            units.add(sh.get("rows") or sh.get("cols") or sh.get("unit"))
+    for u in raw:
+        if u not in symbols:
+            raise doc.error(("never_replicated", u), f"{u!r} is not a symbol of this block")
+        if u not in units:
+            raise doc.error(("never_replicated", u), f"no tensor of this block shards on {u!r}")
+    return dict(raw)
+
+
+def _shard_dim_expands(
+    doc: Located, path: PathKey, dims: tuple[algebra.Expr, ...], shard: ShardRule,
+    derived: dict[str, algebra.Expr],
+) -> None:  # fmt: skip
+    """A sharded dim holding ``max``/``min`` (itself or through a derived symbol) is refused:
+    the whole-units proofs expand a sharded dim into terms over its unit, and an extremum
+    does not expand (``max(H, 4) * D`` on ``{rows: H}`` is whole H units at some geometries
+    only), so nothing could say rank r's rows are its units'."""
+    if shard.unit is None or not dims:
+        return
+    dim = dims[shard.resolved(len(dims))]
+    seen: set[str] = set()
+    todo = [dim]
+    while todo:
+        e = todo.pop()
+        if e.extremum:
+            via = "" if e is dim else f" (through derived {e.text!r})"
+            raise doc.error(
+                path,
+                f"dim {dim.text!r} shards on {shard.unit} but holds max/min{via}, which the "
+                "whole-units proof cannot expand; shard a dim that is a product of its unit, "
+                "or take the extremum in a geometry symbol",
+            )
+        for n in e.names & derived.keys() - seen:
+            seen.add(n)
+            todo.append(derived[n])
 
 
 def _interleave(raw: Any) -> bool:
@@ -708,6 +757,7 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
     unbound = tuple(UnboundRule(u["prefix"], u["why"]) for u in (d.get("unbound") or []))
     names = _names(doc, d.get("names") or [], gnames)
     _sections_not_declared_whole(doc, names, [blocks[u.block] for u in uses])
+    _model_names_reach_globals(doc, names, blocks[glob] if glob is not None else None)
     flags = sorted(
         {t.tie.config for u in uses for t in blocks[u.block].tensors if t.tie is not None}
     )
@@ -725,7 +775,25 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         bool(d.get("default", False)),
         _model_constraints(doc, d.get("constraints") or [], gnames),
         d.get("extends"),
+        _dtypes(doc, d.get("dtypes"), [blocks[u.block] for u in uses]),
     )  # fmt: skip
+
+
+def _dtypes(doc: Located, raw: Any, blocks: list[Block]) -> tuple[str, ...]:
+    """``dtypes:``; F16 only where no block computes a field (a transform's result is the
+    spec's dtype, so an F16 bind would hand back a BF16 field)."""
+    if raw is None:
+        return ("BF16",)
+    if "F16" in raw:
+        for b in blocks:
+            tf = next((o for o in b.outputs if o.kind == "transform"), None)
+            if tf is not None:
+                raise doc.error(
+                    ("dtypes",),
+                    f"F16: block {b.name!r} computes {tf.field} by a transform, whose result "
+                    "is the spec's dtype; only blocks that bind stored tensors may follow F16",
+                )
+    return tuple(raw)
 
 
 def _geometry_expressions(doc: Located, geometry: tuple[GeometryField, ...]) -> None:
@@ -820,6 +888,15 @@ def _names(doc: Located, raw: list[dict[str, Any]], gnames: set[str]) -> tuple[N
             )
         if len(to) == 1 and seg is not None:
             raise doc.error(("names", i, "segments"), "segments needs one name per segment")
+        scope = r.get("scope", "layer")
+        if r.get("unstack"):
+            out.append(_unstack(doc, i, r, to, seg, sizes, scope))
+            continue
+        if scope == "model" and (len(to) > 1 or seg is not None):
+            raise doc.error(
+                ("names", i, "scope"),
+                "a model-level name is renamed whole or as a prefix, never read as sections",
+            )
         held = (placeholders(r["from"]), [p for t in to for p in placeholders(t)])
         if held != ([], []):
             # one whole name with a member index, renamed member by member (Mixtral's w1 ->
@@ -832,8 +909,53 @@ def _names(doc: Located, raw: list[dict[str, Any]], gnames: set[str]) -> tuple[N
                 raise doc.error(
                     ("names", i), "a name with a placeholder is a whole name, not a prefix"
                 )
-        out.append(NameRule(r["from"], to, r["why"], sizes))
+        if scope == "model" and held != ([], []):
+            raise doc.error(("names", i, "scope"), "a model-level name has no family placeholder")
+        out.append(NameRule(r["from"], to, r["why"], sizes, scope))
     return tuple(out)
+
+
+def _unstack(
+    doc: Located, i: int, r: dict[str, Any], to: tuple[str, ...], seg: int | None,
+    sizes: tuple[str, ...], scope: str,
+) -> NameRule:  # fmt: skip
+    """``unstack: true``: one stored [members, ...] tensor (no placeholder in ``from``) read
+    member by member as ``to`` (each holding one and the same placeholder), in equal row
+    segments where there are several."""
+    where: PathKey = ("names", i, "unstack")
+    if scope != "layer" or sizes:
+        raise doc.error(where, "unstack reads a layer's stacked tensor, in equal segments only")
+    if placeholders(r["from"]) or r["from"].endswith((".", "_")):
+        raise doc.error(where, "unstack's `from` is one whole stored tensor, with no placeholder")
+    held = {tuple(placeholders(t)) for t in to}
+    if len(held) != 1 or len(next(iter(held))) != 1:
+        raise doc.error(where, "each unstacked `to` holds one and the same placeholder ({e})")
+    if len(to) > 1 and seg != len(to):
+        raise doc.error(where, f"{len(to)} names per member need segments: {len(to)}")
+    return NameRule(r["from"], to, r["why"], (), "layer", True)
+
+
+def _model_names_reach_globals(
+    doc: Located, names: tuple[NameRule, ...], globals_block: Block | None
+) -> None:
+    """A model-level rename names a tensor of the globals block (a whole name) or a prefix
+    some of its tensors start with; anything else would rename into nothing."""
+    for i, r in enumerate(names):
+        if r.scope != "model":
+            continue
+        if globals_block is None:
+            raise doc.error(("names", i, "scope"), "a model-level name needs a globals block")
+        to = r.to[0]
+        held = [t.name for t in globals_block.tensors]
+        prefix = r.source.endswith((".", "_"))
+        hit = any(t.startswith(to) for t in held) if prefix else to in held
+        if not hit:
+            raise doc.error(
+                ("names", i, "to"),
+                f"model-level name {r.source!r} -> {to!r}: block {globals_block.name!r} "
+                f"declares no tensor {'under ' if prefix else ''}{to!r} "
+                f"(it holds {', '.join(held)})",
+            )
 
 
 def _sections_not_declared_whole(

@@ -205,8 +205,9 @@ def audit(
         qconf = None
         problems.append(f"model: {e}")
     view = NamedView(
-        ckpt, table.layer_pattern, table.names, packed_names(qconf), geometry_of(ckpt, table)
-    )
+        ckpt, table.layer_pattern, table.names, packed_names(qconf), geometry_of(ckpt, table),
+        table.layer_prefixes,
+    )  # fmt: skip
     probe = _Probe(view)
     scalars = tuple("." + c.suffix for c in (qconf.scheme.companions if qconf else ()) if c.scalar)
     lay = layout(table, view.names(), ckpt.config, mtp)

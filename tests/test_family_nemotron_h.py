@@ -201,8 +201,8 @@ def test_every_field_equals_the_loaded_modules(
         assert same_values(f[at + name], theirs), at + name
     for i in range(len(layers)):
         assert same_values(f[f"layers.{i}.norms.norm"], layers[i].norm.weight)
-    assert same_values(f["globals.embeddings"], model.model.embeddings.weight)
-    assert same_values(f["globals.norm_f"], model.model.norm_f.weight)
+    assert same_values(f["globals.embed_tokens"], model.model.embeddings.weight)
+    assert same_values(f["globals.norm"], model.model.norm_f.weight)
     assert same_values(f["globals.lm_head"], model.lm_head.weight)
 
 

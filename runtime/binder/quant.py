@@ -149,7 +149,11 @@ def quantized_rules(rules: tuple[TensorRule, ...], lq: LayerQuant | None) -> tup
             text = c.shape_text
             if r.linear_axes is not None:  # stacked: [E, ...] of the companion, O before I
                 axis = _companion_axis(c, r.shard.resolved(len(r.dims or (0, 0, 0))), r)
-                shard = ShardRule("axis", r.shard.unit, axis) if keep and axis else shard
+                shard = (
+                    ShardRule("axis", r.shard.unit, axis, r.shard.never_replicated)
+                    if keep and axis
+                    else shard
+                )
                 text = f"[{r.stacked} members, {c.shape_text[1:]}"
             out.append(
                 TensorRule(

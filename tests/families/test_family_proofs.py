@@ -88,9 +88,18 @@ def test_audit_accounts_for_every_tensor_the_family_class_writes(
         assert rep["coverage"]["bound"] >= _stored_count(path), (path.name, rep["coverage"])
 
 
-def _is_reference(got: Any, name: str, rule: Any, root: Any, cfg: Any, tp: int, r: int) -> None:
-    """Bound field ``name`` of rank r equals ``rule``'s slice of ``root``'s tensors."""
-    want = rule.slice(lambda n: root.get_parameter(n).detach().numpy(), cfg, tp, r)
+def _is_reference(
+    got: Any, name: str, rule: Any, root: Any, cfg: Any, tp: int, r: int, ep: int, e: int
+) -> None:
+    """Bound field ``name`` of rank (r, e) equals ``rule``'s slice of ``root``'s tensors (a
+    rule with ``slice_ep``, an expert layout, is given the ep size and rank too)."""
+
+    def t(n: str) -> Any:  # a parameter, or a buffer (a router's score-correction bias)
+        module, _, attr = n.rpartition(".")
+        return getattr(root.get_submodule(module), attr).detach().numpy()
+
+    by_ep = getattr(rule, "slice_ep", None)
+    want = by_ep(t, cfg, tp, r, ep, e) if by_ep is not None else rule.slice(t, cfg, tp, r)
     assert got[name].shape == want.shape, (name, tp, r, got[name].shape, want.shape)
     assert np.array_equal(got[name], want), (name, tp, r)
 
@@ -102,7 +111,7 @@ def test_every_field_of_every_rank_is_vllms_slice_of_the_loaded_module(
     ctx = proofs(row)
     cfg = ctx.config
     layers = cfg["num_hidden_layers"]
-    expected = {f"layers.{i}.{k}" for i in range(layers) for k in row.layer}
+    expected = {f"layers.{i}.{k}" for i in range(layers) for k in row.layout(cfg, i)}
     expected |= {f"globals.{k}" for k in row.globals}
     checked = 0
     for r in range(tp):
@@ -113,11 +122,11 @@ def test_every_field_of_every_rank_is_vllms_slice_of_the_loaded_module(
                 f"referenced but not bound: {sorted(expected - set(got))}"
             )
             for i in range(layers):
-                for k, rule in row.layer.items():
-                    _is_reference(got, f"layers.{i}.{k}", rule, ctx.layer(i), cfg, tp, r)
+                for k, rule in row.layout(cfg, i).items():
+                    _is_reference(got, f"layers.{i}.{k}", rule, ctx.layer(i), cfg, tp, r, ep, e)
                     checked += 1
             for k, rule in row.globals.items():
-                _is_reference(got, f"globals.{k}", rule, ctx.model, cfg, tp, r)
+                _is_reference(got, f"globals.{k}", rule, ctx.model, cfg, tp, r, ep, e)
                 checked += 1
     assert checked == len(expected) * tp * ep
 
@@ -127,8 +136,11 @@ def test_a_layer_computed_from_the_ranks_fields_equals_the_module(
     proofs: Any, row: Family, tp: int, ep: int
 ) -> None:
     assert row.semantics, f"{row.model}: a row needs at least one semantic check"
-    for check in row.semantics:
-        check(proofs(row), tp)
+    for check in row.semantics:  # an MoE check (``per_ep``) sums over the ep ranks too
+        if getattr(check, "per_ep", False):
+            check(proofs(row), tp, ep)
+        elif ep == 1:
+            check(proofs(row), tp)
 
 
 @pytest.mark.parametrize(

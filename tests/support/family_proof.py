@@ -41,15 +41,16 @@ class ProofContext:
     @property
     def model(self) -> Any:
         """The checkpoint as transformers loads it: float64 (every stored value exactly), eager
-        attention, eval mode."""
+        attention and experts, eval mode."""
         if self._model is None:
             import torch
             import transformers
 
             cls = getattr(transformers, self.row.hf_class)
-            self._model = cls.from_pretrained(
-                self.path, dtype=torch.float64, attn_implementation="eager"
-            ).eval()
+            self._model = cls.from_pretrained(  # eager experts: grouped_mm has no float64
+                self.path, dtype=torch.float64, attn_implementation="eager",
+                experts_implementation="eager",
+            ).eval()  # fmt: skip
         return self._model
 
     def layer(self, i: int) -> Any:

@@ -138,7 +138,14 @@ class Family:
     refused_tp: int | None = 3  # a tp the units do not allow: bind refuses it, naming a unit
     f32: str = r"(?!)"  # in-memory parameter names the writer keeps in F32 (regex)
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)  # more configs to audit
+    # (config.json, layer index) -> that layer's layout, where layers differ (a MoE schedule's
+    # dense layers); None: ``layer`` for every layer
+    layer_at: Callable[[Mapping[str, Any], int], dict[str, Rule]] | None = None
 
     @property
     def id(self) -> str:
         return self.model
+
+    def layout(self, config: Mapping[str, Any], index: int) -> dict[str, Rule]:
+        """Layer ``index``'s reference layout."""
+        return self.layer if self.layer_at is None else self.layer_at(config, index)
