@@ -19,9 +19,10 @@ from typing import Literal
 
 from specbind.core import algebra
 from specbind.core.einsum import Lowering
+from specbind.generator.block_spec import Block
 from specbind.generator.literals import comment, py_literal
+from specbind.generator.output_spec import Output
 from specbind.generator.rank_shapes import RankShapes, dims_text, rank_name
-from specbind.generator.spec import Block, Output
 from specbind.generator.transforms import Operand, Transform, ast_text
 
 StepKind = Literal["read", "view", "take", "permute", "contract", "scale", "cast"]
