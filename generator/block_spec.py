@@ -71,8 +71,6 @@ class Block:
 
 
 _TENSOR_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.]|\{[a-z]\}){0,127}")
-
-
 _PREFIX = re.compile(r"([A-Za-z0-9_]+\.)*")
 
 

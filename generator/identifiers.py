@@ -26,18 +26,12 @@ from specbind.core.errors import AlgebraError
 from specbind.generator.yamlio import Located, PathKey
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "specs" / "schema"
-
-
 # Names a symbol may not take: symbols become locals and attributes in generated functions
 # (``H = g.H // g.tp``), next to these module names and locals.
 _GENERATED_NAMES = {"g", "t", "p", "a", "b", "x", "y", "ops", "algebra_ops", "np", "src", "layer",
                     "rank", "sharded", "report", "weights", "tp", "ep", "self", "cls", "values",
                     "env", "plan", "matches", "ranks", "flags", "counts", "e"}  # fmt: skip
-
-
 _FORBIDDEN_IDENTS = frozenset(dir(builtins)) | _GENERATED_NAMES
-
-
 # A field is only ever an attribute and a keyword argument; it may not shadow a method.
 FORBIDDEN_FIELDS = frozenset({"arrays", "self"})
 
