@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "156a0def0095b38fa57b4a29db4463e986c62573282ac9de84b791857448930a"
+SPECS_SHA256 = "1cee37f94daca295d8c69f5507e5eb983d0b9f424eedc5d9e45c9e00901787ea"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.
@@ -32,20 +32,26 @@ MODELS = Registry(
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
         "glm4": ModelEntry("model_glm4", ("glm4",), False),
         "glm4-moe": ModelEntry("model_glm4_moe", ("glm4_moe",), False),
+        "gpt-neox": ModelEntry("model_gpt_neox", ("gpt_neox",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
+        "granitemoe": ModelEntry("model_granitemoe", ("granitemoe",), False),
+        "granitemoehybrid": ModelEntry("model_granitemoehybrid", ("granitemoehybrid",), False),
         "helium": ModelEntry("model_helium", ("helium",), False),
         "hunyuan-dense": ModelEntry("model_hunyuan_dense", ("hunyuan_v1_dense",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
+        "mamba2": ModelEntry("model_mamba2", ("mamba2",), False),
         "ministral": ModelEntry("model_ministral", ("ministral",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
         "mixtral": ModelEntry("model_mixtral", ("mixtral",), False),
         "nemotron": ModelEntry("model_nemotron", ("nemotron",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
+        "olmo": ModelEntry("model_olmo", ("olmo",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "olmo3": ModelEntry("model_olmo3", ("olmo3",), False),
         "olmoe": ModelEntry("model_olmoe", ("olmoe",), False),
+        "opt": ModelEntry("model_opt", ("opt",), False),
         "phi": ModelEntry("model_phi", ("phi",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
         "phimoe": ModelEntry("model_phimoe", ("phimoe",), False),

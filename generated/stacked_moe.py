@@ -46,6 +46,7 @@ from specbind.runtime.binder import (
     for_transforms,
     numpy_ops,
     quantize_rules,
+    rules_in,
 )
 
 BLOCK = "stacked_moe"
@@ -310,6 +311,7 @@ def bind_stacked_moe(
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
     into: Any = None,
+    dtype: str = "BF16",
 ) -> tuple[StackedMoeWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -317,11 +319,13 @@ def bind_stacked_moe(
     this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
     ``quant`` (from the checkpoint's config) says which linears are stored quantized: their
-    rules and plans become the scheme's companions, split in whole groups.
+    rules and plans become the scheme's companions, split in whole groups. ``dtype``: the half
+    dtype the spec's BF16 tensors bind in (F16 for an F16 checkpoint its model allows).
     """
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
+    rules, p = rules_in(rules, p, dtype)  # the checkpoint's half dtype (config.choose)
     sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,

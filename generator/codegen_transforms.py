@@ -1,7 +1,7 @@
 """The typed context of a declared transform: one ``make_<field>`` function, as a list of steps
-that ``templates/transform.py.j2`` renders, one macro per step kind (read, view, take, contract,
-scale, cast). Plain NumPy via ``runtime.binder.ops``; a shape comment, in this rank's terms
-(``generator.rank_shapes``), on every view, slice and contraction.
+that ``templates/fields/transform.py.j2`` renders, one macro per step kind (read, view, take,
+contract, scale, cast). Plain NumPy via ``runtime.binder.ops``; a shape comment, in this rank's
+terms (``generator.rank_shapes``), on every view, slice and contraction.
 
 Invariant: every expression in a step names symbols only through checked identifiers
 (``g.X``, a rank-local unit count ``H_r``, a local derived symbol) and literals only through
@@ -19,9 +19,10 @@ from typing import Literal
 
 from specbind.core import algebra
 from specbind.core.einsum import Lowering
+from specbind.generator.block_spec import Block
 from specbind.generator.literals import comment, py_literal
+from specbind.generator.output_spec import Output
 from specbind.generator.rank_shapes import RankShapes, dims_text, rank_name
-from specbind.generator.spec import Block, Output
 from specbind.generator.transforms import Operand, Transform, ast_text
 
 StepKind = Literal["read", "view", "take", "permute", "contract", "scale", "cast"]

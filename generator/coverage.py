@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from specbind.core import algebra
-from specbind.generator.spec import Block
+from specbind.generator.block_spec import Block
 
 
 def check_coverage(block: Block, env: dict[str, int], shapes: dict[str, tuple[int, ...]],

@@ -32,7 +32,8 @@ from __future__ import annotations
 from specbind.core import algebra
 from specbind.core.ir import TensorRule
 from specbind.core.polynomial import NotPolynomial, Poly, expand, over, render, render_term, symbol
-from specbind.generator.spec import Block, BlockUse, Model
+from specbind.generator.block_spec import Block
+from specbind.generator.model_spec import BlockUse, Model
 
 
 def geometry_expansions(

@@ -53,6 +53,7 @@ from specbind.core.errors import AlgebraError, SpecbindError, SpecError
 from specbind.core.ir import ShardRule
 from specbind.core.planning import plan_tensor
 from specbind.generator import transforms, yamlio
+from specbind.generator.block_spec import Block
 from specbind.generator.evaluate import (
     block_env,
     check_model_geometry,
@@ -61,15 +62,9 @@ from specbind.generator.evaluate import (
     shapes_at,
     tiny_geometry,
 )
-from specbind.generator.spec import (
-    SCHEMA_DIR,
-    Block,
-    Model,
-    Output,
-    _output,
-    check_ident,
-    validate_schema,
-)
+from specbind.generator.identifiers import SCHEMA_DIR, check_ident, validate_schema
+from specbind.generator.model_spec import Model
+from specbind.generator.output_spec import Output, parse_output
 from specbind.generator.yamlio import Located, PathKey, format_path
 
 _TPS = (1, 2, 4, 8)
@@ -259,7 +254,7 @@ def _engine_block(
             raise doc.error(
                 (*base, "outputs", f), f"{f!r} is already a field of block {bname!r}; use it"
             )
-        extra[f] = _output(under, f, v, block.prefix, by_full, names)
+        extra[f] = parse_output(under, f, v, block.prefix, by_full, names)
     params: list[Parameter] = []
     outputs: list[Output] = []
     taken: dict[str, str] = {}

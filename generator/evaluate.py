@@ -14,9 +14,10 @@ from specbind.core.errors import AlgebraError, GeometryError, SpecbindError
 from specbind.core.geometry import computed
 from specbind.core.planning import plan_block, rank_units
 from specbind.generator import transforms
+from specbind.generator.block_spec import Block
 from specbind.generator.coverage import check_coverage
 from specbind.generator.derivation import check_sum_units
-from specbind.generator.spec import Block, Model
+from specbind.generator.model_spec import Model
 
 
 def block_env(block: Block, values: dict[str, int], tp: int = 1) -> dict[str, int]:

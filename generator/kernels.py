@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specbind.core.dtypes import DTYPES
-from specbind.generator.spec import Block
+from specbind.generator.block_spec import Block
 
 WIDTH_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 DTYPE_BYTES = {name: d.bits // 8 for name, d in DTYPES.items() if d.bits % 8 == 0}

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from specbind.core import algebra
 from specbind.core.errors import GenerateError
 from specbind.core.ir import TensorRule
-from specbind.generator.spec import Block
+from specbind.generator.block_spec import Block
 from specbind.generator.transforms import Operand
 
 

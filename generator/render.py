@@ -29,11 +29,13 @@ from specbind.core.ir import TensorRule
 from specbind.core.quant import SchemeRule
 from specbind.generator import codegen_transforms, engines, extends, yamlio
 from specbind.generator import kernels as generator_kernels
+from specbind.generator.block_spec import Block, parse_block
 from specbind.generator.evaluate import check_model_geometry
 from specbind.generator.literals import comment, py_literal
+from specbind.generator.model_spec import Model, parse_model
+from specbind.generator.output_spec import Output
 from specbind.generator.rank_shapes import RankShapes, dims_text, times
 from specbind.generator.schemes import parse_scheme
-from specbind.generator.spec import Block, Model, Output, parse_block, parse_model
 from specbind.runtime.io.atomic import atomic_writer
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -312,7 +314,7 @@ def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
     ir = ["ConstraintRule", "FieldRule", "GroupRule", "ShardRule", "SharedScaleRule", "TensorRule"]
     if any(t.tie is not None for t in b.tensors):
         ir.append("TieRule")
-    binding = ["BindReport", "bind_tensors", "check_dims"]
+    binding = ["BindReport", "bind_tensors", "check_dims", "rules_in"]
     if has_transform:
         binding.append("Array")
     if "stack" in kinds:

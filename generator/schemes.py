@@ -24,7 +24,7 @@ from specbind.core.quant import (
     DimRule,
     SchemeRule,
 )
-from specbind.generator.spec import validate_schema
+from specbind.generator.identifiers import validate_schema
 from specbind.generator.yamlio import Located
 
 _DIM = re.compile(

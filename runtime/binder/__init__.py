@@ -28,6 +28,7 @@ from specbind.runtime.binder.checks import (
     check_dims,
     members,
     require,
+    rules_in,
 )
 from specbind.runtime.binder.ops import Ops
 from specbind.runtime.binder.quant import (
@@ -74,4 +75,5 @@ __all__ = [
     "numpy_ops",
     "quantize_rules",
     "require",
+    "rules_in",
 ]

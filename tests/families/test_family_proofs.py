@@ -9,7 +9,9 @@ Claims, per row:
   of the loaded module's tensors (vLLM's per-rank layout, computed by family_table's rules);
 * every semantic check holds at every listed tp: a layer output computed from the ranks'
   fields alone, summed over ranks, equals the module's;
-* a tp the units do not allow is refused with a one-line error naming the unit.
+* a tp the units do not allow is refused with a one-line error naming the unit;
+* (rows with ``beyond``) every tp in 1..8 that bind accepts is one the row proves or one it
+  names with the reason it is not proven, and every tp the row lists binds.
 """
 
 from __future__ import annotations
@@ -151,3 +153,25 @@ def test_a_tp_the_units_do_not_allow_is_refused_naming_the_unit(proofs: Any, row
         ctx.bind(row.refused_tp, 0)
     msg = str(e.value)
     assert f"which tp {row.refused_tp} does not divide" in msg and "\n" not in msg, msg
+
+
+CENSUS = [pytest.param(r, id=r.id) for r in ROWS if r.beyond is not None]
+
+
+@pytest.mark.parametrize("row", CENSUS)
+def test_every_tp_bind_accepts_is_proven_or_named_with_its_reason(proofs: Any, row: Family) -> None:
+    from specbind.core.errors import SpecbindError
+
+    ctx = proofs(row)
+    assert row.beyond is not None
+    accepted = set()
+    for tp in range(1, 9):
+        try:
+            ctx.bind(tp, tp - 1)
+        except SpecbindError:
+            continue
+        accepted.add(tp)
+    assert set(row.tps) <= accepted, (sorted(accepted), row.tps)
+    unproven = accepted - set(row.tps)
+    assert unproven == set(row.beyond), f"bound but neither proven nor named: {sorted(unproven)}"
+    assert all(why.strip() for why in row.beyond.values())

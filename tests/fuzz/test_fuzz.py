@@ -14,7 +14,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from specbind.core.errors import SpecbindError, SpecError
-from specbind.generator import spec, yamlio
+from specbind.generator import block_spec, yamlio
 from specbind.generator.render import _block_context, _env
 
 # Compiled once: compiling the template is most of the cost of one example.
@@ -187,7 +187,7 @@ def test_plausible_block_specs_fail_cleanly_or_render_to_compilable_python(
 def check_document(doc: dict[str, Any]) -> None:
     located = yamlio.Located("fuzz.yaml", doc, {(): 1})
     try:
-        block = spec.parse_block(located)
+        block = block_spec.parse_block(located)
     except SpecbindError as e:
         assert "\n" not in str(e)
         event(f"refused: {str(e).split(': ', 2)[-1][:40]}")

@@ -35,7 +35,8 @@ from specbind.core.ir import LayerGroupRule, ScheduleCondition, ScheduleRule
 from specbind.core.record import replace
 from specbind.generated import MODELS
 from specbind.generator import yamlio
-from specbind.generator.spec import parse_block, parse_model
+from specbind.generator.block_spec import parse_block
+from specbind.generator.model_spec import parse_model
 from specbind.runtime.bind.bind import bind_checkpoint
 from specbind.runtime.binder.tables import ModelTable
 from specbind.runtime.io.checkpoint import CheckpointDir

@@ -26,8 +26,8 @@ from specbind.core.errors import AlgebraError, GenerateError, GeometryError
 from specbind.core.planning import Ranks
 from specbind.generated import MODELS
 from specbind.generator import yamlio
+from specbind.generator.block_spec import parse_block
 from specbind.generator.rank_shapes import RankShapes
-from specbind.generator.spec import parse_block
 from specbind.runtime.binder import ops
 from specbind.synth import tiny_values
 

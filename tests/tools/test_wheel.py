@@ -72,6 +72,7 @@ def test_the_wheel_carries_specs_templates_and_kernel_sources(venv: Path) -> Non
     assert (pkg / "specs" / "models" / "glm-5.3-flash.yaml").is_file()
     assert (pkg / "specs" / "schema" / "block.schema.json").is_file()
     assert (pkg / "generator" / "templates" / "block.py.j2").is_file()
+    assert (pkg / "generator" / "templates" / "fields" / "stack.py.j2").is_file()
     assert (pkg / "generated" / "kernels" / "specbind.cu").is_file()
     assert (pkg / "generated" / "kernels" / "__init__.py").is_file()
     assert (pkg / "py.typed").is_file()
