@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "f7395b6fb8e85e6e7f4499ff2082fc209be2fb49479aee9131f88913a7403c80"
+SPECS_SHA256 = "b675e6cd5ab8bed6a0b030e9f31510bee060cf06e160f01c59a6dd9bade3fcd7"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -25,6 +25,7 @@ MODELS = Registry(
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
         "ernie4-5": ModelEntry("model_ernie4_5", ("ernie4_5",), False),
         "exaone4": ModelEntry("model_exaone4", ("exaone4",), False),
+        "falcon": ModelEntry("model_falcon", ("falcon",), False),
         "gemma": ModelEntry("model_gemma", ("gemma",), False),
         "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),
         "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
