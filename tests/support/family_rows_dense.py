@@ -267,6 +267,7 @@ GLM4 = Family(
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
     beyond={},
+    refused={"no-qkv-bias": ({"attention_bias": False}, "missing ['self_attn.q_proj.bias']")},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -288,6 +289,7 @@ STARCODER2 = Family(
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4),
     beyond={8: BACKEND_KV},
+    refused={"no-bias": ({"use_bias": False}, "missing ['self_attn.q_proj.bias']")},
     semantics=(attention(), fc_mlp()),
     variants={"untied": {"tie_word_embeddings": False}},
 )
@@ -469,6 +471,7 @@ STABLELM = Family(
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4),
     beyond={},
+    refused={"qk-layernorm": ({"qk_layernorm": True}, "self_attn.q_layernorm.norms.0.weight")},
     semantics=(attention(), swiglu_mlp()),
     variants={"no-qkv-bias": {"use_qkv_bias": False}},
 )
@@ -513,6 +516,7 @@ PHI = Family(
     },
     tps=(1, 2, 4),
     beyond={},
+    refused={"qk-layernorm": ({"qk_layernorm": True}, "self_attn.q_layernorm.weight")},
     semantics=(attention(), fc_mlp()),
 )
 
@@ -613,6 +617,7 @@ OPT = Family(
     },
     tps=(1, 2, 4, 8),
     beyond={},
+    refused={"project-in-out": ({"word_embed_proj_dim": 40}, "model.decoder.project_in.weight")},
     semantics=(attention(rotary=False), opt_mlp()),
     layers_path="model.decoder.layers",
     variants={"untied": {"tie_word_embeddings": False}},
@@ -663,6 +668,12 @@ FALCON = Family(
     },
     tps=(1, 2, 4, 8),
     beyond={},
+    refused={
+        "new-decoder-architecture": (
+            {"new_decoder_architecture": True, "num_kv_heads": 2},
+            "no norms block of falcon matches its names",
+        )
+    },
     semantics=(attention(), up_down_mlp()),
     layers_path="transformer.h",
 )
