@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "b675e6cd5ab8bed6a0b030e9f31510bee060cf06e160f01c59a6dd9bade3fcd7"
+SPECS_SHA256 = "7ae1fdfb0c56a6c7e376973308c9441a143d58f9f130337887bb5910a2e6871b"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
