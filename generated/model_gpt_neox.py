@@ -80,6 +80,7 @@ GEOMETRY: tuple[GeometryField, ...] = (
     GeometryField(name="vocab", config="vocab_size", value=50432, min=1, doc=""),
     GeometryField(name="intermediate", config="intermediate_size", value=24576, min=1, doc=""),
     GeometryField(name="heads", config="num_attention_heads", value=64, min=1, doc=""),
+    GeometryField(name="head_dim", config=None, value=96, min=1, doc="", expr="hidden / heads"),
 )
 
 
@@ -91,6 +92,7 @@ class Geometry:
     vocab: int
     intermediate: int
     heads: int
+    head_dim: int
 
     def values(self) -> dict[str, int]:
         return {
@@ -98,6 +100,7 @@ class Geometry:
             "vocab": self.vocab,
             "intermediate": self.intermediate,
             "heads": self.heads,
+            "head_dim": self.head_dim,
         }
 
 
@@ -116,6 +119,7 @@ def geometry(values: dict[str, int]) -> Geometry:
         vocab=values["vocab"],
         intermediate=values["intermediate"],
         heads=values["heads"],
+        head_dim=values["head_dim"],
     )
 
 

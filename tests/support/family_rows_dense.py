@@ -40,7 +40,7 @@ from family_semantics import (
     swiglu_mlp,
     up_down_mlp,
 )
-from family_table import Col, Family, Rep, Row
+from family_table import Col, Family, Part, Rep, Row
 
 # Why a tp that bind accepts is not proven (a row's ``beyond``).
 BACKEND_KV = (
@@ -267,6 +267,7 @@ GLM4 = Family(
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
     beyond={},
+    refused={"no-qkv-bias": ({"attention_bias": False}, "missing ['self_attn.q_proj.bias']")},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -288,6 +289,7 @@ STARCODER2 = Family(
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4),
     beyond={8: BACKEND_KV},
+    refused={"no-bias": ({"use_bias": False}, "missing ['self_attn.q_proj.bias']")},
     semantics=(attention(), fc_mlp()),
     variants={"untied": {"tie_word_embeddings": False}},
 )
@@ -469,6 +471,7 @@ STABLELM = Family(
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4),
     beyond={},
+    refused={"qk-layernorm": ({"qk_layernorm": True}, "self_attn.q_layernorm.norms.0.weight")},
     semantics=(attention(), swiglu_mlp()),
     variants={"no-qkv-bias": {"use_qkv_bias": False}},
 )
@@ -513,6 +516,7 @@ PHI = Family(
     },
     tps=(1, 2, 4),
     beyond={},
+    refused={"qk-layernorm": ({"qk_layernorm": True}, "self_attn.q_layernorm.weight")},
     semantics=(attention(), fc_mlp()),
 )
 
@@ -613,13 +617,69 @@ OPT = Family(
     },
     tps=(1, 2, 4, 8),
     beyond={},
+    refused={"project-in-out": ({"word_embed_proj_dim": 40}, "model.decoder.project_in.weight")},
     semantics=(attention(rotary=False), opt_mlp()),
     layers_path="model.decoder.layers",
     variants={"untied": {"tie_word_embeddings": False}},
 )
 
+# Falcon-7B style: multi-query (one KV head, whole on every rank), one fused query_key_value
+# read as [q; k; v] sections, as vLLM's falcon loads it into QKVParallelLinear.
+FALCON_Q = 8 * 6  # q rows: heads x head_dim (48 / 8)
+FALCON = Family(
+    model="falcon",
+    hf_class="FalconForCausalLM",
+    config_class="FalconConfig",
+    config={
+        "vocab_size": 112,
+        "hidden_size": 48,
+        "ffn_hidden_size": 72,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "multi_query": True,
+        "parallel_attn": True,
+        "new_decoder_architecture": False,
+        "bias": False,
+        "alibi": False,
+        "tie_word_embeddings": False,
+        "pad_token_id": 0,
+    },
+    layer={
+        "attention.q_proj": Part(
+            Col("self_attention.query_key_value.weight", "num_attention_heads"), (FALCON_Q, 6, 6), 0
+        ),
+        "attention.k_proj": Part(
+            Col("self_attention.query_key_value.weight", 1), (FALCON_Q, 6, 6), 1
+        ),
+        "attention.v_proj": Part(
+            Col("self_attention.query_key_value.weight", 1), (FALCON_Q, 6, 6), 2
+        ),
+        "attention.o_proj": Row("self_attention.dense.weight", "num_attention_heads"),
+        "mlp.up": Col("mlp.dense_h_to_4h.weight", "ffn_hidden_size"),
+        "mlp.down": Row("mlp.dense_4h_to_h.weight", "ffn_hidden_size"),
+        "norms.input_norm": Rep("input_layernorm.weight"),
+        "norms.input_norm_bias": Rep("input_layernorm.bias"),
+    },
+    globals={
+        "embed_tokens": Col("transformer.word_embeddings.weight", "vocab_size"),
+        "norm": Rep("transformer.ln_f.weight"),
+        "norm_bias": Rep("transformer.ln_f.bias"),
+        "lm_head": Col("lm_head.weight", "vocab_size"),
+    },
+    tps=(1, 2, 4, 8),
+    beyond={},
+    refused={
+        "new-decoder-architecture": (
+            {"new_decoder_architecture": True, "num_kv_heads": 2},
+            "no norms block of falcon matches its names",
+        )
+    },
+    semantics=(attention(), up_down_mlp()),
+    layers_path="transformer.h",
+)
+
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
     GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM, GLM,
-    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM, PHI, OLMO, GPT_NEOX, OPT,
+    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM, PHI, OLMO, GPT_NEOX, OPT, FALCON,
 )  # fmt: skip

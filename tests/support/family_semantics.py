@@ -106,10 +106,14 @@ def attention(
         x = bf16_input(TOKENS, cfg["hidden_size"], seed=tp)
         for i in range(cfg["num_hidden_layers"]):
             cos, sin = _rotary(ctx, x, i) if rotary else (None, None)
-            attn = ctx.layer(i).self_attn
+            attn = getattr(ctx.layer(i), "self_attn", None) or ctx.layer(i).self_attention
             pos = {"position_embeddings": (cos, sin)} if rotary else {}
+            if "alibi" in inspect.signature(attn.forward).parameters:  # Falcon: rotary, no alibi
+                pos |= {"alibi": None, "attention_mask": torch.zeros(1, 1, TOKENS, TOKENS)}
+            else:
+                pos |= {"attention_mask": None}
             with torch.no_grad():
-                want = attn(hidden_states=_t(x)[None], attention_mask=None, **pos)[0][0].numpy()
+                want = attn(hidden_states=_t(x)[None], **pos)[0][0].numpy()
             rope = rotary and rotates(attn)
             got = sum(
                 _attention_rank(ctx.layer_fields(tp, r, i), attn, x, (cos, sin, rope), hd, qk_norm)
@@ -189,7 +193,8 @@ def _attend(
         q, k = post_rope(q, k)
     group = q.shape[1] // k.shape[1]  # query heads per KV head
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    logits = q @ k.transpose(-1, -2) * attn.scaling
+    scaling = getattr(attn, "scaling", None) or attn.inv_norm_factor  # Falcon's name for it
+    logits = q @ k.transpose(-1, -2) * scaling
     cap = getattr(attn, "attn_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
@@ -279,7 +284,7 @@ def _fc_check(module: Callable[[Any], tuple[Any, Any]]) -> Semantic:
 
 
 def up_down_mlp() -> Semantic:
-    """A non-gated MLP (Nemotron, Arcee): Σ over tp ranks of down_r · act(up_r x) equals the
+    """A non-gated MLP (Nemotron, Arcee, Falcon): Σ over tp ranks of down_r · act(up_r x) equals the
     module's MLP (the act is the module's)."""
 
     def check(ctx: ProofContext, tp: int) -> None:
@@ -288,6 +293,7 @@ def up_down_mlp() -> Semantic:
         cfg = ctx.config
         for i in range(cfg["num_hidden_layers"]):
             mlp = ctx.layer(i).mlp
+            act = getattr(mlp, "act_fn", None) or mlp.act  # Falcon's name for it
             x = bf16_input(TOKENS, cfg["hidden_size"], seed=300 + i)
             with torch.no_grad():
                 want = mlp(_t(x)).numpy()
@@ -295,7 +301,7 @@ def up_down_mlp() -> Semantic:
             for r in range(tp):
                 f = ctx.layer_fields(tp, r, i)
                 with torch.no_grad():
-                    got += mlp.act_fn(_t(x @ f["mlp.up"].T)).numpy() @ f["mlp.down"].T
+                    got += act(_t(x @ f["mlp.up"].T)).numpy() @ f["mlp.down"].T
             assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
 
     return check
