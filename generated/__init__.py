@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "bd5f5c564abf9e794f5e523ecef4e061fdee780f957585295167efda3c526719"
+SPECS_SHA256 = "764156c0eb4de7a4af349f756cf20e2bbbccfd17138353fb333b7b530e7b07af"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -22,6 +22,7 @@ MODELS = Registry(
         "cohere2": ModelEntry("model_cohere2", ("cohere2",), False),
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
+        "ernie4-5-moe": ModelEntry("model_ernie4_5_moe", ("ernie4_5_moe",), False),
         "exaone4": ModelEntry("model_exaone4", ("exaone4",), False),
         "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),
         "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
