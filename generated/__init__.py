@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "764156c0eb4de7a4af349f756cf20e2bbbccfd17138353fb333b7b530e7b07af"
+SPECS_SHA256 = "a203b5e7d93c1a6d66a6815f6db29fed2b9221010ca7b25793b59866a192c8f0"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
