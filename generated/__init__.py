@@ -11,41 +11,59 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "a203b5e7d93c1a6d66a6815f6db29fed2b9221010ca7b25793b59866a192c8f0"
+SPECS_SHA256 = "8ac07655ecfca49e4355a04af9fb5fccb3e6f3af7f35f0d8949b96497903d8ee"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
 MODELS = Registry(
     __name__,
     {
+        "arcee": ModelEntry("model_arcee", ("arcee",), False),
         "cohere": ModelEntry("model_cohere", ("cohere",), False),
         "cohere2": ModelEntry("model_cohere2", ("cohere2",), False),
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
+        "ernie4-5": ModelEntry("model_ernie4_5", ("ernie4_5",), False),
         "ernie4-5-moe": ModelEntry("model_ernie4_5_moe", ("ernie4_5_moe",), False),
         "exaone4": ModelEntry("model_exaone4", ("exaone4",), False),
+        "falcon": ModelEntry("model_falcon", ("falcon",), False),
+        "gemma": ModelEntry("model_gemma", ("gemma",), False),
         "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),
         "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
+        "glm": ModelEntry("model_glm", ("glm",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
         "glm4": ModelEntry("model_glm4", ("glm4",), False),
         "glm4-moe": ModelEntry("model_glm4_moe", ("glm4_moe",), False),
+        "gpt-neox": ModelEntry("model_gpt_neox", ("gpt_neox",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
         "granitemoe": ModelEntry("model_granitemoe", ("granitemoe",), False),
         "granitemoehybrid": ModelEntry("model_granitemoehybrid", ("granitemoehybrid",), False),
+        "helium": ModelEntry("model_helium", ("helium",), False),
+        "hunyuan-dense": ModelEntry("model_hunyuan_dense", ("hunyuan_v1_dense",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
         "mamba2": ModelEntry("model_mamba2", ("mamba2",), False),
+        "ministral": ModelEntry("model_ministral", ("ministral",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
         "mixtral": ModelEntry("model_mixtral", ("mixtral",), False),
+        "nemotron": ModelEntry("model_nemotron", ("nemotron",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
+        "olmo": ModelEntry("model_olmo", ("olmo",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
+        "olmo3": ModelEntry("model_olmo3", ("olmo3",), False),
         "olmoe": ModelEntry("model_olmoe", ("olmoe",), False),
+        "opt": ModelEntry("model_opt", ("opt",), False),
+        "phi": ModelEntry("model_phi", ("phi",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
         "phimoe": ModelEntry("model_phimoe", ("phimoe",), False),
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
         "qwen2-moe": ModelEntry("model_qwen2_moe", ("qwen2_moe",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
+        "seed-oss": ModelEntry("model_seed_oss", ("seed_oss",), False),
+        "smollm3": ModelEntry("model_smollm3", ("smollm3",), False),
+        "stablelm": ModelEntry("model_stablelm", ("stablelm",), False),
+        "starcoder2": ModelEntry("model_starcoder2", ("starcoder2",), False),
     },
 )

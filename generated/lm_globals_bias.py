@@ -4,7 +4,7 @@
 DO NOT EDIT: change the spec and run ``make generate``.
 
 Invariants, checked on every layer this binder sees:
-- the block's ``(unprefixed)`` tensors are exactly the 3 required rules below plus the 2 of optional group(s) head, each all-or-nothing;
+- the block's ``(unprefixed)`` tensors are exactly the 3 required rules below plus the 2 of optional group(s) head, head_bias, each all-or-nothing;
   any other name under the prefix is refused (all of them in one error), never skipped;
 - every dtype, shape and byte count is checked against the geometry; a dtype is converted
   only where the spec accepts another stored dtype, and only exactly;
@@ -43,7 +43,7 @@ from specbind.runtime.tp import ShardedSource
 
 BLOCK = "lm_globals_bias"
 PREFIX = ""
-DOC = "Token embedding, final LayerNorm (weight and bias), LM head with a bias."
+DOC = "Token embedding, final LayerNorm (weight and bias) and the LM head (optionally tied)."
 
 # The array type the weights hold: numpy.ndarray (numpy backend), cupy.ndarray (cupy) or
 # torch.Tensor (the API's torch backend); a bind returns ``LmGlobalsBiasWeights[Any]``.
@@ -110,16 +110,17 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[vocab]",
         shard=ShardRule(kind="rows", unit="vocab", axis=0),
-        group="head",
+        group="head_bias",
         root=True,
     ),
 )
 
 GROUPS: dict[str, GroupRule] = {
-    "head": GroupRule(
-        name="head",
+    "head": GroupRule(name="head", optional=True, why="a base-model checkpoint carries no LM head"),
+    "head_bias": GroupRule(
+        name="head_bias",
         optional=True,
-        why="a base-model checkpoint (transformers' *TextModel) carries no LM head",
+        why="only Phi-3.5-MoE's head has a bias (Starcoder2's, StableLM's, Nemotron's have none)",
     ),
 }
 

@@ -13,6 +13,8 @@ library does keyed lists with line tracking, hence written here):
   otherwise; every other list (``model_types``, a slot's ``blocks``, ``prefixes``) replaces;
 * ``model``, ``doc``, ``model_types`` and ``default`` are never inherited: they say which
   model this is;
+* an inherited ``expr`` symbol the child gives no ``value`` is recomputed at the merged
+  geometry (its value is a check of the real geometry, which the child may have changed);
 * an inherited block that no slot and no ``globals`` names any more (a slot now holds another
   block) is dropped; a block the child lists itself is kept, and refused unplaced as usual.
 
@@ -33,6 +35,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from specbind.core.errors import SpecbindError
+from specbind.core.geometry import resolve as resolve_geometry
 from specbind.generator.yamlio import Located, PathKey
 
 _OWN = frozenset({"model", "doc", "model_types", "default", "extends"})
@@ -91,10 +95,32 @@ def _merged(
         data[k] = copy.deepcopy(v)
         _copy_lines(child, (k,), (k,), v, lines)
     merged = Located(child.file, data, lines)
+    _recompute_inherited_exprs(merged, child)
     listed: list[Any] = rest["blocks"] if isinstance(rest.get("blocks"), list) else []
     _drop_unplaced(merged, {b.get("block") for b in listed if isinstance(b, dict)})
     _added_symbols_used(merged, base, child, block_symbols, base_name)
     return merged
+
+
+def _recompute_inherited_exprs(merged: Located, child: Located) -> None:
+    """An inherited ``expr`` symbol whose ``value`` the child leaves alone takes the value its
+    expression gives at the merged geometry (the base's value was the base's geometry's)."""
+    geo = merged.data.get("geometry")
+    own = child.data.get("geometry") or {}
+    if not isinstance(geo, dict) or not isinstance(own, dict):
+        return
+    pending = {n: str(g["expr"]) for n, g in geo.items() if isinstance(g, dict) and "expr" in g
+               and not (isinstance(own.get(n), dict) and "value" in own[n])}  # fmt: skip
+    known = {n: g["value"] for n, g in geo.items() if isinstance(g, dict) and n not in pending
+             and isinstance(g.get("value"), int)}  # fmt: skip
+    if not pending:
+        return
+    try:
+        values = resolve_geometry(known, pending)
+    except SpecbindError:
+        return  # parse_model refuses the expression itself, naming it
+    for n in pending:
+        geo[n]["value"] = values[n]
 
 
 def _all_lines(v: Any, path: PathKey, lines: dict[PathKey, int], line: int | None) -> None:

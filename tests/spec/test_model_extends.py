@@ -156,3 +156,18 @@ def test_a_child_claiming_its_bases_model_type_is_refused(root: Path) -> None:
     child(root, "kid", "model: kid\nextends: llama\nmodel_types: [llama]\n")
     msg = refusal(root)
     assert "at model_types: model_type 'llama' is also claimed by" in msg, msg
+
+
+def test_an_inherited_computed_symbol_takes_its_value_at_the_childs_geometry(root: Path) -> None:
+    base = root / "specs/models/llama.yaml"
+    anchor = "  head_dim:     {config: head_dim, default: hidden / heads, value: 128}\n"
+    text = base.read_text()
+    assert anchor in text
+    base.write_text(
+        text.replace(anchor, anchor + "  q_rows: {expr: heads * head_dim, value: 4096}\n")
+    )
+    child(root, "kid", "model: kid\nextends: llama\nmodel_types: [kid]\ngeometry:\n"
+                       "  heads: {value: 64}\n")  # fmt: skip
+    models = load_specs(root).models
+    assert models["llama"].values()["q_rows"] == 4096
+    assert models["kid"].values()["q_rows"] == 64 * 128

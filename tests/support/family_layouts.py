@@ -105,3 +105,23 @@ def fused_gate_up(intermediate: int) -> dict[str, Rule]:
         "mlp.gate_up": Cat(Part(whole, halves, 0), Part(whole, halves, 1)),
         "mlp.down": Row("mlp.down_proj.weight", INTER),
     }
+
+
+# Starcoder2: specs/blocks/fc_mlp.yaml, layer_norms_bias.yaml, lm_globals_bias.yaml.
+FC_MLP: dict[str, Rule] = {
+    "mlp.c_fc": Col("mlp.c_fc.weight", INTER),
+    "mlp.c_fc_bias": Col("mlp.c_fc.bias", INTER),
+    "mlp.c_proj": Row("mlp.c_proj.weight", INTER),
+    "mlp.c_proj_bias": Rep("mlp.c_proj.bias"),  # RowParallelLinear: whole, added once
+}
+NORMS_BIAS: dict[str, Rule] = NORMS | {
+    "norms.input_norm_bias": Rep("input_layernorm.bias"),
+    "norms.post_attention_norm_bias": Rep("post_attention_layernorm.bias"),
+}
+LM_GLOBALS_BIAS: dict[str, Rule] = LM_GLOBALS | {"norm_bias": Rep("model.norm.bias")}
+O_BIAS: dict[str, Rule] = {"attention.o_bias": Rep("self_attn.o_proj.bias")}
+# specs/blocks/up_down_mlp.yaml (Nemotron, Arcee): ColumnParallelLinear up, RowParallel down.
+UP_DOWN: dict[str, Rule] = {
+    "mlp.up": Col("mlp.up_proj.weight", INTER),
+    "mlp.down": Row("mlp.down_proj.weight", INTER),
+}
