@@ -9,12 +9,12 @@ carry it so a file can be traced to the specs that produced it.
 
 from __future__ import annotations
 
-from specbind.runtime.model import ModelEntry, Registry
+from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "7ae1fdfb0c56a6c7e376973308c9441a143d58f9f130337887bb5910a2e6871b"
+SPECS_SHA256 = "af86287872e6e595fb524a08135b37f429ad21508256682b8cb0a4b77439cf9c"
 
-# Each model's table is imported on first use (runtime.model.Registry): a start that binds one
-# model does not build the others' block modules.
+# Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
+# binds one model does not build the others' block modules.
 MODELS = Registry(
     __name__,
     {
@@ -24,6 +24,7 @@ MODELS = Registry(
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
         "ernie4-5": ModelEntry("model_ernie4_5", ("ernie4_5",), False),
+        "ernie4-5-moe": ModelEntry("model_ernie4_5_moe", ("ernie4_5_moe",), False),
         "exaone4": ModelEntry("model_exaone4", ("exaone4",), False),
         "falcon": ModelEntry("model_falcon", ("falcon",), False),
         "gemma": ModelEntry("model_gemma", ("gemma",), False),
@@ -32,24 +33,32 @@ MODELS = Registry(
         "glm": ModelEntry("model_glm", ("glm",), False),
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
         "glm4": ModelEntry("model_glm4", ("glm4",), False),
+        "glm4-moe": ModelEntry("model_glm4_moe", ("glm4_moe",), False),
         "gpt-neox": ModelEntry("model_gpt_neox", ("gpt_neox",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
+        "granitemoe": ModelEntry("model_granitemoe", ("granitemoe",), False),
+        "granitemoehybrid": ModelEntry("model_granitemoehybrid", ("granitemoehybrid",), False),
         "helium": ModelEntry("model_helium", ("helium",), False),
         "hunyuan-dense": ModelEntry("model_hunyuan_dense", ("hunyuan_v1_dense",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
+        "mamba2": ModelEntry("model_mamba2", ("mamba2",), False),
         "ministral": ModelEntry("model_ministral", ("ministral",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
+        "mixtral": ModelEntry("model_mixtral", ("mixtral",), False),
         "nemotron": ModelEntry("model_nemotron", ("nemotron",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
         "olmo": ModelEntry("model_olmo", ("olmo",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "olmo3": ModelEntry("model_olmo3", ("olmo3",), False),
+        "olmoe": ModelEntry("model_olmoe", ("olmoe",), False),
         "opt": ModelEntry("model_opt", ("opt",), False),
         "phi": ModelEntry("model_phi", ("phi",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
+        "phimoe": ModelEntry("model_phimoe", ("phimoe",), False),
         "qwen2": ModelEntry("model_qwen2", ("qwen2",), False),
+        "qwen2-moe": ModelEntry("model_qwen2_moe", ("qwen2_moe",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
         "seed-oss": ModelEntry("model_seed_oss", ("seed_oss",), False),

@@ -28,18 +28,22 @@ from specbind.core.ir import (
 )
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.core.record import record
-from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.checks import BindReport, bind_tensors, check_dims
-from specbind.runtime.quant import (
+from specbind.runtime.binder import (
+    NUMPY,
+    Backend,
+    BindReport,
     LayerQuant,
     QuantFields,
+    ShardedSource,
+    TensorSource,
+    bind_tensors,
+    check_dims,
+    check_finite,
     check_shared,
     companion_fields,
     quantize_rules,
+    rules_in,
 )
-from specbind.runtime.quant_finite import check_finite
-from specbind.runtime.source import TensorSource
-from specbind.runtime.tp import ShardedSource
 
 BLOCK = "falcon_globals"
 PREFIX = ""
@@ -236,6 +240,7 @@ def bind_falcon_globals(
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
     into: Any = None,
+    dtype: str = "BF16",
 ) -> tuple[FalconGlobalsWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -243,11 +248,13 @@ def bind_falcon_globals(
     this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
     ``quant`` (from the checkpoint's config) says which linears are stored quantized: their
-    rules and plans become the scheme's companions, split in whole groups.
+    rules and plans become the scheme's companions, split in whole groups. ``dtype``: the half
+    dtype the spec's BF16 tensors bind in (F16 for an F16 checkpoint its model allows).
     """
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
+    rules, p = rules_in(rules, p, dtype)  # the checkpoint's half dtype (config.choose)
     sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
@@ -280,9 +287,10 @@ def assemble(
 ) -> FalconGlobalsWeights[Any]:
     """The weights made from this rank's checked arrays ``t`` (by name, as planned in ``p``):
     the one place each field is made. ``bind_falcon_globals`` passes the uploaded arrays and its
-    backend's ``Ops``; a reload passes shapes alone (``runtime.shapes``) to learn what a bound
-    file must hold. An absent optional source leaves its field out. ``into`` (an ``Arena``):
-    where the ops write each field they make; the caller copies in what they do not."""
+    backend's ``Ops``; a reload passes shapes alone (``runtime.binder.shapes``) to learn what a
+    bound file must hold. An absent optional source leaves its field out. ``into`` (an
+    ``Arena``): where the ops write each field they make; the caller copies in what they do
+    not."""
     return FalconGlobalsWeights(
         embed_tokens=t["word_embeddings.weight"],
         norm=t["ln_f.weight"],

@@ -25,9 +25,9 @@ from specbind.core.ir import (
 from specbind.core.planning import Ranks
 from specbind.core.record import record
 from specbind.generated.schemes import SCHEMES
-from specbind.runtime.model import BlockEntry, ModelTable
+from specbind.runtime.binder import BlockEntry, ModelTable
 
-if TYPE_CHECKING:  # each block module is imported on first use (runtime.model.BlockEntry)
+if TYPE_CHECKING:  # each block module is imported on first use (binder.tables.BlockEntry)
     from specbind.generated import falcon_globals, gqa, input_norm_bias, up_down_mlp
 
 MODEL = "falcon"
@@ -134,7 +134,7 @@ def check_constraints(m: Geometry) -> None:
 
 
 def geometry(values: dict[str, int]) -> Geometry:
-    """Build the geometry from a symbol -> value mapping (see runtime.config.values_from_config)."""
+    """Build the geometry from a symbol -> value mapping (see runtime.layout.config.values_from_config)."""
     return Geometry(
         hidden=values["hidden"],
         vocab=values["vocab"],
@@ -260,4 +260,5 @@ TABLE: ModelTable[Geometry] = ModelTable(
     default=False,
     constraints=CONSTRAINTS,
     check=check_constraints,
+    dtypes=("BF16", "F16"),
 )

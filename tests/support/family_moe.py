@@ -99,6 +99,17 @@ class Stacked:
         )
 
 
+@dataclass(frozen=True)
+class Flat:
+    """A replicated tensor the module holds with extra size-1 axes (ERNIE's [1, E] correction
+    bias), flattened to the bound field's shape."""
+
+    tensor: str
+
+    def slice(self, t: Callable[[str], Any], cfg: Mapping[str, Any], tp: int, r: int) -> Any:
+        return t(self.tensor).reshape(-1)  # [1, E] -> [E]
+
+
 def _t(a: Any) -> Any:
     import torch
 
@@ -125,9 +136,10 @@ def _route(module_gate: Any, weight: Any, bias: Any, x: Any) -> tuple[Any, Any]:
     gate = copy.deepcopy(module_gate)
     with torch.no_grad():
         gate.weight.data = _t(weight)
-        if bias is not None:  # a buffer in the module's own dtype (F32): the bound F32 exactly
-            own = gate.e_score_correction_bias
-            gate.e_score_correction_bias.data = _t(bias).to(own.dtype)
+        if bias is not None:  # in the module's own dtype and shape (F32; ERNIE's [1, E])
+            holder = getattr(gate, "moe_statics", gate)
+            own = holder.e_score_correction_bias
+            own.data = _t(bias).to(own.dtype).reshape(own.shape)
         _, weights, index = gate(_t(x))
     return index.numpy(), weights.double().numpy()
 

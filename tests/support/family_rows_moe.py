@@ -15,6 +15,7 @@ from family_layouts import GQA, LM_GLOBALS, NORMS, QK_NORM, QKV_BIAS, SWIGLU
 from family_moe import (
     W2,
     W13,
+    Flat,
     dense_layers,
     mamba2_projections,
     sparse_moe,
@@ -346,4 +347,57 @@ GRANITEMOEHYBRID = Family(
     ),
 )
 
-ROWS = [MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE, GLM4_MOE, GRANITEMOE, MAMBA2, GRANITEMOEHYBRID]
+# ERNIE-4.5-MoE: 3 layers (layer 0 dense), head_dim 10 of its own, 2 shared experts (rows
+# 40), the router and its [1, E] correction bias (moe_statics) in F32, tied head.
+ERNIE_CONFIG: dict[str, Any] = {
+    "vocab_size": 112,
+    "hidden_size": 48,
+    "intermediate_size": 72,
+    "moe_intermediate_size": 20,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 10,
+    "moe_num_experts": 7,
+    "moe_num_shared_experts": 2,
+    "moe_k": 2,
+    "moe_layer_start_index": 1,
+    "moe_layer_interval": 1,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+    "pad_token_id": 0,
+}
+
+
+def ernie_shared(cfg: Any) -> int:
+    return int(cfg["moe_num_shared_experts"]) * int(cfg["moe_intermediate_size"])
+
+
+ERNIE_MOE_MLP: dict[str, Rule] = routed("moe_intermediate_size") | {
+    "mlp.router_bias": Flat("mlp.gate.moe_statics.e_score_correction_bias"),
+    "mlp.shared_gate_up": Cat(Col("mlp.shared_experts.gate_proj.weight", ernie_shared),
+                              Col("mlp.shared_experts.up_proj.weight", ernie_shared)),
+    "mlp.shared_down": Row("mlp.shared_experts.down_proj.weight", ernie_shared),
+}  # fmt: skip
+
+ERNIE4_5_MOE = Family(
+    model="ernie4-5-moe",
+    hf_class="Ernie4_5_MoeForCausalLM",
+    config_class="Ernie4_5_MoeConfig",
+    config=ERNIE_CONFIG,
+    layer=GQA | NORMS | ERNIE_MOE_MLP,
+    layer_at=lambda cfg, i: GQA | NORMS | (
+        ERNIE_MOE_MLP if i >= cfg["moe_layer_start_index"] else SWIGLU
+    ),
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(attention(), dense_layers(), sparse_moe(shared="plain")),
+    f32=r"model\.layers\.\d+\.mlp\.gate\.(weight|moe_statics\.e_score_correction_bias)",
+    variants={"untied": {"tie_word_embeddings": False}},
+)  # fmt: skip
+
+ROWS = [
+    MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE, GLM4_MOE, GRANITEMOE, MAMBA2, GRANITEMOEHYBRID,
+    ERNIE4_5_MOE,
+]  # fmt: skip
