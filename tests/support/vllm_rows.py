@@ -44,10 +44,11 @@ class VllmRow:
         return self.model
 
     def key(self) -> str:
-        """Everything of the row that can change its checkpoint (for the proofs' cache)."""
+        """Everything of the row that can change its checkpoint (for the proofs' cache; the tp
+        is the cache key's own part)."""
         return repr(
             (self.model, self.hf_class, self.config_class, sorted(self.config.items()),
-             self.tps, self.f32.pattern, sorted(self.config_json.items()))
+             self.f32.pattern, sorted(self.config_json.items()))
         )  # fmt: skip
 
 
@@ -156,5 +157,14 @@ ROWS: tuple[VllmRow, ...] = (
     from_family(_F["granite"]),
     from_family(_F["ernie4-5"]),
     from_family(_F["mixtral"], intermediate_size=64),  # Mixtral's experts are intermediate_size
+    from_family(_F["exaone4"]),
+    from_family(_F["cohere"]),
+    from_family(_F["cohere2"]),
+    from_family(_F["glm4"]),
+    from_family(_F["stablelm"]),
+    from_family(_F["nemotron"]),
+    from_family(_F["olmoe"], intermediate_size=64),  # OLMoE's experts are intermediate_size
+    from_family(_F["phimoe"], intermediate_size=64),  # and Phi-3.5-MoE's
+    from_family(_F["qwen2-moe"]),
 )
 BY_MODEL = {r.model: r for r in ROWS}
