@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "efdc8b896fb1343ed5c0a6470cd371bd37629519b80d15ddd4b1faa0606c4838"
+SPECS_SHA256 = "dc1d899fbce2f56efd67ba9ce1d1d535f6abfa50e156a475ef9509d70bbc9690"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -25,6 +25,7 @@ MODELS = Registry(
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
         "ernie4-5": ModelEntry("model_ernie4_5", ("ernie4_5",), False),
         "exaone4": ModelEntry("model_exaone4", ("exaone4",), False),
+        "falcon": ModelEntry("model_falcon", ("falcon",), False),
         "gemma": ModelEntry("model_gemma", ("gemma",), False),
         "gemma2": ModelEntry("model_gemma2", ("gemma2",), False),
         "gemma3-text": ModelEntry("model_gemma3_text", ("gemma3_text",), False),
@@ -32,6 +33,7 @@ MODELS = Registry(
         "glm-5.3-flash": ModelEntry("model_glm_5_3_flash", ("glm5_next_text", "glm5_next"), True),
         "glm4": ModelEntry("model_glm4", ("glm4",), False),
         "glm4-moe": ModelEntry("model_glm4_moe", ("glm4_moe",), False),
+        "gpt-neox": ModelEntry("model_gpt_neox", ("gpt_neox",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
         "helium": ModelEntry("model_helium", ("helium",), False),
@@ -43,9 +45,11 @@ MODELS = Registry(
         "mixtral": ModelEntry("model_mixtral", ("mixtral",), False),
         "nemotron": ModelEntry("model_nemotron", ("nemotron",), False),
         "nemotron-h": ModelEntry("model_nemotron_h", ("nemotron_h",), False),
+        "olmo": ModelEntry("model_olmo", ("olmo",), False),
         "olmo2": ModelEntry("model_olmo2", ("olmo2",), False),
         "olmo3": ModelEntry("model_olmo3", ("olmo3",), False),
         "olmoe": ModelEntry("model_olmoe", ("olmoe",), False),
+        "opt": ModelEntry("model_opt", ("opt",), False),
         "phi": ModelEntry("model_phi", ("phi",), False),
         "phi3": ModelEntry("model_phi3", ("phi3",), False),
         "phimoe": ModelEntry("model_phimoe", ("phimoe",), False),

@@ -56,7 +56,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 CASES = [(..., "no model_type"), (5, "model_type is 5 (int), not a string"),
-         (None, "model_type is None (NoneType), not a string"), ("falcon", "model_type 'falcon': no generated model")]  # fmt: skip
+         (None, "model_type is None (NoneType), not a string"), ("xlnet", "model_type 'xlnet': no generated model")]  # fmt: skip
 
 
 @pytest.mark.parametrize(("value", "said"), CASES)

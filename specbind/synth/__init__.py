@@ -209,7 +209,12 @@ def synth(
     if table.globals is not None:
         block = table.block(table.globals)
         groups = frozenset(t.group for t in block.tensors if t.group is not None)
-        entries += list(block_tensors(block, geometry, groups, gates_bf16))
+        # a head tied by the synth config is the embedding: bind refuses a stored copy of it
+        flags = json.loads(table.synth.config_json) if table.synth is not None else {}
+        tied = {t.name for t in block.tensors if t.tie is not None and flags.get(t.tie.config)}
+        entries += [
+            e for e in block_tensors(block, geometry, groups, gates_bf16) if e[0] not in tied
+        ]
     total = sum(DTYPES[d].nbytes(s) for _, d, s in entries)
     if shards is not None and shards > len(entries):
         raise UsageError(

@@ -9,7 +9,11 @@ Claims, per row:
   of the loaded module's tensors (vLLM's per-rank layout, computed by family_table's rules);
 * every semantic check holds at every listed tp: a layer output computed from the ranks'
   fields alone, summed over ranks, equals the module's;
-* a tp the units do not allow is refused with a one-line error naming the unit.
+* a tp the units do not allow is refused with a one-line error naming the unit;
+* every variant a row lists as ``refused`` (a layout its class also writes that the spec
+  cannot say) is refused by audit and by bind, in one line naming what does not fit;
+* (rows with ``beyond``) every tp in 1..8 that bind accepts is one the row proves or one it
+  names with the reason it is not proven, and every tp the row lists binds.
 """
 
 from __future__ import annotations
@@ -151,3 +155,45 @@ def test_a_tp_the_units_do_not_allow_is_refused_naming_the_unit(proofs: Any, row
         ctx.bind(row.refused_tp, 0)
     msg = str(e.value)
     assert f"which tp {row.refused_tp} does not divide" in msg and "\n" not in msg, msg
+
+
+CENSUS = [pytest.param(r, id=r.id) for r in ROWS if r.beyond is not None]
+
+
+@pytest.mark.parametrize("row", CENSUS)
+def test_every_tp_bind_accepts_is_proven_or_named_with_its_reason(proofs: Any, row: Family) -> None:
+    from specbind.core.errors import SpecbindError
+
+    ctx = proofs(row)
+    assert row.beyond is not None
+    accepted = set()
+    for tp in range(1, 9):
+        try:
+            ctx.bind(tp, tp - 1)
+        except SpecbindError:
+            continue
+        accepted.add(tp)
+    assert set(row.tps) <= accepted, (sorted(accepted), row.tps)
+    unproven = accepted - set(row.tps)
+    assert unproven == set(row.beyond), f"bound but neither proven nor named: {sorted(unproven)}"
+    assert all(why.strip() for why in row.beyond.values())
+
+
+REFUSED = [pytest.param(r, v, id=f"{r.id}-{v}") for r in ROWS for v in r.refused]
+
+
+@pytest.mark.parametrize(("row", "variant"), REFUSED)
+def test_a_variant_the_spec_cannot_say_is_refused_by_name(
+    proofs: Any, row: Family, variant: str, tmp_path: Path
+) -> None:
+    from specbind.core.errors import SpecbindError
+    from specbind.runtime.bind import bind_checkpoint
+
+    over, fragment = row.refused[variant]
+    path = write_family(row, tmp_path / variant, row.config | over)
+    table = proofs(row).table
+    rep = audit(CheckpointDir(path), table, progress=False)
+    assert rep["problems"] and fragment in rep["problems"][0], rep["problems"]
+    with pytest.raises(SpecbindError) as e:
+        bind_checkpoint(CheckpointDir(path), table, progress=False)
+    assert fragment in str(e.value) and "\n" not in str(e.value), str(e.value)

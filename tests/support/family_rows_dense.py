@@ -31,8 +31,28 @@ from family_layouts import (
     UP_DOWN,
     fused_gate_up,
 )
-from family_semantics import attention, fc_mlp, gathered_attention, swiglu_mlp, up_down_mlp
-from family_table import Col, Family, Rep, Row
+from family_semantics import (
+    attention,
+    fc_mlp,
+    gathered_attention,
+    neox_attention,
+    opt_mlp,
+    swiglu_mlp,
+    up_down_mlp,
+)
+from family_table import Col, Family, Part, Rep, Row
+
+# Why a tp that bind accepts is not proven (a row's ``beyond``).
+BACKEND_KV = (
+    "vLLM runs this family through its Transformers backend, whose plain ColumnParallelLinear "
+    "k/v would split a KV head's rows across ranks at tp > kv_heads, which its attention "
+    "cannot run; specbind replicates the KV heads there (vLLM's native QKVParallelLinear "
+    "layout), unproven against an engine"
+)
+COMMANDR_KV = (
+    "vLLM's commandr loads k_norm [kv_heads, head_dim] with row_parallel_weight_loader, which "
+    "reads past the stored rows at tp > kv_heads; specbind replicates the KV heads' rows there"
+)
 
 # Llama-shaped sizes: q rows 96, kv rows 24 (2 x 12), no size repeated.
 LLAMA_LIKE: dict[str, Any] = {
@@ -56,6 +76,7 @@ MISTRAL = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -67,6 +88,7 @@ LLAMA = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
     variants={"tied": {"tie_word_embeddings": True}},
 )
@@ -84,6 +106,7 @@ QWEN2 = Family(
     layer=LLAMA_LAYER | QKV_BIAS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
     variants={"tied": {"tie_word_embeddings": True}},
 )
@@ -96,6 +119,7 @@ QWEN3 = Family(
     layer=LLAMA_LAYER | QK_NORM,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(qk_norm="head"), swiglu_mlp()),
 )
 
@@ -117,6 +141,7 @@ GEMMA2 = Family(
     layer=GQA | SWIGLU | SANDWICH_NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
     variants={"untied": {"tie_word_embeddings": False}},
 )
@@ -129,6 +154,7 @@ GEMMA3_TEXT = Family(
     layer=GQA | QK_NORM | SWIGLU | SANDWICH_NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(qk_norm="head"), swiglu_mlp()),
 )
 
@@ -149,6 +175,7 @@ GRANITE = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
     variants={"untied": {"tie_word_embeddings": False}},
 )
@@ -163,6 +190,7 @@ OLMO2 = Family(
     layer=GQA_PROJ_NORM | SWIGLU | POST_NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={},
     semantics=(gathered_attention(), swiglu_mlp()),
 )
 
@@ -182,6 +210,7 @@ COHERE = Family(
     layer=GQA | HEAD_NORMS | SWIGLU | INPUT_NORM,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: COMMANDR_KV},
     semantics=(attention(qk_norm="head"), swiglu_mlp()),
     variants={"command-r": {"use_qk_norm": False}},
 )
@@ -199,6 +228,7 @@ COHERE2 = Family(
     layer=GQA | SWIGLU | INPUT_NORM,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(rotates=lambda a: a.sliding_window is not None), swiglu_mlp()),
 )
 
@@ -211,6 +241,7 @@ EXAONE4 = Family(
     layer=GQA | QK_NORM | SWIGLU | POST_NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(
         attention(qk_norm="head", rotates=lambda a: a.sliding_window is None or a.is_sliding),
         swiglu_mlp(),
@@ -235,6 +266,8 @@ GLM4 = Family(
     layer=GQA | QKV_BIAS | fused_gate_up(LLAMA_LIKE["intermediate_size"]) | GLM4_NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
+    refused={"no-qkv-bias": ({"attention_bias": False}, "missing ['self_attn.q_proj.bias']")},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -255,6 +288,8 @@ STARCODER2 = Family(
     layer=GQA | QKV_BIAS | O_BIAS | FC_MLP | NORMS_BIAS,
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
+    refused={"no-bias": ({"use_bias": False}, "missing ['self_attn.q_proj.bias']")},
     semantics=(attention(), fc_mlp()),
     variants={"untied": {"tie_word_embeddings": False}},
 )
@@ -267,6 +302,7 @@ GEMMA1 = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -279,6 +315,7 @@ OLMO3 = Family(
     layer=GQA_PROJ_NORM | SWIGLU | POST_NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={},
     semantics=(gathered_attention(), swiglu_mlp()),
 )
 
@@ -293,6 +330,7 @@ SMOLLM3 = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(rotates=lambda a: bool(a.use_rope)), swiglu_mlp()),
 )
 
@@ -304,6 +342,7 @@ ERNIE4_5 = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -316,6 +355,7 @@ SEED_OSS = Family(
     layer=LLAMA_LAYER | QKV_BIAS | O_BIAS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(), swiglu_mlp()),
     variants={"no-o-bias": {"attention_out_bias": False}},
 )
@@ -332,6 +372,7 @@ MINISTRAL = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -343,6 +384,7 @@ HELIUM = Family(
     layer=LLAMA_LAYER,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -354,6 +396,7 @@ GLM = Family(
     layer=GQA | QKV_BIAS | fused_gate_up(LLAMA_LIKE["intermediate_size"]) | NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -369,6 +412,7 @@ HUNYUAN_DENSE = Family(
     },
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(qk_norm="head_after_rope"), swiglu_mlp()),
 )
 
@@ -389,6 +433,7 @@ NEMOTRON = Family(
     layer=GQA | UP_DOWN | NORMS_BIAS,
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4, 8),
+    beyond={},
     semantics=(attention(), up_down_mlp()),
 )
 
@@ -401,6 +446,7 @@ ARCEE = Family(
     layer=GQA | UP_DOWN | NORMS,
     globals=LM_GLOBALS,
     tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
     semantics=(attention(), up_down_mlp()),
 )
 
@@ -424,6 +470,8 @@ STABLELM = Family(
     layer=LLAMA_LAYER | QKV_BIAS | NORMS_BIAS,
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4),
+    beyond={},
+    refused={"qk-layernorm": ({"qk_layernorm": True}, "self_attn.q_layernorm.norms.0.weight")},
     semantics=(attention(), swiglu_mlp()),
     variants={"no-qkv-bias": {"use_qkv_bias": False}},
 )
@@ -467,11 +515,171 @@ PHI = Family(
         "lm_head_bias": Col("lm_head.bias", "vocab_size"),
     },
     tps=(1, 2, 4),
+    beyond={},
+    refused={"qk-layernorm": ({"qk_layernorm": True}, "self_attn.q_layernorm.weight")},
     semantics=(attention(), fc_mlp()),
+)
+
+# OLMo-1: no norm tensors at all; vLLM's Transformers backend runs it (tps within 4 KV heads).
+OLMO = Family(
+    model="olmo",
+    hf_class="OlmoForCausalLM",
+    config_class="OlmoConfig",
+    config=NO_HEAD_DIM | {"num_key_value_heads": 4},
+    layer=GQA | SWIGLU,
+    globals={k: v for k, v in LM_GLOBALS.items() if k != "norm"},
+    tps=(1, 2, 4),
+    beyond={8: BACKEND_KV},
+    semantics=(attention(), swiglu_mlp()),
+    variants={"tied": {"tie_word_embeddings": True}},
+)
+
+# GPT-NeoX through vLLM's Transformers backend: query_key_value split into contiguous row
+# blocks, which are whole heads in its per-head interleave; MHA, 4 heads: tp 1, 2, 4.
+# rotary_pct 0.5 (Pythia's 0.25 of 6 dims is not whole pairs at this size).
+GPT_NEOX = Family(
+    model="gpt-neox",
+    hf_class="GPTNeoXForCausalLM",
+    config_class="GPTNeoXConfig",
+    config={k: v for k, v in NO_HEAD_DIM.items() if k != "num_key_value_heads"}
+    | {
+        "num_attention_heads": 4,
+        "layer_norm_eps": 1e-5,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+        },
+    },
+    layer={
+        "attention.qkv_proj": Col("attention.query_key_value.weight", "num_attention_heads"),
+        "attention.qkv_bias": Col("attention.query_key_value.bias", "num_attention_heads"),
+        "attention.o_proj": Row("attention.dense.weight", "num_attention_heads"),
+        "attention.o_bias": Rep("attention.dense.bias"),
+        "mlp.c_fc": Col("mlp.dense_h_to_4h.weight", "intermediate_size"),
+        "mlp.c_fc_bias": Col("mlp.dense_h_to_4h.bias", "intermediate_size"),
+        "mlp.c_proj": Row("mlp.dense_4h_to_h.weight", "intermediate_size"),
+        "mlp.c_proj_bias": Rep("mlp.dense_4h_to_h.bias"),
+    }
+    | NORMS_BIAS,
+    globals={
+        "embed_tokens": Col("gpt_neox.embed_in.weight", "vocab_size"),
+        "norm": Rep("gpt_neox.final_layer_norm.weight"),
+        "norm_bias": Rep("gpt_neox.final_layer_norm.bias"),
+        "lm_head": Col("lm_head.weight", "vocab_size"),  # stored as embed_out
+    },
+    tps=(1, 2, 4),
+    beyond={},
+    semantics=(neox_attention(), fc_mlp()),
+    layers_path="gpt_neox.layers",
+)
+
+# OPT: MHA (8 heads of 6), learned positions (24 + 2 rows), tied head; vLLM's own opt model.
+OPT = Family(
+    model="opt",
+    hf_class="OPTForCausalLM",
+    config_class="OPTConfig",
+    config={
+        "vocab_size": 112,
+        "hidden_size": 48,
+        "ffn_dim": 72,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "max_position_embeddings": 24,
+        "word_embed_proj_dim": 48,
+        "tie_word_embeddings": True,
+        "pad_token_id": 1,
+    },
+    layer={
+        "attention.q_proj": Col("self_attn.q_proj.weight", "num_attention_heads"),
+        "attention.k_proj": Col("self_attn.k_proj.weight", "num_attention_heads"),
+        "attention.v_proj": Col("self_attn.v_proj.weight", "num_attention_heads"),
+        "attention.o_proj": Row("self_attn.out_proj.weight", "num_attention_heads"),
+        "attention.q_bias": Col("self_attn.q_proj.bias", "num_attention_heads"),
+        "attention.k_bias": Col("self_attn.k_proj.bias", "num_attention_heads"),
+        "attention.v_bias": Col("self_attn.v_proj.bias", "num_attention_heads"),
+        "attention.o_bias": Rep("self_attn.out_proj.bias"),
+        "mlp.c_fc": Col("fc1.weight", "ffn_dim"),
+        "mlp.c_fc_bias": Col("fc1.bias", "ffn_dim"),
+        "mlp.c_proj": Row("fc2.weight", "ffn_dim"),
+        "mlp.c_proj_bias": Rep("fc2.bias"),
+        "norms.input_norm": Rep("self_attn_layer_norm.weight"),
+        "norms.input_norm_bias": Rep("self_attn_layer_norm.bias"),
+        "norms.post_attention_norm": Rep("final_layer_norm.weight"),
+        "norms.post_attention_norm_bias": Rep("final_layer_norm.bias"),
+    },
+    globals={
+        "embed_tokens": Col("model.decoder.embed_tokens.weight", "vocab_size"),
+        "embed_positions": Rep("model.decoder.embed_positions.weight"),
+        "norm": Rep("model.decoder.final_layer_norm.weight"),
+        "norm_bias": Rep("model.decoder.final_layer_norm.bias"),
+        "lm_head": Col("lm_head.weight", "vocab_size"),
+    },
+    tps=(1, 2, 4, 8),
+    beyond={},
+    refused={"project-in-out": ({"word_embed_proj_dim": 40}, "model.decoder.project_in.weight")},
+    semantics=(attention(rotary=False), opt_mlp()),
+    layers_path="model.decoder.layers",
+    variants={"untied": {"tie_word_embeddings": False}},
+)
+
+# Falcon-7B style: multi-query (one KV head, whole on every rank), one fused query_key_value
+# read as [q; k; v] sections, as vLLM's falcon loads it into QKVParallelLinear.
+FALCON_Q = 8 * 6  # q rows: heads x head_dim (48 / 8)
+FALCON = Family(
+    model="falcon",
+    hf_class="FalconForCausalLM",
+    config_class="FalconConfig",
+    config={
+        "vocab_size": 112,
+        "hidden_size": 48,
+        "ffn_hidden_size": 72,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "multi_query": True,
+        "parallel_attn": True,
+        "new_decoder_architecture": False,
+        "bias": False,
+        "alibi": False,
+        "tie_word_embeddings": False,
+        "pad_token_id": 0,
+    },
+    layer={
+        "attention.q_proj": Part(
+            Col("self_attention.query_key_value.weight", "num_attention_heads"), (FALCON_Q, 6, 6), 0
+        ),
+        "attention.k_proj": Part(
+            Col("self_attention.query_key_value.weight", 1), (FALCON_Q, 6, 6), 1
+        ),
+        "attention.v_proj": Part(
+            Col("self_attention.query_key_value.weight", 1), (FALCON_Q, 6, 6), 2
+        ),
+        "attention.o_proj": Row("self_attention.dense.weight", "num_attention_heads"),
+        "mlp.up": Col("mlp.dense_h_to_4h.weight", "ffn_hidden_size"),
+        "mlp.down": Row("mlp.dense_4h_to_h.weight", "ffn_hidden_size"),
+        "norms.input_norm": Rep("input_layernorm.weight"),
+        "norms.input_norm_bias": Rep("input_layernorm.bias"),
+    },
+    globals={
+        "embed_tokens": Col("transformer.word_embeddings.weight", "vocab_size"),
+        "norm": Rep("transformer.ln_f.weight"),
+        "norm_bias": Rep("transformer.ln_f.bias"),
+        "lm_head": Col("lm_head.weight", "vocab_size"),
+    },
+    tps=(1, 2, 4, 8),
+    beyond={},
+    refused={
+        "new-decoder-architecture": (
+            {"new_decoder_architecture": True, "num_kv_heads": 2},
+            "no norms block of falcon matches its names",
+        )
+    },
+    semantics=(attention(), up_down_mlp()),
+    layers_path="transformer.h",
 )
 
 ROWS: tuple[Family, ...] = (
     MISTRAL, LLAMA, QWEN2, QWEN3, GEMMA2, GEMMA3_TEXT, GRANITE, OLMO2, COHERE, COHERE2, EXAONE4,
     GLM4, STARCODER2, GEMMA1, OLMO3, SMOLLM3, ERNIE4_5, SEED_OSS, MINISTRAL, HELIUM, GLM,
-    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM, PHI,
+    HUNYUAN_DENSE, NEMOTRON, ARCEE, STABLELM, PHI, OLMO, GPT_NEOX, OPT, FALCON,
 )  # fmt: skip

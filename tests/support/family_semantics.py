@@ -86,14 +86,17 @@ def _always(attn: Any) -> bool:
     return True
 
 
-def attention(qk_norm: str | None = None, rotates: Callable[[Any], bool] = _always) -> Semantic:
+def attention(
+    qk_norm: str | None = None, rotates: Callable[[Any], bool] = _always, rotary: bool = True
+) -> Semantic:
     """Σ over tp ranks of each rank's attention through its o_proj columns equals the module's
     attention: q/k/v from the rank's ``q_proj``/``k_proj``/``v_proj`` (or one fused
     ``qkv_proj`` [q_r; k_r; v_r]) and their biases where bound; ``qk_norm="head"``: the bound
     q_norm/k_norm over each head (Qwen3), ``"head_after_rope"``: the same after the rotary
     (Hunyuan); rotary from the module's own rotary embedding
     (``rotates(module)``: whether the layer rotates at all, as the module decides: Cohere2's and
-    EXAONE-4's global layers do not)."""
+    EXAONE-4's global layers do not; ``rotary=False``: a model with no rotary embedding at all,
+    OPT's learned positions)."""
 
     def check(ctx: ProofContext, tp: int) -> None:
         import torch
@@ -102,13 +105,16 @@ def attention(qk_norm: str | None = None, rotates: Callable[[Any], bool] = _alwa
         hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         x = bf16_input(TOKENS, cfg["hidden_size"], seed=tp)
         for i in range(cfg["num_hidden_layers"]):
-            cos, sin = _rotary(ctx, x, i)
-            attn = ctx.layer(i).self_attn
+            cos, sin = _rotary(ctx, x, i) if rotary else (None, None)
+            attn = getattr(ctx.layer(i), "self_attn", None) or ctx.layer(i).self_attention
+            pos = {"position_embeddings": (cos, sin)} if rotary else {}
+            if "alibi" in inspect.signature(attn.forward).parameters:  # Falcon: rotary, no alibi
+                pos |= {"alibi": None, "attention_mask": torch.zeros(1, 1, TOKENS, TOKENS)}
+            else:
+                pos |= {"attention_mask": None}
             with torch.no_grad():
-                want = attn(
-                    hidden_states=_t(x)[None], position_embeddings=(cos, sin), attention_mask=None
-                )[0][0].numpy()
-            rope = rotates(attn)
+                want = attn(hidden_states=_t(x)[None], **pos)[0][0].numpy()
+            rope = rotary and rotates(attn)
             got = sum(
                 _attention_rank(ctx.layer_fields(tp, r, i), attn, x, (cos, sin, rope), hd, qk_norm)
                 for r in range(tp)
@@ -125,7 +131,7 @@ def _rotary(ctx: ProofContext, x: Any, i: int) -> tuple[Any, Any]:
     (Gemma 3's takes the layer's type: local and global layers rotate with other bases)."""
     import torch
 
-    rotary = ctx.model.model.rotary_emb
+    rotary = ctx.model.base_model.rotary_emb  # .model, or .gpt_neox
     args: tuple[Any, ...] = (_t(x)[None], torch.arange(x.shape[0])[None])
     if "layer_type" in inspect.signature(rotary.forward).parameters:
         args = (*args, ctx.config["layer_types"][i])
@@ -175,19 +181,20 @@ def _attend(
     whether this layer rotates at all); [T, h·hd] as NumPy."""
     import torch
 
-    rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
     t = q.shape[0]
     q, k, v = (a.reshape(t, -1, hd).transpose(0, 1)[None] for a in (q, k, v))  # [1, n, T, hd]
     cos, sin, rotates = rotary
-    rd = cos.shape[-1]  # partial rotary (StableLM, Nemotron): the first rd dims of each head
     if rotates:
+        rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb  # the module's own
+        rd = cos.shape[-1]  # partial rotary (StableLM, Nemotron): the first rd dims of each head
         q_rot, k_rot = rope(q[..., :rd], k[..., :rd], cos, sin)
         q, k = torch.cat([q_rot, q[..., rd:]], -1), torch.cat([k_rot, k[..., rd:]], -1)
     if post_rope is not None:
         q, k = post_rope(q, k)
     group = q.shape[1] // k.shape[1]  # query heads per KV head
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    logits = q @ k.transpose(-1, -2) * attn.scaling
+    scaling = getattr(attn, "scaling", None) or attn.inv_norm_factor  # Falcon's name for it
+    logits = q @ k.transpose(-1, -2) * scaling
     cap = getattr(attn, "attn_logit_softcapping", None)
     if cap:
         logits = torch.tanh(logits / cap) * cap
@@ -234,23 +241,41 @@ def gathered_attention() -> Semantic:
 
 
 def fc_mlp() -> Semantic:
-    """A non-gated MLP with biases (Starcoder2, Phi): Σ over tp ranks of act(x c_fc_r^T + b_r) c_proj_r^T, plus
-    the replicated c_proj bias once, equals the module's MLP (the act is the module's)."""
+    """A non-gated MLP with biases (Starcoder2, Phi, GPT-NeoX): Σ over tp ranks of
+    act(x c_fc_r^T + b_r) c_proj_r^T, plus the replicated c_proj bias once, equals the
+    module's MLP (the act is the module's)."""
 
+    def module(layer: Any) -> tuple[Any, Any]:
+        mlp = layer.mlp
+        return mlp, getattr(mlp, "act", None) or mlp.activation_fn  # Phi's name for it
+
+    return _fc_check(module)
+
+
+def opt_mlp() -> Semantic:
+    """OPT's MLP, fc1 and fc2 at the layer's root: fc2(act(fc1(x))) as its decoder layer
+    computes it, against the ranks' c_fc / c_proj fields as ``fc_mlp``."""
+
+    def module(layer: Any) -> tuple[Any, Any]:
+        return (lambda x: layer.fc2(layer.activation_fn(layer.fc1(x)))), layer.activation_fn
+
+    return _fc_check(module)
+
+
+def _fc_check(module: Callable[[Any], tuple[Any, Any]]) -> Semantic:
     def check(ctx: ProofContext, tp: int) -> None:
         import torch
 
         cfg = ctx.config
         for i in range(cfg["num_hidden_layers"]):
-            mlp = ctx.layer(i).mlp
+            forward, act = module(ctx.layer(i))
             x = bf16_input(TOKENS, cfg["hidden_size"], seed=200 + i)
             with torch.no_grad():
-                want = mlp(_t(x)).numpy()
+                want = forward(_t(x)).numpy()
             got = ctx.layer_fields(tp, 0, i)["mlp.c_proj_bias"] + np.zeros_like(want)
             for r in range(tp):
                 f = ctx.layer_fields(tp, r, i)
                 with torch.no_grad():
-                    act = getattr(mlp, "act", None) or mlp.activation_fn  # Phi's name
                     h = act(_t(x @ f["mlp.c_fc"].T + f["mlp.c_fc_bias"])).numpy()
                 got += h @ f["mlp.c_proj"].T
             assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
@@ -259,7 +284,7 @@ def fc_mlp() -> Semantic:
 
 
 def up_down_mlp() -> Semantic:
-    """A non-gated MLP (Nemotron, Arcee): Σ over tp ranks of down_r · act(up_r x) equals the
+    """A non-gated MLP (Nemotron, Arcee, Falcon): Σ over tp ranks of down_r · act(up_r x) equals the
     module's MLP (the act is the module's)."""
 
     def check(ctx: ProofContext, tp: int) -> None:
@@ -268,6 +293,7 @@ def up_down_mlp() -> Semantic:
         cfg = ctx.config
         for i in range(cfg["num_hidden_layers"]):
             mlp = ctx.layer(i).mlp
+            act = getattr(mlp, "act_fn", None) or mlp.act  # Falcon's name for it
             x = bf16_input(TOKENS, cfg["hidden_size"], seed=300 + i)
             with torch.no_grad():
                 want = mlp(_t(x)).numpy()
@@ -275,7 +301,37 @@ def up_down_mlp() -> Semantic:
             for r in range(tp):
                 f = ctx.layer_fields(tp, r, i)
                 with torch.no_grad():
-                    got += mlp.act_fn(_t(x @ f["mlp.up"].T)).numpy() @ f["mlp.down"].T
+                    got += act(_t(x @ f["mlp.up"].T)).numpy() @ f["mlp.down"].T
+            assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
+
+    return check
+
+
+def neox_attention() -> Semantic:
+    """GPT-NeoX: each rank's fused qkv rows are whole heads, each head's [q; k; v] in turn;
+    Σ over tp ranks of each rank's attention through its dense columns, plus the dense bias
+    once, equals the module's attention."""
+
+    def check(ctx: ProofContext, tp: int) -> None:
+        import torch
+
+        cfg = ctx.config
+        hd = cfg["hidden_size"] // cfg["num_attention_heads"]
+        x = bf16_input(TOKENS, cfg["hidden_size"], seed=tp)
+        for i in range(cfg["num_hidden_layers"]):
+            cos, sin = _rotary(ctx, x, i)
+            attn = ctx.layer(i).attention
+            with torch.no_grad():
+                want = attn(
+                    hidden_states=_t(x)[None], position_embeddings=(cos, sin), attention_mask=None
+                )[0][0].numpy()
+            got = ctx.layer_fields(tp, 0, i)["attention.o_bias"] + np.zeros_like(want)
+            for r in range(tp):
+                f = ctx.layer_fields(tp, r, i)
+                y = x @ f["attention.qkv_proj"].T + f["attention.qkv_bias"]  # [T, h_r·3·hd]
+                q, k, v = np.split(y.reshape(TOKENS, -1, 3 * hd), 3, axis=-1)  # [T, h_r, hd]
+                o = _attend(attn, _t(q), _t(k), _t(v), (cos, sin, True), hd)
+                got += o @ f["attention.o_proj"].T
             assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
 
     return check

@@ -130,6 +130,14 @@ class Family:
     tps: tuple[int, ...]  # every legal tp, including one that replicates KV heads
     semantics: tuple[Semantic, ...]  # at least one: a layer output from the ranks' fields
     eps: tuple[int, ...] = (1,)
+    # tps in 1..8 that bind accepts but the row does not prove, each with the reason (vLLM's
+    # Transformers backend cannot hold a KV head split mid-head at tp > kv_heads); None: the
+    # row does not take part in that census
+    beyond: dict[int, str] | None = None
+    # configs the family's class also writes that the spec cannot say, each refused by name:
+    # variant name -> (config overrides, a fragment audit's first problem and bind's one-line
+    # error both hold)
+    refused: dict[str, tuple[dict[str, Any], str]] = field(default_factory=dict)
     layers_path: str = "model.layers"  # the module list of decoder layers
     refused_tp: int | None = 3  # a tp the units do not allow: bind refuses it, naming a unit
     f32: str = r"(?!)"  # in-memory parameter names the writer keeps in F32 (regex)
