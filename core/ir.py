@@ -245,6 +245,8 @@ class NameRule:
     sizes: tuple[str, ...] = ()  # one row count per ``to``; empty: equal segments
     # "model": a model-level name (relative to the text model's prefix), one ``to``
     scope: Literal["layer", "model"] = "layer"
+    # ``source`` is one stored [members, ...] tensor: member i read as each ``to`` with {e} = i
+    unstack: bool = False
 
 
 @record

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.model import ModelEntry, Registry
 
-SPECS_SHA256 = "dc1d899fbce2f56efd67ba9ce1d1d535f6abfa50e156a475ef9509d70bbc9690"
+SPECS_SHA256 = "5f5853eb955831a98013819296cf9a0dbe94829d0d9718716f2736aceb3844ab"
 
 # Each model's table is imported on first use (runtime.model.Registry): a start that binds one
 # model does not build the others' block modules.
@@ -24,6 +24,7 @@ MODELS = Registry(
         "deepseek-v3": ModelEntry("model_deepseek_v3", ("deepseek_v3",), False),
         "deepseek-v3.2": ModelEntry("model_deepseek_v3_2", ("deepseek_v32",), False),
         "ernie4-5": ModelEntry("model_ernie4_5", ("ernie4_5",), False),
+        "ernie4-5-moe": ModelEntry("model_ernie4_5_moe", ("ernie4_5_moe",), False),
         "exaone4": ModelEntry("model_exaone4", ("exaone4",), False),
         "falcon": ModelEntry("model_falcon", ("falcon",), False),
         "gemma": ModelEntry("model_gemma", ("gemma",), False),
@@ -36,10 +37,13 @@ MODELS = Registry(
         "gpt-neox": ModelEntry("model_gpt_neox", ("gpt_neox",), False),
         "gpt-oss": ModelEntry("model_gpt_oss", ("gpt_oss",), False),
         "granite": ModelEntry("model_granite", ("granite",), False),
+        "granitemoe": ModelEntry("model_granitemoe", ("granitemoe",), False),
+        "granitemoehybrid": ModelEntry("model_granitemoehybrid", ("granitemoehybrid",), False),
         "helium": ModelEntry("model_helium", ("helium",), False),
         "hunyuan-dense": ModelEntry("model_hunyuan_dense", ("hunyuan_v1_dense",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
+        "mamba2": ModelEntry("model_mamba2", ("mamba2",), False),
         "ministral": ModelEntry("model_ministral", ("ministral",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
         "mixtral": ModelEntry("model_mixtral", ("mixtral",), False),

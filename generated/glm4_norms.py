@@ -28,7 +28,7 @@ from specbind.core.ir import (
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.core.record import record
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.checks import BindReport, bind_tensors, check_dims
+from specbind.runtime.checks import BindReport, bind_tensors, check_dims, rules_in
 from specbind.runtime.quant import (
     LayerQuant,
     QuantFields,
@@ -227,6 +227,7 @@ def bind_glm4_norms(
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
     into: Any = None,
+    dtype: str = "BF16",
 ) -> tuple[Glm4NormsWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -234,11 +235,13 @@ def bind_glm4_norms(
     this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
     ``quant`` (from the checkpoint's config) says which linears are stored quantized: their
-    rules and plans become the scheme's companions, split in whole groups.
+    rules and plans become the scheme's companions, split in whole groups. ``dtype``: the half
+    dtype the spec's BF16 tensors bind in (F16 for an F16 checkpoint its model allows).
     """
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
+    rules, p = rules_in(rules, p, dtype)  # the checkpoint's half dtype (config.choose)
     sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,

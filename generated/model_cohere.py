@@ -237,4 +237,5 @@ TABLE: ModelTable[Geometry] = ModelTable(
     default=False,
     constraints=CONSTRAINTS,
     check=check_constraints,
+    dtypes=("BF16", "F16"),
 )

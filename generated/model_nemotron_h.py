@@ -80,13 +80,6 @@ SLOTS: tuple[SlotRule, ...] = (
 # Other writers' layer-relative names: a prefix renamed, or one tensor read as row sections.
 NAMES: tuple[NameRule, ...] = (
     NameRule(
-        source="embeddings.weight",
-        to=("embed_tokens.weight",),
-        why="the token embedding",
-        scope="model",
-    ),
-    NameRule(source="norm_f.weight", to=("norm.weight",), why="the final RMSNorm", scope="model"),
-    NameRule(
         source="mixer.in_proj.weight",
         to=(
             "mixer.in_proj_z.weight",
@@ -124,6 +117,13 @@ NAMES: tuple[NameRule, ...] = (
             "mamba_groups * ssm_state",
         ),
     ),
+    NameRule(
+        source="embeddings.weight",
+        to=("embed_tokens.weight",),
+        why="the token embedding",
+        scope="model",
+    ),
+    NameRule(source="norm_f.weight", to=("norm.weight",), why="the final RMSNorm", scope="model"),
 )
 
 # Checkpoint names this model declares it does not bind, each with the reason.

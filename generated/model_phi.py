@@ -243,4 +243,5 @@ TABLE: ModelTable[Geometry] = ModelTable(
     default=False,
     constraints=CONSTRAINTS,
     check=check_constraints,
+    dtypes=("BF16", "F16"),
 )

@@ -38,7 +38,7 @@ LAYER_PATTERN = "layers.{index}."
 LAYER_PREFIXES: tuple[str, ...] = ("", "model.")
 
 # Which layers carry an optional group: by a per-layer config.json list, a config flag, always.
-LAYER_GROUPS: tuple[LayerGroupRule, ...] = ()
+LAYER_GROUPS: tuple[LayerGroupRule, ...] = (LayerGroupRule(group="shared_gate", required=True),)
 
 # The parts of a layer, each filled by the first of its blocks whose markers are all present;
 # `config` and `lists` name the per-layer config.json lists, `schedule` the counts, steps and
@@ -314,4 +314,5 @@ TABLE: ModelTable[Geometry] = ModelTable(
     default=False,
     constraints=CONSTRAINTS,
     check=check_constraints,
+    dtypes=("BF16", "F16"),
 )

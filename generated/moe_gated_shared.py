@@ -4,7 +4,7 @@
 DO NOT EDIT: change the spec and run ``make generate``.
 
 Invariants, checked on every layer this binder sees:
-- the block's ``mlp.`` tensors are exactly the 8 required rules below;
+- the block's ``mlp.`` tensors are exactly the 7 required rules below plus the 1 of optional group(s) shared_gate, each all-or-nothing;
   any other name under the prefix is refused (all of them in one error), never skipped;
 - a family holds every member by name; this rank reads only the members its ep rank owns;
 - every dtype, shape and byte count is checked against the geometry; a dtype is converted
@@ -29,7 +29,7 @@ from specbind.core.ir import (
 from specbind.core.planning import BlockPlan, plan_block
 from specbind.core.record import record
 from specbind.runtime.backends import NUMPY, Backend
-from specbind.runtime.checks import BindReport, bind_tensors, check_dims, members
+from specbind.runtime.checks import BindReport, bind_tensors, check_dims, members, rules_in
 from specbind.runtime.quant import (
     LayerQuant,
     QuantFields,
@@ -143,10 +143,17 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[1, hidden]",
         shard=ShardRule(kind="replicated", unit=None, axis=0),
+        group="shared_gate",
     ),
 )
 
-GROUPS: dict[str, GroupRule] = {}
+GROUPS: dict[str, GroupRule] = {
+    "shared_gate": GroupRule(
+        name="shared_gate",
+        optional=True,
+        why="Granite-4's shared MLP is added ungated; Qwen2-MoE and Qwen3-Next gate theirs",
+    ),
+}
 
 # Each family's size symbol; a family split by `experts` is divided whole across ep ranks.
 FAMILIES: dict[str, str] = {
@@ -208,7 +215,7 @@ FIELDS: dict[str, FieldRule] = {
 MARKERS: frozenset[str] = frozenset(
     {
         "mlp.gate.weight",
-        "mlp.shared_expert_gate.weight",
+        "mlp.shared_expert.down_proj.weight",
     }
 )
 
@@ -279,7 +286,7 @@ class MoeGatedSharedWeights(Generic[T]):
     # shared_expert.down_proj.weight [hidden, shared_inter] BF16, verbatim
     shared_down: T  # [hidden, shared_inter_r]
     # shared_expert_gate.weight [1, hidden] BF16, verbatim
-    shared_gate: T  # [1, hidden], replicated
+    shared_gate: T | None  # [1, hidden], replicated
     # the companions of quantized fields (scales, and any requested optional layouts)
     quant: QuantFields | None = None
 
@@ -291,7 +298,8 @@ class MoeGatedSharedWeights(Generic[T]):
         out["w2"] = self.w2
         out["shared_gate_up"] = self.shared_gate_up
         out["shared_down"] = self.shared_down
-        out["shared_gate"] = self.shared_gate
+        if self.shared_gate is not None:
+            out["shared_gate"] = self.shared_gate
         if self.quant is not None:
             out.update(self.quant.arrays)
         return out
@@ -307,6 +315,7 @@ def bind_moe_gated_shared(
     flags: Mapping[str, bool] | None = None,
     quant: LayerQuant | None = None,
     into: Any = None,
+    dtype: str = "BF16",
 ) -> tuple[MoeGatedSharedWeights[Any], BindReport]:
     """Bind this rank's share of one block strictly; raise ``BindError`` naming the tensor.
 
@@ -314,11 +323,13 @@ def bind_moe_gated_shared(
     this rank's bytes with its local shape (tp=1: the whole tensor), and everything is checked
     against the plan's local shapes on the host before ``backend`` uploads and transforms it.
     ``quant`` (from the checkpoint's config) says which linears are stored quantized: their
-    rules and plans become the scheme's companions, split in whole groups.
+    rules and plans become the scheme's companions, split in whole groups. ``dtype``: the half
+    dtype the spec's BF16 tensors bind in (F16 for an F16 checkpoint its model allows).
     """
     p = plan(g, rank, ep_rank)
     check_constraints(g)
     rules, p = quantize_rules(BLOCK, TENSORS, p, quant)
+    rules, p = rules_in(rules, p, dtype)  # the checkpoint's half dtype (config.choose)
     sharded = ShardedSource(inner=src, plan=p, layer=layer, into=into)
     host, report = bind_tensors(
         block=BLOCK,
@@ -384,6 +395,6 @@ def assemble(
             into=into,
         ),
         shared_down=t["mlp.shared_expert.down_proj.weight"],
-        shared_gate=t["mlp.shared_expert_gate.weight"],
+        shared_gate=t.get("mlp.shared_expert_gate.weight"),
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),
     )

@@ -312,7 +312,7 @@ def _imports(b: Block, uses_algebra: bool, has_transform: bool) -> list[str]:
     ir = ["ConstraintRule", "FieldRule", "GroupRule", "ShardRule", "SharedScaleRule", "TensorRule"]
     if any(t.tie is not None for t in b.tensors):
         ir.append("TieRule")
-    binding = ["BindReport", "bind_tensors", "check_dims"]
+    binding = ["BindReport", "bind_tensors", "check_dims", "rules_in"]
     if has_transform:
         binding.append("Array")
     if "stack" in kinds:

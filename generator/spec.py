@@ -129,6 +129,7 @@ class Model:
     default: bool = False  # used by a command given neither --model nor a checkpoint
     constraints: tuple[ConstraintRule, ...] = ()  # over geometry symbols, this model alone
     extends: str | None = None  # the base model this spec is merged onto (generator/extends.py)
+    dtypes: tuple[str, ...] = ("BF16",)  # the half dtypes its checkpoints may be stored in
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -780,7 +781,25 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         bool(d.get("default", False)),
         _model_constraints(doc, d.get("constraints") or [], gnames),
         d.get("extends"),
+        _dtypes(doc, d.get("dtypes"), [blocks[u.block] for u in uses]),
     )  # fmt: skip
+
+
+def _dtypes(doc: Located, raw: Any, blocks: list[Block]) -> tuple[str, ...]:
+    """``dtypes:``; F16 only where no block computes a field (a transform's result is the
+    spec's dtype, so an F16 bind would hand back a BF16 field)."""
+    if raw is None:
+        return ("BF16",)
+    if "F16" in raw:
+        for b in blocks:
+            tf = next((o for o in b.outputs if o.kind == "transform"), None)
+            if tf is not None:
+                raise doc.error(
+                    ("dtypes",),
+                    f"F16: block {b.name!r} computes {tf.field} by a transform, whose result "
+                    "is the spec's dtype; only blocks that bind stored tensors may follow F16",
+                )
+    return tuple(raw)
 
 
 def _geometry_expressions(doc: Located, geometry: tuple[GeometryField, ...]) -> None:
@@ -876,6 +895,9 @@ def _names(doc: Located, raw: list[dict[str, Any]], gnames: set[str]) -> tuple[N
         if len(to) == 1 and seg is not None:
             raise doc.error(("names", i, "segments"), "segments needs one name per segment")
         scope = r.get("scope", "layer")
+        if r.get("unstack"):
+            out.append(_unstack(doc, i, r, to, seg, sizes, scope))
+            continue
         if scope == "model" and (len(to) > 1 or seg is not None):
             raise doc.error(
                 ("names", i, "scope"),
@@ -897,6 +919,26 @@ def _names(doc: Located, raw: list[dict[str, Any]], gnames: set[str]) -> tuple[N
             raise doc.error(("names", i, "scope"), "a model-level name has no family placeholder")
         out.append(NameRule(r["from"], to, r["why"], sizes, scope))
     return tuple(out)
+
+
+def _unstack(
+    doc: Located, i: int, r: dict[str, Any], to: tuple[str, ...], seg: int | None,
+    sizes: tuple[str, ...], scope: str,
+) -> NameRule:  # fmt: skip
+    """``unstack: true``: one stored [members, ...] tensor (no placeholder in ``from``) read
+    member by member as ``to`` (each holding one and the same placeholder), in equal row
+    segments where there are several."""
+    where: PathKey = ("names", i, "unstack")
+    if scope != "layer" or sizes:
+        raise doc.error(where, "unstack reads a layer's stacked tensor, in equal segments only")
+    if placeholders(r["from"]) or r["from"].endswith((".", "_")):
+        raise doc.error(where, "unstack's `from` is one whole stored tensor, with no placeholder")
+    held = {tuple(placeholders(t)) for t in to}
+    if len(held) != 1 or len(next(iter(held))) != 1:
+        raise doc.error(where, "each unstacked `to` holds one and the same placeholder ({e})")
+    if len(to) > 1 and seg != len(to):
+        raise doc.error(where, f"{len(to)} names per member need segments: {len(to)}")
+    return NameRule(r["from"], to, r["why"], (), "layer", True)
 
 
 def _model_names_reach_globals(

@@ -23,8 +23,8 @@ from specbind.core.record import field, record
 from specbind.runtime.backends import ALIGN as ARENA_ALIGN
 from specbind.runtime.backends import NUMPY, Arena, Backend
 from specbind.runtime.checkpoint import CheckpointDir
-from specbind.runtime.checks import BindReport
-from specbind.runtime.config import config_flags, values_from_config
+from specbind.runtime.checks import BindReport, fields_in
+from specbind.runtime.config import choose, config_flags, values_from_config
 from specbind.runtime.layout import LayerSource, Layout
 from specbind.runtime.model import (
     BlockEntry,
@@ -157,6 +157,7 @@ def bind_checkpoint(
     quant_outputs: Collection[str] = (),
     sink: Sink | None = None,
     into: Arena | None = None,
+    dtype: str | None = None,
 ) -> BindResult:
     """Bind every tensor (or, when ``kinds`` names blocks, those blocks' slots only; the whole
     layout is still checked, so an unknown or unclaimed tensor is refused either way).
@@ -180,6 +181,9 @@ def bind_checkpoint(
     ahead of the writes, on another core), and, as a streaming bind does, each layer's map
     pages are released once it is bound: memory holds the arena, not the arena and the mapped
     checkpoint. A streaming bind (``sink``) keeps no field, so the two are refused together.
+
+    ``dtype`` (BF16 or F16): the half dtype the spec's BF16 tensors bind in; None: the
+    checkpoint's own, from config.json (``config.choose``), where the model spec allows it.
     """
     t0 = time.perf_counter()
     if into is not None and sink is not None:
@@ -201,8 +205,14 @@ def bind_checkpoint(
     if unknown_out:
         raise BindError(f"unknown quantized output(s) {unknown_out} (known: {list(QUANT_OUTPUTS)})")
     qout = frozenset(quant_outputs)
+    half = choose(table.name, table.dtypes, ckpt.config, dtype)
     opened = open_layout(ckpt, table, values, mtp)
     qconf, view, lay = opened.qconf, opened.view, opened.lay
+    if qconf is not None and half != "BF16":
+        raise BindError(
+            f"{ckpt.root}: a {qconf.scheme.name} checkpoint binds in its spec's dtypes; "
+            f"{half} is for unquantized checkpoints"
+        )
     qmeta = None if qconf is None else quant_metadata(qconf.scheme.name, qconf.weight_only, qout)
     used: dict[str, BlockEntry[Any]] = {}
     for lay_layer in lay.layers.values():
@@ -259,6 +269,7 @@ def bind_checkpoint(
                     flags,
                     lq,
                     into,
+                    half,
                 )
                 if sink is not None:
                     where = f"layers.{lay_layer.index}.{slot}"
@@ -273,7 +284,7 @@ def bind_checkpoint(
         if on is not None:
             gsrc = GlobalSource(view, lay.globals)
             glob = _bind_one(
-                on, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags, None, into
+                on, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags, None, into, half
             )
             if sink is not None:
                 glob = _handed(sink, "globals", glob)
@@ -462,10 +473,11 @@ def _bind_one(
     flags: Mapping[str, bool],
     quant: LayerQuant | None,
     into: Arena | None = None,
+    half: str = "BF16",
 ) -> SlotResult:
     where = f"layer {index}" if index >= 0 else "model"
     try:
-        weights, report = block.bind(geometry, ranks, index, src, backend, flags, quant, into)
+        weights, report = block.bind(geometry, ranks, index, src, backend, flags, quant, into, half)
         if into is not None:  # what the ops did not make in the arena: views of the map
             weights = map_arrays(weights, lambda _, a: into.place(a))
     except SpecbindError as e:
@@ -474,5 +486,5 @@ def _bind_one(
         raise type(e)(f"{where}: {e}") from None  # an op error names the field only
     report.slot = slot
     extra = getattr(weights, "quant", None)  # QuantFields of a quantized block, else None
-    fields = dict(block.fields) | (extra.rules if extra is not None else {})
+    fields = fields_in(block.fields, half) | (extra.rules if extra is not None else {})
     return SlotResult(slot, block.name, weights, report, fields)

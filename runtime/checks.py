@@ -35,10 +35,10 @@ import numpy as np
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, GeometryError, at
-from specbind.core.ir import ConstraintRule, GroupRule, TensorRule
+from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, TensorRule
 from specbind.core.patterns import Matcher, fill, matcher
 from specbind.core.planning import BlockPlan
-from specbind.core.record import field, record
+from specbind.core.record import field, record, replace
 from specbind.runtime.source import TensorSource, WholeSource
 
 Array = np.ndarray[Any, np.dtype[Any]]  # numpy.typing.NDArray[Any], without importing it
@@ -359,3 +359,43 @@ def exact_cast(
             f"(a conversion is exact or not done){scope}"
         )
     return out
+
+
+# --- the checkpoint's own half dtype (config.choose decides which) ---------------------------
+# Only the spec's BF16 tensors follow an F16 choice; a tensor the spec keeps in another dtype
+# (an F32 A_log, a correction bias) keeps it, and its ``stored`` alternatives still convert
+# exactly or are refused. Nothing converts between F16 and BF16: a BF16 tensor in a checkpoint
+# bound as F16 (a mixed checkpoint) is refused naming the tensor, with why, never rounded.
+
+
+def rules_in(
+    rules: Sequence[TensorRule], plan: BlockPlan, half: str
+) -> tuple[tuple[TensorRule, ...], BlockPlan]:
+    """``rules`` and ``plan`` with every BF16 tensor bound as ``half`` instead."""
+    if half == "BF16":
+        return tuple(rules), plan
+    why = (
+        f"this checkpoint binds its half-precision tensors as {half}; a tensor in another "
+        "half dtype would have to be rounded, so a mixed checkpoint is refused"
+    )
+    out = tuple(
+        replace(r, dtype=half, stored=tuple(d for d in r.stored if d != half), why_dtype=why)
+        if r.dtype == "BF16"
+        else r
+        for r in rules
+    )
+    tensors = {
+        n: replace(t, dtype=half, stored=tuple(d for d in t.stored if d != half))
+        if t.dtype == "BF16"
+        else t
+        for n, t in plan.tensors.items()
+    }
+    return out, replace(plan, tensors=tensors)
+
+
+def fields_in(fields: Mapping[str, FieldRule], half: str) -> dict[str, FieldRule]:
+    """The bound fields' rules with BF16 read as ``half``."""
+    return {
+        k: replace(f, dtype=half) if half != "BF16" and f.dtype == "BF16" else f
+        for k, f in fields.items()
+    }

@@ -8,6 +8,10 @@ ill-typed fields are refused by name; nothing falls back silently to a default: 
 back only to the ``default`` expression its spec declares (``head_dim`` = ``hidden / heads``),
 evaluated exactly, and an ``expr`` symbol is always computed (``core.geometry``). A ``--set``
 value supplies a field config.json lacks.
+The checkpoint's own half dtype (``choose``): a bind's ``dtype`` if given, else config.json's
+``dtype`` (transformers 5) or ``torch_dtype``, top level or ``text_config`` (two that disagree
+are refused): ``float16`` is F16, ``bfloat16`` BF16, anything else the spec's own BF16; one the
+model spec's ``dtypes:`` does not list is refused before any byte (see ``checks.rules_in``).
 Trap: a flag (``tie_word_embeddings``) is read at the top level first, unlike geometry (see
 ``config_flags``); a per-layer list is a cross-check of the names, never a substitute.
 """
@@ -15,10 +19,10 @@ Trap: a flag (``tie_word_embeddings``) is read at the top level first, unlike ge
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from specbind.core.errors import CheckpointError, GeometryError, OverrideError
+from specbind.core.errors import BindError, CheckpointError, GeometryError, OverrideError
 from specbind.core.geometry import computed, resolve
 
 if TYPE_CHECKING:  # a type only: model -> quant -> quant_config -> config at run time
@@ -216,3 +220,44 @@ def quantization_config(config: Mapping[str, Any]) -> Any:
     if qc is None and isinstance(nested, dict):
         qc = nested.get("quantization_config")
     return qc
+
+
+HALF = frozenset({"BF16", "F16"})  # the half dtypes a bind may choose (see choose)
+_NAMES = {"float16": "F16", "bfloat16": "BF16", "half": "F16"}
+_KEYS = ("dtype", "torch_dtype")
+
+
+def config_dtype(config: Mapping[str, Any]) -> tuple[str | None, str]:
+    """(the half dtype config.json names, or None, and where it says so)."""
+    found: dict[str, str] = {}
+    for scope, c in (("", config), ("text_config.", config.get("text_config"))):
+        if not isinstance(c, Mapping):
+            continue
+        for k in _KEYS:
+            v = c.get(k)
+            if isinstance(v, str):
+                found[f"{scope}{k}"] = v.removeprefix("torch.")
+    if len(set(found.values())) > 1:
+        shown = ", ".join(f"{k} {v}" for k, v in found.items())
+        raise BindError(f"config.json names two dtypes ({shown}); refusing to guess")
+    if not found:
+        return None, "config.json names no dtype"
+    key, value = next(iter(found.items()))
+    return _NAMES.get(value), f"config.json {key} {value}"
+
+
+def choose(model: str, allowed: Sequence[str], config: Mapping[str, Any], given: str | None) -> str:
+    """The dtype the spec's BF16 tensors bind in (see the module docstring)."""
+    if given is not None:
+        if given not in HALF:
+            raise BindError(f"dtype {given!r} is not a half dtype (BF16 or F16)")
+        half, where = given, f"dtype={given} was asked for"
+    else:
+        found, where = config_dtype(config)
+        half = found or "BF16"
+    if half not in allowed:
+        raise BindError(
+            f"model {model} binds {', '.join(allowed)} checkpoints, but {where}: its spec does "
+            f"not say its tensors may be {half} (model `dtypes:`)"
+        )
+    return half

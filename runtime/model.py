@@ -79,6 +79,7 @@ class Binder(Protocol):
         flags: Mapping[str, bool],
         quant: LayerQuant | None,
         into: Any = None,
+        dtype: str = "BF16",
         /,
     ) -> tuple[Weights, BindReport]: ...
 
@@ -173,13 +174,15 @@ class BlockEntry(Generic[G]):
         flags: Mapping[str, bool],
         quant: LayerQuant | None,
         into: Any = None,
+        dtype: str = "BF16",
     ) -> tuple[Weights, BindReport]:
         """This rank's weights of one layer's slot, and the report. ``into``: an ``Arena``
-        the ops write the fields they make into (the caller copies in the rest)."""
+        the ops write the fields they make into (the caller copies in the rest); ``dtype``:
+        the half dtype the block's BF16 tensors bind in (``config.choose``)."""
         with self._named():
             return self.binder(
                 self.geometry(g, ranks), layer, source, ranks.tp_rank, backend, ranks.ep_rank,
-                flags, quant, into,
+                flags, quant, into, dtype,
             )  # fmt: skip
 
     def shapes(self, g: G) -> dict[str, tuple[int, ...]]:
@@ -261,6 +264,7 @@ class ModelTable(Generic[G]):
     default: bool = False  # the model a command given neither --model nor a checkpoint uses
     constraints: tuple[ConstraintRule, ...] = ()  # over the geometry, this model's own
     check: Callable[[G], None] | None = None  # refuses a geometry that breaks one of them
+    dtypes: tuple[str, ...] = ("BF16",)  # the half dtypes its checkpoints may be stored in
 
     def default_values(self) -> dict[str, int]:
         return {f.name: f.value for f in self.geometry_fields}

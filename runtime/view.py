@@ -23,6 +23,10 @@ Invariants:
 - a rename that would give two tensors one name is refused, naming both;
 - the first rule that matches a name wins, so a placeholder rule listed before a prefix rule
   over the same prefix takes its members first;
+- an unstacked tensor (``unstack: true``, GraniteMoE's ``input_linear`` [E, 2I, X]) is read
+  member by member, each member's contiguous bytes (zero-copy), then in equal row segments:
+  member i's ``[gate_i; up_i]`` as ``experts.{i}.gate_proj`` / ``up_proj``, so an ep rank
+  reads only its experts' bytes and a tp row shard of a segment is that segment's rows;
 - a layer or member index follows the digit rule of ``core.patterns`` (``experts.07.w1`` is
   not renamed: it passes through, and the block refuses it as unknown);
 - everything not renamed passes through untouched; ``on_disk`` gives a name's stored name
@@ -80,21 +84,32 @@ class NamedView:
         model = tuple((p, r) for r in rules if r.scope == "model" for p in heads)
         self._values = values  # the geometry sections are sized at, asked for when first needed
         self._sizes: dict[str, tuple[int, ...]] = {}  # a rule's section sizes, evaluated once
-        # name -> (stored, segment, of n, the rule's section sizes as written; () equal)
-        self._map: dict[str, tuple[str, int, int, tuple[str, ...]]] = {}
+        # name -> (stored, segment, of n, the rule's section sizes as written; () equal,
+        # (member, members) of an unstacked [members, ...] tensor or None)
+        self._map: dict[str, tuple[str, int, int, tuple[str, ...], tuple[int, int] | None]] = {}
         stored = ckpt.names()
         for n in stored:
-            for new, seg, of, sizes in _mapped(n, rx, self._rules, suffixes or {}, model):
+            for new, seg, of, sizes, member in _mapped(
+                n, rx, self._rules, suffixes or {}, model, self._members
+            ):
                 if new in self._map:
                     raise CheckpointError(
                         f"{n} and {self._map[new][0]} would both be read as {new}; refusing "
                         "to guess"
                     )
-                self._map[new] = (n, seg, of, sizes)
+                self._map[new] = (n, seg, of, sizes, member)
 
     @property
     def config(self) -> dict[str, Any]:
         return self._ckpt.config
+
+    def _members(self, stored: str) -> int:
+        """How many members the stored [members, ...] tensor holds on axis 0 (its header)."""
+        t = self._ckpt.get(stored)
+        if t is None or len(t.shape) < 2 or t.shape[0] < 1:
+            shape = None if t is None else list(t.shape)
+            raise CheckpointError(f"{stored} is read member by member, but its shape is {shape}")
+        return int(t.shape[0])
 
     def side_file(self, fn: str) -> Any | None:
         return self._ckpt.side_file(fn)
@@ -112,10 +127,13 @@ class NamedView:
         """(the stored name, the first stored row) of a name read as a segment or section of
         a fused tensor, for messages that must point into the file; None for any other name."""
         hit = self._map.get(name)
-        if hit is None or hit[2] == 1:
+        if hit is None or (hit[2] == 1 and hit[4] is None):
             return None
-        stored, seg, of, sizes = hit
+        stored, seg, of, sizes, member = hit
         t = self._ckpt.get(stored)
+        if member is not None:  # rows of member i, counted in the stored tensor's rows
+            rows = t.shape[1] if t is not None and len(t.shape) > 1 else 0
+            return stored, seg * (rows // of)
         rows = t.shape[0] if t is not None and t.shape else 0
         if not sizes:
             return stored, seg * (rows // of)
@@ -132,15 +150,17 @@ class NamedView:
         return [
             head + r.source + rel[len(r.to[0]) :]
             for r in self._rules
-            if len(r.to) == 1 and rel.startswith(r.to[0])
+            if len(r.to) == 1 and not r.unstack and rel.startswith(r.to[0])
         ]
 
     def get(self, name: str) -> RawTensor | None:
         hit = self._map.get(name)
         if hit is None:
             return None
-        stored, seg, of, sizes = hit
+        stored, seg, of, sizes, member = hit
         t = self._ckpt.get(stored)
+        if t is not None and member is not None:
+            t = _member(stored, t, *member)
         if t is None or of == 1:
             return t
         rows = t.shape[0] if t.shape else 0
@@ -178,32 +198,56 @@ class NamedView:
         return RawTensor(t.dtype, shape, t.data[lo : lo + n], span)
 
 
+Mapped = tuple[str, int, int, tuple[str, ...], tuple[int, int] | None]
+
+
+def _member(stored: str, t: RawTensor, i: int, n: int) -> RawTensor:
+    """Member ``i`` of ``n`` of a stacked [n, ...] tensor: its contiguous bytes, zero-copy."""
+    if not t.shape or t.shape[0] != n or len(t.data) % n:
+        raise CheckpointError(f"{stored} has shape {list(t.shape)}, not {n} members on axis 0")
+    step = len(t.data) // n
+    span = None if t.span is None else MapSpan(t.span.map, t.span.offset + i * step)
+    return RawTensor(
+        t.dtype, t.shape[1:], t.data[i * step : (i + 1) * step], span
+    )  # [n, ...] -> [...]
+
+
 def _mapped(
     name: str,
     rx: LayerPattern,
     rules: tuple[NameRule, ...],
     suffixes: Mapping[str, str],
     model: tuple[tuple[str, NameRule], ...] = (),
-) -> list[tuple[str, int, int, tuple[str, ...]]]:
+    members: Callable[[str], int] | None = None,
+) -> list[Mapped]:
     for old, new in suffixes.items():
         if name.endswith("." + old):
             name = name[: -len(old)] + new
             break
     layer = rx.split(name)
     if layer is None:
-        return [(_model_level(name, model), 0, 1, ())]
+        return [(_model_level(name, model), 0, 1, (), None)]
     head, _, rel = layer
     for r in rules:
+        if r.unstack:
+            if rel != r.source or members is None:
+                continue
+            n = members(name)
+            return [
+                (head + fill(t, i), k, len(r.to), (), (i, n))
+                for i in range(n)
+                for k, t in enumerate(r.to)
+            ]
         if parts(r.source)[1] is not None:  # one whole name with a member index
             i = index_of(r.source, rel)  # ``experts.{e}.w1.weight``: by the digit rule
             if i is not None:
-                return [(head + fill(r.to[0], i), 0, 1, ())]
+                return [(head + fill(r.to[0], i), 0, 1, (), None)]
             continue
         if len(r.to) > 1 and rel == r.source:
-            return [(head + t, i, len(r.to), r.sizes) for i, t in enumerate(r.to)]
+            return [(head + t, i, len(r.to), r.sizes, None) for i, t in enumerate(r.to)]
         if len(r.to) == 1 and rel.startswith(r.source):
-            return [(head + r.to[0] + rel[len(r.source) :], 0, 1, ())]
-    return [(name, 0, 1, ())]
+            return [(head + r.to[0] + rel[len(r.source) :], 0, 1, (), None)]
+    return [(name, 0, 1, (), None)]
 
 
 def _model_level(name: str, model: tuple[tuple[str, NameRule], ...]) -> str:

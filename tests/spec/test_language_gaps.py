@@ -244,12 +244,12 @@ RULE = "  - {from: norm_f.weight, to: norm.weight, scope: model, why: the final 
 @pytest.mark.parametrize(
     ("new", "path", "fragment"),
     [
-        ("  - {from: norm_f.weight, to: final.weight, scope: model, why: x}\n", "names[1].to",
+        ("  - {from: norm_f.weight, to: final.weight, scope: model, why: x}\n", "names[4].to",
          "declares no tensor 'final.weight'"),
         ("  - {from: norm_f.weight, to: [a.weight, b.weight], segments: 2, scope: model, "
-         "why: x}\n", "names[1].scope", "never read as sections"),
+         "why: x}\n", "names[4].scope", "never read as sections"),
         ('  - {from: "norm_f.{e}.weight", to: "norm.{e}.weight", scope: model, why: x}\n',
-         "names[1].scope", "no family placeholder"),
+         "names[4].scope", "no family placeholder"),
     ],
     ids=["into-nothing", "as-sections", "with-a-placeholder"],
 )  # fmt: skip
@@ -310,3 +310,69 @@ def test_a_never_replicated_unit_no_tensor_shards_on_is_refused(root: Path) -> N
         load_specs(root)
     assert e.value.path == "never_replicated.hidden"
     assert "no tensor of this block shards on 'hidden'" in e.value.message
+
+
+# --- unstacked names -------------------------------------------------------------------------
+
+GRANITE = "models/granitemoe.yaml"
+UNSTACK = """  - from: block_sparse_moe.output_linear.weight
+    to: "mlp.experts.{e}.down_proj.weight"
+    unstack: true
+"""
+
+
+@pytest.mark.parametrize(
+    ("new", "fragment"),
+    [
+        (UNSTACK.replace('"mlp.experts.{e}.down_proj.weight"', "mlp.experts.down_proj.weight"),
+         "one and the same placeholder"),
+        (UNSTACK.replace("block_sparse_moe.output_linear.weight",
+                         '"block_sparse_moe.{e}.output_linear.weight"'), "no placeholder"),
+        (UNSTACK.replace("unstack: true", "unstack: true\n    scope: model"),
+         "a layer's stacked tensor"),
+    ],
+    ids=["to-without-placeholder", "from-with-placeholder", "model-scope"],
+)  # fmt: skip
+def test_a_bad_unstack_rule_is_refused_in_one_line(root: Path, new: str, fragment: str) -> None:
+    edit(root, GRANITE, UNSTACK, new)
+    with pytest.raises(SpecError) as e:
+        load_specs(root)
+    assert e.value.path == "names[1].unstack", str(e.value)
+    assert fragment in e.value.message and "\n" not in str(e.value)
+
+
+def test_an_unstacked_member_is_its_own_bytes_of_the_stored_tensor(tmp_path: Path) -> None:
+    """GraniteMoE's input_linear [E, 2I, X] read as experts.{e}.gate_proj / up_proj: member i's
+    [gate_i; up_i] rows, each its own bytes of the stored tensor at its own offset (zero-copy),
+    and output_linear [E, X, I] as experts.{e}.down_proj."""
+    from safetensors.numpy import save_file
+
+    from specbind.runtime.view import NamedView
+
+    e, x, i = 5, 6, 4
+    gate_up = np.arange(e * 2 * i * x, dtype=np.float32).reshape(e, 2 * i, x)
+    down = -np.arange(e * x * i, dtype=np.float32).reshape(e, x, i)
+    out = tmp_path / "ck"
+    out.mkdir()
+    save_file({"model.layers.0.block_sparse_moe.input_linear.weight": gate_up,
+               "model.layers.0.block_sparse_moe.output_linear.weight": down},
+              str(out / "model.safetensors"))  # fmt: skip
+    (out / "config.json").write_text("{}")
+    table = MODELS["granitemoe"]
+    ck = CheckpointDir(out)
+    view = NamedView(ck, table.layer_pattern, table.names, prefixes=table.layer_prefixes)
+    stored = ck.get("model.layers.0.block_sparse_moe.input_linear.weight")
+    assert stored is not None
+    for m in range(e):
+        head = f"model.layers.0.mlp.experts.{m}."
+        for k, part in enumerate(("gate_proj", "up_proj")):
+            got = view.get(head + part + ".weight")
+            assert got is not None and got.shape == (i, x)
+            assert bytes(got.data) == gate_up[m, k * i : (k + 1) * i].tobytes()
+            if stored.span is not None and got.span is not None:  # the same mapped bytes
+                assert got.span.offset == stored.span.offset + (2 * m + k) * i * x * 4
+        d = view.get(head + "down_proj.weight")
+        assert d is not None and bytes(d.data) == down[m].tobytes()
+    assert view.on_disk("model.layers.0.mlp.experts.3.up_proj.weight") == (
+        "model.layers.0.block_sparse_moe.input_linear.weight"
+    )

@@ -99,6 +99,17 @@ class Stacked:
         )
 
 
+@dataclass(frozen=True)
+class Flat:
+    """A replicated tensor the module holds with extra size-1 axes (ERNIE's [1, E] correction
+    bias), flattened to the bound field's shape."""
+
+    tensor: str
+
+    def slice(self, t: Callable[[str], Any], cfg: Mapping[str, Any], tp: int, r: int) -> Any:
+        return t(self.tensor).reshape(-1)  # [1, E] -> [E]
+
+
 def _t(a: Any) -> Any:
     import torch
 
@@ -125,9 +136,10 @@ def _route(module_gate: Any, weight: Any, bias: Any, x: Any) -> tuple[Any, Any]:
     gate = copy.deepcopy(module_gate)
     with torch.no_grad():
         gate.weight.data = _t(weight)
-        if bias is not None:  # a buffer in the module's own dtype (F32): the bound F32 exactly
-            own = gate.e_score_correction_bias
-            gate.e_score_correction_bias.data = _t(bias).to(own.dtype)
+        if bias is not None:  # in the module's own dtype and shape (F32; ERNIE's [1, E])
+            holder = getattr(gate, "moe_statics", gate)
+            own = holder.e_score_correction_bias
+            own.data = _t(bias).to(own.dtype).reshape(own.shape)
         _, weights, index = gate(_t(x))
     return index.numpy(), weights.double().numpy()
 
@@ -137,12 +149,14 @@ def sparse_moe(
     module: str = "mlp",
     shared: Literal["plain", "sigmoid"] | None = None,
     router: str = "gate",
+    plus: str | None = None,
 ) -> Any:
     """The summed per-(tp, ep)-rank MoE output equals the module's, every layer whose
     ``slot`` binds w13. ``shared``: the rank's shared expert (``shared_gate_up`` /
     ``shared_down``) added as is (``plain``: GLM-4.5, ERNIE-4.5) or scaled by
     ``sigmoid(shared_gate · x)`` from the bound, replicated gate (``sigmoid``: Qwen2-MoE).
-    ``router``: the block's router module (PhiMoE's is ``router``)."""
+    ``router``: the block's router module (PhiMoE's is ``router``); ``plus``: a module of the
+    layer whose output the layer adds to the block's (Granite-4's ``shared_mlp``)."""
 
     def check(ctx: ProofContext, tp: int, ep: int) -> None:
         import torch
@@ -157,6 +171,8 @@ def sparse_moe(
             x = bf16_input(TOKENS, cfg["hidden_size"], seed=200 + i)
             with torch.no_grad():
                 want = block(_t(x)[None]).numpy()[0]
+                if plus is not None:
+                    want = want + ctx.layer(i).get_submodule(plus)(_t(x)).numpy()
             got = np.zeros_like(want)
             for r in range(tp):
                 for e in range(ep):
@@ -258,5 +274,56 @@ def dense_layers(slot: str = "mlp") -> Any:
             assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
             checked += 1
         assert checked, f"{ctx.row.model}: no dense layer"
+
+    return check
+
+
+def mamba2_projections(slot: str = "mixer", module: str = "mixer") -> Any:
+    """Each tp rank's in_proj applied to x gives, section by section (z, x, B, C by heads or
+    groups, dt by heads), its block of the module's own in_proj output; and out_proj split by
+    input columns, summed over ranks, equals the module's out_proj (a Mamba2 layer's tp-split
+    projections, as NemotronH's are proven; the scan itself is not recomputed here)."""
+
+    def check(ctx: ProofContext, tp: int) -> None:
+        import torch
+
+        cfg = ctx.config
+        heads, hd = cfg.get("num_heads") or cfg["mamba_n_heads"], cfg.get("mamba_d_head")
+        hd = hd or cfg["head_dim"]
+        groups = cfg.get("mamba_n_groups") or cfg["n_groups"]
+        state = cfg.get("mamba_d_state") or cfg["state_size"]
+        inner, gs = heads * hd, groups * state
+        sections = [(inner, heads), (inner, heads), (gs, groups), (gs, groups), (heads, heads)]
+        x = bf16_input(TOKENS, cfg["hidden_size"], seed=400 + tp)
+        checked = 0
+        for i in range(cfg["num_hidden_layers"]):
+            mixer = getattr(ctx.layer(i), module, None)
+            if mixer is None or not hasattr(mixer, "in_proj"):
+                continue  # an attention layer of a hybrid
+            checked += 1
+            with torch.no_grad():
+                whole = mixer.in_proj(_t(x)).numpy()  # [T, z + x + B + C + dt]
+            ranks = [ctx.layer_fields(tp, r, i) for r in range(tp)]
+            for r, f in enumerate(ranks):
+                got = x @ f[f"{slot}.in_proj"].T
+                want, lo = [], 0
+                for size, units in sections:
+                    part = whole[:, lo : lo + size]
+                    # rank r's block: size / tp rows, or (tp > units) unit r // (tp / units)
+                    per = size // tp if tp <= units else size // units
+                    first = (r if tp <= units else r // (tp // units)) * per
+                    want.append(part[:, first : first + per])
+                    lo += size
+                assert np.allclose(got, np.concatenate(want, axis=1), rtol=1e-12, atol=1e-12)
+            y = bf16_input(TOKENS, inner, seed=500 + i)
+            with torch.no_grad():
+                want_out = mixer.out_proj(_t(y)).numpy()
+            got_out, lo = np.zeros_like(want_out), 0
+            for f in ranks:  # RowParallelLinear over the rank's inner channels (its heads)
+                cols = f[f"{slot}.out_proj"].shape[1]
+                got_out += y[:, lo : lo + cols] @ f[f"{slot}.out_proj"].T
+                lo += cols
+            assert rel_err(got_out, want_out) < REL_TOL, (ctx.row.model, i, tp)
+        assert checked, f"{ctx.row.model}: no Mamba2 layer"
 
     return check

@@ -12,9 +12,17 @@ from __future__ import annotations
 from typing import Any
 
 from family_layouts import GQA, LM_GLOBALS, NORMS, QK_NORM, QKV_BIAS, SWIGLU
-from family_moe import W2, W13, dense_layers, sparse_moe, whole_norm_attention
+from family_moe import (
+    W2,
+    W13,
+    Flat,
+    dense_layers,
+    mamba2_projections,
+    sparse_moe,
+    whole_norm_attention,
+)
 from family_semantics import attention
-from family_table import Cat, Col, Family, Rep, Row, Rule
+from family_table import Cat, Col, Family, Part, Rep, Row, Rule
 
 # one expert's intermediate 72 (Mixtral's intermediate_size), q rows 96, kv rows 24, 6 experts
 MIXTRAL_CONFIG: dict[str, Any] = {
@@ -195,4 +203,201 @@ GLM4_MOE = Family(
     variants={"no-qk-norm": {"use_qk_norm": False}},
 )  # fmt: skip
 
-ROWS = [MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE, GLM4_MOE]
+# GraniteMoE stores its experts stacked (input_linear [E, 2I, X], output_linear [E, X, I]);
+# transformers holds them as experts.gate_up_proj / down_proj under block_sparse_moe.
+GRANITEMOE = Family(
+    model="granitemoe",
+    hf_class="GraniteMoeForCausalLM",
+    config_class="GraniteMoeConfig",
+    config=OLMOE.config | {
+        "num_local_experts": 7,
+        "tie_word_embeddings": True,
+        "attention_multiplier": 0.3,
+        "embedding_multiplier": 6.0,
+        "residual_multiplier": 0.2,
+        "logits_scaling": 4.0,
+    },
+    layer=GQA | NORMS | {
+        "mlp.router": Rep("block_sparse_moe.router.weight"),
+        "mlp.w13": W13("block_sparse_moe.experts.gate_up_proj", "intermediate_size"),
+        "mlp.w2": W2("block_sparse_moe.experts.down_proj", "intermediate_size"),
+    },
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(attention(), sparse_moe(module="block_sparse_moe", router="router")),
+    variants={"untied": {"tie_word_embeddings": False}},
+)  # fmt: skip
+
+MAMBA2_KEYS = ("num_heads", "head_dim", "n_groups", "state_size")
+
+# Mamba2: inner 80 = 16 heads x 5 (= expand 2 x hidden 40), 4 groups of state 6 (B, C rows
+# 24), conv kernel 3; in_proj [z; x; B; C; dt] = 80 + 80 + 24 + 24 + 16 rows.
+MAMBA2_CONFIG: dict[str, Any] = {
+    "vocab_size": 112,
+    "hidden_size": 40,
+    "num_hidden_layers": 2,
+    "num_heads": 16,
+    "head_dim": 5,
+    "n_groups": 4,
+    "state_size": 6,
+    "expand": 2,
+    "conv_kernel": 3,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+}
+
+
+def mamba2_mixer(
+    cfg: Any, module: str = "mixer", keys: tuple[str, str, str, str] = MAMBA2_KEYS
+) -> dict[str, Rule]:
+    """specs/blocks/mamba2.yaml over transformers' fused in_proj / conv1d (under ``module``;
+    ``keys``: the config fields of heads, head dim, groups, state), each section split by its
+    own unit, as vLLM's mamba_v2_sharded_weight_loader lays rank r's rows out."""
+    heads, hd, groups, state = keys
+    h, g = cfg[heads], cfg[groups]
+    inner, gs = h * cfg[hd], g * cfg[state]
+    ins, conv = (inner, inner, gs, gs, h), (inner, gs, gs)
+    by = (heads, heads, groups, groups, heads)
+    w, cw, cb = (f"{module}.{n}" for n in ("in_proj.weight", "conv1d.weight", "conv1d.bias"))
+    return {
+        "mixer.in_proj": Cat(*(Part(Col(w, u), ins, k) for k, u in enumerate(by))),
+        "mixer.conv1d": Cat(*(Part(Col(cw, u), conv, k) for k, u in enumerate(by[1:4]))),
+        "mixer.conv1d_bias": Cat(*(Part(Col(cb, u), conv, k) for k, u in enumerate(by[1:4]))),
+        "mixer.a_log": Col(f"{module}.A_log", heads),
+        "mixer.d": Col(f"{module}.D", heads),
+        "mixer.dt_bias": Col(f"{module}.dt_bias", heads),
+        "mixer.norm": Col(f"{module}.norm.weight", heads),
+        "mixer.out_proj": Row(f"{module}.out_proj.weight", heads),
+    }
+
+
+MAMBA2 = Family(
+    model="mamba2",
+    hf_class="Mamba2ForCausalLM",
+    config_class="Mamba2Config",
+    config=MAMBA2_CONFIG,
+    layer=mamba2_mixer(MAMBA2_CONFIG) | {"norms.norm": Rep("norm.weight")},
+    globals={
+        "embed_tokens": Col("backbone.embeddings.weight", "vocab_size"),
+        "norm": Rep("backbone.norm_f.weight"),
+        "lm_head": Col("lm_head.weight", "vocab_size"),
+    },
+    tps=(1, 2, 4),
+    semantics=(mamba2_projections(),),
+    layers_path="backbone.layers",
+)
+
+# Granite-4 hybrid: layer 0 Mamba2 (32 heads x 3 = 96 = expand 2 x hidden 48, 4 groups of
+# state 9), layer 1 attention (8 heads of 6, 2 KV heads); every layer 7 experts of 20 stored
+# stacked plus a shared MLP of 28, added ungated.
+GRANITE4_CONFIG: dict[str, Any] = {
+    "vocab_size": 112,
+    "hidden_size": 48,
+    "intermediate_size": 20,
+    "shared_intermediate_size": 28,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_local_experts": 7,
+    "num_experts_per_tok": 2,
+    "mamba_n_heads": 32,
+    "mamba_d_head": 3,
+    "mamba_n_groups": 4,
+    "mamba_d_state": 9,
+    "mamba_d_conv": 5,
+    "mamba_expand": 2,
+    "layer_types": ["mamba", "attention"],
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+}
+GRANITE4_KEYS = ("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state")
+GRANITE4_SHARED = "shared_intermediate_size"
+GRANITE4_MLP: dict[str, Rule] = NORMS | {
+    "mlp.router": Rep("block_sparse_moe.router.weight"),
+    "mlp.w13": W13("block_sparse_moe.experts.gate_up_proj", "intermediate_size"),
+    "mlp.w2": W2("block_sparse_moe.experts.down_proj", "intermediate_size"),
+    "mlp.shared_gate_up": Cat(
+        *(Part(Col("shared_mlp.input_linear.weight", GRANITE4_SHARED), (28, 28), k)
+          for k in (0, 1))
+    ),
+    "mlp.shared_down": Row("shared_mlp.output_linear.weight", GRANITE4_SHARED),
+}  # fmt: skip
+
+
+def granite4_layer(cfg: Any, i: int) -> dict[str, Rule]:
+    if cfg["layer_types"][i] in ("mamba", "linear_attention"):  # as the hub, as transformers
+        return mamba2_mixer(cfg, "mamba", GRANITE4_KEYS) | GRANITE4_MLP
+    return {f"mixer.{k.split('.')[1]}": v for k, v in GQA.items()} | GRANITE4_MLP
+
+
+GRANITEMOEHYBRID = Family(
+    model="granitemoehybrid",
+    hf_class="GraniteMoeHybridForCausalLM",
+    config_class="GraniteMoeHybridConfig",
+    config=GRANITE4_CONFIG,
+    layer=GRANITE4_MLP,
+    layer_at=granite4_layer,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(
+        mamba2_projections(module="mamba"),
+        sparse_moe(module="block_sparse_moe", router="router", shared="plain", plus="shared_mlp"),
+    ),
+)
+
+# ERNIE-4.5-MoE: 3 layers (layer 0 dense), head_dim 10 of its own, 2 shared experts (rows
+# 40), the router and its [1, E] correction bias (moe_statics) in F32, tied head.
+ERNIE_CONFIG: dict[str, Any] = {
+    "vocab_size": 112,
+    "hidden_size": 48,
+    "intermediate_size": 72,
+    "moe_intermediate_size": 20,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 10,
+    "moe_num_experts": 7,
+    "moe_num_shared_experts": 2,
+    "moe_k": 2,
+    "moe_layer_start_index": 1,
+    "moe_layer_interval": 1,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True,
+    "pad_token_id": 0,
+}
+
+
+def ernie_shared(cfg: Any) -> int:
+    return int(cfg["moe_num_shared_experts"]) * int(cfg["moe_intermediate_size"])
+
+
+ERNIE_MOE_MLP: dict[str, Rule] = routed("moe_intermediate_size") | {
+    "mlp.router_bias": Flat("mlp.gate.moe_statics.e_score_correction_bias"),
+    "mlp.shared_gate_up": Cat(Col("mlp.shared_experts.gate_proj.weight", ernie_shared),
+                              Col("mlp.shared_experts.up_proj.weight", ernie_shared)),
+    "mlp.shared_down": Row("mlp.shared_experts.down_proj.weight", ernie_shared),
+}  # fmt: skip
+
+ERNIE4_5_MOE = Family(
+    model="ernie4-5-moe",
+    hf_class="Ernie4_5_MoeForCausalLM",
+    config_class="Ernie4_5_MoeConfig",
+    config=ERNIE_CONFIG,
+    layer=GQA | NORMS | ERNIE_MOE_MLP,
+    layer_at=lambda cfg, i: GQA | NORMS | (
+        ERNIE_MOE_MLP if i >= cfg["moe_layer_start_index"] else SWIGLU
+    ),
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    eps=(1, 2, 4),
+    semantics=(attention(), dense_layers(), sparse_moe(shared="plain")),
+    f32=r"model\.layers\.\d+\.mlp\.gate\.(weight|moe_statics\.e_score_correction_bias)",
+    variants={"untied": {"tie_word_embeddings": False}},
+)  # fmt: skip
+
+ROWS = [
+    MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE, GLM4_MOE, GRANITEMOE, MAMBA2, GRANITEMOEHYBRID,
+    ERNIE4_5_MOE,
+]  # fmt: skip
