@@ -34,7 +34,8 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
   model's entry alone (shapes in the model's geometry symbols); a block neither lays out is
   refused, as is a block layout of an unknown block or in a file not named after it;
 - parameter names are unique across the whole model (layer names under ``layers``, the globals
-  block's as full names).
+  block's as full names), but between the alternative blocks of one slot (StableLM's gqa or
+  gqa_bias: a layer holds one of them).
 Trap: the engine's names reach generated code only through ``repr``.
 """
 
@@ -193,7 +194,10 @@ def parse_engine(
             eb = _engine_block(bl.doc, (), bname, bl.doc.data, blocks[bname], bsyms, True)
         for p in eb.parameters:
             full = p.name if bname == model.globals else d["layers"] + p.name
-            if full in seen:
+            alternatives = any(  # one slot's either-or blocks: never both in one layer
+                bname in sl.blocks and seen.get(full) in sl.blocks for sl in model.slots
+            )
+            if full in seen and not alternatives:
                 raise doc.error(
                     ("blocks", bname, "parameters", p.name),
                     f"engine parameter {full!r} is also filled by block {seen[full]!r}",
@@ -476,11 +480,10 @@ def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
                         f"{layout.engine} {p.name} of {model.name} at the {what} geometry, tp {tp}"
                     )
                     got = field_shape(b, by_field[p.field], values, tp, ctx)
-                    if p.pad is not None:
+                    if p.pad is not None:  # the padded split is checked with or without shape:
                         got = _padded_share(eb, p, got, tp, ctx)
-                    elif p.shape is None:
+                    if p.shape is None:
                         continue
-                    assert p.shape is not None
                     where = (*eb.base, "parameters", p.name, "shape")
                     located = eb.located or layout.located
                     try:

@@ -15,6 +15,7 @@ import pytest
 
 from specbind.core.errors import BindError, SpecError
 from specbind.engine import EngineField, bind_for_engine, fill
+from specbind.generated import MODELS
 from specbind.generator.render import render_all
 
 REPO = Path(__file__).resolve().parents[2]
@@ -65,7 +66,9 @@ def test_one_engines_layouts_share_a_variant_and_emit_none_for_blocks_read_as_bo
     # one variant for all three layouts
     assert [f for f in engines if f.endswith("_gqa.py")] == ["engines/vllm_gqa.py"]
     assert [f for f in engines if f.endswith("_lm_globals.py")] == ["engines/vllm_lm_globals.py"]
-    assert not any(f.endswith(("_dense.py", "_layer_norms.py")) for f in engines)
+    models = {f"engines/vllm_{m.replace('-', '_')}.py" for m in MODELS}  # the layouts' tables
+    variants = [f for f in engines if f not in models]
+    assert not any(f.endswith(("_dense.py", "_layer_norms.py")) for f in variants), variants
     # a layout that makes another gqa variant gets a module of its own, named by its model
     shutil.copytree(REPO / "specs", tmp_path / "specs")
     own_blocks(tmp_path)
@@ -465,8 +468,11 @@ def test_every_engine_layout_names_the_proof_that_runs_it_against_the_engines_lo
     assert layouts
     proven: dict[str, set[str]] = {}
     for p in layouts:
-        proof = yaml.safe_load(p.read_text()).get("proof")
-        assert proof, f"{p.relative_to(REPO)} names no proof"
+        data = yaml.safe_load(p.read_text())
+        proof = data.get("proof")
+        if proof is None:  # the engine cannot build it: the measured reason, not silence
+            assert data.get("unproven"), f"{p.relative_to(REPO)} names no proof and no reason"
+            continue
         assert (REPO / proof["test"]).is_file(), proof["test"]
         proven.setdefault(p.parent.name, set()).add(p.stem)
     # the vLLM proof runs every vLLM layout, and only those, on each rank of each row's tp

@@ -44,10 +44,11 @@ class VllmRow:
         return self.model
 
     def key(self) -> str:
-        """Everything of the row that can change its checkpoint (for the proofs' cache)."""
+        """Everything of the row that can change its checkpoint (for the proofs' cache; the tp
+        is the cache key's own part)."""
         return repr(
             (self.model, self.hf_class, self.config_class, sorted(self.config.items()),
-             self.tps, self.f32.pattern, sorted(self.config_json.items()))
+             self.f32.pattern, sorted(self.config_json.items()))
         )  # fmt: skip
 
 
@@ -115,14 +116,14 @@ EXPERT_SIZES: dict[str, Any] = {
 }
 
 
-def from_family(family: Any, **over: Any) -> VllmRow:
+def from_family(family: Any, tps: tuple[int, ...] = (1, 2), **over: Any) -> VllmRow:
     """A family row's class and config at the engine sizes (then ``over``)."""
     cfg = dict(family.config)
     sizes = DENSE_SIZES | (
         {"hidden_size": 96, "head_dim": 32} if "head_dim" in cfg else {"hidden_size": 128}
     )
     sizes |= {k: v for k, v in EXPERT_SIZES.items() if k in cfg}
-    return VllmRow(family.model, family.hf_class, family.config_class, cfg | sizes | over)
+    return VllmRow(family.model, family.hf_class, family.config_class, cfg | sizes | over, tps)
 
 
 def _families() -> dict[str, Any]:
@@ -156,5 +157,26 @@ ROWS: tuple[VllmRow, ...] = (
     from_family(_F["granite"]),
     from_family(_F["ernie4-5"]),
     from_family(_F["mixtral"], intermediate_size=64),  # Mixtral's experts are intermediate_size
+    from_family(_F["exaone4"]),
+    from_family(_F["cohere"]),
+    from_family(_F["cohere2"]),
+    from_family(_F["glm4"]),
+    from_family(_F["stablelm"]),
+    from_family(_F["nemotron"]),
+    from_family(_F["olmoe"], intermediate_size=64),  # OLMoE's experts are intermediate_size
+    # phimoe: no row; vLLM drops its head bias (specs/engines/vllm/phimoe.yaml's unproven:)
+    from_family(_F["qwen2-moe"]),
+    # run by vLLM's Transformers backend (TransformersForCausalLM)
+    from_family(_F["ministral"]),
+    from_family(_F["helium"], hidden_size=128),  # Helium's q rows are its hidden size
+    from_family(_F["smollm3"]),
+    from_family(_F["seed-oss"]),
+    from_family(_F["glm"], tps=(1,)),  # tp 2: a measured difference (specs/engines/vllm/glm.yaml)
+    from_family(_F["hunyuan-dense"]),
+    from_family(_F["arcee"]),
+    from_family(_F["olmo2"]),
+    from_family(_F["olmo3"]),
+    from_family(_F["starcoder2"]),
+    # phi: no row; vLLM drops its head bias (specs/engines/vllm/phi.yaml's unproven:)
 )
 BY_MODEL = {r.model: r for r in ROWS}

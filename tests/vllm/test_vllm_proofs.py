@@ -16,11 +16,13 @@ terminal says which came from the cache and what the rest cost, in wall and CPU 
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 import vllm_venv
-from vllm_rows import ROWS
+from vllm_rows import ROWS, VllmRow
 
 pytestmark = pytest.mark.interop
 
@@ -29,15 +31,35 @@ Proofs = tuple[dict[tuple[str, int], dict[str, Any]], Any]  # results, vllm_proo
 CASES = [pytest.param(r.model, tp, id=f"{r.id}-tp{tp}") for r in ROWS for tp in r.tps]
 
 
+def _selected(items: list[pytest.Item]) -> tuple[VllmRow, ...]:
+    """The rows (with the tps) the session's selected tests of this file read: ``-k olmoe``
+    proves OLMoE alone."""
+    want: dict[str, set[int]] = {}
+    for item in items:
+        if item.path != Path(__file__):
+            continue
+        params = getattr(item, "callspec", None)
+        if params is not None and "model" in params.params:
+            want.setdefault(params.params["model"], set()).add(params.params["tp"])
+        elif item.name.startswith("test_vllms_own_mla_absorbs"):
+            want.setdefault("deepseek-v3", set()).add(1)
+    return tuple(
+        dataclasses.replace(r, tps=tuple(tp for tp in r.tps if tp in want[r.model]))
+        for r in ROWS
+        if r.model in want
+    )
+
+
 @pytest.fixture(scope="module")
-def proofs(tmp_path_factory: pytest.TempPathFactory) -> Proofs:
+def proofs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Proofs:
     why = vllm_venv.why_missing()
     if why is not None:
         pytest.skip(why)
     pytest.importorskip("transformers", exc_type=ImportError)
     import vllm_proofs
 
-    return vllm_proofs.prove(ROWS, tmp_path_factory.mktemp("vllm-proofs"))
+    rows = _selected(request.session.items)
+    return vllm_proofs.prove(rows, tmp_path_factory.mktemp("vllm-proofs"))
 
 
 def _ranks(load: dict[str, Any], what: str) -> Params:
