@@ -156,8 +156,9 @@ QKV = "      qkv_proj: {concat: [q_proj.weight, k_proj.weight, v_proj.weight], a
 
 
 def _engine_check(root: Path, shape: str) -> None:
-    edit(root, "engines/vllm/llama.yaml", "      self_attn.qkv_proj.weight: qkv_proj\n",
-         f"      self_attn.qkv_proj.weight: {{field: qkv_proj, shape: [{shape}, hidden]}}\n")  # fmt: skip
+    # vLLM's gqa block layout, which every model with a gqa block and a vLLM layout takes
+    edit(root, "engines/vllm/blocks/gqa.yaml", "  self_attn.qkv_proj.weight: qkv_proj\n",
+         f"  self_attn.qkv_proj.weight: {{field: qkv_proj, shape: [{shape}, hidden]}}\n")  # fmt: skip
     specs = load_specs(root)
     list(engines.load_engines(root, specs.models, specs.blocks))
 
