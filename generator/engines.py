@@ -63,7 +63,7 @@ from specbind.generator.evaluate import (
     shapes_at,
     tiny_geometry,
 )
-from specbind.generator.identifiers import SCHEMA_DIR, check_ident, validate_schema
+from specbind.generator.identifiers import SCHEMA_DIR, check_ident, symbol_expr, validate_schema
 from specbind.generator.model_spec import Model
 from specbind.generator.output_spec import Output, parse_output
 from specbind.generator.yamlio import Located, PathKey, format_path
@@ -420,14 +420,8 @@ def _padded_tensors(
 
 
 def _expr(doc: Located, path: PathKey, text: str | int, allowed: set[str]) -> algebra.Expr:
-    try:
-        e = algebra.parse(text, check=False)
-    except AlgebraError as exc:
-        raise doc.error(path, str(exc)) from None
-    unknown = sorted(e.names - allowed)
-    if unknown:
-        raise doc.error(path, f"unknown symbol(s) {', '.join(unknown)} in {str(text)!r}")
-    return e
+    """An engine shape's expression (parsed unchecked, as before)."""
+    return symbol_expr(doc, path, text, allowed, check=False)
 
 
 def field_shape(
