@@ -125,6 +125,8 @@ def _models_rows() -> list[dict[str, Any]]:
 
 def models_markdown() -> str:
     """The supported models, one row each, from the generated tables (``specbind models``)."""
+    from specbind.models_table import engine_status
+
     rows = _models_rows()
     out = [
         "| model | `model_type` | layers | blocks | tp splits by | ep | quantized as "
@@ -135,13 +137,7 @@ def models_markdown() -> str:
         name = f"`{r['model']}`" + (" (default)" if r["default"] else "")
         layers = str(r["layers"]) + (f" + {r['mtp_layers']} MTP" if r["mtp_layers"] else "")
         ep = ", ".join(r["ep"]["splits_experts_of"]) if r["ep"] else "no expert family"
-        engines = (
-            ", ".join(
-                f"{e['engine']} ({'proved by `' + e['proof'] + '`' if e['proof'] else 'unproven'})"
-                for e in r["engines"]
-            )
-            or "none"
-        )
+        engines = ", ".join(f"{e['engine']} ({engine_status(e)})" for e in r["engines"]) or "none"
         cells = (
             name,
             ", ".join(f"`{t}`" for t in r["model_types"]),

@@ -60,7 +60,8 @@ def _row(table: ModelTable[Any], engines: dict[tuple[str, str], Any]) -> dict[st
     }
 
 
-def _status(e: dict[str, Any]) -> str:
+def engine_status(e: dict[str, Any]) -> str:
+    """One engine layout's proof as ``specbind models`` and the docs' models page say it."""
     if e["proof"]:
         at = f" at tp {', '.join(map(str, e['tp']))}" if e["tp"] else ""
         return f"proved{at} by {e['proof']}"
@@ -76,7 +77,7 @@ def render_text(rows: list[dict[str, Any]]) -> str:
             f"{', '.join(r['model_types'])}; {r['layers']} layers{mtp} at the real geometry"
         )
         ep = r["ep"]
-        engines = [f"{e['engine']} ({_status(e)})" for e in r["engines"]]
+        engines = [f"{e['engine']} ({engine_status(e)})" for e in r["engines"]]
         for key, value in (
             ("blocks", ", ".join(r["blocks"])),
             ("tp", "splits by " + ", ".join(r["tp_splits"])),

@@ -15,7 +15,7 @@ import pytest
 
 from specbind.cli import COMMANDS, parser
 from specbind.cli_reference import cli_markdown, models_markdown
-from specbind.models_table import supported
+from specbind.models_table import engine_status, supported
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,6 +66,17 @@ def test_the_cli_reference_does_not_depend_on_where_it_was_built() -> None:
 def test_every_generated_model_is_a_row_of_the_models_page() -> None:
     rows = [line for line in models_markdown().splitlines() if line.startswith("| `")]
     assert [r.split("`")[1] for r in rows] == [m["model"] for m in supported()]
+
+
+def test_the_models_page_gives_each_engine_proof_as_specbind_models_does() -> None:
+    """The tps a layout is proven at, or the engine's measured reason it is not, on the page
+    (Phi's head bias vLLM does not hold), not a bare proved / unproven."""
+    page = models_markdown()
+    for m in supported():
+        for e in m["engines"]:
+            cell = " ".join(f"{e['engine']} ({engine_status(e)})".split()).replace("|", "\\|")
+            assert cell in page, m["model"]
+    assert "proved at tp 1, 2 by" in page and "unproven: measured" in page
 
 
 def test_the_hook_fills_each_marker_and_refuses_an_unknown_one() -> None:
