@@ -178,5 +178,13 @@ ROWS: tuple[VllmRow, ...] = (
     from_family(_F["olmo3"]),
     from_family(_F["starcoder2"]),
     # phi: no row; vLLM drops its head bias (specs/engines/vllm/phi.yaml's unproven:)
+    # --- vdense ---
+    # Phi-3 has no head_dim in its config (hidden / heads: 128 / 4 = 32); transformers writes
+    # qkv_proj and gate_up_proj fused, as released
+    VllmRow(
+        "phi3", "Phi3ForCausalLM", "Phi3Config",
+        {k: v for k, v in LLAMA_LIKE.items() if k != "head_dim"}
+        | dict(hidden_size=128, bos_token_id=1, eos_token_id=2),
+    ),  # fmt: skip
 )
 BY_MODEL = {r.model: r for r in ROWS}
