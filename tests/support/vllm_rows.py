@@ -18,6 +18,7 @@ Invariant: a row proves the layout ``specs/engines/vllm/<model>.yaml``; the layo
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +127,15 @@ def from_family(family: Any, tps: tuple[int, ...] = (1, 2), **over: Any) -> Vllm
     return VllmRow(family.model, family.hf_class, family.config_class, cfg | sizes | over, tps)
 
 
+def _own_keys(family: Any, **over: Any) -> VllmRow:
+    """``from_family`` without the engine sizes the family's config has no key for (MHA
+    families hold no num_key_value_heads, which vLLM would read as a KV head count; Falcon and
+    OPT name their MLP width otherwise than intermediate_size)."""
+    row = from_family(family, **over)
+    keep = family.config.keys() | over.keys()
+    return dataclasses.replace(row, config={k: v for k, v in row.config.items() if k in keep})
+
+
 def _families() -> dict[str, Any]:
     import family_rows_dense
     import family_rows_moe
@@ -178,5 +188,23 @@ ROWS: tuple[VllmRow, ...] = (
     from_family(_F["olmo3"]),
     from_family(_F["starcoder2"]),
     # phi: no row; vLLM drops its head bias (specs/engines/vllm/phi.yaml's unproven:)
+    # --- vdense ---
+    # Phi-3 has no head_dim in its config (hidden / heads: 128 / 4 = 32); transformers writes
+    # qkv_proj and gate_up_proj fused, as released
+    VllmRow(
+        "phi3",
+        "Phi3ForCausalLM",
+        "Phi3Config",
+        {k: v for k, v in LLAMA_LIKE.items() if k != "head_dim"}
+        | dict(hidden_size=128, bos_token_id=1, eos_token_id=2),
+    ),
+    # multi_query: one KV head, whole on each rank; vLLM's FalconMLP is 4 x hidden wide whatever
+    # ffn_hidden_size says (80 measured: "start (0) + length (512) exceeds dimension size (80)")
+    _own_keys(_F["falcon"], ffn_hidden_size=512),
+    _own_keys(_F["opt"], ffn_dim=80, word_embed_proj_dim=128, max_position_embeddings=128),
+    _own_keys(_F["gpt-neox"]),  # run by vLLM's Transformers backend
+    # run by vLLM's Transformers backend; 3 layers: OLMo's layers hold no norms, so 2 layers
+    # are 10 parameters, under the harness's floor of more than 10
+    from_family(_F["olmo"], num_hidden_layers=3),
 )
 BY_MODEL = {r.model: r for r in ROWS}
