@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "af86287872e6e595fb524a08135b37f429ad21508256682b8cb0a4b77439cf9c"
+SPECS_SHA256 = "188655d12f189a4136ccfe8962a8838dc80e6170f6af55b3d84dd9ae43eccbf5"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.
@@ -61,6 +61,7 @@ MODELS = Registry(
         "qwen2-moe": ModelEntry("model_qwen2_moe", ("qwen2_moe",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
+        "qwen3-next": ModelEntry("model_qwen3_next", ("qwen3_next",), False),
         "seed-oss": ModelEntry("model_seed_oss", ("seed_oss",), False),
         "smollm3": ModelEntry("model_smollm3", ("smollm3",), False),
         "stablelm": ModelEntry("model_stablelm", ("stablelm",), False),
