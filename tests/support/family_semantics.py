@@ -377,9 +377,6 @@ def gated_attention() -> Semantic:
     return check
 
 
-GDN_REL_TOL = 1e-5  # the module's delta-rule scan runs in float32 whatever the input dtype
-
-
 def gated_deltanet(slot: str = "attention", module: str = "linear_attn") -> Semantic:
     """Qwen3-Next's Gated DeltaNet layers, whole (projections, conv, scan, gated norm): a copy
     of the module holding one rank's fields and k_heads / tp key heads, v_heads / tp value
@@ -416,8 +413,9 @@ def gated_deltanet(slot: str = "attention", module: str = "linear_attn") -> Sema
                     ):  # fmt: skip
                         mine.get_parameter(name).data = _t(f[f"{slot}.{field}"])
                     got += mine(_t(x)[None])[0].numpy()
-            err = rel_err(got, want)
-            assert err < GDN_REL_TOL, (ctx.row.model, i, tp, err)
+            # the module's scan runs in float32 per head, as each rank's copy does (measured:
+            # 0 at tp 1, about 3e-9 at tp 2)
+            assert rel_err(got, want) < REL_TOL, (ctx.row.model, i, tp, rel_err(got, want))
             checked += 1
         assert checked, f"{ctx.row.model}: no Gated DeltaNet layer"
 
