@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "820cd4c32532628d1e6962041a59d882a7c1b6efc0d7c7db624b851d64026034"
+SPECS_SHA256 = "19aee8f0e620cd0b701668d16fdd0fc4d910f53d908cd8d36d9b519592367b1c"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.
@@ -61,6 +61,7 @@ MODELS = Registry(
         "qwen2-moe": ModelEntry("model_qwen2_moe", ("qwen2_moe",), False),
         "qwen3": ModelEntry("model_qwen3", ("qwen3",), False),
         "qwen3-moe": ModelEntry("model_qwen3_moe", ("qwen3_moe",), False),
+        "qwen3-next": ModelEntry("model_qwen3_next", ("qwen3_next",), False),
         "seed-oss": ModelEntry("model_seed_oss", ("seed_oss",), False),
         "smollm3": ModelEntry("model_smollm3", ("smollm3",), False),
         "stablelm": ModelEntry("model_stablelm", ("stablelm",), False),

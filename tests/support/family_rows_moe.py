@@ -21,7 +21,7 @@ from family_moe import (
     sparse_moe,
     whole_norm_attention,
 )
-from family_semantics import attention
+from family_semantics import attention, gated_attention, gated_deltanet
 from family_table import Cat, Col, Family, Part, Rep, Row, Rule
 
 # one expert's intermediate 72 (Mixtral's intermediate_size), q rows 96, kv rows 24, 6 experts
@@ -397,7 +397,98 @@ ERNIE4_5_MOE = Family(
     variants={"untied": {"tie_word_embeddings": False}},
 )  # fmt: skip
 
+# Qwen3-Next: layer 0 Gated DeltaNet (4 key heads of 6, 12 value heads of 10, conv kernel 3),
+# layer 1 gated full attention (8 heads of 16, q rows 256 with the gate; 2 KV heads, so k/v
+# replicate at tp 4); every layer 7 experts of 20 and a shared expert of 28 behind its gate.
+QWEN3_NEXT_CONFIG: dict[str, Any] = {
+    "vocab_size": 112,
+    "hidden_size": 48,
+    "intermediate_size": 72,
+    "moe_intermediate_size": 20,
+    "shared_expert_intermediate_size": 28,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "linear_num_key_heads": 4,
+    "linear_num_value_heads": 12,
+    "linear_key_head_dim": 6,
+    "linear_value_head_dim": 10,
+    "linear_conv_kernel_dim": 3,
+    "layer_types": ["linear_attention", "full_attention"],
+    "num_experts": 7,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+}
+
+
+def _key_rows(cfg: Any) -> int:
+    return int(cfg["linear_num_key_heads"]) * int(cfg["linear_key_head_dim"])
+
+
+def _value_rows(cfg: Any) -> int:
+    return int(cfg["linear_num_value_heads"]) * int(cfg["linear_value_head_dim"])
+
+
+def qwen3_next_gdn(cfg: Any, module: str = "linear_attn") -> dict[str, Rule]:
+    """vLLM's QwenGatedDeltaNetAttention (gqa_interleaved_layout, Qwen3-Next) over transformers'
+    module, written from its loaders (the units are row counts: vLLM splits rows, heads unseen):
+    in_proj_qkvz / in_proj_ba are MergedColumnParallelLinear of ONE output size (rank r's
+    contiguous 1/tp of the stored rows); conv1d loads by mamba_v2_sharded_weight_loader over
+    the sections (key_dim, key_dim, value_dim), each split 1/tp on its own ([q_r; k_r; v_r]);
+    A_log and dt_bias by sharded_weight_loader(0); the gated norm replicated; out_proj a
+    RowParallelLinear (columns 1/tp)."""
+    key, value = _key_rows(cfg), _value_rows(cfg)
+    conv = (key, key, value)
+    cw = f"{module}.conv1d.weight"
+    return {
+        "attention.in_proj_qkvz": Col(f"{module}.in_proj_qkvz.weight", 2 * key + 2 * value),
+        "attention.in_proj_ba": Col(f"{module}.in_proj_ba.weight",
+                                    2 * int(cfg["linear_num_value_heads"])),
+        "attention.conv1d": Cat(*(Part(Col(cw, n), conv, k) for k, n in enumerate(conv))),
+        "attention.a_log": Col(f"{module}.A_log", "linear_num_value_heads"),
+        "attention.dt_bias": Col(f"{module}.dt_bias", "linear_num_value_heads"),
+        "attention.norm": Rep(f"{module}.norm.weight"),
+        "attention.out_proj": Row(f"{module}.out_proj.weight", value),
+    }  # fmt: skip
+
+
+QWEN3_NEXT_MOE: dict[str, Rule] = NORMS | routed("moe_intermediate_size") | {
+    "mlp.shared_gate_up": Cat(Col("mlp.shared_expert.gate_proj.weight", SHARED),
+                              Col("mlp.shared_expert.up_proj.weight", SHARED)),
+    "mlp.shared_down": Row("mlp.shared_expert.down_proj.weight", SHARED),
+    "mlp.shared_gate": Rep("mlp.shared_expert_gate.weight"),
+}  # fmt: skip
+
+
+def qwen3_next_layer(cfg: Any, i: int) -> dict[str, Rule]:
+    mlp = SWIGLU | NORMS if i in cfg["mlp_only_layers"] else QWEN3_NEXT_MOE
+    if cfg["layer_types"][i] == "linear_attention":
+        return qwen3_next_gdn(cfg) | mlp
+    return GQA | QK_NORM | mlp
+
+
+QWEN3_NEXT = Family(
+    model="qwen3-next",
+    hf_class="Qwen3NextForCausalLM",
+    config_class="Qwen3NextConfig",
+    config=QWEN3_NEXT_CONFIG,
+    layer=QWEN3_NEXT_MOE,
+    layer_at=qwen3_next_layer,
+    globals=LM_GLOBALS,
+    tps=(1, 2, 4),
+    eps=(1, 2),
+    semantics=(gated_attention(), gated_deltanet(), sparse_moe(shared="sigmoid")),
+    f32=r"model\.layers\.\d+\.linear_attn\.A_log",
+    variants={"dense-layer-1": {"mlp_only_layers": [1]}},
+)
+
 ROWS = [
     MIXTRAL, QWEN2_MOE, OLMOE, PHIMOE, GLM4_MOE, GRANITEMOE, MAMBA2, GRANITEMOEHYBRID,
-    ERNIE4_5_MOE,
+    ERNIE4_5_MOE, QWEN3_NEXT,
 ]  # fmt: skip

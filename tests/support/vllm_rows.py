@@ -117,6 +117,17 @@ EXPERT_SIZES: dict[str, Any] = {
 }
 
 
+# Qwen3-Next's Gated DeltaNet at the GDN kernels' head dims (multiples of 32): 2 key heads of
+# 32, 4 value heads of 64, conv kernel 4 (key rows 64, value rows 256)
+QWEN3_NEXT_GDN: dict[str, Any] = dict(
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=64,
+    linear_conv_kernel_dim=4,
+)
+
+
 def from_family(family: Any, tps: tuple[int, ...] = (1, 2), **over: Any) -> VllmRow:
     """A family row's class and config at the engine sizes (then ``over``)."""
     cfg = dict(family.config)
@@ -206,5 +217,15 @@ ROWS: tuple[VllmRow, ...] = (
     # run by vLLM's Transformers backend; 3 layers: OLMo's layers hold no norms, so 2 layers
     # are 10 parameters, under the harness's floor of more than 10
     from_family(_F["olmo"], num_hidden_layers=3),
+    # --- qnext ---
+    # layer 0 Gated DeltaNet (QWEN3_NEXT_GDN), layer 1 gated attention (head_dim 32); A_log
+    # written F32, as vLLM holds it
+    VllmRow(
+        "qwen3-next",
+        "Qwen3NextForCausalLM",
+        "Qwen3NextConfig",
+        from_family(_F["qwen3-next"]).config | QWEN3_NEXT_GDN,
+        f32=re.compile(r"model\.layers\.\d+\.linear_attn\.A_log"),
+    ),
 )
 BY_MODEL = {r.model: r for r in ROWS}
