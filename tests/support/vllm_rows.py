@@ -101,6 +101,11 @@ DEEPSEEK_V3: dict[str, Any] = dict(
     tie_word_embeddings=False,
 )
 
+# head_dim 32, 4 query heads over 2 KV heads; 4 experts of 64 rows (gate/up interleaved)
+GPT_OSS: dict[str, Any] = LLAMA_LIKE | dict(
+    intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=16
+)
+
 # The engine sizes laid over a family's transformers-proof config (tests/support/
 # family_rows_*.py: its class, its config's flags): head_dim 32 (hidden 96, q rows 128), or,
 # for a config without head_dim, hidden 128 over 4 heads; experts of 32 rows, 4 of them.
@@ -178,5 +183,9 @@ ROWS: tuple[VllmRow, ...] = (
     from_family(_F["olmo3"]),
     from_family(_F["starcoder2"]),
     # phi: no row; vLLM drops its head bias (specs/engines/vllm/phi.yaml's unproven:)
+    # --- vbig ---
+    # gpt-oss BF16: its experts are intermediate_size (64: 32 rows a rank at tp 2); layers
+    # alternate sliding and full attention (GptOssConfig's default layer_types)
+    VllmRow("gpt-oss", "GptOssForCausalLM", "GptOssConfig", GPT_OSS),
 )
 BY_MODEL = {r.model: r for r in ROWS}
