@@ -106,6 +106,74 @@ GPT_OSS: dict[str, Any] = LLAMA_LIKE | dict(
     intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=16
 )
 
+# DeepSeek-V3's geometry plus the DSA indexer: 4 index heads of 128 (its rope the MLA's 64)
+DEEPSEEK_V32: dict[str, Any] = DEEPSEEK_V3 | dict(
+    index_n_heads=4, index_head_dim=128, index_topk=4, num_nextn_predict_layers=0
+)
+# layer 0 KDA + dense MLP, layer 1 MLA + MoE (1-based kda_layers / full_attn_layers)
+KIMI_LINEAR: dict[str, Any] = dict(
+    vocab_size=216,
+    hidden_size=96,
+    intermediate_size=80,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    n_group=1,
+    topk_group=1,
+    kv_lora_rank=512,
+    q_lora_rank=None,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=64,
+    v_head_dim=32,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+    linear_attn_config=dict(
+        head_dim=64, num_heads=4, short_conv_kernel_size=4, kda_layers=[1], full_attn_layers=[2]
+    ),
+    first_k_dense_replace=1,
+)
+# GLM-5.3-Flash's text model: layer 0 KDA + dense MLP, layer 1 DSA + MoE (transformers'
+# multimodal wrapper writes it, with a one-block vision tower)
+GLM5_NEXT: dict[str, Any] = dict(
+    text_config=dict(
+        vocab_size=216,
+        hidden_size=96,
+        intermediate_size=80,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        kv_lora_rank=512,
+        q_lora_rank=48,
+        qk_rope_head_dim=0,
+        qk_nope_head_dim=64,
+        v_head_dim=64,
+        index_n_heads=4,
+        index_head_dim=128,
+        index_topk=32,
+        index_kpool=16,
+        linear_head_dim=64,
+        linear_num_heads=4,
+        layer_types=["linear_attention", "indexed_attention"],
+        mlp_layer_types=["dense", "sparse"],
+        indexer_types=["full", "full"],
+        hc_mult=4,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    ),
+    vision_config=dict(
+        depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=96,
+        projection_intermediate_size=64,
+    ),
+)
+
 # The engine sizes laid over a family's transformers-proof config (tests/support/
 # family_rows_*.py: its class, its config's flags): head_dim 32 (hidden 96, q rows 128), or,
 # for a config without head_dim, hidden 128 over 4 heads; experts of 32 rows, 4 of them.
@@ -187,5 +255,26 @@ ROWS: tuple[VllmRow, ...] = (
     # gpt-oss BF16: its experts are intermediate_size (64: 32 rows a rank at tp 2); layers
     # alternate sliding and full attention (GptOssConfig's default layer_types)
     VllmRow("gpt-oss", "GptOssForCausalLM", "GptOssConfig", GPT_OSS),
+    VllmRow(
+        "deepseek-v3.2",
+        "DeepseekV32ForCausalLM",
+        "DeepseekV32Config",
+        DEEPSEEK_V32,
+        f32=re.compile(r".*\.(gate\.e_score_correction_bias|indexer\.weights_proj\.weight)"),
+        config_json={"topk_method": "noaux_tc", "scoring_func": "sigmoid"},
+    ),
+    VllmRow(
+        "kimi-linear",
+        "KimiLinearForCausalLM",
+        "KimiLinearConfig",
+        KIMI_LINEAR,
+        f32=re.compile(r".*\.(forget_gate\.(A_log|dt_bias)|gate\.e_score_correction_bias)"),
+    ),
+    VllmRow(
+        "glm-5.3-flash",
+        "Glm5NextForConditionalGeneration",
+        "Glm5NextConfig",
+        GLM5_NEXT,
+    ),
 )
 BY_MODEL = {r.model: r for r in ROWS}
