@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "af86287872e6e595fb524a08135b37f429ad21508256682b8cb0a4b77439cf9c"
+SPECS_SHA256 = "820cd4c32532628d1e6962041a59d882a7c1b6efc0d7c7db624b851d64026034"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.
