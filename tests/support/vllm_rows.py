@@ -171,7 +171,11 @@ GLM5_NEXT: dict[str, Any] = dict(
         tie_word_embeddings=False,
     ),
     vision_config=dict(
-        depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=96,
+        depth=1,
+        hidden_size=32,
+        intermediate_size=32,
+        num_heads=2,
+        out_hidden_size=96,
         projection_intermediate_size=64,
     ),
 )
