@@ -117,13 +117,16 @@ EXPERT_SIZES: dict[str, Any] = {
 
 
 def from_family(family: Any, tps: tuple[int, ...] = (1, 2), **over: Any) -> VllmRow:
-    """A family row's class and config at the engine sizes (then ``over``)."""
+    """A family row's class, config and F32 names at the engine sizes (then ``over``)."""
     cfg = dict(family.config)
     sizes = DENSE_SIZES | (
         {"hidden_size": 96, "head_dim": 32} if "head_dim" in cfg else {"hidden_size": 128}
     )
     sizes |= {k: v for k, v in EXPERT_SIZES.items() if k in cfg}
-    return VllmRow(family.model, family.hf_class, family.config_class, cfg | sizes | over, tps)
+    return VllmRow(
+        family.model, family.hf_class, family.config_class, cfg | sizes | over, tps,
+        re.compile(family.f32),
+    )  # fmt: skip
 
 
 def _families() -> dict[str, Any]:
@@ -178,5 +181,9 @@ ROWS: tuple[VllmRow, ...] = (
     from_family(_F["olmo3"]),
     from_family(_F["starcoder2"]),
     # phi: no row; vLLM drops its head bias (specs/engines/vllm/phi.yaml's unproven:)
+    # --- vmoe ---
+    from_family(_F["granitemoe"], intermediate_size=64),  # its experts are intermediate_size
+    from_family(_F["ernie4-5-moe"], moe_num_experts=4),  # 2 shared experts: 64 rows
+    from_family(_F["glm4-moe"]),  # 2 shared experts: 64 rows; the router and its bias F32
 )
 BY_MODEL = {r.model: r for r in ROWS}
