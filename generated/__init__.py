@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "af86287872e6e595fb524a08135b37f429ad21508256682b8cb0a4b77439cf9c"
+SPECS_SHA256 = "f86622a06bc04fa301ec8e004cb1e9774acd9accc0c12ce4917c50e2382b091f"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.
