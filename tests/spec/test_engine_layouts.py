@@ -473,6 +473,8 @@ def test_every_engine_layout_names_the_proof_that_runs_it_against_the_engines_lo
     proven: dict[str, set[str]] = {}
     for p in layouts:
         data = yaml.safe_load(p.read_text())
+        if "unavailable" in data:  # no layout: the engine cannot run the model (measured)
+            continue
         proof = data.get("proof")
         if proof is None:  # the engine cannot build it: the measured reason, not silence
             assert data.get("unproven"), f"{p.relative_to(REPO)} names no proof and no reason"

@@ -142,6 +142,7 @@ def test_models_lists_every_generated_model_with_blocks_rules_schemes_and_engine
             "proof": "tests/vllm/test_vllm_proofs.py",
             "tp": [1, 2],
             "unproven": None,
+            "unavailable": None,
         }
     ]
     assert rows["glm-5.3-flash"]["default"] and rows["glm-5.3-flash"]["engines"] == []
