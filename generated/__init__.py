@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "19aee8f0e620cd0b701668d16fdd0fc4d910f53d908cd8d36d9b519592367b1c"
+SPECS_SHA256 = "b4226b5310408bb8bb1ab8ec3b77921268d691d4136955ccb01630497dc9cff0"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

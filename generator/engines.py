@@ -21,7 +21,8 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
   equal shares) reads one tensor verbatim whose shard unit is one row of that axis; every field
   reading that tensor, and both sides of a tie, are padded too; the padded size splits at every
   tp checked; the variant reads the tensor whole (the bind slices it);
-- ``apply`` (element-wise exp/neg, in F32) and ``dtype`` (a widening) read a float field no
+- ``apply`` (element-wise exp/neg, in F32) and ``dtype`` (F32 widens, BF16 rounds to nearest
+  even as the engine's copy into a model-dtype parameter does) read a float field no
   quantization scheme may pack; ``ranks: first`` reads only replicated tensors; an engine
   ``constraints`` entry names only geometry symbols and tp, and holds at tp 1;
 - ``proof:`` names the suite's test file that proves the layout parameter-identical to the
@@ -98,7 +99,7 @@ class Parameter:
     pad: int | None = None
     pad_axis: int = 0
     apply: tuple[str, ...] = ()  # element-wise functions the engine applies, in order, in F32
-    dtype: str | None = None  # the engine's dtype, where it widens the field
+    dtype: str | None = None  # the engine's dtype, where it widens or rounds the field
     first_rank: bool = False  # the engine holds the values on tp rank 0 only, zeros elsewhere
 
 

