@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "b4226b5310408bb8bb1ab8ec3b77921268d691d4136955ccb01630497dc9cff0"
+SPECS_SHA256 = "04289cf85d08d74bad7911b230ad7c52e8d64ea1462c86598c302623ff8e742a"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

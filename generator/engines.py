@@ -27,7 +27,9 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
   ``constraints`` entry names only geometry symbols and tp, and holds at tp 1;
 - ``proof:`` names the suite's test file that proves the layout parameter-identical to the
   engine's own loader and the tps it does (tests/spec/test_engine_layouts.py checks that the file
-  holds it); a layout without one is unproven: ``unproven`` lists it for ``generate`` to
+  holds it), and ``proof.except`` the blocks of the layout it cannot reach (measured: the
+  engine cannot build a checkpoint holding them), which the generated table keeps for
+  ``bind_for_engine`` to warn of when a bound layer holds one; a layout without one is unproven: ``unproven`` lists it for ``generate`` to
   report, and the generated table says so, for ``bind_for_engine`` to warn; its ``unproven:``
   says why (the engine's measured error line), for the supported-models table;
 - a file with ``unavailable:`` is no layout: the engine's own loader cannot build or load the
@@ -145,6 +147,8 @@ class EngineLayout:
     proof: str | None = None  # the suite's test file proving it against the engine's loader
     proof_tp: tuple[int, ...] = ()  # the tp sizes it proves the layout at
     unproven: str | None = None  # the measured reason no proof runs (the engine's error line)
+    proof_except: tuple[str, ...] = ()  # blocks the proof cannot reach (``proof.except``)
+    proof_except_why: str | None = None  # why (measured)
 
 
 @dataclass(frozen=True)
@@ -227,11 +231,19 @@ def parse_engine(
     proof = d.get("proof") or {}
     if proof and d.get("unproven"):
         raise doc.error(("unproven",), "a layout with a proof: is not unproven; drop one")
+    left_out = (proof.get("except") or {}).get("blocks") or []
+    for i, b in enumerate(left_out):
+        if b not in out:
+            raise doc.error(
+                ("proof", "except", "blocks", i),
+                f"block {b!r} is not a block this layout binds ({', '.join(out)})",
+            )
     layout = EngineLayout(
         check_ident(doc, ("engine",), d["engine"], "engine name"), model.name, doc.file,
         d.get("doc", ""), d["layers"], d.get("skip_mtp"), out, doc,
         _constraints(doc, d.get("constraints") or [], model, gnames),
-        proof.get("test"), tuple(proof.get("tp") or ()), d.get("unproven"),
+        proof.get("test"), tuple(proof.get("tp") or ()), d.get("unproven"), tuple(left_out),
+        (proof.get("except") or {}).get("why"),
     )  # fmt: skip
     check_engine_shapes(layout, model)
     return layout

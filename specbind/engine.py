@@ -128,6 +128,18 @@ def bind_for_engine(
         mtp=layout.skip_mtp is None,  # an engine model without MTP layers: the decoder alone
         into=into,
     )
+    beyond = sorted(
+        {s.block for layer in result.layers for s in layer.slots.values()}
+        & set(layout.proof_except)
+    )
+    if beyond:
+        import logging
+
+        logging.getLogger("specbind.engine").warning(
+            "specbind: this checkpoint's layers hold %s, which the proof of the %s layout of %s "
+            "does not reach (%s): those parameters are unproven against %s's own loader",
+            ", ".join(beyond), engine, base.name, layout.proof_except_why, engine,
+        )  # fmt: skip
     out: dict[str, EngineField] = {}
     for layer in result.layers:
         if layer.role == "mtp":

@@ -61,12 +61,24 @@ def _row(
                     "tp": list(layout.proof_tp),
                     "unproven": layout.unproven,
                     "unavailable": None,
+                    "except": (
+                        {"blocks": list(layout.proof_except), "why": layout.proof_except_why}
+                        if layout.proof_except
+                        else None
+                    ),
                 }
                 for (engine, model), layout in engines.items()
                 if model == table.name
             ]
             + [
-                {"engine": engine, "proof": None, "tp": [], "unproven": None, "unavailable": why}
+                {
+                    "engine": engine,
+                    "proof": None,
+                    "tp": [],
+                    "unproven": None,
+                    "unavailable": why,
+                    "except": None,
+                }
                 for (engine, model), why in (unavailable or {}).items()
                 if model == table.name
             ],
@@ -81,7 +93,9 @@ def engine_status(e: dict[str, Any]) -> str:
         return f"no layout: {e['unavailable']}"
     if e["proof"]:
         at = f" at tp {', '.join(map(str, e['tp']))}" if e["tp"] else ""
-        return f"proved{at} by {e['proof']}"
+        left = e.get("except")
+        but = f"; not {', '.join(left['blocks'])}: {left['why']}" if left else ""
+        return f"proved{at} by {e['proof']}{but}"
     return f"unproven: {e['unproven']}" if e["unproven"] else "unproven"
 
 

@@ -129,5 +129,7 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     proof="tests/vllm/test_vllm_proofs.py",
     proof_tp=(1, 2),
     unproven=None,
+    proof_except=(),
+    proof_except_why=None,
     skip_mtp="vLLM's Glm4MoeForCausalLM holds no MTP layers (its loader skips the layers past num_hidden_layers: skip_spec_layers; Glm4MoeMTP is a separate draft model)",
 )

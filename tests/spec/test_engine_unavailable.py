@@ -71,7 +71,14 @@ def test_the_models_table_says_no_layout_and_the_measured_reason() -> None:
 
     row = _row(MODELS["llama"], {}, {("vllm", "llama"): WHY})
     assert row["engines"] == [
-        {"engine": "vllm", "proof": None, "tp": [], "unproven": None, "unavailable": WHY}
+        {
+            "engine": "vllm",
+            "proof": None,
+            "tp": [],
+            "unproven": None,
+            "unavailable": WHY,
+            "except": None,
+        }
     ]
     assert f"engines    vllm (no layout: {WHY})" in render_text([row])
 

