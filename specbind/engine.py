@@ -20,7 +20,10 @@ Trap: an adopted parameter and its field are one memory: a caller who keeps the 
 writes into one writes into the engine's parameter.
 A padded split (``EngineTable.padding``, the layout's ``pad:``) is the engine's rule, not a
 shard of specbind's: the variant binds the field whole (a view of the mapped file), and each
-rank copies the stored rows of its share of the padded axis, then zeros (``padded_share``).
+rank copies the stored rows of its share of the padded axis, then zeros (``padded_share``);
+bound ``into`` an arena, the bind leaves that field a view of the map (``Arena.views``) and the
+rank's stored rows alone are read from the file into the arena, so no rank reads the whole
+vocabulary.
 Trap: a tied LM head is one parameter in engines that tie it (vLLM lists it once, as the
 embedding): a field bound through a ``tie`` (config.json says so) whose engine parameter the
 engine does not hold is skipped when the field it is tied to fills one; an engine that keeps
