@@ -22,8 +22,9 @@ Invariants:
   layout vLLM's own loader binds then) is accepted.
 Trap: Python's cyclic garbage collector is off while a rank binds and fills (back on after,
 as it was): the bind allocates many small records, and each collection they set off walks the
-whole heap of the engine's process (vLLM, torch, the model), 0.16 s of one core per load in a
-fresh worker against 0.04 s for the same work with collection off; the bind makes no garbage
+whole heap of the engine's process (vLLM, torch, the model): in a fresh process that has
+imported torch, finding the model table and its vLLM layout alone took 0.20 s of one core
+against 0.04 s with collection off; the bind makes no garbage
 that needs the cycle collector (a bind of the 4.2 GB Qwen3-MoE bench checkpoint at tp 2
 leaves none: `gc.collect()` after it finds 0 unreachable objects).
 Trap: vLLM is imported only inside ``register`` and the loader's methods, so importing
