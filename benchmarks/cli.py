@@ -58,6 +58,14 @@ def run(a: argparse.Namespace) -> int:
     if a.quick and not a.tiny:
         print("bench: --quick binds the tiny slice (a smoke run; drop --quick for full-geometry "
               "figures)", file=sys.stderr)  # fmt: skip
+    thp = THP_CHOICES[a.thp]
+    if a.whole:
+        whole = bench.whole_only(
+            table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), tiny,
+            _sets(a.set), thp, a.quick,
+        )  # fmt: skip
+        print(_json(whole) if a.json else bench.render_whole(whole))
+        return 0
     if a.limits:
         lim = bench.limits_only(
             table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), tiny, _sets(a.set)
@@ -67,10 +75,16 @@ def run(a: argparse.Namespace) -> int:
     result = bench.run(
         table, a.tp_size or [1, 2, 8], a.repeat, bench.cache_dir(a.cache), tiny,
         rss=not a.no_rss, overrides=_sets(a.set), ranks=a.ranks or [], loaders=a.loaders,
-        quick=a.quick,
+        quick=a.quick, thp=thp,
     )  # fmt: skip
     print(_json(result) if a.json else bench.render(result))
     return 0
+
+
+# --thp: the modes each whole-process row runs, interleaved in the same rounds (the first
+# mode's figures are the row's own): huge pages off in both sides' processes, the machine's
+# default, or both
+THP_CHOICES = {"both": ("off", "default"), "off": ("off",), "default": ("default",)}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -104,6 +118,20 @@ def parser() -> argparse.ArgumentParser:
         "conv=fdatasync, planning per tensor, runai-model-streamer + NumPy (if installed)",
     )
     be.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    be.add_argument(
+        "--whole",
+        action="store_true",
+        help="only the whole-slice whole-process row (specbind vs the vLLM-style loader) at "
+        "each tp",
+    )
+    be.add_argument(
+        "--thp",
+        choices=sorted(THP_CHOICES),
+        default="both",
+        help="whole-process rows: transparent huge pages off in both sides' processes "
+        "(prctl PR_SET_THP_DISABLE), the machine's default, or both interleaved (default both; "
+        "the output names each row's mode)",
+    )
     be.add_argument(
         "--ranks",
         type=int,

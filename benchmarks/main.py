@@ -492,6 +492,7 @@ def run(
     ranks: Collection[int] = (),
     loaders: bool = False,
     quick: bool = False,
+    thp: tuple[str, ...] = ("off", "default"),
 ) -> dict[str, Any]:
     """Every row at every size in ``tps``: attention at each tp; MoE at each tp (ep 1) and at
     each ep > 1 of the same sizes (tp 1). ``overrides`` (``--set``) go over ``DEFAULT_SETS``
@@ -523,10 +524,10 @@ def run(
     whole_rows, process_rows = [], []
     for tp in tps:
         say(f"whole slice tp {tp}, whole processes: specbind, the vLLM-style loader")
-        whole_rows.append(bench_process.row(ckpt, table, tp, n, "whole"))
+        whole_rows.append(bench_process.row(ckpt, table, tp, n, "whole", thp))
     for tp in tps:
         say(f"attention tp {tp}, whole processes: specbind, the vLLM-style loader")
-        process_rows.append(bench_process.row(ckpt, table, tp, n, "attention"))
+        process_rows.append(bench_process.row(ckpt, table, tp, n, "attention", thp))
     if rss:
         say("peak RSS, each method in its own process")
         add_rss(ckpt, rows + moe_rows)
@@ -601,6 +602,50 @@ def limits_only(
         "limits": limit_rows(ckpt, table, cache, tps, experts, repeat),
         "load_after": os.getloadavg(),
     }
+
+
+def whole_only(
+    table: ModelTable[Any], tps: list[int], repeat: int, cache: Path, tiny: bool,
+    overrides: Mapping[str, int] | None = None, thp: tuple[str, ...] = ("off", "default"),
+    quick: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """``--whole``: the slice, then the whole-slice whole-process row at each tp only, under
+    each ``thp`` mode (``process.row``), with the load average before and after."""
+    from benchmarks import process as bench_process
+
+    sets = ({} if tiny else dict(DEFAULT_SETS)) | dict(overrides or {})
+    ckpt, synth_s = ensure_checkpoint(table, cache, tiny, sets)
+    warm(ckpt)
+    load = os.getloadavg()
+    n = process_repeats(repeat, quick)
+    rows = []
+    for tp in tps:
+        say(f"whole slice tp {tp}, whole processes, THP {' and '.join(thp)}")
+        rows.append(bench_process.row(ckpt, table, tp, n, "whole", thp))
+    return {
+        "machine": {"cores": os.cpu_count(), "memory_gb": _memory_gb()},
+        "load_before": load,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "checkpoint": str(ckpt),
+        "sets": sets,
+        "synth_s": synth_s,
+        "repeat": n,
+        "whole_rows": rows,
+        "load_after": os.getloadavg(),
+    }
+
+
+def render_whole(r: dict[str, Any]) -> str:
+    from benchmarks import process as bench_process
+
+    m = r["machine"]
+    head = (
+        f"{r['date']}: {m['cores']} cores, {m['memory_gb']} GiB, load average "
+        f"{r['load_before'][0]:.1f} before, {r['load_after'][0]:.1f} after; medians (min) of "
+        f"{r['repeat']} interleaved rounds; checkpoint {r['checkpoint']}; THP off: "
+        "prctl(PR_SET_THP_DISABLE) in both sides' processes, default: the machine's setting"
+    )
+    return "\n".join([head, "", *bench_process.render(r["whole_rows"])])
 
 
 def render_limits(r: dict[str, Any]) -> str:

@@ -29,6 +29,16 @@ memory at a time; the baseline process then loads exactly the blocks compared. E
 prints how many bytes of fields it holds in its own memory (``copied``) and its peak RSS;
 every run of both sides must print the same count or the row raises.
 Target (issue #23): specbind / baseline <= 0.5 at tp 1 and 2, <= 0.65 at tp 8, on the whole row.
+
+Transparent huge pages (``thp``): each mode is a pair of sides interleaved in the same rounds.
+``off``: each child process starts with ``prctl(PR_SET_THP_DISABLE, 1)`` (set between fork and
+exec, and kept across exec), so neither side's memory is faulted in 2 MiB pages: NumPy advises
+huge pages on its large allocations (the baseline's buffers), specbind's arena does not, and
+whether the kernel has free huge pages at hand is luck. ``default``: the machine's own setting
+(``/sys/kernel/mm/transparent_hugepage/enabled``, recorded in the row). The row's top-level
+figures are the first mode's (``off`` unless asked otherwise); every mode's are in ``modes``.
+Trap: ``prctl`` is Linux's; elsewhere ``off`` is refused in one line rather than run as the
+default.
 """
 
 from __future__ import annotations
@@ -146,9 +156,52 @@ def check(
     return {"blocks": blocks, "fields": fields[0], "beyond_one_ulp": wide}
 
 
-def _process(code: str, method: str, seen: set[str], rss: list[int]) -> Callable[[], object]:
+THP_MODES = ("off", "default")
+PR_SET_THP_DISABLE = 41  # linux/prctl.h
+
+
+def thp_setting() -> str:
+    """The machine's transparent-huge-page mode (the bracketed word), or "unknown"."""
+    try:
+        text = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return "unknown"
+    return next((w[1:-1] for w in text.split() if w.startswith("[")), "unknown")
+
+
+def _thp_off() -> None:
+    """In the child, before exec: no transparent huge pages for it (inherited across exec)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_THP_DISABLE) failed")
+
+
+def child_thp_disabled(mode: str) -> bool:
+    """Whether a child started as the ``mode`` sides are says huge pages are disabled for it
+    (``prctl(PR_GET_THP_DISABLE)``, asked in the child after its exec)."""
+    code = "import ctypes; print(ctypes.CDLL(None).prctl(42, 0, 0, 0, 0))"  # PR_GET_THP_DISABLE
+    pre = _thp_off if mode == "off" else None
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=pre, check=True
+    )
+    return out.stdout.strip() == "1"
+
+
+def _process(
+    code: str, method: str, seen: set[str], rss: list[int], thp: str = "default"
+) -> Callable[[], object]:
+    if thp not in THP_MODES:
+        raise SpecbindError(f"bench: thp mode {thp!r} is not one of {', '.join(THP_MODES)}")
+    if thp == "off" and not sys.platform.startswith("linux"):
+        raise SpecbindError("bench: thp 'off' needs Linux (prctl PR_SET_THP_DISABLE)")
+    pre = _thp_off if thp == "off" else None
+
     def run() -> object:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=pre
+        )
         if proc.returncode != 0:
             raise SpecbindError(f"bench {method} process failed: {proc.stderr.strip()[-300:]}")
         copied, peak = proc.stdout.split()
@@ -159,11 +212,17 @@ def _process(code: str, method: str, seen: set[str], rss: list[int]) -> Callable
     return run
 
 
-def row(ckpt: Path, table: Any, tp: int, repeat: int, part: str = "whole") -> dict[str, Any]:
+def row(
+    ckpt: Path, table: Any, tp: int, repeat: int, part: str = "whole",
+    thp: tuple[str, ...] = THP_MODES,
+) -> dict[str, Any]:  # fmt: skip
     """``part`` ("whole": every block; "attention": the attention slot) at (tp, rank 0, ep 1):
-    checked equal, then each side timed as a fresh process."""
+    checked equal, then each side timed as a fresh process, under each ``thp`` mode (all of
+    them interleaved in the same rounds); the top-level figures are ``thp[0]``'s."""
     from benchmarks.common import interleaved, parts
 
+    if not thp:
+        raise SpecbindError("bench: no thp mode to run the whole-process row under")
     kinds = None if part == "whole" else sorted(parts(table)[part])
     checked = check(ckpt, table, tp, kinds=kinds)
     codes = {
@@ -171,40 +230,55 @@ def row(ckpt: Path, table: Any, tp: int, repeat: int, part: str = "whole") -> di
         "baseline": ARENA
         + BASELINE.format(loader=str(LOADER), ckpt=str(ckpt), blocks=checked["blocks"], tp=tp),
     }
-    seen: dict[str, set[str]] = {m: set() for m in codes}
-    rss: dict[str, list[int]] = {m: [] for m in codes}
-    fns = {m: _process(c + REPORT, m, seen[m], rss[m]) for m, c in codes.items()}
+    keys = [(m, mode) for mode in thp for m in codes]
+    seen: dict[tuple[str, str], set[str]] = {k: set() for k in keys}
+    rss: dict[tuple[str, str], list[int]] = {k: [] for k in keys}
+    fns = {
+        f"{m} thp {mode}": _process(codes[m] + REPORT, m, seen[m, mode], rss[m, mode], mode)
+        for m, mode in keys
+    }
     t = interleaved(fns, repeat, f"{part} tp {tp}, whole processes")
-    if len(seen["specbind"] | seen["baseline"]) != 1:  # equal work: the same bytes, every run
+    counts = set().union(*seen.values())
+    if len(counts) != 1:  # equal work: the same bytes, every run
+        got = {f"{m} thp {mode}": sorted(v) for (m, mode), v in seen.items()}
         raise SpecbindError(
-            f"bench {part} tp {tp}: the whole-process sides copied out different byte counts: "
-            f"specbind {sorted(seen['specbind'])}, baseline {sorted(seen['baseline'])}"
+            f"bench {part} tp {tp}: the whole-process sides copied out different byte counts: {got}"
         )
-    s, b = t["specbind"], t["baseline"]
+    modes = {}
+    for mode in thp:
+        s, b = t[f"specbind thp {mode}"], t[f"baseline thp {mode}"]
+        modes[mode] = {
+            "specbind_s": statistics.median(s), "specbind_min_s": min(s),
+            "baseline_s": statistics.median(b), "baseline_min_s": min(b),
+            "ratio": statistics.median(s) / statistics.median(b), "ratio_min": min(s) / min(b),
+            "rss_specbind_mb": max(rss["specbind", mode]),
+            "rss_baseline_mb": max(rss["baseline", mode]),
+        }  # fmt: skip
     return {
         "part": part, "tp": tp, "repeat": repeat, "fields": checked["fields"],
-        "specbind_s": statistics.median(s), "specbind_min_s": min(s),
-        "baseline_s": statistics.median(b), "baseline_min_s": min(b),
-        "ratio": statistics.median(s) / statistics.median(b), "ratio_min": min(s) / min(b),
-        "bytes": int(next(iter(seen["specbind"]))),
-        "rss_specbind_mb": max(rss["specbind"]), "rss_baseline_mb": max(rss["baseline"]),
-        "beyond_one_ulp": checked["beyond_one_ulp"],
+        **modes[thp[0]], "thp": thp[0], "modes": modes, "thp_setting": thp_setting(),
+        "bytes": int(next(iter(counts))), "beyond_one_ulp": checked["beyond_one_ulp"],
     }  # fmt: skip
 
 
 HEAD = (
-    "| tp | fields | GB each side copied | specbind process s (min) | baseline process s (min) "
-    "| specbind / baseline (min) | peak RSS specbind MB | baseline MB |"
+    "| tp | THP | fields | GB each side copied | specbind process s (min) | baseline process s "
+    "(min) | specbind / baseline (min) | peak RSS specbind MB | baseline MB |"
 )
 
 
 def render(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per row and THP mode (``off``: huge pages disabled in both sides' processes;
+    ``default (madvise)``: the machine's own setting)."""
     lines = [HEAD, "|" + "---:|" * (HEAD.count("|") - 1)]
-    for x in rows:
-        lines.append(
-            f"| {x['tp']} | {x['fields']} | {x['bytes'] / 1e9:.3f} | {x['specbind_s']:.3f} "
-            f"({x['specbind_min_s']:.3f}) | {x['baseline_s']:.3f} ({x['baseline_min_s']:.3f}) | "
-            f"{x['ratio']:.2f} ({x['ratio_min']:.2f}) | {x['rss_specbind_mb']} | "
-            f"{x['rss_baseline_mb']} |"
-        )
+    for r in rows:
+        modes = r.get("modes") or {r.get("thp", "default"): r}
+        for mode, x in modes.items():
+            shown = f"default ({r.get('thp_setting', 'unknown')})" if mode == "default" else mode
+            lines.append(
+                f"| {r['tp']} | {shown} | {r['fields']} | {r['bytes'] / 1e9:.3f} | "
+                f"{x['specbind_s']:.3f} ({x['specbind_min_s']:.3f}) | {x['baseline_s']:.3f} "
+                f"({x['baseline_min_s']:.3f}) | {x['ratio']:.2f} ({x['ratio_min']:.2f}) | "
+                f"{x['rss_specbind_mb']} | {x['rss_baseline_mb']} |"
+            )
     return lines

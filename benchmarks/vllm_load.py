@@ -1,6 +1,9 @@
 """Load time inside vLLM: ``load_format="specbind"`` beside vLLM's default loader.
 
-    python -m benchmarks.vllm_load CKPT [--repeat R] [--cold]   (in the vLLM venv)
+    python -m benchmarks.vllm_load CKPT [--repeat R] [--cold] [--fresh N] [--tp T]
+    python -m benchmarks.vllm_load --write {llama-1.34g,qwen3-moe-4g} DIR   (writes CKPT)
+
+(both in the vLLM venv, PYTHONPATH the clone)
 
 One process, vLLM imported once, the engine core in-process, tp 1: a warm-up start of each
 loader, then R pairs interleaved (auto, specbind, auto, ...). Each start times the loader's
@@ -13,7 +16,16 @@ else the page cache is warm. Prints min and median of each, the specbind / auto 
 medians, and the load average before and after. ``--fresh N``: N more pairs, each start a
 process of its own (what a user's first start is: no heap of an earlier engine to reuse),
 with that process's peak RSS (its ``VmHWM`` at the end: the engine core runs in it).
+``--tp T`` (T > 1): vLLM's ``mp`` executor, one worker process per rank; vLLM-CPU spawns
+them, and spawn imports this module in each (as ``__mp_main__``), which wraps the loaders
+there too (the module's last lines); each worker appends its rank's figures to the file named
+by ``TIMES_ENV``, read back after each start: each rank's and the slowest rank's (what the
+engine waits for) are reported.
+``--write NAME DIR``: the checkpoints of the issue's rows (``CHECKPOINTS``: specbind's synth,
+seeded random values, at a real per-tensor geometry).
 Trap: the machine's load moves every figure; read them only side by side, from one run.
+Trap: at tp > 1 the weights live in the workers, so ``--fresh``'s peak RSS (this process's)
+would not measure them: refused there.
 """
 
 from __future__ import annotations
@@ -27,20 +39,162 @@ from pathlib import Path
 from typing import Any
 
 FORMATS = ("auto", "specbind")
+TIMES_ENV = "SPECBIND_BENCH_LOAD_TIMES"  # the file every process's wrapper appends its figures to
+
+# The issue's checkpoints: (model spec, decoder layers, shards, geometry). Llama: 1.34 GB.
+# Qwen3-MoE: 4.3 GB, 48 experts of 768 (vLLM's fused MoE: sizes multiples of 32), the experts
+# 86 % of the bytes, stored one tensor per expert and projection as the Hub's are.
+CHECKPOINTS: dict[str, tuple[str, int, int, dict[str, int]]] = {
+    "llama-1.34g": ("llama", 12, 2, {
+        "hidden": 2048, "heads": 16, "kv_heads": 4, "head_dim": 128, "intermediate": 5632,
+        "vocab": 32000,
+    }),
+    "qwen3-moe-4g": ("qwen3-moe", 8, 3, {
+        "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128, "moe_intermediate": 768,
+        "experts": 48, "intermediate": 6144, "vocab": 32000,
+    }),
+}  # fmt: skip
 
 
-def _timed(cls: Any, seconds: list[tuple[float, int]]) -> None:
-    """Wrap ``cls.load_weights`` so each call appends (wall time, minor faults) to ``seconds``."""
+def write_checkpoint(name: str, out: Path) -> dict[str, Any]:
+    """Write the checkpoint ``name`` of ``CHECKPOINTS`` to ``out`` (seeded random values)."""
+    from specbind.api import model_table
+    from specbind.synth import synth
+
+    if name not in CHECKPOINTS:
+        raise SystemExit(f"--write {name!r}: unknown checkpoint (one of {', '.join(CHECKPOINTS)})")
+    model, layers, shards, values = CHECKPOINTS[name]
+    table = model_table(model, "--write", {}, None)
+    got = synth(table, out, values, layers=layers, shards=shards, mtp=False)
+    hub_names(out)
+    return got
+
+
+HEAD = "lm_head."  # the one top-level module of a Hub causal LM; the rest lives under model.
+
+
+def hub_name(name: str) -> str:
+    """A tensor's name as a Hub causal-LM checkpoint stores it (what vLLM's own loader maps):
+    synth writes the decoder's own names (``layers.0.…``), the Hub's nest them under
+    ``model.``; the LM head stays top-level."""
+    return name if name.startswith(HEAD) or name.startswith("model.") else "model." + name
+
+
+def hub_names(ckpt: Path) -> None:
+    """Rename every tensor of ``ckpt`` by ``hub_name``: each shard's header rewritten (8-byte
+    aligned, as safetensors pads it), its data bytes copied after it unchanged."""
+    import json
+    import shutil
+    import struct
+
+    for f in sorted(ckpt.glob("*.safetensors")):
+        tmp = f.with_suffix(".tmp")
+        with open(f, "rb") as src, open(tmp, "wb") as dst:
+            (n,) = struct.unpack("<Q", src.read(8))
+            header = json.loads(src.read(n))
+            renamed = {k if k == "__metadata__" else hub_name(k): v for k, v in header.items()}
+            text = json.dumps(renamed, separators=(",", ":")).encode()
+            text += b" " * (-len(text) % 8)
+            dst.write(struct.pack("<Q", len(text)) + text)
+            shutil.copyfileobj(src, dst, 64 << 20)
+        os.replace(tmp, f)
+    index = ckpt / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    doc["weight_map"] = {hub_name(k): v for k, v in doc["weight_map"].items()}
+    index.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _rank() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # no parallel state (a bare loader call): the only rank
+        return 0
+
+
+def _record(kind: str, took: float, faults: int) -> None:
+    """Append one figure of this process to ``TIMES_ENV``'s file: ``kind rank s faults``."""
+    path = os.environ.get(TIMES_ENV)
+    if path:
+        with open(path, "a", encoding="ascii") as f:
+            f.write(f"{kind} {_rank()} {took} {faults}\n")
+
+
+def _faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+PROFILE_ENV = "SPECBIND_BENCH_PROFILE"  # a folder: each timed call's cProfile stats go there
+
+
+def _call(kind: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, recorded as ``kind`` (and profiled where ``PROFILE_ENV`` says)."""
+    folder = os.environ.get(PROFILE_ENV)
+    prof = None
+    if folder:
+        import cProfile
+
+        prof = cProfile.Profile()
+    faults, t0 = _faults(), time.perf_counter()
+    try:
+        return fn(*args, **kwargs) if prof is None else prof.runcall(fn, *args, **kwargs)
+    finally:
+        _record(kind, time.perf_counter() - t0, _faults() - faults)
+        if prof is not None and folder:
+            prof.dump_stats(os.path.join(folder, f"{kind}-{os.getpid()}-{time.time_ns()}.prof"))
+
+
+def _timed(cls: Any) -> None:
+    """Wrap ``cls.load_weights`` so each call records its wall time and minor faults."""
     inner = cls.load_weights
+    if getattr(inner, "_bench", False):
+        return
 
     def load_weights(self: Any, model: Any, model_config: Any) -> None:
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        t0 = time.perf_counter()
-        inner(self, model, model_config)
-        took = time.perf_counter() - t0
-        seconds.append((took, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults))
+        _call("lw", inner, self, model, model_config)
 
+    load_weights._bench = True  # type: ignore[attr-defined]
     cls.load_weights = load_weights
+
+
+def _timed_post() -> None:
+    """Wrap vLLM's ``process_weights_after_loading`` (as its base loader calls it)."""
+    from vllm.model_executor.model_loader import base_loader
+
+    inner = base_loader.process_weights_after_loading
+    if getattr(inner, "_bench", False):
+        return
+
+    def process_weights_after_loading(*args: Any, **kwargs: Any) -> Any:
+        return _call("post", inner, *args, **kwargs)
+
+    process_weights_after_loading._bench = True  # type: ignore[attr-defined]
+    base_loader.process_weights_after_loading = process_weights_after_loading
+
+
+def take_records(path: str) -> list[str]:
+    """The record lines of ``path`` since the last call (the file is emptied)."""
+    with open(path, "r+", encoding="ascii") as f:
+        lines = f.read().splitlines()
+        f.seek(0)
+        f.truncate()
+    return [ln for ln in lines if ln.strip()]
+
+
+def one_start(lines: list[str], tp: int, load_format: str) -> tuple[float, ...]:
+    """One start's figures from its record lines: (slowest rank's load_weights s, its minor
+    faults, slowest post-processing s, each rank's load_weights s ...)."""
+    rows = [ln.split() for ln in lines]
+    lw = {int(r): (float(s), int(n)) for k, r, s, n in rows if k == "lw"}
+    post = [float(s) for k, _, s, _ in rows if k == "post"]
+    if sorted(lw) != list(range(tp)) or sum(k == "lw" for k, *_ in rows) != tp:
+        got = sorted(int(r) for k, r, *_ in rows if k == "lw")
+        raise SystemExit(
+            f"{load_format}: load_weights ran on ranks {got}, expected each of 0..{tp - 1} once"
+        )
+    took, faults = max(lw.values())
+    return (took, float(faults), max(post, default=0.0), *(lw[r][0] for r in range(tp)))
 
 
 def drop_cache(ckpt: str) -> None:
@@ -53,27 +207,28 @@ def drop_cache(ckpt: str) -> None:
             os.close(fd)
 
 
-def _start(ckpt: str, load_format: str, seconds: list[tuple[float, int]]) -> tuple[float, ...]:
-    """(load_weights s, whole LLM(...) s, minor faults of load_weights) of one engine start."""
+def _start(ckpt: str, load_format: str, tp: int) -> tuple[float, ...]:
+    """(load_weights s, whole LLM(...) s, minor faults of load_weights, post-processing s,
+    each rank's load_weights s ...) of one engine start (at tp > 1, the slowest rank's)."""
     import gc
 
     from vllm import LLM
     from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-    before = len(seconds)
+    path = os.environ[TIMES_ENV]
+    take_records(path)  # an earlier start's strays, if any
+    extra: dict[str, Any] = {"distributed_executor_backend": "mp"} if tp > 1 else {}
     t0 = time.perf_counter()
     llm: Any = LLM(
         model=ckpt, load_format=load_format, dtype="bfloat16", skip_tokenizer_init=True,
-        enforce_eager=True, max_model_len=64, max_num_seqs=2,
+        enforce_eager=True, max_model_len=64, max_num_seqs=2, tensor_parallel_size=tp, **extra,
     )  # fmt: skip
     whole = time.perf_counter() - t0
     del llm
     gc.collect()
     cleanup_dist_env_and_memory()
-    if len(seconds) != before + 1:
-        raise SystemExit(f"{load_format}: load_weights ran {len(seconds) - before} times")
-    took, faults = seconds[-1]
-    return took, whole, float(faults)
+    lw, faults, post, *ranks = one_start(take_records(path), tp, load_format)
+    return (lw, whole, faults, post, *ranks)
 
 
 def _load_config(load_format: str) -> Any:
@@ -83,7 +238,9 @@ def _load_config(load_format: str) -> Any:
 
 
 def summary(times: dict[str, list[tuple[float, ...]]]) -> list[str]:
-    """The printed rows: each loader's min and median of each figure, then the ratios."""
+    """The printed rows: each loader's min and median of each figure, then the ratios. A start
+    is (load_weights s, LLM(...) s, minor faults[, post-processing s[, each rank's
+    load_weights s ...]])."""
     rows = []
     med: dict[str, list[float]] = {}
     for fmt, xs in times.items():
@@ -91,12 +248,20 @@ def summary(times: dict[str, list[tuple[float, ...]]]) -> list[str]:
             continue
         cols = list(zip(*xs, strict=True))
         med[fmt] = [statistics.median(c) for c in cols]
-        lw, whole, _ = cols
-        rows.append(
+        lw, whole = cols[0], cols[1]
+        row = (
             f"{fmt:9s} load_weights: median {med[fmt][0]:.3f} s (min {min(lw):.3f}); "
             f"LLM(...): median {med[fmt][1]:.3f} s (min {min(whole):.3f}); minor faults "
-            f"median {med[fmt][2]:.0f} ({len(xs)} starts)"
+            f"median {med[fmt][2]:.0f}"
         )
+        if len(cols) > 3:
+            row += f"; post-processing median {med[fmt][3]:.3f} s"
+        if len(cols) > 5:  # tp > 1: load_weights above is the slowest rank's
+            row += "; per rank " + ", ".join(
+                f"{r}: {statistics.median(c):.3f} (min {min(c):.3f})"
+                for r, c in enumerate(cols[4:])
+            )
+        rows.append(row + f" ({len(xs)} starts)")
     if set(FORMATS) <= med.keys() and all(med["auto"][:2]):
         ours, theirs = med["specbind"], med["auto"]
         rows.append(
@@ -108,7 +273,7 @@ def summary(times: dict[str, list[tuple[float, ...]]]) -> list[str]:
 
 def _fresh(ckpt: str, load_format: str, cold: bool) -> tuple[float, ...]:
     """One engine start in a process of its own: (load_weights s, LLM(...) s, minor faults of
-    load_weights, peak RSS GB of the process)."""
+    load_weights, post-processing s, peak RSS GB of the process)."""
     import subprocess
     import sys
 
@@ -125,16 +290,15 @@ def _fresh(ckpt: str, load_format: str, cold: bool) -> tuple[float, ...]:
     line = [x for x in out.splitlines() if x.startswith("CHILD ")]
     if proc.returncode or not line:
         raise SystemExit(f"{load_format}: the engine's process failed (exit {proc.returncode})")
-    lw, whole, faults, rss = (float(x) for x in line[-1].split()[1:])
-    return lw, whole, faults, rss * 1024 / 1e9  # KiB -> GB
+    lw, whole, faults, post, rss = (float(x) for x in line[-1].split()[1:])
+    return lw, whole, faults, post, rss * 1024 / 1e9  # KiB -> GB
 
 
 def _child(ckpt: str, load_format: str) -> None:
     """The ``--child`` process: one engine start, its figures on one line, its peak RSS."""
-    seconds: list[tuple[float, int]] = []
-    _wrap(seconds)
-    lw, whole, faults = _start(ckpt, load_format, seconds)
-    print(f"CHILD {lw} {whole} {faults} {peak_rss_kib()}", flush=True)
+    _wrap()
+    lw, whole, faults, post, *_ = _start(ckpt, load_format, 1)
+    print(f"CHILD {lw} {whole} {faults} {post} {peak_rss_kib()}", flush=True)
 
 
 def peak_rss_kib() -> int:
@@ -148,52 +312,95 @@ def peak_rss_kib() -> int:
     raise SystemExit("no VmHWM in /proc/self/status: peak RSS needs Linux")
 
 
-def _wrap(seconds: list[tuple[float, int]]) -> None:
+def compile_specbind() -> str:
+    """Compile specbind's bytecode (``__pycache__``, as installing its wheel does), and say so.
+    Trap: a fresh process (``--fresh``, every tp worker) imports specbind inside
+    ``load_weights``; from a clone run with ``PYTHONDONTWRITEBYTECODE`` set nothing is cached,
+    and each start compiled ~100 modules there (0.36 s of one core), a cost no installed user
+    pays and vLLM's own (precompiled) loader never does."""
+    import compileall
+
+    import specbind
+
+    root = Path(specbind.__file__).resolve().parent
+    # by walking: compileall.compile_dir skips the package's symlinked folders (generated/)
+    files = [Path(d) / f for d, _, fs in os.walk(root, followlinks=True) for f in fs]
+    ok = all(compileall.compile_file(str(f), quiet=2) for f in files if f.suffix == ".py")
+    return f"specbind's bytecode compiled under {root} ({'ok' if ok else 'with errors'})"
+
+
+def _wrap() -> None:
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()  # registers load_format="specbind"
-    _timed(DefaultModelLoader, seconds)
-    _timed(type(get_model_loader(_load_config("specbind"))), seconds)
+    _timed(DefaultModelLoader)
+    _timed(type(get_model_loader(_load_config("specbind"))))
+    _timed_post()
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("ckpt")
+    ap.add_argument("ckpt", nargs="?")
     ap.add_argument("--repeat", type=int, default=5, help="pairs after the warm-up (default 5)")
     ap.add_argument("--cold", action="store_true", help="drop the checkpoint's page cache first")
     ap.add_argument("--fresh", type=int, default=0, help="pairs of one process per start")
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
+    ap.add_argument("--write", nargs=2, metavar=("NAME", "DIR"), help="write a checkpoint")
     ap.add_argument("--child", choices=FORMATS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.write:
+        got = write_checkpoint(args.write[0], Path(args.write[1]))
+        print(f"wrote {got['path']}: {got['tensors']} tensors, {got['bytes'] / 1e9:.2f} GB")
+        return
+    if not args.ckpt:
+        ap.error("CKPT is required (or --write NAME DIR)")
+    if args.tp < 1:
+        ap.error(f"--tp {args.tp}: expected a positive size")
+    if args.fresh and args.tp > 1:
+        ap.error("--fresh measures the engine's own process; at --tp > 1 the weights live in "
+                 "the workers: run --fresh at --tp 1")  # fmt: skip
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    if args.tp > 1:  # one OpenMP thread bound per rank
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(map(str, range(args.tp))))
+    if TIMES_ENV not in os.environ:
+        import atexit
+        import tempfile
+
+        fd, path = tempfile.mkstemp(prefix="specbind-bench-", suffix=".times")
+        os.close(fd)
+        atexit.register(os.unlink, path)
+        os.environ[TIMES_ENV] = path
+    if not args.child:
+        print(compile_specbind(), flush=True)
+    _wrap()
     if args.child:
         _child(args.ckpt, args.child)
         return
-    seconds: list[tuple[float, int]] = []
-    _wrap(seconds)
     times: dict[str, list[tuple[float, ...]]] = {fmt: [] for fmt in FORMATS}
     for fmt in times:  # warm-up: imports, page cache
-        _start(args.ckpt, fmt, seconds)
+        _start(args.ckpt, fmt, args.tp)
     load = os.getloadavg()
     for _ in range(args.repeat):
         for fmt in times:
             if args.cold:
                 drop_cache(args.ckpt)
-            times[fmt].append(_start(args.ckpt, fmt, seconds))
+            times[fmt].append(_start(args.ckpt, fmt, args.tp))
     fresh: dict[str, list[tuple[float, ...]]] = {fmt: [] for fmt in FORMATS}
     for _ in range(args.fresh):
         for fmt in fresh:
             fresh[fmt].append(_fresh(args.ckpt, fmt, args.cold))
     after = os.getloadavg()
+    print(f"tp {args.tp}" + (" (load_weights: the slowest rank's)" if args.tp > 1 else ""))
     for row in summary(times):
         print(row)
     if args.fresh:
         print("one process per start:")
-        for row in summary({f: [x[:3] for x in xs] for f, xs in fresh.items()}):
+        for row in summary({f: [x[:4] for x in xs] for f, xs in fresh.items()}):
             print(row)
-        rss = {f: statistics.median(x[3] for x in xs) for f, xs in fresh.items()}
+        rss = {f: statistics.median(x[4] for x in xs) for f, xs in fresh.items()}
         print(
             f"peak RSS of the engine's process, medians: auto {rss['auto']:.2f} GB, specbind "
             f"{rss['specbind']:.2f} GB (specbind / auto {rss['specbind'] / rss['auto']:.2f})"
@@ -208,3 +415,7 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+elif __name__ == "__mp_main__" and os.environ.get(TIMES_ENV):
+    # a vLLM worker: vLLM-CPU spawns them, and spawn imports the parent's main module under
+    # this name, so each worker wraps its own loaders here before its engine starts
+    _wrap()

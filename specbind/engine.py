@@ -20,7 +20,10 @@ Trap: an adopted parameter and its field are one memory: a caller who keeps the 
 writes into one writes into the engine's parameter.
 A padded split (``EngineTable.padding``, the layout's ``pad:``) is the engine's rule, not a
 shard of specbind's: the variant binds the field whole (a view of the mapped file), and each
-rank copies the stored rows of its share of the padded axis, then zeros (``padded_share``).
+rank copies the stored rows of its share of the padded axis, then zeros (``padded_share``);
+bound ``into`` an arena, the bind leaves that field a view of the map (``Arena.views``) and the
+rank's stored rows alone are read from the file into the arena, so no rank reads the whole
+vocabulary.
 Trap: a tied LM head is one parameter in engines that tie it (vLLM lists it once, as the
 embedding): a field bound through a ``tie`` (config.json says so) whose engine parameter the
 engine does not hold is skipped when the field it is tied to fills one; an engine that keeps
@@ -118,6 +121,8 @@ def bind_for_engine(
         engine, base.name, layout.constraints,
         values_from_config(layout.table, raw.config), tp_size,
     )  # fmt: skip
+    if into is not None and layout.padding:  # each rank reads its rows of these itself
+        into.views = frozenset((b, f) for b, fs in layout.padding.items() for f in fs)
     result = bind_checkpoint(
         raw,
         layout.table,
@@ -156,7 +161,7 @@ def bind_for_engine(
                 name = prefix + names[field]
                 dtype, arr = _engine_value(
                     layout, slot.block, field, slot.fields[field].dtype, arr, name, tp_size,
-                    tp_rank,
+                    tp_rank, into,
                 )  # fmt: skip
                 out[name] = EngineField(name, f"layers.{layer.index}.{sname}.{field}", dtype, arr)
     if result.globals is not None:
@@ -173,19 +178,22 @@ def bind_for_engine(
             (src, *rest) = entry.sources[field]
             tied = names[made_from[ties[src]]] if src in ties and not rest else None
             dtype, arr = _engine_value(
-                layout, g.block, field, g.fields[field].dtype, arr, names[field], tp_size, tp_rank
-            )
+                layout, g.block, field, g.fields[field].dtype, arr, names[field], tp_size,
+                tp_rank, into,
+            )  # fmt: skip
             out[names[field]] = EngineField(names[field], f"globals.{field}", dtype, arr, tied)
     return out
 
 
 def _engine_value(
-    layout: Any, block: str, field: str, dtype: str, arr: Any, name: str, tp: int, rank: int
-) -> tuple[str, Any]:
-    """The field as the engine holds it: padded split, functions, rank 0 alone."""
+    layout: Any, block: str, field: str, dtype: str, arr: Any, name: str, tp: int, rank: int,
+    into: Any = None,
+) -> tuple[str, Any]:  # fmt: skip
+    """The field as the engine holds it: padded split, functions, rank 0 alone (``into``: the
+    arena a padded field's share is read into, the field bound as a view of the map)."""
     pad = layout.padding.get(block, {}).get(field)
     if pad is not None:
-        arr = padded_share(arr, pad[0], pad[1], tp, rank, name)
+        arr = padded_share(arr, pad[0], pad[1], tp, rank, name, into)
     values = layout.values.get(block, {}).get(field)
     if values is not None:
         functions, engine_dtype = values

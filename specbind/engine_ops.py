@@ -34,11 +34,18 @@ _NUMPY = {"F32": np.float32, "F16": np.float16}
 _FUNCTIONS = ("exp", "neg")  # torch's functions of the same names
 
 
-def padded_share(a: Any, axis: int, multiple: int, tp_size: int, tp_rank: int, name: str) -> Any:
+def padded_share(
+    a: Any, axis: int, multiple: int, tp_size: int, tp_rank: int, name: str, into: Any = None
+) -> Any:
     """Rank ``tp_rank``'s share of ``a`` (the whole field) split as an engine that pads
     ``axis`` up to a multiple of ``multiple`` and splits the padded size into ``tp_size`` equal
     shares: the stored rows of that range, then zeros (vLLM's VocabParallelEmbedding: vocab 156
-    at tp 2 is padded to 192, rank 0 holds rows [0, 96), rank 1 [96, 156) and 36 zero rows)."""
+    at tp 2 is padded to 192, rank 0 holds rows [0, 96), rank 1 [96, 156) and 36 zero rows).
+
+    ``into`` (an ``Arena``; ``a`` then a view of the mapped checkpoint, left so by the bind):
+    the share is made in the arena, its stored rows read from the file once (``copy_in``:
+    ``preadv`` of the contiguous rows of axis 0), so only the rank's rows are read; a whole
+    field with no padding row is the arena's copy of ``a``."""
     full = int(a.shape[axis])
     padded = -(-full // multiple) * multiple
     if padded % tp_size:
@@ -49,15 +56,26 @@ def padded_share(a: Any, axis: int, multiple: int, tp_size: int, tp_rank: int, n
     per = padded // tp_size
     start, end = min(tp_rank * per, full), min((tp_rank + 1) * per, full)
     if (start, end, per) == (0, full, full):
-        return a  # the whole field, no row of padding: the field itself, not a copy
+        # the whole field, no row of padding: the field itself, not a copy (or, bound as a view
+        # for this split, read into the arena once)
+        return a if into is None else into.place(a)
     shape = list(a.shape)
     shape[axis] = per
-    out = np.zeros(shape, dtype=a.dtype)
     take = [slice(None)] * a.ndim
     take[axis] = slice(start, end)
     put = list(take)
     put[axis] = slice(0, end - start)
-    out[tuple(put)] = np.asarray(a)[tuple(take)]
+    pad = list(take)
+    pad[axis] = slice(end - start, per)
+    if into is None:
+        out = np.zeros(shape, dtype=a.dtype)
+        out[tuple(put)] = np.asarray(a)[tuple(take)]
+        return out
+    from specbind.runtime.binder.ops import copy_in
+
+    out = into.empty(tuple(shape), a.dtype)
+    copy_in(out[tuple(put)], np.asarray(a)[tuple(take)])  # the stored rows: one read
+    out[tuple(pad)] = 0  # the padding rows
     return out
 
 

@@ -484,7 +484,8 @@ def _bind_one(
     try:
         weights, report = block.bind(geometry, ranks, index, src, backend, flags, quant, into, half)
         if into is not None:  # what the ops did not make in the arena: views of the map
-            weights = map_arrays(weights, lambda _, a: into.place(a))
+            keep = {f for b, f in into.views if b == block.name}  # left as views for the caller
+            weights = map_arrays(weights, lambda f, a: a if f in keep else into.place(a))
     except SpecbindError as e:
         if str(e).startswith(f"{where}: "):
             raise

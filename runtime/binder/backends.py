@@ -139,13 +139,23 @@ class Arena:
     such map. Trap: ``reserve`` maps nothing ahead then (the maps are made when carved), and
     ``reset`` forgets the maps instead of handing them out again (arrays already handed out
     keep their memory).
+
+    ``views``: (block, field) pairs a bind leaves as they are bound (a view of the mapped
+    checkpoint stays a view) instead of copying them in: for a caller that reads only a share
+    of such a field into the arena itself (an engine's padded vocabulary split, where the
+    field bound whole is the embedding and each rank keeps its rows). Trap: such a field is
+    then not in the arena; the caller must copy what it keeps.
     """
 
-    def __init__(self, chunk_bytes: int = 256 << 20, *, separate: bool = False) -> None:
+    def __init__(
+        self, chunk_bytes: int = 256 << 20, *, separate: bool = False,
+        views: frozenset[tuple[str, str]] = frozenset(),
+    ) -> None:  # fmt: skip
         if chunk_bytes < 1:
             raise BindError(f"Arena chunk_bytes is {chunk_bytes}, expected a positive size")
         self._chunk = chunk_bytes
         self._separate = separate
+        self.views = views  # (block, field) pairs the bind leaves as views of the map
         self._chunks: list[Any] = []
         self._sizes: dict[int, int] = {}  # separate: a map's address -> the bytes handed out
         self._at = 0  # the chunk being carved

@@ -87,7 +87,7 @@ def test_a_field_that_is_part_of_a_buffer_or_of_another_arena_is_copied_not_adop
     before = {n: p.data_ptr() for n, p in params.items()}
     fill("vllm", params, fields, adopt=Arena(separate=True))
     carved = [n for n, f in fields.items() if plain.holds(f.array)]
-    assert len(carved) > 10  # all but the padded vocabulary (a new array of its own)
+    assert len(carved) == len(fields)  # the padded vocabulary's shares too
     assert all(params[n].data_ptr() == before[n] for n in carved)
     for n, p in params.items():
         assert np.array_equal(_bits(p), np.asarray(fields[n].array).view(np.int16)), n
@@ -114,3 +114,35 @@ def test_a_row_concat_into_an_arena_reads_its_parts_from_the_file_not_through_th
     assert fields["model.layers.0.self_attn.qkv_proj.weight"].array.size
     assert fields["model.layers.0.mlp.gate_up_proj.weight"].array.size
     assert mapped == []
+
+
+@pytest.mark.parametrize(("rank", "stored"), [(0, 64), (1, 48)])
+def test_a_padded_vocabulary_share_reads_only_its_own_rows_into_the_arena(
+    llama: Path, monkeypatch: pytest.MonkeyPatch, rank: int, stored: int
+) -> None:
+    """At tp 2 (vocab 112 padded to 128: rank 0 holds rows [0, 64), rank 1 rows [64, 112) then
+    16 zero rows) the embedding and the head are each read once, the rank's stored rows alone,
+    straight into a map of the arena their parameter adopts; the whole 112-row field is never
+    read (no other field of the tiny Llama at tp 2 has 64 rows of the hidden size)."""
+    from specbind.runtime.io import safetensors_file
+
+    reads: list[tuple[int, ...]] = []
+    real = safetensors_file.read_view
+
+    def counted(dest: Any, src: Any) -> bool:
+        reads.append(tuple(dest.shape))
+        return real(dest, src)
+
+    monkeypatch.setattr(safetensors_file, "read_view", counted)
+    arena = Arena(separate=True)
+    fields = bind_for_engine(llama, "vllm", tp_size=2, tp_rank=rank, into=arena)
+    want = bind_for_engine(llama, "vllm", tp_size=2, tp_rank=rank)
+    hidden = fields["lm_head.weight"].array.shape[1]
+    for n in ("model.embed_tokens.weight", "lm_head.weight"):
+        a = fields[n].array
+        assert arena.sole(a) and a.shape == (64, hidden), n
+        assert np.array_equal(a.view(np.int16), np.asarray(want[n].array).view(np.int16)), n
+        assert not a[stored:].view(np.int16).any(), n  # the padding rows are zeros
+    assert (112, hidden) not in reads
+    if rank == 0:
+        assert reads.count((64, hidden)) == 2, reads

@@ -75,7 +75,8 @@ def test_bench_runs_and_reports_every_figure(tmp_path: Path) -> None:
     text = bench.render(r)
     assert "| 1 | 2 | " in text  # the text table has the ep row
     assert "| tp 2 x ep 2 |" in text and "dd conv=fdatasync" in text
-    assert "whole slice (every block, every field)" in text and "| 2 | 99 | " in text
+    assert "whole slice (every block, every field)" in text and "| 2 | off | 99 | " in text
+    assert "| 2 | default (" in text  # the machine's THP setting beside huge pages off
 
 
 def runai_installed() -> bool:

@@ -68,7 +68,20 @@ def test_the_whole_process_row_copies_every_byte_of_the_rank_on_both_sides(ck: P
     assert row["fields"] == len(bound)
     assert row["specbind_min_s"] > 0 and row["baseline_min_s"] > 0
     assert row["rss_specbind_mb"] > 0 and row["rss_baseline_mb"] > 0
-    assert "| 2 | 99 | " in "\n".join(process.render([row]))
+    shown = "\n".join(process.render([row]))
+    assert "| 2 | off | 99 | " in shown and "| 2 | default (" in shown
+    assert row["modes"].keys() == {"off", "default"} and row["thp"] == "off"
+    assert row["specbind_s"] == row["modes"]["off"]["specbind_s"]
+
+
+def test_the_thp_off_sides_run_with_huge_pages_disabled_and_the_default_sides_do_not() -> None:
+    assert process.child_thp_disabled("off")
+    assert not process.child_thp_disabled("default")
+
+
+def test_an_unknown_thp_mode_is_refused_by_name(ck: Path) -> None:
+    with pytest.raises(SpecbindError, match=r"thp mode 'never' is not one of off, default"):
+        process.row(ck, TABLE, 2, 1, thp=("never",))
 
 
 def test_the_whole_process_row_refuses_sides_that_copied_different_bytes(
