@@ -29,9 +29,10 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
   engine's own loader and the tps it does (tests/spec/test_engine_layouts.py checks that the file
   holds it), and ``proof.except`` the blocks of the layout it cannot reach (measured: the
   engine cannot build a checkpoint holding them), which the generated table keeps for
-  ``bind_for_engine`` to warn of when a bound layer holds one; a layout without one is unproven: ``unproven`` lists it for ``generate`` to
-  report, and the generated table says so, for ``bind_for_engine`` to warn; its ``unproven:``
-  says why (the engine's measured error line), for the supported-models table;
+  ``bind_for_engine`` to warn of when a bound layer holds one; a layout without a proof is
+  unproven: ``unproven`` lists it for ``generate`` to report, and the generated table says so,
+  for ``bind_for_engine`` to warn; its ``unproven:`` says why (the engine's measured error
+  line), for the supported-models table;
 - a file with ``unavailable:`` is no layout: the engine's own loader cannot build or load the
   model (its measured error line), and the file holds nothing else (the schema says so); the
   generated registry keeps the reason (``UNAVAILABLE``) for the supported-models table and for
