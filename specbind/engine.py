@@ -249,8 +249,8 @@ def fill(
                 f"{str(p.dtype).removeprefix('torch.')}, but bound field {f.where} is "
                 f"{list(shape)} {f.dtype}"
             )
-    shared = _shared_storage(params) if adopt is not None else set()
-    taken: set[int] = set()  # the field memory a parameter has adopted, by address
+    shared = shared_storage(params) if adopt is not None else set()
+    taken: list[tuple[int, int]] = []  # the memory parameters have adopted: sorted byte ranges
     total = 0
     for name, f in fields.items():
         if name in tied:
@@ -263,7 +263,7 @@ def fill(
     return total
 
 
-def _shared_storage(params: Mapping[str, Any]) -> set[str]:
+def shared_storage(params: Mapping[str, Any]) -> set[str]:
     """The names of parameters whose storage another listed parameter shares (distinct
     parameter objects over one storage): those keep their storage and are copied into."""
     by_storage: dict[int, list[str]] = {}
@@ -276,22 +276,34 @@ def _shared_storage(params: Mapping[str, Any]) -> set[str]:
     return {n for names in by_storage.values() if len(names) > 1 for n in names}
 
 
-def _adopt(p: Any, f: EngineField, arena: Any, taken: set[int]) -> bool:
+def _claim(taken: list[tuple[int, int]], a: Any) -> bool:
+    """Add ``a``'s bytes to ``taken`` (sorted, disjoint ranges) unless they overlap one there:
+    no two parameters may adopt memory that shares a byte."""
+    import bisect
+
+    lo = int(a.ctypes.data)
+    hi = lo + int(a.nbytes)
+    at = bisect.bisect_left(taken, (lo, hi))
+    if (at > 0 and taken[at - 1][1] > lo) or (at < len(taken) and taken[at][0] < hi):
+        return False
+    taken.insert(at, (lo, hi))
+    return True
+
+
+def _adopt(p: Any, f: EngineField, arena: Any, taken: list[tuple[int, int]]) -> bool:
     """Make the field's memory ``p``'s storage (``p.data``, the parameter object kept) where
     it may be, and say whether it was."""
     from specbind.runtime.bind.to_torch import to_torch
 
     a = f.array
+    if p.device.type != "cpu" or not p.is_contiguous() or not isinstance(a, np.ndarray):
+        return False
     if (
-        p.device.type != "cpu"
-        or not p.is_contiguous()
-        or not isinstance(a, np.ndarray)
-        or not (a.flags.c_contiguous and a.flags.writeable)
+        not (a.flags.c_contiguous and a.flags.writeable)
         or not (arena.sole(a) or (a.flags.owndata and a.base is None))
-        or a.ctypes.data in taken
+        or not _claim(taken, a)
     ):
         return False
-    taken.add(a.ctypes.data)
     p.data = to_torch(a, f.dtype)  # a view of the same memory: no copy
     return True
 

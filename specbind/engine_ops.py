@@ -59,6 +59,8 @@ def padded_share(
         # the whole field, no row of padding: the field itself, not a copy (or, bound as a view
         # for this split, read into the arena once)
         return a if into is None else into.place(a)
+    if into is not None and axis == 0 and end - start == per:  # no padding row in this share
+        return into.place(np.asarray(a)[start:end])  # its rows: read once (or mapped)
     shape = list(a.shape)
     shape[axis] = per
     take = [slice(None)] * a.ndim

@@ -3,12 +3,22 @@
 Installing specbind registers the loader through the ``vllm.general_plugins`` entry point
 (pyproject), which vLLM runs in every one of its processes, tp workers included. On each rank
 the loader binds that rank's share with the generated vLLM layout of the checkpoint's model
-(``specs/engines/vllm/<model>.yaml``): every tensor checked, only the rank's bytes read, each
-field bound into a map of its own (``Arena(separate=True)``, large reads split over the rank's
-cores) that becomes the storage of the vLLM parameter of its name (``specbind.engine.fill``
-with ``adopt``: every parameter filled exactly once, equal shape and dtype, nothing left over;
-each byte of the rank written once, by the bind). vLLM's own post-processing
-(``process_weights_after_loading``: its MLA absorbs, kernel repacking) stays vLLM's.
+(``specs/engines/vllm/<model>.yaml``): every tensor checked, only the rank's bytes read, and
+every field becomes the storage of the vLLM parameter of its name (``specbind.engine.fill``
+with ``adopt``: every parameter filled exactly once, equal shape and dtype, nothing left over):
+- a field that is one contiguous run of a checkpoint file's bytes (a verbatim tensor, a row
+  shard, ``gate_proj`` then ``up_proj`` as the file stores them) is that run of a private,
+  copy-on-write map of the file, every page mapped in before ``load_weights`` returns
+  (``Arena(file_views=True)``, ``runtime.io.file_views``): no byte copied, the page cache's
+  pages shared by every rank and process that reads the file;
+- every other field (a fused ``qkv_proj``, stacked experts, a column shard, a padded share) is
+  bound straight into memory of its own, each byte written once (``Arena(separate=True)``,
+  large reads split over the rank's cores); on the first load of a model that memory is the
+  storage vLLM allocated for its parameters (``Arena.donate``), whose pages an earlier engine
+  of the process may have faulted in already.
+``model_loader_extra_config={"mmap": False}`` copies the file-run fields too (see the traps).
+vLLM's own post-processing (``process_weights_after_loading``: its MLA absorbs, kernel
+repacking) stays vLLM's.
 
 Invariants:
 - a refused checkpoint fails engine start with specbind's one-line message (a
@@ -27,6 +37,14 @@ imported torch, finding the model table and its vLLM layout alone took 0.20 s of
 against 0.04 s with collection off; the bind makes no garbage
 that needs the cycle collector (a bind of the 4.2 GB Qwen3-MoE bench checkpoint at tp 2
 leaves none: `gc.collect()` after it finds 0 unreachable objects).
+Trap (``mmap``, the default): a parameter that is the file's pages needs the file as it was:
+a checkpoint truncated or rewritten in place while the engine runs gives SIGBUS or the new
+bytes (a Hub cache's blobs never are; a folder a trainer rewrites in place is: load it with
+``"mmap": False``), and under memory pressure the kernel may drop those clean pages and read
+them from the disk again later (anonymous memory, with no swap, would stay).
+Trap: only the first load of a model (vLLM's ``load_model``) binds into its parameters'
+storage: a later ``load_weights`` into a running model (a weight reload) binds into memory of
+its own, so a reload refused mid-bind leaves the running parameters as they were.
 Trap: vLLM is imported only inside ``register`` and the loader's methods, so importing
 specbind never needs vLLM.
 Trap: a worker's exception does not cross vLLM's process boundary (the caller gets "Engine
@@ -39,6 +57,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import contextvars
 import functools
 import gc
 import os
@@ -67,8 +86,20 @@ def register() -> None:
                 _report(e)
                 raise
 
+        def load_model(self, *args: Any, **kwargs: Any) -> Any:
+            token = _INITIAL.set(True)  # a model vLLM has just made: its parameters hold nothing
+            try:
+                return super().load_model(*args, **kwargs)
+            finally:
+                _INITIAL.reset(token)
+
         def load_weights(self, model: Any, model_config: Any) -> None:
-            load_weights(model, model_config)
+            try:
+                options = loader_options(self.load_config.model_loader_extra_config)
+            except SpecbindError as e:
+                _report(e)
+                raise
+            load_weights(model, model_config, **options)
 
     try:
         register_model_loader(LOAD_FORMAT)(SpecbindLoader)
@@ -184,8 +215,38 @@ def _local_dir(model: str) -> Path:
     return p
 
 
-def load_weights(model: Any, model_config: Any) -> None:
-    """Bind this rank's share of ``model_config.model`` into ``model``'s parameters."""
+OPTIONS = {"mmap": True}  # model_loader_extra_config keys this loader reads, and defaults
+_INITIAL: contextvars.ContextVar[bool] = contextvars.ContextVar("specbind_initial", default=False)
+
+
+def loader_options(extra: Any) -> dict[str, bool]:
+    """The loader's options from vLLM's ``model_loader_extra_config`` (a dict, or None)."""
+    got = dict(extra or {}) if isinstance(extra, dict) or extra is None else None
+    if got is None:
+        raise SpecbindError(
+            f"load_format={LOAD_FORMAT!r}: model_loader_extra_config must be a dict, got "
+            f"{type(extra).__name__}"
+        )
+    out = dict(OPTIONS)
+    for key, value in got.items():
+        if key not in OPTIONS:
+            raise SpecbindError(
+                f"load_format={LOAD_FORMAT!r}: model_loader_extra_config key {key!r} is not "
+                f"one this loader reads (it reads: {', '.join(sorted(OPTIONS))})"
+            )
+        if not isinstance(value, bool):
+            raise SpecbindError(
+                f"load_format={LOAD_FORMAT!r}: model_loader_extra_config[{key!r}] must be true "
+                f"or false, got {value!r}"
+            )
+        out[key] = value
+    return out
+
+
+def load_weights(model: Any, model_config: Any, *, mmap: bool = True) -> None:
+    """Bind this rank's share of ``model_config.model`` into ``model``'s parameters (``mmap``:
+    a parameter that is a contiguous run of a checkpoint file's bytes is that run of a private,
+    populated map of the file instead of a copy: see the module's traps)."""
     from vllm.config import get_current_vllm_config
     from vllm.distributed import (
         get_pp_group,
@@ -208,10 +269,13 @@ def load_weights(model: Any, model_config: Any) -> None:
             get_pp_group().world_size, tp, int(getattr(parallel, "data_parallel_size", 1) or 1),
             bool(getattr(parallel, "enable_expert_parallel", False)),
         )  # fmt: skip
-        arena = Arena(separate=True)  # each field in a map of its own: what its parameter keeps
+        # each field in a map of its own, or the checkpoint's own pages: what its parameter keeps
+        arena = Arena(separate=True, file_views=mmap)
+        params = dict(model.named_parameters())
+        if _INITIAL.get():  # a new model's parameters are memory to bind into (see the trap)
+            arena.donate(donors(params))
         with split_reads(cores()):  # this rank's cores fault the fresh pages in together
             fields = bind_rank(model_config.model, tp, rank, into=arena)
-        params = dict(model.named_parameters())
         nbytes = fill(ENGINE, params, fields, adopt=arena)
     except SpecbindError as e:
         _report(e)
@@ -223,6 +287,26 @@ def load_weights(model: Any, model_config: Any) -> None:
         "specbind: loading weights took %.2f seconds (%d parameters, %.1f MiB, tp rank %d of %d)",
         time.perf_counter() - t0, len(params), nbytes / 2**20, rank, tp,
     )  # fmt: skip
+
+
+def donors(params: dict[str, Any]) -> list[Any]:
+    """The storage of each host parameter that is its own (contiguous, the whole of a storage
+    no other parameter shares) as a flat ``uint8`` NumPy view, for the arena to bind into."""
+    import torch
+
+    from specbind.engine import shared_storage
+
+    shared = shared_storage(params)
+    out, seen = [], set()
+    for name, p in params.items():
+        if name in shared or id(p) in seen or p.device.type != "cpu" or not p.is_contiguous():
+            continue
+        seen.add(id(p))
+        n = p.numel() * p.element_size()
+        if n == 0 or p.storage_offset() != 0 or p.untyped_storage().nbytes() != n:
+            continue
+        out.append(p.detach().view(-1).view(torch.uint8).numpy())  # [n] -> [n B]: its storage
+    return out
 
 
 def bind_rank(model: str, tp: int, rank: int, into: Any = None) -> Any:

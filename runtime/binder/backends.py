@@ -145,20 +145,33 @@ class Arena:
     of such a field into the arena itself (an engine's padded vocabulary split, where the
     field bound whole is the embedding and each rank keeps its rows). Trap: such a field is
     then not in the arena; the caller must copy what it keeps.
+
+    ``file_views=True`` (separate only): a field that is one contiguous run of a checkpoint
+    file's bytes (a verbatim tensor or the rank's rows of one, or tensors the file stores one
+    after the other, concatenated by rows: ``ops.concat_squeeze``) is not copied in: it is
+    that run of a private, copy-on-write map of the file, every page mapped in
+    (``runtime.io.file_views.private_view``, whose traps hold for it), memory it alone names
+    (``sole``), which ``specbind.engine.fill(adopt=)`` makes its parameter's storage. Trap:
+    such a field is outside the arena's chunks (``holds`` is False for it).
     """
 
     def __init__(
         self, chunk_bytes: int = 256 << 20, *, separate: bool = False,
-        views: frozenset[tuple[str, str]] = frozenset(),
+        views: frozenset[tuple[str, str]] = frozenset(), file_views: bool = False,
     ) -> None:  # fmt: skip
         if chunk_bytes < 1:
             raise BindError(f"Arena chunk_bytes is {chunk_bytes}, expected a positive size")
         self._chunk = chunk_bytes
         self._separate = separate
+        if file_views and not separate:
+            raise BindError("Arena(file_views=True) needs separate=True: each field its own map")
         self.views = views  # (block, field) pairs the bind leaves as views of the map
+        self.file_views = file_views  # every contiguous run of a file's bytes mapped, not copied
+        self._mapped: dict[int, int] = {}  # file_views: a private view's address -> its bytes
         self._chunks: list[Any] = []
         self._sizes: dict[int, int] = {}  # separate: a map's address -> the bytes handed out
         self._at = 0  # the chunk being carved
+        self._donors: dict[int, list[Any]] = {}  # separate: bytes -> memory handed to reuse
         self._off = 0  # the next free byte in it
         self.used = 0  # bytes handed out since the last reset (alignment padding excluded)
 
@@ -176,6 +189,27 @@ class Arena:
         import threading
 
         threading.Thread(target=_populate_write, args=(chunk,), daemon=True).start()
+
+    def donate(self, buffers: Any) -> None:
+        """Memory a separate arena hands out again before it maps any: each buffer (a
+        writable C-contiguous NumPy ``uint8`` array, such as an engine parameter's storage
+        about to be filled) serves one ``empty`` request of exactly its size, the first
+        donated first; the arena keeps it alive while it is handed out. What the engine
+        allocated is then the memory the bind writes: its pages, where they were faulted in
+        before (a heap an earlier engine of the process freed), are not faulted in again.
+        Trap: the caller must not read a donated buffer as its own afterwards: a field of
+        another name may lie in it (``specbind.engine.fill`` adopts by memory, not by name)."""
+        if not self._separate:
+            raise BindError("Arena.donate: only a separate arena hands donated memory out")
+        for b in buffers:
+            if not (
+                isinstance(b, np.ndarray) and b.dtype == np.uint8 and b.ndim == 1
+                and b.flags.c_contiguous and b.flags.writeable and b.nbytes > 0
+            ):  # fmt: skip
+                raise BindError("Arena.donate: a donated buffer is not writable contiguous uint8")
+            self._donors.setdefault(int(b.nbytes), []).append(b)
+        for same in self._donors.values():
+            same.reverse()  # popped from the end: the first donated first
 
     def _new_chunk(self, nbytes: int, pad: int = ALIGN) -> Any:
         """A chunk of at least ``nbytes`` (plus ``pad``, room to align a start) at the end of
@@ -195,8 +229,13 @@ class Arena:
         """An uninitialised C-contiguous array of ``shape`` and ``dtype`` inside the arena."""
         dt = np.dtype(dtype)
         n = math.prod(shape) * dt.itemsize
-        if self._separate:  # a map of its own, at its page-aligned start
-            chunk = self._new_chunk(max(n, 1), pad=0)
+        if self._separate:  # a donated buffer of its size, else a map of its own
+            same = self._donors.get(n)
+            if same:
+                chunk = same.pop()
+                self._chunks.append(chunk)
+            else:
+                chunk = self._new_chunk(max(n, 1), pad=0)
             self._sizes[chunk.ctypes.data] = n
             self.used += n
             return chunk[:n].view(dt).reshape(shape)  # [n B] -> shape
@@ -232,13 +271,32 @@ class Arena:
         if not (isinstance(a, np.ndarray) and a.flags.c_contiguous and a.nbytes > 0):
             return False
         lo, hi = np.lib.array_utils.byte_bounds(a)
-        return self._sizes.get(lo) == hi - lo
+        return self._sizes.get(lo) == hi - lo or self._mapped.get(lo) == hi - lo
+
+    def mapped(self, a: Any) -> Any:
+        """``a``'s bytes as a private map of its file (``file_views``; ``a`` one contiguous run
+        of a mapped checkpoint file, or already such a private view), recorded as memory
+        ``a`` alone names (``sole``); None where the arena does not keep file views or ``a``
+        is no such run."""
+        if not self.file_views or not isinstance(a, np.ndarray) or a.nbytes == 0:
+            return None
+        if self._mapped.get(int(a.ctypes.data)) == a.nbytes and a.flags.c_contiguous:
+            return a
+        from specbind.runtime.io.file_views import private_view
+
+        out = private_view(a)
+        if out is not None:
+            self._mapped[int(out.ctypes.data)] = int(out.nbytes)
+        return out
 
     def place(self, a: Any) -> Any:
         """``a`` itself if the arena holds it, else a copy in the arena (one read of ``a``: a
         contiguous view of a mapped checkpoint file is read from the file, ``ops.copy_in``)."""
         if a is None or self.holds(a):
             return a
+        mapped = self.mapped(a)
+        if mapped is not None:
+            return mapped
         out = self.empty(a.shape, a.dtype)
         numpy_ops.copy_in(out, a)
         return out
@@ -247,5 +305,5 @@ class Arena:
         """Hand out the arena's bytes again from the start (see the trap above); a separate
         arena forgets its maps instead."""
         if self._separate:
-            self._chunks, self._sizes = [], {}
+            self._chunks, self._sizes, self._donors, self._mapped = [], {}, {}, {}
         self._at, self._off, self.used = 0, 0, 0

@@ -178,14 +178,18 @@ def scale(a: Array, factor: float, dtype: str, into: Any = None) -> Array:
 def concat_squeeze(
     parts: Sequence[Array], axis: int, squeeze: int | None, into: Any = None
 ) -> Array:
-    """Concatenate along ``axis`` (order as given), then drop the singleton dim ``squeeze``."""
+    """Concatenate along ``axis`` (order as given), then drop the singleton dim ``squeeze``.
+    Into an arena that keeps file views (``Arena.file_views``), parts the file stores one after
+    the other in this order, by rows, are that run of the file's map: no byte copied."""
     if into is None:
         joined = np.concatenate(parts, axis=axis)
     else:
         shape = list(parts[0].shape)
         shape[axis] = sum(p.shape[axis] for p in parts)
-        joined = empty_in(tuple(shape), np.result_type(*parts), into)
-        if axis != 0 or not _read_rows(joined, parts):  # rows: each part read from the file
+        run = _file_run(parts) if axis == 0 and getattr(into, "file_views", False) else None
+        run = None if run is None else into.mapped(run)  # stored in order: the file's own bytes
+        joined = run if run is not None else empty_in(tuple(shape), np.result_type(*parts), into)
+        if run is None and (axis != 0 or not _read_rows(joined, parts)):  # rows: from the file
             for p in parts:
                 populate(p)
             np.concatenate(parts, axis=axis, out=joined)
@@ -194,6 +198,12 @@ def concat_squeeze(
     if joined.shape[squeeze] != 1:
         raise BindError(f"cannot squeeze dim {squeeze} of shape {list(joined.shape)}: it is not 1")
     return joined.squeeze(axis=squeeze)  # [.., 1, ..] -> [.., ..]: same row-major bytes
+
+
+def _file_run(parts: Sequence[Array]) -> Any:
+    from specbind.runtime.io.file_views import run_of
+
+    return run_of(parts)
 
 
 def stack(

@@ -110,6 +110,21 @@ def test_expert_parallel_is_accepted_at_one_expert_rank_and_refused_over_more() 
         check_parallel(2, 1, 1, False)
 
 
+def test_the_vllm_loaders_extra_config_maps_by_default_and_refuses_what_it_does_not_read() -> None:
+    from specbind.vllm_loader import loader_options
+
+    assert loader_options(None) == {"mmap": True} == loader_options({})
+    assert loader_options({"mmap": False}) == {"mmap": False}
+    with pytest.raises(
+        SpecbindError, match=r"key 'mmmap' is not one this loader reads \(it reads: mmap\)"
+    ):
+        loader_options({"mmmap": False})
+    with pytest.raises(SpecbindError, match=r"\['mmap'\] must be true or false, got 'no'"):
+        loader_options({"mmap": "no"})
+    with pytest.raises(SpecbindError, match="must be a dict, got list"):
+        loader_options(["mmap"])
+
+
 def test_an_unclaimed_model_type_inside_vllm_gets_advice_a_vllm_user_can_follow(
     ckpt: Path, tmp_path: Path
 ) -> None:
