@@ -1,6 +1,6 @@
 """Load time inside vLLM: ``load_format="specbind"`` beside vLLM's default loader.
 
-    python -m benchmarks.vllm_load CKPT [--repeat R] [--cold] [--fresh N] [--tp T]
+    python -m benchmarks.vllm_load CKPT [--repeat R] [--cold] [--fresh N] [--tp T] [--copy]
     python -m benchmarks.vllm_load --write {llama-1.34g,qwen3-moe-4g} DIR   (writes CKPT)
 
 (both in the vLLM venv, PYTHONPATH the clone)
@@ -21,6 +21,11 @@ them, and spawn imports this module in each (as ``__mp_main__``), which wraps th
 there too (the module's last lines); each worker appends its rank's figures to the file named
 by ``TIMES_ENV``, read back after each start: each rank's and the slowest rank's (what the
 engine waits for) are reported.
+Each start also counts the bytes ``load_weights`` had read from storage (``read_bytes`` of
+/proc/self/io, every rank's): with the page cache dropped, what shows each loader read the
+checkpoint from the disk. ``--copy``: a third side in the same rounds, specbind with its file
+maps off (``model_loader_extra_config={"mmap": False}``: every field copied into memory of
+its own), so the share of the maps is measured, not inferred.
 ``--write NAME DIR``: the checkpoints of the issue's rows (``CHECKPOINTS``: specbind's synth,
 seeded random values, at a real per-tensor geometry).
 Trap: the machine's load moves every figure; read them only side by side, from one run.
@@ -39,6 +44,17 @@ from pathlib import Path
 from typing import Any
 
 FORMATS = ("auto", "specbind")
+# ``--copy``'s third side: specbind with its file maps off (every field copied into memory of
+# its own), beside the other two in the same rounds.
+COPY = "specbind-copy"
+SIDES = (*FORMATS, COPY)
+
+
+def _side(side: str) -> tuple[str, dict[str, Any]]:
+    """A side's (load_format, model_loader_extra_config)."""
+    return ("specbind", {"mmap": False}) if side == COPY else (side, {})
+
+
 TIMES_ENV = "SPECBIND_BENCH_LOAD_TIMES"  # the file every process's wrapper appends its figures to
 
 # The issue's checkpoints: (model spec, decoder layers, shards, geometry). Llama: 1.34 GB.
@@ -113,16 +129,27 @@ def _rank() -> int:
         return 0
 
 
-def _record(kind: str, took: float, faults: int) -> None:
-    """Append one figure of this process to ``TIMES_ENV``'s file: ``kind rank s faults``."""
+def _record(kind: str, took: float, faults: int, disk: int) -> None:
+    """Append one figure of this process to ``TIMES_ENV``'s file: ``kind rank s faults disk``
+    (disk: bytes this process had read from storage, not from the page cache)."""
     path = os.environ.get(TIMES_ENV)
     if path:
         with open(path, "a", encoding="ascii") as f:
-            f.write(f"{kind} {_rank()} {took} {faults}\n")
+            f.write(f"{kind} {_rank()} {took} {faults} {disk}\n")
 
 
 def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def _disk() -> int:
+    """Bytes this process has had read from storage (``read_bytes`` of /proc/self/io): what
+    shows that, with the page cache dropped, a loader read the checkpoint from the disk."""
+    with open("/proc/self/io", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("read_bytes:"):
+                return int(line.split()[1])
+    return 0
 
 
 PROFILE_ENV = "SPECBIND_BENCH_PROFILE"  # a folder: each timed call's cProfile stats go there
@@ -136,11 +163,11 @@ def _call(kind: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         import cProfile
 
         prof = cProfile.Profile()
-    faults, t0 = _faults(), time.perf_counter()
+    faults, disk, t0 = _faults(), _disk(), time.perf_counter()
     try:
         return fn(*args, **kwargs) if prof is None else prof.runcall(fn, *args, **kwargs)
     finally:
-        _record(kind, time.perf_counter() - t0, _faults() - faults)
+        _record(kind, time.perf_counter() - t0, _faults() - faults, _disk() - disk)
         if prof is not None and folder:
             prof.dump_stats(os.path.join(folder, f"{kind}-{os.getpid()}-{time.time_ns()}.prof"))
 
@@ -184,17 +211,20 @@ def take_records(path: str) -> list[str]:
 
 def one_start(lines: list[str], tp: int, load_format: str) -> tuple[float, ...]:
     """One start's figures from its record lines: (slowest rank's load_weights s, its minor
-    faults, slowest post-processing s, each rank's load_weights s ...)."""
+    faults, slowest post-processing s, bytes read from storage by load_weights on all ranks,
+    each rank's load_weights s ...)."""
     rows = [ln.split() for ln in lines]
-    lw = {int(r): (float(s), int(n)) for k, r, s, n in rows if k == "lw"}
-    post = [float(s) for k, _, s, _ in rows if k == "post"]
+    lw = {int(r): (float(s), int(n)) for k, r, s, n, _ in rows if k == "lw"}
+    post = [float(s) for k, _, s, _, _ in rows if k == "post"]
+    disk = sum(int(d) for k, _, _, _, d in rows if k == "lw")
     if sorted(lw) != list(range(tp)) or sum(k == "lw" for k, *_ in rows) != tp:
         got = sorted(int(r) for k, r, *_ in rows if k == "lw")
         raise SystemExit(
             f"{load_format}: load_weights ran on ranks {got}, expected each of 0..{tp - 1} once"
         )
     took, faults = max(lw.values())
-    return (took, float(faults), max(post, default=0.0), *(lw[r][0] for r in range(tp)))
+    ranks = (lw[r][0] for r in range(tp))
+    return (took, float(faults), max(post, default=0.0), float(disk), *ranks)
 
 
 def drop_cache(ckpt: str) -> None:
@@ -209,7 +239,8 @@ def drop_cache(ckpt: str) -> None:
 
 def _start(ckpt: str, load_format: str, tp: int) -> tuple[float, ...]:
     """(load_weights s, whole LLM(...) s, minor faults of load_weights, post-processing s,
-    each rank's load_weights s ...) of one engine start (at tp > 1, the slowest rank's)."""
+    bytes load_weights read from storage, each rank's load_weights s ...) of one engine start
+    (at tp > 1, the slowest rank's)."""
     import gc
 
     from vllm import LLM
@@ -218,17 +249,20 @@ def _start(ckpt: str, load_format: str, tp: int) -> tuple[float, ...]:
     path = os.environ[TIMES_ENV]
     take_records(path)  # an earlier start's strays, if any
     extra: dict[str, Any] = {"distributed_executor_backend": "mp"} if tp > 1 else {}
+    fmt, config = _side(load_format)
+    if config:
+        extra["model_loader_extra_config"] = config
     t0 = time.perf_counter()
     llm: Any = LLM(
-        model=ckpt, load_format=load_format, dtype="bfloat16", skip_tokenizer_init=True,
+        model=ckpt, load_format=fmt, dtype="bfloat16", skip_tokenizer_init=True,
         enforce_eager=True, max_model_len=64, max_num_seqs=2, tensor_parallel_size=tp, **extra,
     )  # fmt: skip
     whole = time.perf_counter() - t0
     del llm
     gc.collect()
     cleanup_dist_env_and_memory()
-    lw, faults, post, *ranks = one_start(take_records(path), tp, load_format)
-    return (lw, whole, faults, post, *ranks)
+    lw, faults, post, disk, *ranks = one_start(take_records(path), tp, load_format)
+    return (lw, whole, faults, post, disk, *ranks)
 
 
 def _load_config(load_format: str) -> Any:
@@ -239,8 +273,8 @@ def _load_config(load_format: str) -> Any:
 
 def summary(times: dict[str, list[tuple[float, ...]]]) -> list[str]:
     """The printed rows: each loader's min and median of each figure, then the ratios. A start
-    is (load_weights s, LLM(...) s, minor faults[, post-processing s[, each rank's
-    load_weights s ...]])."""
+    is (load_weights s, LLM(...) s, minor faults[, post-processing s[, bytes read from
+    storage[, each rank's load_weights s ...]]])."""
     rows = []
     med: dict[str, list[float]] = {}
     for fmt, xs in times.items():
@@ -250,30 +284,34 @@ def summary(times: dict[str, list[tuple[float, ...]]]) -> list[str]:
         med[fmt] = [statistics.median(c) for c in cols]
         lw, whole = cols[0], cols[1]
         row = (
-            f"{fmt:9s} load_weights: median {med[fmt][0]:.3f} s (min {min(lw):.3f}); "
+            f"{fmt:13s} load_weights: median {med[fmt][0]:.3f} s (min {min(lw):.3f}); "
             f"LLM(...): median {med[fmt][1]:.3f} s (min {min(whole):.3f}); minor faults "
             f"median {med[fmt][2]:.0f}"
         )
         if len(cols) > 3:
             row += f"; post-processing median {med[fmt][3]:.3f} s"
-        if len(cols) > 5:  # tp > 1: load_weights above is the slowest rank's
+        if len(cols) > 4:
+            row += f"; read from disk median {med[fmt][4] / 1e9:.2f} GB"
+        if len(cols) > 6:  # tp > 1: load_weights above is the slowest rank's
             row += "; per rank " + ", ".join(
                 f"{r}: {statistics.median(c):.3f} (min {min(c):.3f})"
-                for r, c in enumerate(cols[4:])
+                for r, c in enumerate(cols[5:])
             )
         rows.append(row + f" ({len(xs)} starts)")
-    if set(FORMATS) <= med.keys() and all(med["auto"][:2]):
-        ours, theirs = med["specbind"], med["auto"]
-        rows.append(
-            f"specbind / auto, medians: load_weights {ours[0] / theirs[0]:.2f}, "
-            f"LLM(...) {ours[1] / theirs[1]:.2f}"
-        )
+    if "auto" in med and all(med["auto"][:2]):
+        theirs = med["auto"]
+        for side in (s for s in SIDES[1:] if s in med):
+            ours = med[side]
+            rows.append(
+                f"{side} / auto, medians: load_weights {ours[0] / theirs[0]:.2f}, "
+                f"LLM(...) {ours[1] / theirs[1]:.2f}"
+            )
     return rows
 
 
 def _fresh(ckpt: str, load_format: str, cold: bool) -> tuple[float, ...]:
     """One engine start in a process of its own: (load_weights s, LLM(...) s, minor faults of
-    load_weights, post-processing s, peak RSS GB of the process)."""
+    load_weights, post-processing s, bytes read from storage, peak RSS GB of the process)."""
     import subprocess
     import sys
 
@@ -290,15 +328,15 @@ def _fresh(ckpt: str, load_format: str, cold: bool) -> tuple[float, ...]:
     line = [x for x in out.splitlines() if x.startswith("CHILD ")]
     if proc.returncode or not line:
         raise SystemExit(f"{load_format}: the engine's process failed (exit {proc.returncode})")
-    lw, whole, faults, post, rss = (float(x) for x in line[-1].split()[1:])
-    return lw, whole, faults, post, rss * 1024 / 1e9  # KiB -> GB
+    lw, whole, faults, post, disk, rss = (float(x) for x in line[-1].split()[1:])
+    return lw, whole, faults, post, disk, rss * 1024 / 1e9  # KiB -> GB
 
 
 def _child(ckpt: str, load_format: str) -> None:
     """The ``--child`` process: one engine start, its figures on one line, its peak RSS."""
     _wrap()
-    lw, whole, faults, post, *_ = _start(ckpt, load_format, 1)
-    print(f"CHILD {lw} {whole} {faults} {post} {peak_rss_kib()}", flush=True)
+    lw, whole, faults, post, disk, *_ = _start(ckpt, load_format, 1)
+    print(f"CHILD {lw} {whole} {faults} {post} {disk} {peak_rss_kib()}", flush=True)
 
 
 def peak_rss_kib() -> int:
@@ -348,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fresh", type=int, default=0, help="pairs of one process per start")
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     ap.add_argument("--write", nargs=2, metavar=("NAME", "DIR"), help="write a checkpoint")
-    ap.add_argument("--child", choices=FORMATS, help=argparse.SUPPRESS)
+    ap.add_argument("--copy", action="store_true", help=f"a third side: {COPY} (mmap off)")
+    ap.add_argument("--child", choices=SIDES, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.write:
         got = write_checkpoint(args.write[0], Path(args.write[1]))
@@ -379,7 +418,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         _child(args.ckpt, args.child)
         return
-    times: dict[str, list[tuple[float, ...]]] = {fmt: [] for fmt in FORMATS}
+    sides = SIDES if args.copy else FORMATS
+    times: dict[str, list[tuple[float, ...]]] = {fmt: [] for fmt in sides}
     for fmt in times:  # warm-up: imports, page cache
         _start(args.ckpt, fmt, args.tp)
     load = os.getloadavg()
@@ -388,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.cold:
                 drop_cache(args.ckpt)
             times[fmt].append(_start(args.ckpt, fmt, args.tp))
-    fresh: dict[str, list[tuple[float, ...]]] = {fmt: [] for fmt in FORMATS}
+    fresh: dict[str, list[tuple[float, ...]]] = {fmt: [] for fmt in sides}
     for _ in range(args.fresh):
         for fmt in fresh:
             fresh[fmt].append(_fresh(args.ckpt, fmt, args.cold))
@@ -398,12 +438,14 @@ def main(argv: list[str] | None = None) -> None:
         print(row)
     if args.fresh:
         print("one process per start:")
-        for row in summary({f: [x[:4] for x in xs] for f, xs in fresh.items()}):
+        for row in summary({f: [x[:5] for x in xs] for f, xs in fresh.items()}):
             print(row)
-        rss = {f: statistics.median(x[4] for x in xs) for f, xs in fresh.items()}
+        rss = {f: statistics.median(x[5] for x in xs) for f, xs in fresh.items()}
         print(
-            f"peak RSS of the engine's process, medians: auto {rss['auto']:.2f} GB, specbind "
-            f"{rss['specbind']:.2f} GB (specbind / auto {rss['specbind'] / rss['auto']:.2f})"
+            "peak RSS of the engine's process, medians: "
+            + ", ".join(f"{f} {gb:.2f} GB" for f, gb in rss.items())
+            + "; "
+            + ", ".join(f"{f} / auto {rss[f] / rss['auto']:.2f}" for f in rss if f != "auto")
         )
     cache = "dropped before each start" if args.cold else "warm"
     print(

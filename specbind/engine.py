@@ -13,9 +13,10 @@ Invariants of ``fill`` (each refusal is one ``BindError`` line naming the parame
 - all of it is checked before the first byte is copied, so a refused load changes nothing;
 - with ``adopt`` (the separate ``Arena`` the fields were bound into) a parameter takes its
   field's memory as its storage only where no other field or parameter can name that memory
-  (the whole of one of the arena's maps, or NumPy memory the array owns; a contiguous host
-  parameter whose storage no other parameter shares), each field's memory adopted once; every
-  other parameter is copied into.
+  (the whole of one of the arena's maps, a private map of the file's bytes it made with
+  ``file_views``, or NumPy memory the array owns; a contiguous host parameter whose storage no
+  other parameter shares), no two parameters adopting memory that shares a byte; every other
+  parameter is copied into.
 Trap: an adopted parameter and its field are one memory: a caller who keeps the fields and
 writes into one writes into the engine's parameter.
 A padded split (``EngineTable.padding``, the layout's ``pad:``) is the engine's rule, not a

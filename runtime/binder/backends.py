@@ -98,6 +98,7 @@ def get(name: str, kernels: Any = None) -> Backend:
 ALIGN = 64  # bytes: every array an Arena hands out starts on a cache line
 PAGE = mmap.PAGESIZE
 POPULATE_STEP = 16 << 20  # bytes a background populate maps per call
+AHEAD_MIN = 64 << 20  # bytes: a separate arena's map this large is populated in the background
 
 
 def _populate_write(chunk: Any) -> None:
@@ -138,7 +139,12 @@ class Arena:
     CPU linears, repacked after loading). ``sole(a)`` says whether ``a`` is the whole of one
     such map. Trap: ``reserve`` maps nothing ahead then (the maps are made when carved), and
     ``reset`` forgets the maps instead of handing them out again (arrays already handed out
-    keep their memory).
+    keep their memory). A map of ``AHEAD_MIN`` bytes or more (a stack of experts, a whole
+    vocabulary) has its pages mapped in by a background thread from its start, as ``reserve``
+    does, while the bind writes it: a stack is written one member at a time (each a read of a
+    few MiB, too small to split over the cores), so its fresh pages would otherwise fault in
+    on the bind's one thread (a 4.2 GB Qwen3-MoE bind, 3 interleaved pairs: 3.14 s without,
+    2.28 s with, min 2.68 / 1.99).
 
     ``views``: (block, field) pairs a bind leaves as they are bound (a view of the mapped
     checkpoint stays a view) instead of copying them in: for a caller that reads only a share
@@ -236,6 +242,10 @@ class Arena:
                 self._chunks.append(chunk)
             else:
                 chunk = self._new_chunk(max(n, 1), pad=0)
+            if n >= AHEAD_MIN:  # its pages mapped in ahead, on another core (see the class)
+                import threading
+
+                threading.Thread(target=_populate_write, args=(chunk,), daemon=True).start()
             self._sizes[chunk.ctypes.data] = n
             self.used += n
             return chunk[:n].view(dt).reshape(shape)  # [n B] -> shape
