@@ -1,7 +1,7 @@
 """Load time inside vLLM: ``load_format="specbind"`` beside vLLM's default loader.
 
     python -m benchmarks.vllm_load CKPT [--repeat R] [--cold] [--fresh N] [--tp T] [--copy]
-    python -m benchmarks.vllm_load --write {llama-1.34g,qwen3-moe-4g} DIR   (writes CKPT)
+    python -m benchmarks.vllm_load --write NAME DIR   (writes CKPT; NAME: CHECKPOINTS)
 
 (both in the vLLM venv, PYTHONPATH the clone)
 
@@ -69,7 +69,17 @@ CHECKPOINTS: dict[str, tuple[str, int, int, dict[str, int]]] = {
         "hidden": 2048, "heads": 32, "kv_heads": 4, "head_dim": 128, "moe_intermediate": 768,
         "experts": 48, "intermediate": 6144, "vocab": 32000,
     }),
+    # DeepSeek-V3's first three layers (MLA, dense MLP: first_k_dense_replace 3, CONFIG) at
+    # its real geometry, vocab 32000: 4.4 GB, the MLA row of the issue.
+    "deepseek-v3-mla-4g": ("deepseek-v3", 3, 8, {
+        "hidden": 7168, "heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "intermediate": 18432, "moe_intermediate": 2048, "experts": 256, "shared_experts": 1,
+        "vocab": 32000,
+    }),
 }  # fmt: skip
+# A checkpoint's config.json values over its spec's synth config (which layers are dense).
+CONFIG: dict[str, dict[str, Any]] = {"deepseek-v3-mla-4g": {"first_k_dense_replace": 3}}
 
 
 def write_checkpoint(name: str, out: Path) -> dict[str, Any]:
@@ -81,6 +91,13 @@ def write_checkpoint(name: str, out: Path) -> dict[str, Any]:
         raise SystemExit(f"--write {name!r}: unknown checkpoint (one of {', '.join(CHECKPOINTS)})")
     model, layers, shards, values = CHECKPOINTS[name]
     table = model_table(model, "--write", {}, None)
+    if name in CONFIG and table.synth is not None:
+        import json
+
+        from specbind.core.record import replace
+
+        config = json.loads(table.synth.config_json) | CONFIG[name]
+        table = replace(table, synth=replace(table.synth, config_json=json.dumps(config)))
     got = synth(table, out, values, layers=layers, shards=shards, mtp=False)
     hub_names(out)
     return got
