@@ -82,15 +82,12 @@ CHECKPOINTS: dict[str, tuple[str, int, int, dict[str, int]]] = {
 CONFIG: dict[str, dict[str, Any]] = {"deepseek-v3-mla-4g": {"first_k_dense_replace": 3}}
 
 
-def write_checkpoint(name: str, out: Path) -> dict[str, Any]:
-    """Write the checkpoint ``name`` of ``CHECKPOINTS`` to ``out`` (seeded random values)."""
+def checkpoint_table(name: str) -> Any:
+    """The model table ``name`` of ``CHECKPOINTS`` is written by: its spec's, with ``CONFIG``'s
+    values over the spec's synth config (which layers are dense)."""
     from specbind.api import model_table
-    from specbind.synth import synth
 
-    if name not in CHECKPOINTS:
-        raise SystemExit(f"--write {name!r}: unknown checkpoint (one of {', '.join(CHECKPOINTS)})")
-    model, layers, shards, values = CHECKPOINTS[name]
-    table = model_table(model, "--write", {}, None)
+    table = model_table(CHECKPOINTS[name][0], "--write", {}, None)
     if name in CONFIG and table.synth is not None:
         import json
 
@@ -98,6 +95,17 @@ def write_checkpoint(name: str, out: Path) -> dict[str, Any]:
 
         config = json.loads(table.synth.config_json) | CONFIG[name]
         table = replace(table, synth=replace(table.synth, config_json=json.dumps(config)))
+    return table
+
+
+def write_checkpoint(name: str, out: Path) -> dict[str, Any]:
+    """Write the checkpoint ``name`` of ``CHECKPOINTS`` to ``out`` (seeded random values)."""
+    from specbind.synth import synth
+
+    if name not in CHECKPOINTS:
+        raise SystemExit(f"--write {name!r}: unknown checkpoint (one of {', '.join(CHECKPOINTS)})")
+    _, layers, shards, values = CHECKPOINTS[name]
+    table = checkpoint_table(name)
     got = synth(table, out, values, layers=layers, shards=shards, mtp=False)
     hub_names(out)
     return got

@@ -20,6 +20,17 @@ def test_the_summary_gives_each_loaders_min_and_median_and_the_ratio_of_medians(
     assert rows[2] == "specbind / auto, medians: load_weights 0.25, LLM(...) 0.86"
 
 
+def test_the_copy_side_gets_its_own_row_and_ratio_over_the_default_loader() -> None:
+    from benchmarks.vllm_load import COPY
+
+    rows = summary({
+        "auto": [(2.0, 8.0, 1.0)], "specbind": [(0.5, 4.0, 1.0)], COPY: [(3.0, 10.0, 1.0)],
+    })  # fmt: skip
+    assert rows[2].startswith("specbind-copy ") and "median 3.000 s" in rows[2]
+    assert rows[3] == "specbind / auto, medians: load_weights 0.25, LLM(...) 0.50"
+    assert rows[4] == "specbind-copy / auto, medians: load_weights 1.50, LLM(...) 1.25"
+
+
 def test_a_loader_with_no_start_gives_no_row_and_no_ratio() -> None:
     assert summary({"auto": [], "specbind": []}) == []
 
@@ -40,12 +51,14 @@ def test_the_peak_rss_is_this_address_spaces_own_not_one_inherited_across_exec()
 
 
 def test_the_summary_adds_post_processing_and_each_ranks_load_weights_at_tp_2() -> None:
-    # (slowest rank's load_weights, LLM(...), faults, post-processing, rank 0, rank 1)
+    # (slowest rank's load_weights, LLM(...), faults, post-processing, bytes from storage,
+    # rank 0, rank 1)
     rows = summary({
-        "auto": [(2.0, 9.0, 10.0, 0.5, 2.0, 1.5), (3.0, 9.0, 10.0, 0.7, 2.5, 3.0)],
-        "specbind": [(1.0, 8.0, 10.0, 0.4, 1.0, 0.5), (0.5, 8.0, 10.0, 0.2, 0.25, 0.5)],
+        "auto": [(2.0, 9.0, 10.0, 0.5, 2e9, 2.0, 1.5), (3.0, 9.0, 10.0, 0.7, 1e9, 2.5, 3.0)],
+        "specbind": [(1.0, 8.0, 10.0, 0.4, 0, 1.0, 0.5), (0.5, 8.0, 10.0, 0.2, 0, 0.25, 0.5)],
     })  # fmt: skip
     assert "post-processing median 0.600 s" in rows[0]
+    assert "read from disk median 1.50 GB" in rows[0] and "read from disk median 0.00 GB" in rows[1]
     assert "per rank 0: 2.250 (min 2.000), 1: 2.250 (min 1.500)" in rows[0]
     assert "per rank 0: 0.625 (min 0.250), 1: 0.500 (min 0.500)" in rows[1]
     assert rows[2].startswith("specbind / auto, medians: load_weights 0.30,")
@@ -54,8 +67,10 @@ def test_the_summary_adds_post_processing_and_each_ranks_load_weights_at_tp_2() 
 def test_one_start_takes_the_slowest_rank_and_its_faults_and_every_ranks_seconds() -> None:
     from benchmarks.vllm_load import one_start
 
-    lines = ["lw 1 2.5 700", "post 1 0.25 3", "lw 0 1.5 900", "post 0 0.75 4"]
-    assert one_start(lines, 2, "auto") == (2.5, 700.0, 0.75, 1.5, 2.5)
+    lines = ["lw 1 2.5 700 10", "post 1 0.25 3 0", "lw 0 1.5 900 20", "post 0 0.75 4 5"]
+    # (slowest load_weights, its faults, slowest post-processing, every rank's load_weights
+    # bytes from storage summed, each rank's load_weights)
+    assert one_start(lines, 2, "auto") == (2.5, 700.0, 0.75, 30.0, 1.5, 2.5)
 
 
 def test_a_start_whose_ranks_did_not_each_load_once_is_refused_by_name() -> None:
@@ -63,7 +78,7 @@ def test_a_start_whose_ranks_did_not_each_load_once_is_refused_by_name() -> None
 
     from benchmarks.vllm_load import one_start
 
-    for lines in (["lw 0 1.0 5"], ["lw 0 1.0 5", "lw 0 1.2 5"], []):
+    for lines in (["lw 0 1.0 5 0"], ["lw 0 1.0 5 0", "lw 0 1.2 5 0"], []):
         with pytest.raises(SystemExit, match=r"^specbind: load_weights ran on ranks \["):
             one_start(lines, 2, "specbind")
 
@@ -128,14 +143,13 @@ def test_an_unknown_checkpoint_name_is_refused_naming_those_there_are() -> None:
 def test_the_written_geometry_is_what_the_model_spec_accepts_at_the_sizes_claimed() -> None:
     """Each checkpoint's geometry evaluates under its model spec, and its bytes are the sizes
     the rows claim (1.34 GB Llama; a MoE of at least 4 GB, fused MoE sizes multiples of 32)."""
-    from benchmarks.vllm_load import CHECKPOINTS
-    from specbind.api import model_table
+    from benchmarks.vllm_load import CHECKPOINTS, checkpoint_table
     from specbind.core.dtypes import DTYPES
     from specbind.synth import block_tensors, schedule
 
     sizes = {}
-    for name, (model, layers, _, values) in CHECKPOINTS.items():
-        table = model_table(model, "test", {}, None)
+    for name, (_, layers, _, values) in CHECKPOINTS.items():
+        table = checkpoint_table(name)
         geometry = table.make_geometry(table.default_values() | values)
         total = 0
         for plan in schedule(table, layers, mtp=False):
@@ -148,4 +162,5 @@ def test_the_written_geometry_is_what_the_model_spec_accepts_at_the_sizes_claime
         sizes[name] = total
     assert abs(sizes["llama-1.34g"] - 1.344e9) < 0.01e9
     assert sizes["qwen3-moe-4g"] >= 4e9
+    assert 4e9 <= sizes["deepseek-v3-mla-4g"] < 4.5e9  # dense layers: CONFIG's schedule
     assert CHECKPOINTS["qwen3-moe-4g"][3]["moe_intermediate"] % 32 == 0
