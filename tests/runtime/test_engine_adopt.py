@@ -10,8 +10,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from engine_params import bits, params_for, tiny_llama
 
-from specbind.engine import EngineField, bind_for_engine, fill
+from specbind.engine import bind_for_engine, fill
 from specbind.engine_ops import padded_share
 from specbind.runtime.binder.backends import Arena
 
@@ -20,45 +21,30 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from specbind.cli import main
-
-    ckpt = tmp_path_factory.mktemp("adopt") / "ckpt"
-    assert main(["synth", "--model", "llama", str(ckpt)]) == 0  # vocab 112: padded to 128
-    return ckpt
-
-
-def _params(fields: dict[str, EngineField]) -> dict[str, Any]:
-    return {
-        n: torch.nn.Parameter(torch.zeros(f.array.shape, dtype=torch.bfloat16), False)
-        for n, f in fields.items()
-    }
-
-
-def _bits(t: Any) -> Any:
-    return t.detach().view(torch.int16).numpy()
+    return tiny_llama(tmp_path_factory, "adopt")  # vocab 112: padded to 128
 
 
 @pytest.mark.parametrize(("tp", "rank"), [(1, 0), (2, 0), (2, 1)])
 def test_every_parameter_adopts_its_fields_memory_and_holds_the_copied_bytes(
     llama: Path, tp: int, rank: int
 ) -> None:
-    want = _params(bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank))
+    want = params_for(bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank))
     fill("vllm", want, bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank))
     arena = Arena(separate=True)
     fields = bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank, into=arena)
-    params = _params(fields)
+    params = params_for(fields)
     objects = {n: p for n, p in params.items()}
     assert fill("vllm", params, fields, adopt=arena) == sum(f.array.nbytes for f in fields.values())
     for n, p in params.items():
         assert p is objects[n]  # the engine's parameter object, its storage replaced
         assert p.data_ptr() == fields[n].array.ctypes.data, n  # the field's memory: no copy
-        assert np.array_equal(_bits(p), _bits(want[n])), n
+        assert np.array_equal(bits(p), bits(want[n])), n
 
 
 def test_a_parameter_sharing_its_storage_or_not_contiguous_is_copied_into(llama: Path) -> None:
     arena = Arena(separate=True)
     fields = bind_for_engine(llama, "vllm", into=arena)
-    params = _params(fields)
+    params = params_for(fields)
     q = "model.layers.0.self_attn.qkv_proj.weight"
     o = "model.layers.0.self_attn.o_proj.weight"
     base = torch.zeros(2, *params[q].shape, dtype=torch.bfloat16)
@@ -72,7 +58,7 @@ def test_a_parameter_sharing_its_storage_or_not_contiguous_is_copied_into(llama:
     for n in (q, other, o):
         assert params[n].data_ptr() == before[n], n  # kept its storage
         want = np.ascontiguousarray(fields[n].array).view(np.int16)
-        assert np.array_equal(_bits(params[n]), want), n
+        assert np.array_equal(bits(params[n]), want), n
     assert params["model.layers.1.self_attn.o_proj.weight"].data_ptr() == (
         fields["model.layers.1.self_attn.o_proj.weight"].array.ctypes.data
     )  # the others are adopted
@@ -83,14 +69,14 @@ def test_a_field_that_is_part_of_a_buffer_or_of_another_arena_is_copied_not_adop
 ) -> None:
     plain = Arena()
     fields = bind_for_engine(llama, "vllm", into=plain)  # one chunk holds the fields
-    params = _params(fields)
+    params = params_for(fields)
     before = {n: p.data_ptr() for n, p in params.items()}
     fill("vllm", params, fields, adopt=Arena(separate=True))
     carved = [n for n, f in fields.items() if plain.holds(f.array)]
     assert len(carved) == len(fields)  # the padded vocabulary's shares too
     assert all(params[n].data_ptr() == before[n] for n in carved)
     for n, p in params.items():
-        assert np.array_equal(_bits(p), np.asarray(fields[n].array).view(np.int16)), n
+        assert np.array_equal(bits(p), np.asarray(fields[n].array).view(np.int16)), n
 
 
 def test_a_padded_share_with_no_row_of_padding_is_the_field_itself() -> None:

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from engine_params import bits, params_for, tiny_llama
 
 from specbind.core.errors import BindError
-from specbind.engine import EngineField, bind_for_engine, fill
+from specbind.engine import bind_for_engine, fill
 from specbind.runtime.binder.backends import Arena
 from specbind.runtime.io import file_views
 from specbind.runtime.io.safetensors_file import SafetensorsFile
@@ -33,22 +34,7 @@ EMBED = "model.embed_tokens.weight"
 
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from specbind.cli import main
-
-    ckpt = tmp_path_factory.mktemp("views") / "ckpt"
-    assert main(["synth", "--model", "llama", str(ckpt)]) == 0  # vocab 112: padded to 128
-    return ckpt
-
-
-def _params(fields: dict[str, EngineField]) -> dict[str, Any]:
-    return {
-        n: torch.nn.Parameter(torch.zeros(f.array.shape, dtype=torch.bfloat16), False)
-        for n, f in fields.items()
-    }
-
-
-def _bits(t: Any) -> Any:
-    return t.detach().view(torch.int16).numpy()
+    return tiny_llama(tmp_path_factory, "views")  # vocab 112: padded to 128
 
 
 def _mapped_file(address: int) -> str | None:
@@ -65,7 +51,7 @@ def _mapped_file(address: int) -> str | None:
 def _mapped_fill(ckpt: Path, tp: int, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
     arena = Arena(separate=True, file_views=True)
     fields = bind_for_engine(ckpt, "vllm", tp_size=tp, tp_rank=rank, into=arena)
-    params = _params(fields)
+    params = params_for(fields)
     fill("vllm", params, fields, adopt=arena)
     return params, {n: _mapped_file(p.data_ptr()) for n, p in params.items()}
 
@@ -74,11 +60,11 @@ def _mapped_fill(ckpt: Path, tp: int, rank: int) -> tuple[dict[str, Any], dict[s
 def test_every_parameter_bound_with_file_views_holds_the_bytes_a_copying_fill_gives(
     llama: Path, tp: int, rank: int
 ) -> None:
-    want = _params(bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank))
+    want = params_for(bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank))
     fill("vllm", want, bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank))
     params, files = _mapped_fill(llama, tp, rank)
     for n, p in params.items():
-        assert np.array_equal(_bits(p), _bits(want[n])), n
+        assert np.array_equal(bits(p), bits(want[n])), n
     assert any(files.values())  # some are the file's pages (which: the next tests)
 
 
@@ -121,7 +107,7 @@ def test_a_write_into_a_mapped_parameter_changes_neither_the_file_nor_a_later_bi
         params[DOWN].fill_(1.0)  # copy-on-write: the parameter's pages become its own
     assert {p.name: p.read_bytes() for p in ckpt.glob("*.safetensors")} == before
     again = bind_for_engine(ckpt, "vllm")
-    assert not np.array_equal(np.asarray(again[DOWN].array).view(np.int16), _bits(params[DOWN]))
+    assert not np.array_equal(np.asarray(again[DOWN].array).view(np.int16), bits(params[DOWN]))
 
 
 def _present(t: Any) -> tuple[int, int]:
@@ -220,7 +206,7 @@ def test_a_bind_into_donated_parameters_fills_each_parameter_from_the_engines_ow
     ``fill`` adopts by memory), and each parameter holds its own field's bytes."""
     from specbind.vllm_loader import donors
 
-    want = _params(bind_for_engine(llama, "vllm", tp_size=2, tp_rank=1))
+    want = params_for(bind_for_engine(llama, "vllm", tp_size=2, tp_rank=1))
     fill("vllm", want, bind_for_engine(llama, "vllm", tp_size=2, tp_rank=1))
     params = {n: torch.nn.Parameter(torch.empty_like(p), False) for n, p in want.items()}
     storage = [(p.data_ptr(), p.numel() * p.element_size()) for p in params.values()]
@@ -230,7 +216,7 @@ def test_a_bind_into_donated_parameters_fills_each_parameter_from_the_engines_ow
     fill("vllm", params, fields, adopt=arena)
     inside = 0
     for n, p in params.items():
-        assert np.array_equal(_bits(p), _bits(want[n])), n
+        assert np.array_equal(bits(p), bits(want[n])), n
         at = p.data_ptr()
         inside += any(lo <= at < lo + size for lo, size in storage)
     assert inside >= len(params) // 2, (inside, len(params))
