@@ -156,7 +156,7 @@ class Arena:
     file's bytes (a verbatim tensor or the rank's rows of one, or tensors the file stores one
     after the other, concatenated by rows: ``ops.concat_squeeze``) is not copied in: it is
     that run of a private, copy-on-write map of the file, every page mapped in
-    (``runtime.io.file_views.private_view``, whose traps hold for it), memory it alone names
+    (``runtime.io.safetensors_file.private_view``, whose traps hold for it), memory it alone names
     (``sole``), which ``specbind.engine.fill(adopt=)`` makes its parameter's storage. Trap:
     such a field is outside the arena's chunks (``holds`` is False for it).
     """
@@ -292,7 +292,7 @@ class Arena:
             return None
         if self._mapped.get(int(a.ctypes.data)) == a.nbytes and a.flags.c_contiguous:
             return a
-        from specbind.runtime.io.file_views import private_view
+        from specbind.runtime.io.safetensors_file import private_view
 
         out = private_view(a)
         if out is not None:

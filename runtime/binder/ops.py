@@ -201,7 +201,7 @@ def concat_squeeze(
 
 
 def _file_run(parts: Sequence[Array]) -> Any:
-    from specbind.runtime.io.file_views import run_of
+    from specbind.runtime.io.safetensors_file import run_of
 
     return run_of(parts)
 

@@ -21,12 +21,45 @@ Invariants (each violation is a ``CheckpointError`` naming the file and the tens
   at most ``READERS``, the files read most recently (closed as others are read, or as their
   file goes), so a checkpoint of 3,000 shards needs about 3,000 descriptors, not 6,000.
 Trap: the mmap stays open while any view of it lives.
+
+A field that is one run of the file's bytes, held as a private map of the file
+(``private_view``, ``run_of``; what ``Arena(file_views=True)`` binds, for an engine whose
+host parameters may be the checkpoint's own pages): the same file mapped again, private and
+writable (``MAP_PRIVATE``: copy-on-write, the file never written), every page of the field
+mapped in before it returns (``MADV_POPULATE_READ``: the page cache's own pages, read from
+the disk first where they are not cached), so the parameter holds every byte it claims: a read
+of it afterwards faults in nothing and reads nothing from the disk.
+Why by hand: safetensors' ``safe_open`` and torch's ``frombuffer`` give read-only or copied
+memory, NumPy's ``memmap`` has no populate, and Python's ``mmap`` keeps a duplicate of the
+file's descriptor for the map's whole life (one more descriptor per shard for as long as an
+engine runs: a checkpoint of thousands of shards would run out); libc's ``mmap`` needs none
+once the map is made.
+Invariants:
+- ``run_of`` returns a view only where every part is C-contiguous, of one dtype and row shape,
+  each starting at the byte after the one before, all inside one file's map: exactly the bytes
+  ``np.concatenate`` would copy, in the same order;
+- ``private_view`` returns the same bytes as its argument (same file, offset and length; the
+  file opened again by path and checked to be the one mapped: device, inode, size), writable,
+  every page mapped in; one private map per file, shared by its views and unmapped with the
+  last; None where it cannot (no such file open, another file at the path now, no libc, a
+  private map refused): the caller copies instead.
+Traps of a private view:
+- a write into it copies that page (copy-on-write): neither the file nor the page cache
+  changes; a page never written stays the page cache's, shared with every process that maps
+  or reads the file (the tp workers of one engine among them);
+- the file must not be truncated or rewritten in place while a view of it lives: the kernel
+  raises SIGBUS on a page past the new end, and an unwritten page shows the new bytes. A Hub
+  cache's blobs are never rewritten; a folder a trainer overwrites in place is (the vLLM
+  loader's ``"mmap": False`` copies instead);
+- its pages are the page cache's, so memory pressure may drop them (clean file pages) and a
+  later read fetch them from the disk again, where anonymous memory with no swap would stay.
 """
 
 from __future__ import annotations
 
 import _thread
 import contextlib
+import ctypes
 import json
 import mmap
 import os
@@ -37,6 +70,8 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import numpy as np
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import CheckpointError
@@ -394,3 +429,125 @@ def _holder(address: int, nbytes: int) -> SafetensorsFile | None:
             _last[0] = weakref.ref(f)
             return f
     return None
+
+
+# -- private views: a field that is one run of the file's bytes (see the module's docstring)
+
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python 3.12 names it
+# Each file's private map, by (device, inode, size): weak, so the map goes when its last view
+# goes; by the file's identity, not the reader object's, which a bind drops before its fields.
+_PRIVATE: weakref.WeakValueDictionary[tuple[int, int, int], Any] = weakref.WeakValueDictionary()
+_LIBC: list[Any] = []  # libc with mmap / munmap / madvise typed, or None where there is none
+
+
+def _libc() -> Any:
+    if not _LIBC:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = (
+                ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                ctypes.c_long,
+            )  # fmt: skip
+            libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+            libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        except (OSError, AttributeError, TypeError):  # no libc mmap (Windows)
+            libc = None
+        _LIBC.append(libc)
+    return _LIBC[0]
+
+
+def _run(a: Any) -> tuple[SafetensorsFile, int] | None:
+    """``a``'s file and byte offset in it, where ``a`` is a C-contiguous, read-only view of an
+    open file's map; else None."""
+    if not (isinstance(a, np.ndarray) and a.flags.c_contiguous and a.nbytes > 0):
+        return None
+    if a.flags.writeable:  # memory of its own, not a view of a read-only map
+        return None
+    address = int(a.ctypes.data)
+    f = _holder(address, int(a.nbytes))
+    return None if f is None else (f, address - f._base)
+
+
+def is_file_view(a: Any) -> bool:
+    """Whether ``a`` is one contiguous run of an open checkpoint file's mapped bytes."""
+    return _run(a) is not None
+
+
+def run_of(parts: Any) -> Any:
+    """``parts`` concatenated along axis 0 as one view of the file's map, where the file stores
+    them one after the other in this order (see the invariants); else None."""
+    if not parts or not isinstance(parts[0], np.ndarray) or parts[0].ndim == 0:
+        return None
+    first = parts[0]
+    where = _run(first)
+    if where is None:
+        return None
+    f, lo = where
+    at = int(first.ctypes.data)
+    for p in parts:
+        if (
+            not isinstance(p, np.ndarray)
+            or p.dtype != first.dtype
+            or p.shape[1:] != first.shape[1:]
+            or _run(p) is None
+            or int(p.ctypes.data) != at
+        ):
+            return None
+        at += int(p.nbytes)
+    n = at - int(first.ctypes.data)
+    if lo + n > f.size:
+        return None
+    rows = sum(int(p.shape[0]) for p in parts)
+    flat = np.frombuffer(f.view, np.uint8)  # [file B]: the file's read-only map
+    return flat[lo : lo + n].view(first.dtype).reshape(rows, *first.shape[1:])  # [n B] -> rows
+
+
+def _private_map(f: SafetensorsFile) -> Any:
+    """``f``'s file mapped again through libc, private and writable (one map per file, kept
+    while viewed, unmapped with its last view); None where it cannot be."""
+    key = (*f._inode, f.size)
+    m = _PRIVATE.get(key)
+    if m is not None:
+        return m
+    libc = _libc()
+    if libc is None:
+        return None
+    with _readers_lock:
+        fd = _reader(f)  # opened by path, its device and inode checked against the map's
+        if fd is None:
+            return None
+        try:
+            if os.fstat(fd).st_size != f.size:
+                return None  # the file changed length since it was mapped
+        except OSError:
+            return None
+        prot = mmap.PROT_READ | mmap.PROT_WRITE
+        address = libc.mmap(None, f.size, prot, mmap.MAP_PRIVATE, fd, 0)
+    if address is None or address == ctypes.c_void_p(-1).value:  # refused: ENOMEM, a limit
+        return None
+    raw = (ctypes.c_uint8 * f.size).from_address(address)
+    weakref.finalize(raw, libc.munmap, address, f.size)  # unmapped when its last view goes
+    m = np.frombuffer(memoryview(raw).cast("B"), np.uint8)  # [file B]: it keeps ``raw`` alive
+    _PRIVATE[key] = m
+    return m
+
+
+def private_view(a: Any) -> Any:
+    """The bytes of ``a`` (a contiguous view of a mapped checkpoint file) as a writable view of
+    the file's private map, every page mapped in; None where that cannot be (the caller
+    copies). See the module's invariants and traps."""
+    where = _run(a)
+    if where is None:
+        return None
+    f, offset = where
+    m = _private_map(f)
+    if m is None:
+        return None
+    n = int(a.nbytes)
+    view = m[offset : offset + n]  # [n B] of the private map
+    start = int(view.ctypes.data) // mmap.PAGESIZE * mmap.PAGESIZE
+    length = int(view.ctypes.data) + n - start
+    if _libc().madvise(start, length, MADV_POPULATE_READ) != 0:  # before 5.14: read a byte a page
+        int(view[:: mmap.PAGESIZE].sum())
+    return view.view(a.dtype).reshape(a.shape)  # [n B] -> a's dtype and shape

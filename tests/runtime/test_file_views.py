@@ -20,7 +20,7 @@ from engine_params import bits, params_for, tiny_llama
 from specbind.core.errors import BindError
 from specbind.engine import bind_for_engine, fill
 from specbind.runtime.binder.backends import Arena
-from specbind.runtime.io import file_views
+from specbind.runtime.io import safetensors_file as file_views
 from specbind.runtime.io.safetensors_file import SafetensorsFile
 
 torch = pytest.importorskip("torch")
@@ -220,3 +220,29 @@ def test_a_bind_into_donated_parameters_fills_each_parameter_from_the_engines_ow
         at = p.data_ptr()
         inside += any(lo <= at < lo + size for lo, size in storage)
     assert inside >= len(params) // 2, (inside, len(params))
+
+
+def test_mapped_parameters_hold_no_descriptor_and_unmap_with_their_last_view(llama: Path) -> None:
+    """The private maps are made through libc: once the bind and fill are done no descriptor
+    of the checkpoint is open for them (Python's ``mmap`` would keep one per file for the
+    engine's life), and dropping the parameters unmaps the files."""
+    import contextlib
+    import gc
+    import os
+
+    def open_files() -> set[str]:
+        out = set()
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # listdir's own descriptor, gone already
+                out.add(os.readlink(f"/proc/self/fd/{fd}"))
+        return out
+
+    shards = {str(p) for p in llama.glob("*.safetensors")}
+    params, files = _mapped_fill(llama, 1, 0)
+    gc.collect()
+    assert shards & set(files.values())  # mapped
+    assert not shards & open_files()
+    del params
+    gc.collect()
+    mapped = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()}
+    assert not shards & mapped

