@@ -9,8 +9,8 @@ with ``adopt``: every parameter filled exactly once, equal shape and dtype, noth
 - a field that is one contiguous run of a checkpoint file's bytes (a verbatim tensor, a row
   shard, ``gate_proj`` then ``up_proj`` as the file stores them) is that run of a private,
   copy-on-write map of the file, every page mapped in before ``load_weights`` returns
-  (``Arena(file_views=True)``, ``runtime.io.safetensors_file.private_view``): no byte copied, the page cache's
-  pages shared by every rank and process that reads the file;
+  (``Arena(file_views=True)``, ``runtime.io.safetensors_file.private_view``): no byte
+  copied, the page cache's pages shared by every rank and process that reads the file;
 - every other field (a fused ``qkv_proj``, stacked experts, a column shard, a padded share) is
   bound straight into memory of its own, each byte written once (``Arena(separate=True)``,
   large reads split over the rank's cores); on the first load of a model that memory is the
