@@ -16,7 +16,8 @@ Invariants of ``fill`` (each refusal is one ``BindError`` line naming the parame
   (the whole of one of the arena's maps, a private map of the file's bytes it made with
   ``file_views``, or NumPy memory the array owns; a contiguous host parameter whose storage no
   other parameter shares), no two parameters adopting memory that shares a byte; every other
-  parameter is copied into.
+  parameter is copied into, never into storage that holds a field (a donated parameter's,
+  ``Arena.donate``): such a parameter gets fresh storage first.
 Trap: an adopted parameter and its field are one memory: a caller who keeps the fields and
 writes into one writes into the engine's parameter.
 A padded split (``EngineTable.padding``, the layout's ``pad:``) is the engine's rule, not a
@@ -252,6 +253,7 @@ def fill(
             )
     shared = shared_storage(params) if adopt is not None else set()
     taken: list[tuple[int, int]] = []  # the memory parameters have adopted: sorted byte ranges
+    held = _field_memory(fields) if adopt is not None else ([], [])
     total = 0
     for name, f in fields.items():
         if name in tied:
@@ -259,8 +261,10 @@ def fill(
         p = params[name]
         if adopt is not None and name not in shared and _adopt(p, f, adopt, taken):
             total += int(f.array.nbytes)
-        else:
-            total += _copy(p, f.array)
+            continue
+        if _overlaps(held, p):  # its storage was donated (Arena.donate) and holds a field
+            p.data = torch.empty_like(p)
+        total += _copy(p, f.array)
     return total
 
 
@@ -275,6 +279,35 @@ def shared_storage(params: Mapping[str, Any]) -> set[str]:
         seen.add(id(p))
         by_storage.setdefault(p.untyped_storage().data_ptr(), []).append(name)
     return {n for names in by_storage.values() if len(names) > 1 for n in names}
+
+
+def _field_memory(fields: Mapping[str, EngineField]) -> tuple[list[int], list[int]]:
+    """The host memory of every field: the ranges' starts, sorted, and beside each the highest
+    end of the ranges up to it (so one bisection tells whether any range reaches an address)."""
+    import itertools
+
+    spans = sorted(
+        (int(lo), int(hi))
+        for f in fields.values()
+        if isinstance(f.array, np.ndarray) and f.array.nbytes > 0
+        for lo, hi in [np.lib.array_utils.byte_bounds(f.array)]
+    )
+    return [lo for lo, _ in spans], list(itertools.accumulate((hi for _, hi in spans), max))
+
+
+def _overlaps(held: tuple[list[int], list[int]], p: Any) -> bool:
+    """Whether host parameter ``p``'s storage shares a byte with a field's memory: storage a
+    donated parameter gave the bind (``Arena.donate``), where a field now lies that another
+    parameter adopts or has adopted (a copy into ``p`` would overwrite it)."""
+    import bisect
+
+    starts, reach = held
+    if not starts or p.device.type != "cpu":
+        return False
+    storage = p.untyped_storage()
+    lo = int(storage.data_ptr())
+    at = bisect.bisect_left(starts, lo + int(storage.nbytes()))  # the fields starting below its end
+    return at > 0 and reach[at - 1] > lo
 
 
 def _claim(taken: list[tuple[int, int]], a: Any) -> bool:

@@ -246,3 +246,30 @@ def test_mapped_parameters_hold_no_descriptor_and_unmap_with_their_last_view(lla
     gc.collect()
     mapped = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()}
     assert not shards & mapped
+
+
+def test_a_parameter_copied_into_never_writes_the_donated_storage_another_field_was_bound_into() -> (
+    None
+):
+    """A donated parameter whose own field cannot be adopted (here a read-only field) is copied
+    into; its old storage may by then hold another field of its size, which a second parameter
+    adopts. The copy goes into fresh storage of its own, so both parameters hold their own
+    field's bytes, whichever order the fields come in."""
+    from specbind.engine import EngineField
+    from specbind.vllm_loader import donors
+
+    for order in (("a", "b"), ("b", "a")):
+        params = {n: torch.nn.Parameter(torch.zeros(4, 8, dtype=torch.int32), False) for n in "ab"}
+        arena = Arena(separate=True)
+        arena.donate(donors({"a": params["a"]}))
+        b = arena.empty((4, 8), "i4")  # bound into a's donated storage
+        b[...] = np.arange(32, dtype=np.int32).reshape(4, 8)  # [32] -> [4, 8]
+        a = np.frombuffer(np.full(32, 7, np.int32).tobytes(), np.int32).reshape(4, 8)  # read-only
+        fields = {
+            "a": EngineField("a", "layers.0.a", "I32", a),
+            "b": EngineField("b", "layers.0.b", "I32", b),
+        }
+        fill("vllm", params, {n: fields[n] for n in order}, adopt=arena)
+        assert (params["a"].numpy() == 7).all(), order
+        assert np.array_equal(params["b"].numpy(), np.arange(32).reshape(4, 8)), order
+        assert not np.shares_memory(params["a"].numpy(), params["b"].numpy())
