@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_params import bits, params_for, tiny_llama
+from engine_params import bits, copied_params, params_for, tiny_llama
 
 from specbind.engine import bind_for_engine, fill
 from specbind.engine_ops import padded_share
@@ -28,8 +28,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_every_parameter_adopts_its_fields_memory_and_holds_the_copied_bytes(
     llama: Path, tp: int, rank: int
 ) -> None:
-    want = params_for(bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank))
-    fill("vllm", want, bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank))
+    want = copied_params(llama, tp, rank)
     arena = Arena(separate=True)
     fields = bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank, into=arena)
     params = params_for(fields)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_params import bits, params_for, tiny_llama
+from engine_params import bits, copied_params, params_for, tiny_llama
 
 from specbind.core.errors import BindError
 from specbind.engine import bind_for_engine, fill
@@ -60,8 +60,7 @@ def _mapped_fill(ckpt: Path, tp: int, rank: int) -> tuple[dict[str, Any], dict[s
 def test_every_parameter_bound_with_file_views_holds_the_bytes_a_copying_fill_gives(
     llama: Path, tp: int, rank: int
 ) -> None:
-    want = params_for(bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank))
-    fill("vllm", want, bind_for_engine(llama, "vllm", tp_size=tp, tp_rank=rank))
+    want = copied_params(llama, tp, rank)
     params, files = _mapped_fill(llama, tp, rank)
     for n, p in params.items():
         assert np.array_equal(bits(p), bits(want[n])), n
@@ -206,8 +205,7 @@ def test_a_bind_into_donated_parameters_fills_each_parameter_from_the_engines_ow
     ``fill`` adopts by memory), and each parameter holds its own field's bytes."""
     from specbind.vllm_loader import donors
 
-    want = params_for(bind_for_engine(llama, "vllm", tp_size=2, tp_rank=1))
-    fill("vllm", want, bind_for_engine(llama, "vllm", tp_size=2, tp_rank=1))
+    want = copied_params(llama, 2, 1)
     params = {n: torch.nn.Parameter(torch.empty_like(p), False) for n, p in want.items()}
     storage = [(p.data_ptr(), p.numel() * p.element_size()) for p in params.values()]
     arena = Arena(separate=True, file_views=True)

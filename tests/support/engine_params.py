@@ -33,3 +33,13 @@ def bits(t: Any) -> Any:
     import torch
 
     return t.detach().view(torch.int16).numpy()
+
+
+def copied_params(ckpt: Path, tp: int, rank: int) -> dict[str, Any]:
+    """The vLLM parameters of ``ckpt``'s tp rank as a plain copying ``fill`` leaves them: what
+    every other way of filling them must equal, bit for bit."""
+    from specbind.engine import bind_for_engine, fill
+
+    want = params_for(bind_for_engine(ckpt, "vllm", tp_size=tp, tp_rank=rank))
+    fill("vllm", want, bind_for_engine(ckpt, "vllm", tp_size=tp, tp_rank=rank))
+    return want
