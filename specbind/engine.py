@@ -214,8 +214,9 @@ def fill(
     ``adopt`` (the separate ``Arena`` the fields were bound into): a host parameter takes its
     field's memory as its storage instead of a copy where that memory is the field's alone
     (``adopt.sole``, or NumPy memory the array owns) and the parameter is contiguous and shares
-    its storage with no other parameter; any other is copied into. Each byte of the rank is
-    then written once, by the bind, into what becomes the parameter."""
+    its storage with no other parameter; any other is copied into, into fresh storage where its
+    own was donated to the bind and handed out to a field (``Arena.donate``, ``Arena.lent``).
+    Each byte of the rank is then written once, by the bind, into what becomes the parameter."""
     import torch
 
     tied: dict[str, str] = {}
@@ -253,7 +254,6 @@ def fill(
             )
     shared = shared_storage(params) if adopt is not None else set()
     taken: list[tuple[int, int]] = []  # the memory parameters have adopted: sorted byte ranges
-    held = _field_memory(fields) if adopt is not None else ([], [])
     total = 0
     for name, f in fields.items():
         if name in tied:
@@ -262,8 +262,8 @@ def fill(
         if adopt is not None and name not in shared and _adopt(p, f, adopt, taken):
             total += int(f.array.nbytes)
             continue
-        if _overlaps(held, p):  # its storage was donated (Arena.donate) and holds a field
-            p.data = torch.empty_like(p)
+        if adopt is not None and p.device.type == "cpu" and adopt.lent(p.data_ptr()):
+            p.data = torch.empty_like(p)  # its storage was donated and holds a field
         total += _copy(p, f.array)
     return total
 
@@ -279,35 +279,6 @@ def shared_storage(params: Mapping[str, Any]) -> set[str]:
         seen.add(id(p))
         by_storage.setdefault(p.untyped_storage().data_ptr(), []).append(name)
     return {n for names in by_storage.values() if len(names) > 1 for n in names}
-
-
-def _field_memory(fields: Mapping[str, EngineField]) -> tuple[list[int], list[int]]:
-    """The host memory of every field: the ranges' starts, sorted, and beside each the highest
-    end of the ranges up to it (so one bisection tells whether any range reaches an address)."""
-    import itertools
-
-    spans = sorted(
-        (int(lo), int(hi))
-        for f in fields.values()
-        if isinstance(f.array, np.ndarray) and f.array.nbytes > 0
-        for lo, hi in [np.lib.array_utils.byte_bounds(f.array)]
-    )
-    return [lo for lo, _ in spans], list(itertools.accumulate((hi for _, hi in spans), max))
-
-
-def _overlaps(held: tuple[list[int], list[int]], p: Any) -> bool:
-    """Whether host parameter ``p``'s storage shares a byte with a field's memory: storage a
-    donated parameter gave the bind (``Arena.donate``), where a field now lies that another
-    parameter adopts or has adopted (a copy into ``p`` would overwrite it)."""
-    import bisect
-
-    starts, reach = held
-    if not starts or p.device.type != "cpu":
-        return False
-    storage = p.untyped_storage()
-    lo = int(storage.data_ptr())
-    at = bisect.bisect_left(starts, lo + int(storage.nbytes()))  # the fields starting below its end
-    return at > 0 and reach[at - 1] > lo
 
 
 def _claim(taken: list[tuple[int, int]], a: Any) -> bool:

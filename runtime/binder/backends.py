@@ -283,6 +283,12 @@ class Arena:
         lo, hi = np.lib.array_utils.byte_bounds(a)
         return self._sizes.get(lo) == hi - lo or self._mapped.get(lo) == hi - lo
 
+    def lent(self, address: int) -> bool:
+        """Whether a separate arena has handed out the map or donated buffer starting at
+        ``address``: a donated parameter's storage that now holds a field (``donate``), which
+        the parameter must not be written through."""
+        return address in self._sizes
+
     def mapped(self, a: Any) -> Any:
         """``a``'s bytes as a private map of its file (``file_views``; ``a`` one contiguous run
         of a mapped checkpoint file, or already such a private view), recorded as memory
