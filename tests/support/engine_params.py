@@ -40,6 +40,7 @@ def copied_params(ckpt: Path, tp: int, rank: int) -> dict[str, Any]:
     every other way of filling them must equal, bit for bit."""
     from specbind.engine import bind_for_engine, fill
 
-    want = params_for(bind_for_engine(ckpt, "vllm", tp_size=tp, tp_rank=rank))
-    fill("vllm", want, bind_for_engine(ckpt, "vllm", tp_size=tp, tp_rank=rank))
+    fields = bind_for_engine(ckpt, "vllm", tp_size=tp, tp_rank=rank)
+    want = params_for(fields)
+    fill("vllm", want, fields)
     return want

