@@ -17,7 +17,11 @@ Invariants of ``fill`` (each refusal is one ``BindError`` line naming the parame
   ``file_views``, or NumPy memory the array owns; a contiguous host parameter whose storage no
   other parameter shares), no two parameters adopting memory that shares a byte; every other
   parameter is copied into, never into storage that holds a field (a donated parameter's,
-  ``Arena.donate``): such a parameter gets fresh storage first.
+  ``Arena.donate``): such a parameter gets fresh storage first;
+- a parameter whose storage any other live tensor holds (a buffer registered as a view of it,
+  as vLLM's ``MambaMixer2`` makes ``conv_weights`` of ``conv1d.weight``; ``held_elsewhere``)
+  keeps that storage and is copied into, as vLLM's own loader writes it: the other tensor
+  then reads the bound bytes, not the ones the engine allocated.
 Trap: an adopted parameter and its field are one memory: a caller who keeps the fields and
 writes into one writes into the engine's parameter.
 A padded split (``EngineTable.padding``, the layout's ``pad:``) is the engine's rule, not a
@@ -214,8 +218,10 @@ def fill(
     ``adopt`` (the separate ``Arena`` the fields were bound into): a host parameter takes its
     field's memory as its storage instead of a copy where that memory is the field's alone
     (``adopt.sole``, or NumPy memory the array owns) and the parameter is contiguous and shares
-    its storage with no other parameter; any other is copied into, into fresh storage where its
-    own was donated to the bind and handed out to a field (``Arena.donate``, ``Arena.lent``).
+    its storage with no other parameter or live tensor (``held_elsewhere``: such a storage is
+    copied into, where the other tensor sees it); any other is copied into, into fresh storage
+    where its own was donated to the bind and handed out to a field (``Arena.donate``,
+    ``Arena.lent``).
     Each byte of the rank is then written once, by the bind, into what becomes the parameter."""
     import torch
 
@@ -253,6 +259,10 @@ def fill(
                 f"{list(shape)} {f.dtype}"
             )
     shared = shared_storage(params) if adopt is not None else set()
+    if adopt is not None:  # a storage another live tensor views keeps its bytes' home
+        shared |= held_elsewhere(
+            {n: p for n, p in params.items() if not _donated(adopt, p)}
+        )  # fmt: skip
     taken: list[tuple[int, int]] = []  # the memory parameters have adopted: sorted byte ranges
     total = 0
     for name, f in fields.items():
@@ -279,6 +289,45 @@ def shared_storage(params: Mapping[str, Any]) -> set[str]:
         seen.add(id(p))
         by_storage.setdefault(p.untyped_storage().data_ptr(), []).append(name)
     return {n for names in by_storage.values() if len(names) > 1 for n in names}
+
+
+def held_elsewhere(params: Mapping[str, Any]) -> set[str]:
+    """The names of parameters whose storage some live tensor other than the listed parameters
+    also holds: a buffer made as a view of it (vLLM's ``MambaMixer2.__init__`` registers
+    ``conv_weights`` as a view of ``conv1d.weight``, and its forward reads the buffer), a
+    module attribute, a closure, anything. Such a parameter must be copied into, never given
+    other storage (``p.data = ...``) nor have its storage donated: the other tensor would keep
+    the old bytes.
+
+    Counted by the storage's own reference count (``torch._C._storage_Use_Count``: every
+    tensor over a storage holds one), against what the listed parameters and this function's
+    own handle account for, so every holder is seen, not only the ones a walk of the modules
+    would find. A torch without that count: every parameter is reported (all copied into)."""
+    import torch
+
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None:
+        return set(params)
+    one = torch.empty(1)
+    base = int(count(one.untyped_storage()._cdata)) - 1  # one tensor and a handle, less it
+    groups: dict[int, tuple[Any, set[int], list[str]]] = {}
+    for name, p in params.items():
+        st = p.untyped_storage()  # the handle, kept alive in the group while counting
+        _, tensors, names = groups.setdefault(int(st._cdata), (st, set(), []))
+        tensors.add(id(p))
+        names.append(name)
+    return {
+        n
+        for st, tensors, names in groups.values()
+        if int(count(st._cdata)) > base + len(tensors)
+        for n in names
+    }
+
+
+def _donated(arena: Any, p: Any) -> bool:
+    """Whether ``p``'s storage was donated to ``arena`` (the arena holds a view of it; the
+    caller donated only storage no other tensor holds: ``specbind.vllm_loader.donors``)."""
+    return bool(p.device.type == "cpu" and arena.donated(p.untyped_storage().data_ptr()))
 
 
 def _claim(taken: list[tuple[int, int]], a: Any) -> bool:

@@ -291,12 +291,13 @@ def load_weights(model: Any, model_config: Any, *, mmap: bool = True) -> None:
 
 def donors(params: dict[str, Any]) -> list[Any]:
     """The storage of each host parameter that is its own (contiguous, the whole of a storage
-    no other parameter shares) as a flat ``uint8`` NumPy view, for the arena to bind into."""
+    no other parameter or live tensor holds: ``engine.held_elsewhere``, such as a buffer vLLM
+    made as a view of it) as a flat ``uint8`` NumPy view, for the arena to bind into."""
     import torch
 
-    from specbind.engine import shared_storage
+    from specbind.engine import held_elsewhere, shared_storage
 
-    shared = shared_storage(params)
+    shared = shared_storage(params) | held_elsewhere(params)
     out, seen = [], set()
     for name, p in params.items():
         if name in shared or id(p) in seen or p.device.type != "cpu" or not p.is_contiguous():

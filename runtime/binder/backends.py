@@ -178,6 +178,7 @@ class Arena:
         self._sizes: dict[int, int] = {}  # separate: a map's address -> the bytes handed out
         self._at = 0  # the chunk being carved
         self._donors: dict[int, list[Any]] = {}  # separate: bytes -> memory handed to reuse
+        self._donated: set[int] = set()  # separate: the address of every donated buffer
         self._off = 0  # the next free byte in it
         self.used = 0  # bytes handed out since the last reset (alignment padding excluded)
 
@@ -214,6 +215,7 @@ class Arena:
             ):  # fmt: skip
                 raise BindError("Arena.donate: a donated buffer is not writable contiguous uint8")
             self._donors.setdefault(int(b.nbytes), []).append(b)
+            self._donated.add(int(b.ctypes.data))
         for same in self._donors.values():
             same.reverse()  # popped from the end: the first donated first
 
@@ -289,6 +291,11 @@ class Arena:
         the parameter must not be written through."""
         return address in self._sizes
 
+    def donated(self, address: int) -> bool:
+        """Whether a donated buffer (``donate``) starts at ``address``, handed out or not: the
+        arena holds a view of it, so the storage has one more holder than its parameter."""
+        return address in self._donated
+
     def mapped(self, a: Any) -> Any:
         """``a``'s bytes as a private map of its file (``file_views``; ``a`` one contiguous run
         of a mapped checkpoint file, or already such a private view), recorded as memory
@@ -322,4 +329,5 @@ class Arena:
         arena forgets its maps instead."""
         if self._separate:
             self._chunks, self._sizes, self._donors, self._mapped = [], {}, {}, {}
+            self._donated = set()
         self._at, self._off, self.used = 0, 0, 0

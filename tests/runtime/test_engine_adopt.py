@@ -131,3 +131,39 @@ def test_a_padded_vocabulary_share_reads_only_its_own_rows_into_the_arena(
     assert (112, hidden) not in reads
     if rank == 0:
         assert reads.count((64, hidden)) == 2, reads
+
+
+class _Viewed(torch.nn.Module):  # type: ignore[misc]
+    """A module whose buffer is a view of its parameter's storage, as vLLM's ``MambaMixer2``
+    registers ``conv_weights`` over ``conv1d.weight`` (and its forward reads the buffer)."""
+
+    def __init__(self, weight: Any) -> None:
+        super().__init__()
+        self.weight = weight
+        self.register_buffer("viewed", weight.data.view(weight.shape[0], -1), persistent=False)
+        self.alias = weight.data[:1]  # a plain tensor attribute over the same storage
+
+
+@pytest.mark.parametrize("donated", [False, True])
+def test_a_buffer_viewing_a_parameters_storage_sees_the_bound_values_after_an_adopting_fill(
+    llama: Path, donated: bool
+) -> None:
+    from specbind.vllm_loader import donors
+
+    arena = Arena(separate=True)
+    probe = bind_for_engine(llama, "vllm")
+    params = params_for(probe)
+    q = "model.layers.0.self_attn.qkv_proj.weight"
+    m = _Viewed(params[q])
+    if donated:  # as vLLM's first load does: the engine's storage handed to the bind first,
+        # the viewed one last (a field of another name of its size would be bound into it)
+        arena.donate(donors({n: p for n, p in params.items() if n != q} | {q: params[q]}))
+    fields = bind_for_engine(llama, "vllm", into=arena)
+    fill("vllm", params, fields, adopt=arena)
+    want = np.asarray(probe[q].array).view(np.int16)
+    assert params[q] is m.weight
+    assert np.array_equal(bits(m.viewed).reshape(want.shape), want)
+    assert np.array_equal(bits(m.alias), want[:1])
+    assert m.viewed.data_ptr() == m.weight.data_ptr()  # one storage, as vLLM's own loader keeps
+    others = [n for n in params if n != q and params[n].data_ptr() == fields[n].array.ctypes.data]
+    assert len(others) == len(params) - 1  # every other parameter still adopts its field
