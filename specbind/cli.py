@@ -636,7 +636,9 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
         )
         if rank:
             sp.add_argument(
-                "--tp-rank", type=int, help="this rank (default: RANK, OMPI_COMM_WORLD_RANK, 0)"
+                "--tp-rank",
+                type=int,
+                help="this rank (default: RANK, OMPI_COMM_WORLD_RANK; 0 only at tp size 1)",
             )
             sp.add_argument("--ep-rank", type=int, help="this expert-parallel rank (default 0)")
 

@@ -3,6 +3,9 @@
 Precedence: ``--tp-size``/``--tp-rank`` flags, then torchrun's ``WORLD_SIZE``/``RANK``, then
 mpirun's ``OMPI_COMM_WORLD_SIZE``/``OMPI_COMM_WORLD_RANK``, then 1/0. A launcher variable that
 is not a non-negative integer is refused by name, never ignored.
+Trap: a tp size above 1 with no rank from a flag or a launcher is refused, never read as rank
+0: ``bind --tp-size 4`` alone would bind a quarter of the model and say nothing of it. The
+same holds for ``--ep-size`` without ``--ep-rank`` (``resolve_ep``); a launcher gives no ep rank.
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ def resolve_tp(size: int | None, rank: int | None, env: Mapping[str, str]) -> tu
             source = f" (from {size_key}/{rank_key})"
             break
     tp_size = size if size is not None else (env_size if env_size is not None else 1)
+    if rank is None and env_rank is None and tp_size > 1:
+        given = f"--tp-size {size}" if size is not None else f"tp size {tp_size}{source}"
+        raise RankError(
+            f"{given} without --tp-rank outside a launcher (no RANK or OMPI_COMM_WORLD_RANK set): "
+            f"name the rank with --tp-rank 0..{tp_size - 1}, or bind every rank with --out-dir "
+            "or under torchrun"
+        )
     tp_rank = rank if rank is not None else (env_rank if env_rank is not None else 0)
     try:
         check_tp(tp_size, tp_rank)

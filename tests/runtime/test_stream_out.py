@@ -109,7 +109,7 @@ def test_a_report_only_bind_drops_each_slots_arrays_before_binding_the_next(
     )
     assert kept[-1] > 0 and kept == sorted(kept)
     dropped = _slots_alive_at_each_next_slot(
-        monkeypatch, lambda: main(["bind", str(ckpt), "--tp-size", "2", "--json"])
+        monkeypatch, lambda: main(["bind", str(ckpt), "--tp-size", "2", "--tp-rank", "0", "--json"])
     )
     assert len(dropped) == len(kept) and dropped == [0] * len(kept)
     report = json.loads(capsys.readouterr().out)

@@ -131,7 +131,7 @@ def test_bench_refuses_ranks_the_bind_would_refuse_before_starting_either_side(
     from specbind.cli import main
 
     ck = str(ckpts["glm-5.3-flash"])
-    assert main(["bench", ck, "--tp-size", "3", "--repeat", "1"]) == 1
+    assert main(["bench", ck, "--tp-size", "3", "--tp-rank", "0", "--repeat", "1"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "which tp 3 does not divide" in err
     assert "process failed" not in err  # refused here, not by a side's process
