@@ -236,8 +236,10 @@ class SlotRule:
 class NameRule:
     """Another writer's layer-relative name (or, ``scope`` "model", model-level name):
     ``source`` (a prefix or whole name) read as ``to[0]``, or, with several ``to``, one stored
-    tensor read as that many row sections, in order: equal ones (``segments``), or ``sizes``
-    rows each (geometry expressions over the model's symbols)."""
+    tensor read as that many sections of ``axis``, in order: equal ones (``segments``), or
+    ``sizes`` each (geometry expressions over the model's symbols). Rows (axis 0) are the
+    default; ``-1`` is the last axis (Llama 4's stacked ``gate_up_proj [E, X, 2I]`` holds
+    ``[gate | up]`` on it)."""
 
     source: str
     to: tuple[str, ...]
@@ -247,6 +249,7 @@ class NameRule:
     scope: Literal["layer", "model"] = "layer"
     # ``source`` is one stored [members, ...] tensor: member i read as each ``to`` with {e} = i
     unstack: bool = False
+    axis: int = 0  # the axis the sections split, as written (negative: from the last)
 
 
 @record

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from specbind.core.ir import LayerList, ScheduleCondition, ScheduleRule, SlotRule
+from specbind.core.shown import shown
 
 # a field's value once read: its checked value (None: absent or ill-typed) and where it is
 Read = tuple[Any, str]
@@ -90,7 +91,7 @@ class ConfigSchedule:
             ok = _whole(value) and value >= 0
             want = "a whole number of layers"
         if not ok:
-            self.problems.append(f"model: config.json {where} is {value!r}, expected {want}")
+            self.problems.append(f"model: config.json {where} is {shown(value)}, expected {want}")
             value = _BAD
         self._fields[name] = (value, where)
 
@@ -162,14 +163,14 @@ class ConfigSchedule:
             kind = "characters" if isinstance(values, str) else "entries"
             return None, f"{where} has {len(values)} {kind}, none for layer {index}", True
         entry = values[index]
-        return lst.block_for(entry), f"{where}[{index}] is {entry!r}", False
+        return lst.block_for(entry), f"{where}[{index}] is {shown(entry)}", False
 
 
 def _short(value: Any) -> str:
-    """A field's value for a message: a long index list cut after 16 entries."""
-    if isinstance(value, list) and len(value) > 16:
-        return str([*value[:16], "..."])
-    return str(value)
+    """A field's value for a message: a long index list cut after 16 entries; anything longer
+    than a line cut by ``shown``."""
+    text = str([*value[:16], "..."]) if isinstance(value, list) and len(value) > 16 else str(value)
+    return text if len(text) <= 200 else shown(value)
 
 
 def _signed(index: int, offset: int) -> str:

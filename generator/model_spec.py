@@ -334,7 +334,10 @@ def _names(doc: Located, raw: list[dict[str, Any]], gnames: set[str]) -> tuple[N
         if len(to) == 1 and seg is not None:
             raise doc.error(("names", i, "segments"), "segments needs one name per segment")
         scope = r.get("scope", "layer")
+        axis = _section_axis(doc, i, r, seg)
         if r.get("unstack"):
+            if axis:
+                raise doc.error(("names", i, "axis"), "an unstacked tensor is split by rows only")
             out.append(_unstack(doc, i, r, to, seg, sizes, scope))
             continue
         if scope == "model" and (len(to) > 1 or seg is not None):
@@ -358,8 +361,22 @@ def _names(doc: Located, raw: list[dict[str, Any]], gnames: set[str]) -> tuple[N
                 )
         if scope == "model" and held != ([], []):
             raise doc.error(("names", i, "scope"), "a model-level name has no family placeholder")
-        out.append(NameRule(r["from"], to, r["why"], sizes, scope))
+        out.append(NameRule(r["from"], to, r["why"], sizes, scope, False, axis))
     return tuple(out)
+
+
+def _section_axis(doc: Located, i: int, r: dict[str, Any], seg: int | None) -> int:
+    """``axis:`` of a sectioned or segmented rule: the axis its sections split (rows, 0, when
+    absent; negative counts from the last). Nothing else is split, so nothing else takes one."""
+    if "axis" not in r:
+        return 0
+    axis = r["axis"]
+    if seg is None or isinstance(axis, bool) or not isinstance(axis, int):
+        raise doc.error(
+            ("names", i, "axis"),
+            "axis belongs to a rule read as sections or segments, and is an integer",
+        )
+    return axis
 
 
 def _unstack(

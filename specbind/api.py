@@ -107,12 +107,17 @@ class Checkpoint:
         model: str | None = None,
         overrides: Mapping[str, int] | None = None,
     ) -> None:
+        from specbind.hub import resolve
         from specbind.runtime.io.checkpoint import CheckpointDir
         from specbind.runtime.layout.config import values_from_config
 
-        self._raw: CheckpointDir = CheckpointDir(Path(path))
+        given = _path_arg("open", path)
+        _name_arg("open", "model", model)
+        self.overrides: dict[str, int] = _overrides_arg(overrides)
+        # a Hub id (owner/name) that is no path on disk: its snapshot in the local Hub cache,
+        # as the CLI reads it (``ck.path`` says which; the API writes nothing on stderr)
+        self._raw: CheckpointDir = CheckpointDir(Path(resolve(given, note=False)))
         self._table: ModelTable[Any] = model_table(model, "model=", self._raw.config)
-        self.overrides: dict[str, int] = dict(overrides or {})
         self.values: dict[str, int] = values_from_config(
             self._table, self._raw.config, self.overrides
         )  # a bad config or override is refused at open, before any work
@@ -236,17 +241,26 @@ class Checkpoint:
         each byte written once: a stacked or computed field is made there, a field that would
         be a view of the mapped checkpoint is copied there (numpy, or torch on the host).
         """
-        from specbind.core.errors import SpecbindError
+        from specbind.core.errors import SpecbindError, UsageError
         from specbind.core.rank_args import check_ranks
+        from specbind.core.shown import shown
         from specbind.runtime.bind.bind import bind_checkpoint
         from specbind.runtime.binder import backends
 
         tp_size, tp_rank = check_ranks("bind", tp_size, tp_rank)
         ep_size, ep_rank = check_ranks("bind", ep_size, ep_rank, "ep")
-        if backend not in ("numpy", "cupy", "torch"):
-            raise SpecbindError(f"unknown backend {backend!r} (numpy, cupy or torch)")
-        if device is not None and not re.fullmatch(r"cpu|cuda(:[0-9]{1,3})?", device):
-            raise SpecbindError(f"device {device!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+        if not isinstance(backend, str) or backend not in ("numpy", "cupy", "torch"):
+            raise UsageError(f"bind: unknown backend {shown(backend)} (numpy, cupy or torch)")
+        if device is not None and (
+            not isinstance(device, str) or not re.fullmatch(r"cpu|cuda(:[0-9]{1,3})?", device)
+        ):
+            raise UsageError(
+                f"bind: device {shown(device)}: expected 'cpu', 'cuda' or 'cuda:N' (a str), or None"
+            )
+        if into is not None and not isinstance(into, backends.Arena):
+            raise UsageError(
+                f"bind: into has type {type(into).__name__}; expected None or a specbind.Arena()"
+            )
         on_gpu = device is not None and device.startswith("cuda")
         if backend == "numpy" and on_gpu:
             raise SpecbindError(f"backend 'numpy' lives on the host, not on device {device!r}")
@@ -339,6 +353,13 @@ def open_bound(
     from specbind.generated import MODELS, SPECS_SHA256
     from specbind.runtime.bound.reload import read_bound
 
+    path = _path_arg("open_bound", path)
+    _name_arg("open_bound", "model", model)
+    if type(copy) is not bool:
+        from specbind.core.errors import UsageError
+        from specbind.core.shown import shown
+
+        raise UsageError(f"open_bound: copy={shown(copy)} is not a bool (True or False)")
     given = {"tp_size": tp_size, "tp_rank": tp_rank, "ep_size": ep_size, "ep_rank": ep_rank}
     tp_size, tp_rank, ep_size, ep_rank = (
         None if v is None else as_int("open_bound", k, v) for k, v in given.items()
@@ -347,6 +368,57 @@ def open_bound(
         path, models=MODELS, specs_sha256=SPECS_SHA256, model=model, tp_size=tp_size,
         tp_rank=tp_rank, ep_size=ep_size, ep_rank=ep_rank, copy=copy,
     )  # fmt: skip
+
+
+def _path_arg(where: str, path: object) -> str:
+    """A path argument as the text of a path: a ``str`` or an ``os.PathLike`` of one, without a
+    NUL byte; anything else (None, an int, bytes) is one ``UsageError`` line, not a raw
+    ``TypeError`` from deep inside ``pathlib``."""
+    from specbind.core.errors import UsageError
+    from specbind.core.shown import shown
+
+    text = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if not isinstance(text, str):  # bytes paths too: every message and check reads text
+        raise UsageError(
+            f"{where}: path {shown(path)} has type {type(text).__name__}; expected a path as a "
+            "str or os.PathLike (of a str)"
+        )
+    if "\0" in text:
+        raise UsageError(f"{where}: path {shown(text)} holds a NUL byte; no file is named so")
+    if text == "":
+        raise UsageError(f"{where}: path '' is empty; give the checkpoint's directory")
+    return text
+
+
+def _name_arg(where: str, name: str, value: object) -> None:
+    """A name argument (``model=``): None or a ``str``."""
+    if value is not None and not isinstance(value, str):
+        from specbind.core.errors import UsageError
+        from specbind.core.shown import shown
+
+        raise UsageError(
+            f"{where}: {name}={shown(value)} has type {type(value).__name__}; "
+            "expected a str or None"
+        )
+
+
+def _overrides_arg(overrides: object) -> dict[str, int]:
+    """``overrides=`` as a dict: None, or a mapping of names to values (each value's type is
+    checked with the geometry: ``layout.config.checked_values``)."""
+    from specbind.core.errors import OverrideError
+    from specbind.core.shown import shown
+
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, Mapping):
+        raise OverrideError(
+            f"open: overrides={shown(overrides)} has type {type(overrides).__name__}; expected "
+            "a mapping of geometry names to integers (overrides={'hidden': 40})"
+        )
+    bad = next((k for k in overrides if not isinstance(k, str)), None)
+    if bad is not None:
+        raise OverrideError(f"open: overrides key {shown(bad)} is not a str (a geometry name)")
+    return dict(overrides)
 
 
 def model_table(
@@ -364,13 +436,14 @@ def model_table(
     claims is refused naming the known model types and ``how`` to choose one (``--model``,
     ``model=``): a default model would only be refused later by a field it lacks."""
     from specbind.core.errors import SpecbindError, UsageError
+    from specbind.core.shown import shown
     from specbind.generated import MODELS
 
     # each model's model_types and default flag, from the registry: no table imported to pick
     types = {n: e.model_types for n, e in MODELS.entries.items()}
     if name is not None:
         if name not in MODELS:
-            raise UsageError(f"unknown model {name!r} (generated: {', '.join(MODELS)})")
+            raise UsageError(f"unknown model {shown(name)} (generated: {', '.join(MODELS)})")
         if config is not None:
             _not_anothers(types, name, config, how)
         return MODELS[name]
@@ -402,13 +475,14 @@ def _not_anothers(
     model claims (and this one does not): bound as the wrong model, it would be refused later
     by some geometry field, naming neither model. A type no model claims is the user's call."""
     from specbind.core.errors import CheckpointError
+    from specbind.core.shown import shown
 
     kinds = {k for _, k in _model_types(config) if isinstance(k, str)}
     if not kinds or kinds & set(types[name]):
         return
     owners = sorted(n for n, t in types.items() if kinds & set(t))
     if owners:
-        said = " and ".join(repr(k) for k in sorted(kinds))
+        said = " and ".join(shown(k) for k in sorted(kinds))
         given = f"{how}{'' if how.endswith('=') else ' '}{name}"
         raise CheckpointError(
             f"{given}: config.json model_type {said} {'are' if len(kinds) > 1 else 'is'} "
@@ -428,6 +502,7 @@ def _by_model_type(
     ``advice`` replaces "choose the model with ``how`` NAME" where the caller has no way to
     name a model (inside vLLM)."""
     from specbind.core.errors import CheckpointError
+    from specbind.core.shown import shown
 
     found = _model_types(config)
     known = "; ".join(f"{', '.join(t) or '(none)'} -> {n}" for n, t in types.items())
@@ -435,7 +510,7 @@ def _by_model_type(
     for where, kind in found:
         if not isinstance(kind, str):
             raise CheckpointError(
-                f"config.json: {where} is {kind!r} ({type(kind).__name__}), not a string; "
+                f"config.json: {where} is {shown(kind)} ({type(kind).__name__}), not a string; "
                 f"known model types: {known}; {choose}"
             )
     kinds = {k for _, k in found}
@@ -446,7 +521,7 @@ def _by_model_type(
         )
     hits = [n for n, t in types.items() if kinds & set(t)]
     if len(hits) != 1:
-        said = " and ".join(repr(k) for k in sorted(kinds))
+        said = " and ".join(shown(k) for k in sorted(kinds))
         which = "no generated model claims" if not hits else "several generated models claim"
         raise CheckpointError(
             f"config.json: model_type {said}: {which} it; known model types: {known}; {choose}"

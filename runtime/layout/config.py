@@ -7,7 +7,9 @@ the model's own constraints hold for every geometry ``checked_values`` returns. 
 ill-typed fields are refused by name; nothing falls back silently to a default: a field falls
 back only to the ``default`` expression its spec declares (``head_dim`` = ``hidden / heads``),
 evaluated exactly, and an ``expr`` symbol is always computed (``core.geometry``). A ``--set``
-value supplies a field config.json lacks.
+value supplies a field config.json lacks. A JSON null is absent only where the spec says
+``null_is_absent``, as the family's transformers config class reads it (transformers 5.19+
+writes ``"head_dim": null`` into Mixtral's config.json); elsewhere a null is refused by name.
 The checkpoint's own half dtype (``choose``): a bind's ``dtype`` if given, else config.json's
 ``dtype`` (transformers 5) or ``torch_dtype``, top level or ``text_config`` (two that disagree
 are refused): ``float16`` is F16, ``bfloat16`` BF16, anything else the spec's own BF16; one the
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from specbind.core.errors import BindError, CheckpointError, GeometryError, OverrideError
 from specbind.core.geometry import computed, resolve
+from specbind.core.shown import shown
 
 if TYPE_CHECKING:  # types only: reading config.json loads nothing of runtime.binder
     from specbind.core.ir import LayerGroupRule
@@ -49,7 +52,12 @@ def values_from_config(
         if f.config is None:
             values[f.name] = f.value
             continue
-        hits = [h for p in (f.config, *f.also) if (h := config_lookup(config, p)) is not None]
+        hits = [
+            h
+            for p in (f.config, *f.also)
+            if (h := config_lookup(config, p)) is not None
+            and not (h[0] is None and f.null_is_absent)  # read as absent: default stands in
+        ]
         if not hits and f.default is not None:
             pending[f.name] = f.default
             continue
@@ -60,15 +68,20 @@ def values_from_config(
                 f"needed for geometry symbol {f.name} (--set {f.name}=N supplies it)"
             )
         raw, where = hits[0]
+        if raw is None:
+            raise CheckpointError(
+                f"config.json: {where} is null, expected an integer (model {table.name} does "
+                f"not read a null {where} as absent: its transformers config class does not)"
+            )
         for other, at in hits[1:]:
             if other != raw or type(other) is not type(raw):
                 raise CheckpointError(
-                    f"config.json: {where} is {raw!r} but {at} is {other!r}; both are geometry "
-                    f"symbol {f.name}"
+                    f"config.json: {where} is {shown(raw)} but {at} is {shown(other)}; both are "
+                    f"geometry symbol {f.name}"
                 )
         if type(raw) is not int:
             raise CheckpointError(
-                f"config.json: {where} is {raw!r} ({type(raw).__name__}), expected an integer"
+                f"config.json: {where} is {shown(raw)} ({type(raw).__name__}), expected an integer"
             )
         values[f.name] = raw
     return checked_values(table, resolve(values, pending), overrides)
@@ -122,9 +135,9 @@ def expected_groups(
         if v not in rule.present and v not in rule.absent:
             known = ", ".join(map(repr, rule.present + rule.absent))
             raise CheckpointError(
-                f"config.json: {rule.config}[{layer}] is {v!r}, expected one of {known}"
+                f"config.json: {rule.config}[{layer}] is {shown(v)}, expected one of {known}"
             )
-        out[rule.group] = (v in rule.present, f"config.json {rule.config}[{layer}] is {v!r}")
+        out[rule.group] = (v in rule.present, f"config.json {rule.config}[{layer}] is {shown(v)}")
     return out
 
 
@@ -147,10 +160,17 @@ def flag_group(rule: LayerGroupRule, config: Mapping[str, Any]) -> tuple[bool, s
 
     if not among(present) and not among(absent):
         known = ", ".join(json.dumps(v) for v in present + absent)
-        raise CheckpointError(
-            f"config.json: {where} is {json.dumps(value)}, expected one of {known}"
-        )
+        raise CheckpointError(f"config.json: {where} is {_json(value)}, expected one of {known}")
     return among(present), f"config.json {where} is {json.dumps(value)}"
+
+
+def _json(value: Any) -> str:
+    """A config.json value as JSON spells it (``true``, ``"x"``), cut as ``shown`` cuts."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        return shown(value)
+    return text if len(text) <= 200 else shown(value)
 
 
 def checked_values(
@@ -160,10 +180,11 @@ def checked_values(
     values = dict(values)
     for k, v in overrides.items():
         if k not in values:
-            raise OverrideError(f"unknown geometry symbol {k!r} (known: {', '.join(values)})")
+            raise OverrideError(f"unknown geometry symbol {shown(k)} (known: {', '.join(values)})")
         if type(v) is not int:  # the API's overrides are the caller's objects, not parsed text
             raise OverrideError(
-                f"override {k}={v!r} is a {type(v).__name__}, not an integer (a geometry value)"
+                f"override {k}={shown(v)} is a {type(v).__name__}, not an integer "
+                "(a geometry value)"
             )
         values[k] = v
     values = computed(table.geometry_fields, values, keep=overrides)
@@ -194,7 +215,7 @@ def config_flags(table: ModelTable[Any], config: Mapping[str, Any]) -> dict[str,
             continue
         value, where = found
         if type(value) is not bool:
-            raise CheckpointError(f"config.json: {where} is {value!r}, expected true or false")
+            raise CheckpointError(f"config.json: {where} is {shown(value)}, expected true or false")
         out[name] = value
     return out
 
@@ -208,7 +229,7 @@ def config_count(config: Mapping[str, Any], name: str | None) -> int | None:
     value, where = found
     if type(value) is not int or not 0 <= value <= MAX_LAYERS:
         raise CheckpointError(
-            f"config.json: {where} is {value!r}, expected a whole number up to {MAX_LAYERS}"
+            f"config.json: {where} is {shown(value)}, expected a whole number up to {MAX_LAYERS}"
         )
     return value
 
@@ -238,19 +259,19 @@ def config_dtype(config: Mapping[str, Any]) -> tuple[str | None, str]:
             if isinstance(v, str):
                 found[f"{scope}{k}"] = v.removeprefix("torch.")
     if len(set(found.values())) > 1:
-        shown = ", ".join(f"{k} {v}" for k, v in found.items())
-        raise BindError(f"config.json names two dtypes ({shown}); refusing to guess")
+        said = ", ".join(f"{k} {shown(v)}" for k, v in found.items())
+        raise BindError(f"config.json names two dtypes ({said}); refusing to guess")
     if not found:
         return None, "config.json names no dtype"
     key, value = next(iter(found.items()))
-    return _NAMES.get(value), f"config.json {key} {value}"
+    return _NAMES.get(value), f"config.json {key} {shown(value) if value not in _NAMES else value}"
 
 
 def choose(model: str, allowed: Sequence[str], config: Mapping[str, Any], given: str | None) -> str:
     """The dtype the spec's BF16 tensors bind in (see the module docstring)."""
     if given is not None:
         if given not in HALF:
-            raise BindError(f"dtype {given!r} is not a half dtype (BF16 or F16)")
+            raise BindError(f"dtype {shown(given)} is not a half dtype (BF16 or F16)")
         half, where = given, f"dtype={given} was asked for"
     else:
         found, where = config_dtype(config)

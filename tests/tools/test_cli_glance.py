@@ -351,7 +351,7 @@ def test_the_progress_bar_counts_the_ranks_bytes_in_binary_units_and_ends_at_its
     assert sum(bar.steps) == kw["total"] == json.loads(out)["bytes"], "BF16 binds as read"
 
 
-def _hub(root: Path, ckpt: Path, revision: str = "0123abcd", ref: bool = True) -> Path:
+def _hub(root: Path, ckpt: Path, revision: str = "0123abcd" * 5, ref: bool = True) -> Path:
     """A Hub cache entry as huggingface_hub lays it out: blobs, a snapshot of links, refs/main."""
     repo = root / "models--acme--Tiny-Llama-4L"
     snap = repo / "snapshots" / revision
@@ -382,7 +382,7 @@ def test_a_hub_id_is_read_from_the_local_hub_cache_saying_which_snapshot(
         snap = _hub(tmp_path / "cache", ckpt, ref=where != "no refs/main")
     out, err = run(capsys, "audit", "acme/Tiny-Llama-4L", "--json")
     assert json.loads(out)["checkpoint"] == str(snap) and json.loads(out)["ok"]
-    assert f"read as a Hub id from the local Hub cache: {snap} (revision 0123abcd" in err
+    assert f"read as a Hub id from the local Hub cache: {snap} (revision {'0123abcd' * 5}" in err
 
 
 def test_a_hub_id_not_in_the_cache_is_refused_naming_the_snapshot_to_pass_and_the_cache(
