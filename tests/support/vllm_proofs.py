@@ -9,6 +9,9 @@ How the work is split: two workers (the two cores CI has). Phase 0: the tp 1 loa
 between them, each worker its own one-rank group. Phase 1: every tp 2 load, the workers being
 its ranks 0 and 1. So vLLM is imported twice in all, whatever the number of families.
 
+No wall deadline: each worker says which load it is in, and the run stops only when no load
+has finished for one load's budget (tests/support/vllm_workers.py), naming the family there.
+
 The cache (tests/support/vllm_cache.py) keys each (row, tp) on everything that can change its
 result; a load that ended in an error is cached too (a measured refusal is a result), a worker
 that died is not (nothing of its run is stored).
@@ -17,21 +20,18 @@ that died is not (nothing of its run is stored).
 from __future__ import annotations
 
 import json
-import resource
 import socket
-import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import vllm_cache
 import vllm_venv
+import vllm_workers
 from vllm_rows import VllmRow
 
 WORKER = vllm_venv.REPO / "tests" / "vllm" / "proof_worker.py"
 WORKERS = 2
-TIMEOUT = 1500
 
 
 @dataclass
@@ -128,35 +128,9 @@ def _loads(models: list[str], ckpts: dict[str, Path]) -> list[dict[str, str]]:
 
 
 def _run(specs: list[Path], report: Report) -> list[dict[str, Any]]:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    logs = [s.with_suffix(".log").open("w") for s in specs]
-    procs = [
-        vllm_venv.popen([str(WORKER), str(s), str(s.with_suffix(".out.json"))], s.parent, log)
-        for s, log in zip(specs, logs, strict=True)
-    ]
-    deadline = t0 + TIMEOUT
-    for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.perf_counter()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            p.wait()
-    for p, log in zip(procs, logs, strict=True):
-        p.wait()
-        log.close()
-    errs = [s.with_suffix(".log").read_text(errors="replace") for s in specs]
-    report.wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    report.cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    results = []
-    for p, s, err in zip(procs, specs, errs, strict=True):
-        done = s.with_suffix(".out.json")
-        if p.returncode != 0 or not done.exists():
-            tail = "\n".join(err.splitlines()[-30:])
-            raise AssertionError(f"a vLLM proof worker failed (exit {p.returncode}):\n{tail}")
-        results.append(json.loads(done.read_text()))
+    """The workers, run with a budget per load (vllm_workers: no wall deadline for the run)."""
+    results, cost = vllm_workers.run(WORKER, specs, "the vLLM proofs")
+    report.wall, report.cpu = cost.wall, cost.cpu
     return results
 
 

@@ -9,7 +9,8 @@ model in process, once with vLLM's default loader (``load_format="auto"``) and o
 specbind's, through vLLM's own ``get_model`` (the model class vLLM picks, its weight loaders,
 its ``process_weights_after_loading``), and records every parameter (name, shape, dtype,
 SHA-256 of its bytes) or the one-line error that stopped the build. OUT: {phase index: {K:
-{"auto": ..., "specbind": ...}}}.
+{"auto": ..., "specbind": ...}}}. Before each load (and each group's rendezvous) it prints a
+progress line naming it (tests/support/vllm_workers.py: a run that stops names that load).
 
 No engine is started (no executor, no KV cache, no generation): vLLM is imported once, and one
 process group serves every family of a phase, which is what makes ~18 families at tp 1 and 2
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # vllm_digest
+from vllm_workers import progress
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -89,6 +91,7 @@ def _phase(phase: dict[str, Any]) -> dict[str, Any]:
     )
 
     tp, rank = int(phase["tp"]), int(phase["rank"])
+    progress(f"(joining the tp {tp} group as rank {rank})")
     # What vLLM's CPU worker sets before its groups are made: the name its shared-memory
     # communicator agrees on across ranks, the init method's port. Only vLLM-CPU's AVX-512
     # kernel builds have that communicator (its AVX2 build does not); on an AVX-512 host every
@@ -99,10 +102,13 @@ def _phase(phase: dict[str, Any]) -> dict[str, Any]:
         init_distributed_environment(tp, rank, f"tcp://127.0.0.1:{phase['port']}", rank, "gloo")
         ensure_model_parallel_initialized(tp, 1)
     try:
-        return {
-            job["key"]: {fmt: _load(job["ckpt"], fmt, tp) for fmt in FORMATS}
-            for job in phase["loads"]
-        }
+        out: dict[str, Any] = {}
+        for job in phase["loads"]:
+            out[job["key"]] = {}
+            for fmt in FORMATS:  # the driver names this load if the run stops in it
+                progress(f"{job['key']} {fmt} (tp {tp} rank {rank})")
+                out[job["key"]][fmt] = _load(job["ckpt"], fmt, tp)
+        return out
     finally:
         destroy_model_parallel()
         destroy_distributed_environment()
