@@ -158,7 +158,8 @@ def cmd_audit(a: argparse.Namespace) -> int:
     if a.svg is not None:  # checked before the work, written after it
         from specbind import svg
 
-        picture = svg.target(a.svg, ckpt.files())
+        with _usage():  # the path given is wrong, not the checkpoint (as --out)
+            picture = svg.target(a.svg, ckpt.files(), dirs=ckpt.dirs())
     rep = audit(
         ckpt,
         table,
@@ -366,6 +367,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
     layers: list[LayerUse] = []
     quant: dict[tuple[int, str], LayerQuant | None] = {}
     ckpt_files: list[Path] = []
+    ckpt_dirs: list[Path] = []  # no picture inside them, as no --out
     if a.ckpt:
         from specbind.plan_report import checkpoint_layers
         from specbind.runtime.io.checkpoint import CheckpointDir
@@ -374,7 +376,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
         if a.quant is not None:
             raise UsageError("--quant plans the spec's model; a checkpoint says its own")
         ckpt = CheckpointDir(Path(a.ckpt))
-        ckpt_files = list(ckpt.files())
+        ckpt_files, ckpt_dirs = list(ckpt.files()), ckpt.dirs()
         values = values_from_config(table, ckpt.config, _sets(a.set))
         layers, quant = checkpoint_layers(table, ckpt, values, mtp=not a.no_mtp)
         source = str(ckpt.root)
@@ -408,7 +410,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
     if a.svg is not None:  # checked before the work, written after it
         from specbind import svg
 
-        picture = svg.target(a.svg, ckpt_files)
+        with _usage():  # the path given is wrong, not the checkpoint (as --out)
+            picture = svg.target(a.svg, ckpt_files, dirs=ckpt_dirs)
     rep = plan_report(
         table, values, tp_size, layers, source, ep_size=_or(a.ep_size, 1),
         quant=lambda i, b: quant.get((i, b)),

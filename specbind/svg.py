@@ -119,12 +119,15 @@ def _n(v: float) -> str:
     return str(int(v)) if float(v).is_integer() else f"{v:.2f}"
 
 
-def target(given: str, inputs: Iterable[Path] = (), what: str = "--svg") -> Path:
+def target(
+    given: str, inputs: Iterable[Path] = (), what: str = "--svg", dirs: Iterable[Path] = ()
+) -> Path:
     """The path to write a picture to, checked before any work (``check_out_path``: never a
-    directory, a device, or a file of the checkpoint read, ``inputs``)."""
+    directory, a device, a file of the checkpoint read, ``inputs``, or a path inside its
+    directories, ``dirs``: ``CheckpointDir.dirs()``, as ``--out`` is refused there)."""
     from specbind.runtime.io.out_path import check_out_path
 
-    return check_out_path(given, inputs, what, names="the .svg picture to write")
+    return check_out_path(given, inputs, what, dirs, names="the .svg picture to write")
 
 
 def write(path: Path, document: str) -> None:

@@ -1,8 +1,8 @@
 """Where an output file may be written: ``check_out_path``, asked before any byte is bound.
 
 Called by the CLI before any binding (``bind --out``, each rank's ``--out-dir`` file and the
-index), and again by ``stream_out.StreamWriter`` as it opens the file. A path is refused when it
-is:
+index, the ``--svg`` picture of ``audit`` and ``plan``), and again by
+``stream_out.StreamWriter`` as it opens the file. A path is refused when it is:
 - empty; or exists and is not a regular file (a directory, ``/dev/null`` or another device, a
   FIFO, a socket); or lies under a file, or in a directory this process cannot write;
 - one of the input checkpoint's files: by resolved path, and by ``(st_dev, st_ino)`` so a hard
@@ -96,8 +96,9 @@ def check_out_path(
         for candidate in (given_abs, real):
             if candidate.is_relative_to(inside) or candidate.is_relative_to(d.absolute()):
                 raise OutputError(
-                    f"{what} {shown}: is inside {d}, the checkpoint being read; write the bound "
-                    "weights outside it, so the checkpoint stays as it was"
+                    f"{what} {shown}: is inside {d}, the checkpoint being read; write "
+                    f"{'the picture' if what == '--svg' else 'the bound weights'} outside it, so "
+                    "the checkpoint stays as it was"
                 )
     parent = real.parent
     while not os.path.lexists(parent) and parent != parent.parent:

@@ -230,7 +230,29 @@ def test_an_svg_path_that_is_a_directory_or_a_checkpoint_file_is_refused_in_one_
         (tmp_path, f"--svg {tmp_path}: is a directory; --svg names the .svg picture to write"),
         (config, "is a file of the checkpoint being read"),
     ):
-        assert main([command, str(llama), "--svg", str(given)]) == EXIT["refused"]
+        assert main([command, str(llama), "--svg", str(given)]) == EXIT["usage"], "as --out"
         out, err = capsys.readouterr()
         assert out == "" and re.fullmatch(rf"specbind: error: .*{re.escape(why)}.*\n", err)
     assert config.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["plan", "audit"])
+@pytest.mark.parametrize("where", ["checkpoint", "hub repo"])
+def test_an_svg_path_inside_the_checkpoint_is_refused_as_out_is_and_nothing_is_written(
+    command: str, where: str, llama: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A new file in the checkpoint's folder (or in the Hub cache repo of a snapshot) is refused
+    for ``--svg`` as for ``--out``: the folder stays as it was."""
+    repo = tmp_path / "models--acme--ll"
+    snap = repo / "snapshots" / ("0" * 40)
+    snap.parent.mkdir(parents=True)
+    snap.symlink_to(llama, target_is_directory=True)  # the snapshot, by a link to the folder
+    ckpt, inside = (llama, llama / "pic.svg") if where == "checkpoint" else (snap, repo / "p.svg")
+    before = sorted(p.name for p in llama.iterdir())
+    assert main([command, str(ckpt), "--svg", str(inside)]) == EXIT["usage"]
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        f"specbind: error: --svg {inside}: is inside {inside.parent}, the checkpoint being "
+        "read; write the picture outside it, so the checkpoint stays as it was\n"
+    )
+    assert sorted(p.name for p in llama.iterdir()) == before and not inside.exists()
