@@ -34,6 +34,7 @@ from specbind.generator.evaluate import check_model_geometry
 from specbind.generator.literals import comment, py_literal
 from specbind.generator.model_spec import Model, parse_model
 from specbind.generator.output_spec import Output
+from specbind.generator.outputs import Plan
 from specbind.generator.rank_shapes import RankShapes, dims_text, times
 from specbind.generator.schemes import parse_scheme
 from specbind.runtime.io.atomic import atomic_writer
@@ -415,17 +416,17 @@ def _stored_as(m: Model, b: Block) -> tuple[tuple[str, str], ...]:
 
 
 def render_all(root: Path) -> dict[str, str]:
-    """Every file of ``generated/`` by relative path, rendered in memory."""
+    """Every file of ``generated/`` by relative path, rendered in memory; two outputs on one
+    path (or one module, or equal but for case) are refused naming both (generator/outputs.py)."""
     specs = load_specs(root)
     env = _env()
-    files: dict[str, str] = {}
+    plan = Plan()
     used: set[str] = {u.block for m in specs.models.values() for u in m.blocks}
     for name in sorted(used):
         b = specs.blocks[name]
         ctx = _block_context(b)
-        files[f"{name}.py"] = env.get_template("block.py.j2").render(
-            header=HEADER.format(src=b.file), **ctx
-        )
+        text = env.get_template("block.py.j2").render(header=HEADER.format(src=b.file), **ctx)
+        plan.add(f"{name}.py", text, f"block {name} ({b.file})")
     for mname in sorted(specs.models):
         m = specs.models[mname]
         uses = [
@@ -445,7 +446,7 @@ def render_all(root: Path) -> dict[str, str]:
             if c.expr is not None
         ]
         constraints = [{"c": c, "py": py, "names": names} for c, py, names in checks]
-        files[f"{model_module(mname)}.py"] = env.get_template("model.py.j2").render(
+        text = env.get_template("model.py.j2").render(
             header=HEADER.format(src=m.file),
             m=m,
             uses=uses,
@@ -453,19 +454,23 @@ def render_all(root: Path) -> dict[str, str]:
             uses_algebra=any("algebra_ops." in py for _, py, _ in checks),
             block_modules=", ".join(sorted(u.block for u in m.blocks)),
         )
-    files.update(_engine_files(root, specs, env))
+        plan.add(f"{model_module(mname)}.py", text, f"model {mname} ({m.file})")
+    _engine_files(root, specs, env, plan)
     kernels = generator_kernels.needed([specs.blocks[n] for n in sorted(used)])
-    files["kernels/__init__.py"] = env.get_template("kernels_init.py.j2").render(
-        header=HEADER.format(src="specs/"), kernels=kernels
-    )
-    raw_files = {
-        "kernels/specbind.cu": env.get_template("kernels.cu.j2").render(kernels=kernels),
-        "kernels/host_launch.cpp": env.get_template("host_launch.cpp.j2").render(kernels=kernels),
-    }
-    files["schemes.py"] = env.get_template("schemes.py.j2").render(
+    for rel, template in (
+        ("kernels/__init__.py", "kernels_init.py.j2"),
+        ("kernels/specbind.cu", "kernels.cu.j2"),
+        ("kernels/host_launch.cpp", "host_launch.cpp.j2"),
+    ):
+        text = env.get_template(template).render(
+            header=HEADER.format(src="specs/"), kernels=kernels
+        )
+        plan.add(rel, text, "the kernels the blocks need (specs/blocks/)")
+    schemes = env.get_template("schemes.py.j2").render(
         header=HEADER.format(src="specs/schemes/"), schemes=[repr(s) for s in specs.schemes]
     )
-    files["__init__.py"] = env.get_template("init.py.j2").render(
+    plan.add("schemes.py", schemes, "the scheme registry (specs/schemes/)")
+    registry = env.get_template("init.py.j2").render(
         header=HEADER.format(src="specs/"),
         models=[
             {
@@ -478,7 +483,8 @@ def render_all(root: Path) -> dict[str, str]:
         ],
         digest=specs.digest,
     )
-    return ruff_format(files) | raw_files
+    plan.add("__init__.py", registry, "the model registry (specs/models/)")
+    return ruff_format(plan.files)
 
 
 def _slug(*parts: str) -> str:
@@ -486,15 +492,14 @@ def _slug(*parts: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", "_".join(parts).lower()).strip("_")
 
 
-def _engine_files(root: Path, specs: Specs, env: jinja2.Environment) -> dict[str, str]:
-    """``generated/engines/``: one variant module per block an engine reads other fields of
-    (the block's rules with the engine's fields), shared by every layout of that engine whose
-    variant is the same; per layout, its table; and the registry.
+def _engine_files(root: Path, specs: Specs, env: jinja2.Environment, plan: Plan) -> None:
+    """``generated/engines/`` into ``plan``: one variant module per block an engine reads other
+    fields of (the block's rules with the engine's fields), shared by every layout of that
+    engine whose variant is the same; per layout, its table; and the registry.
 
     A variant is named ``<engine>_<block>``, or ``<engine>_<model>_<block>`` where two layouts
     of one engine make different variants of one block. A block the engine reads as the block
     binds it (its own fields, renamed only) keeps the model's own binder: no module."""
-    files: dict[str, str] = {}
     layouts = list(engines.load_engines(root, specs.models, specs.blocks))
     bodies: dict[tuple[str, str, str], list[Any]] = {}  # (engine, block, body) -> its layouts
     chosen: dict[tuple[int, str], tuple[str, str, str]] = {}  # (layout, block) -> that key
@@ -517,7 +522,8 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment) -> dict[str
             for u in users
         }
         src = ", ".join([specs.blocks[bname].file, *sorted(written)])
-        files[f"engines/{module}.py"] = HEADER.format(src=src) + "\n" + body.lstrip("\n")
+        text = HEADER.format(src=src) + "\n" + body.lstrip("\n")
+        plan.add(f"engines/{module}.py", text, f"{engine}'s variant of block {bname} ({src})")
     tables = []
     for k, e in enumerate(layouts):
         m = specs.models[e.model]
@@ -531,16 +537,17 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment) -> dict[str
                 "parameters": e.blocks[u.block].parameters,
             })  # fmt: skip
         modules = sorted({u["module"] for u in uses if u["module"]})
-        files[f"engines/{base}.py"] = env.get_template("engine.py.j2").render(
+        table = env.get_template("engine.py.j2").render(
             header=HEADER.format(src=e.file), e=e, uses=uses, model_module=model_module(m.name),
             block_modules=", ".join(modules),
         )  # fmt: skip
+        plan.add(f"engines/{base}.py", table, f"{e.engine}'s layout of model {e.model} ({e.file})")
         tables.append({"engine": e.engine, "model": e.model, "module": base})
     unavailable = engines.load_unavailable(root, specs.models)
-    files["engines/__init__.py"] = env.get_template("engines_init.py.j2").render(
+    registry = env.get_template("engines_init.py.j2").render(
         header=HEADER.format(src="specs/engines/"), layouts=tables, unavailable=unavailable
     )
-    return files
+    plan.add("engines/__init__.py", registry, "the engine registry (specs/engines/)")
 
 
 def ruff_format(files: dict[str, str]) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from specbind.core.errors import GeometryError
+from specbind.core.errors import GenerateError, GeometryError
 from specbind.generator.render import generate, render_all, stale
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,3 +166,95 @@ def test_generate_without_ruff_says_in_one_line_to_install_the_generate_extra() 
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert "pip install 'specbind[generate]'" in proc.stderr
+
+
+def _block_named_schemes(root: Path) -> None:
+    """Llama's norms block copied as a block named ``schemes`` (with vLLM's layout of it), which
+    generates ``schemes.py``: the scheme registry's path."""
+    blocks, vllm_blocks = root / "specs" / "blocks", root / "specs" / "engines" / "vllm" / "blocks"
+    for folder in (blocks, vllm_blocks):
+        text = (folder / "layer_norms.yaml").read_text()
+        assert "\nblock: layer_norms\n" in text
+        (folder / "schemes.yaml").write_text(
+            text.replace("\nblock: layer_norms\n", "\nblock: schemes\n")
+        )
+    llama = root / "specs" / "models" / "llama.yaml"
+    text = llama.read_text()
+    assert "norms: {blocks: [layer_norms]}" in text and "- block: layer_norms" in text
+    llama.write_text(
+        text.replace("norms: {blocks: [layer_norms]}", "norms: {blocks: [schemes]}").replace(
+            "- block: layer_norms", "- block: schemes"
+        )
+    )
+
+
+def test_a_block_named_schemes_is_refused_naming_the_scheme_registry_and_the_path(
+    root: Path,
+) -> None:
+    """Before: the block's binder was replaced by the scheme registry without a word. Now the
+    CLI refuses in one line naming both sources and the path, and writes nothing."""
+    _block_named_schemes(root)
+    before = {p: p.read_bytes() for p in (root / "generated").rglob("*") if p.is_file()}
+    run = [sys.executable, "-m", "specbind", "generate", "--root", str(root)]
+    proc = subprocess.run(run, capture_output=True, text=True)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    line = proc.stderr
+    assert "two outputs on one path, generated/schemes.py" in line, line
+    assert "block schemes (specs/blocks/schemes.yaml)" in line, line
+    assert "the scheme registry (specs/schemes/)" in line, line
+    after = {p: p.read_bytes() for p in (root / "generated").rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_an_engine_variant_of_block_mamba2_is_refused_naming_the_mamba2_layout_it_would_replace(
+    tmp_path: Path,
+) -> None:
+    """A vLLM block layout of ``mamba2`` that reads a field the block does not declare makes a
+    variant module ``engines/vllm_mamba2.py``: the path of vLLM's layout of model ``mamba2``.
+    Before: the layout replaced the variant without a word (the layout's table then names
+    fields the model's own binder lacks). Now generate refuses naming both."""
+    shutil.copytree(REPO / "specs", tmp_path / "specs")
+    p = tmp_path / "specs" / "engines" / "vllm" / "blocks" / "mamba2.yaml"
+    text = p.read_text()
+    assert text.count("    field: conv1d\n") == 1 and text.count("\nparameters:\n") == 1
+    fused = "  conv_fused: {concat: [conv1d_x.weight, conv1d_B.weight, conv1d_C.weight], axis: 0}"
+    p.write_text(
+        text.replace("    field: conv1d\n", "    field: conv_fused\n").replace(
+            "\nparameters:\n", f"\noutputs:\n{fused}\nparameters:\n"
+        )
+    )
+    with pytest.raises(GenerateError) as e:
+        render_all(tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "two outputs on one path, generated/engines/vllm_mamba2.py" in msg, msg
+    assert "vllm's variant of block mamba2 (specs/blocks/mamba2.yaml, " in msg, msg
+    assert "vllm's layout of model mamba2 (specs/engines/vllm/mamba2.yaml)" in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "how"),
+    [
+        ("engines/vllm_x.py", "engines/vllm_x.py", "generated/engines/vllm_x.py:"),
+        ("engines/Vllm_X.py", "engines/vllm_x.py", "(equal but for case)"),
+        ("kernels/specbind.cu", "Kernels/SpecBind.CU", "(equal but for case)"),
+        ("kernels/__init__.py", "kernels.py", "(one module)"),
+        ("Engines.py", "engines/__init__.py", "(one module)"),
+    ],
+)
+def test_two_outputs_on_one_path_one_module_or_equal_but_for_case_are_refused(
+    first: str, second: str, how: str
+) -> None:
+    """Paths that differ only in case are one file on macOS's and Windows' filesystems; a
+    package shadows the module of its name."""
+    from specbind.generator.outputs import Plan
+
+    plan = Plan()
+    plan.add(first, "a", "the first (specs/a.yaml)")
+    plan.add("engines/other.py", "b", "another (specs/b.yaml)")
+    with pytest.raises(GenerateError) as e:
+        plan.add(second, "c", "the second (specs/c.yaml)")
+    msg = str(e.value)
+    assert how in msg and "the first (specs/a.yaml) and the second (specs/c.yaml)" in msg, msg
+    assert plan.files == {first: "a", "engines/other.py": "b"}
