@@ -15,23 +15,42 @@ Invariants (the proof, :func:`check_sum_units`):
   share of the whole has the right shape and the wrong rows) or a per-unit interleave, and
   the spec says which: sections by the model's ``names:`` ``sections:``, each with its own
   unit, or ``interleave: true`` on the shard;
+- a sharded axis of several parts over its unit, with no layout declared, is refused too,
+  naming the tensor and the axis: one term with a whole multiple (``2 * inter``, written so or
+  as ``inter + inter``) or a sum whose every term holds the unit (MLA's ``heads * (nope +
+  rope)``). Shapes cannot tell Llama 4's halves ``[gate | up]`` (sections: a contiguous share
+  is rank 0 all of gate) from gpt-oss's ``(gate, up)`` pairs or MLA's per-head ``[nope; rope]``
+  (per-unit interleave: a contiguous share is right); the spec says which. The unit's own
+  coefficient is one part (``inter: 4 * hidden`` on a ``4 * hidden`` axis is one);
+- terms over different units are named before several parts over one (in every reading);
 - a ``default:`` field is proven both ways: the field present (a base symbol) and absent (its
   default expanded).
-Not proven (traps): a sum whose every term holds the unit (MLA's ``heads * (nope + v)``; the
-conv1d above where the ratio is the config field and ``v_heads`` is ``expr: k_heads * v_per_k``)
-or a single term with a coefficient (``2 * inter``) is taken as per-unit, unit-major, which cannot
-be told from equal sections by shapes alone. A symbol computed with ``//``, ``%``,
-``max``/``min`` or a power by a symbol does not expand: a sharded sum holding it is refused (it
-could hide another unit, ``v_heads // k_heads``), a single term holding it is left to the
-scaling check (``evaluate.check_whole_units``). A block's sharded dim holding ``max``/``min``
-itself or through a derived symbol never reaches these proofs: the spec checker refuses it.
+Not proven (traps): a multiple hidden in a config field (a checkpoint whose
+``intermediate_size`` is itself ``2 * I``) cannot be seen. A symbol computed with ``//``,
+``%``, ``max``/``min`` or a power by a symbol does not expand: a sharded sum holding it is
+refused (it could hide another unit, ``v_heads // k_heads``), a single term holding it is left
+to the scaling check (``evaluate.check_whole_units``). A block's sharded dim holding
+``max``/``min`` itself or through a derived symbol never reaches these proofs: the spec checker
+refuses it.
 """
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from specbind.core import algebra
+from specbind.core.errors import SpecError
 from specbind.core.ir import TensorRule
-from specbind.core.polynomial import NotPolynomial, Poly, expand, over, render, render_term, symbol
+from specbind.core.polynomial import (
+    Monomial,
+    NotPolynomial,
+    Poly,
+    expand,
+    over,
+    render,
+    render_term,
+    symbol,
+)
 from specbind.generator.block_spec import Block
 from specbind.generator.model_spec import BlockUse, Model
 
@@ -81,9 +100,11 @@ def block_expansions(
 
 
 def check_sum_units(model: Model, block: Block, use: BlockUse, ctx: str) -> None:
-    """Refuse a sharded dim that is a sum of terms over different units, unless its shard
-    declares ``interleave: true`` (see the module's invariants)."""
+    """Refuse a sharded dim that is a sum of terms over different units, or several parts over
+    its unit, unless its shard declares ``interleave: true`` (see the module's invariants).
+    Terms over different units in any reading are named first: they say more."""
     readings = [False] + ([True] if any(g.default for g in model.geometry) else [])
+    parts: SpecError | None = None  # the first sharded axis of several parts, refused last
     for defaults in readings:
         opaque: set[str] = set()
         geometry = geometry_expansions(model, defaults, opaque)
@@ -97,14 +118,20 @@ def check_sum_units(model: Model, block: Block, use: BlockUse, ctx: str) -> None
             except NotPolynomial:
                 continue
             unit = expanded[t.shard.unit]
-            if len(dim) < 2 or len(unit) != 1:
+            if len(unit) != 1:
                 continue
-            ((unit_term, _),) = unit.items()
+            ((unit_term, unit_coef),) = unit.items()
+            if len(dim) < 2:
+                parts = parts or _multiple(
+                    model, block, use, t, axis, dim, unit_term, unit_coef, defaults, ctx
+                )
+                continue
             hidden = sorted({n for m in dim for n, _ in m} & opaque)
             if hidden:
                 _refuse_opaque(model, block, use, t, axis, dim, hidden, defaults, ctx)
             stray = [render_term(m, abs(c)) for m, c in dim.items() if not over(m, unit_term)]
             if not stray:
+                parts = parts or _parts(model, block, use, t, axis, dim, defaults, ctx)
                 continue
             gunit = use.symbols[t.shard.unit]
             absent = [g.name for g in model.geometry if g.default] if defaults else []
@@ -122,6 +149,43 @@ def check_sum_units(model: Model, block: Block, use: BlockUse, ctx: str) -> None
                 f"interleave: true on the shard where each {t.shard.unit} unit holds its rows "
                 f"of every term together",
             )
+    if parts is not None:
+        raise parts
+
+
+def _multiple(
+    model: Model, block: Block, use: BlockUse, t: TensorRule, axis: int, dim: Poly,
+    unit_term: Monomial, unit_coef: Fraction, defaults: bool, ctx: str,
+) -> SpecError | None:  # fmt: skip
+    """One term over the unit with a whole multiple in its coefficient (``2 * inter``, or
+    ``inter + inter``): k parts of the axis, which shapes cannot tell apart as k sections
+    (Llama 4's ``[gate | up]``) or interleaved per unit (gpt-oss's ``(gate, up)`` pairs)."""
+    ((m, c),) = dim.items()
+    ratio = c / unit_coef  # the unit's own coefficient (``inter: 4 * hidden``) is one part
+    if ratio.numerator == 1 or not over(m, unit_term):
+        return None
+    return _parts(model, block, use, t, axis, dim, defaults, ctx, f"{ratio.numerator} parts")
+
+
+def _parts(
+    model: Model, block: Block, use: BlockUse, t: TensorRule, axis: int, dim: Poly,
+    defaults: bool, ctx: str, what: str = "",
+) -> SpecError:  # fmt: skip
+    """A sharded dim of several parts, each over the unit, whose layout the spec does not say:
+    a contiguous share is right for a per-unit interleave and wrong for sections."""
+    assert t.shard.unit is not None
+    rel = block.rel(t.name)
+    via = derivations(model, block, use, t.dims[axis].names, defaults)
+    parts = what or f"a sum of {len(dim)} terms"
+    return block.located.error(
+        ("tensors", rel, "shard"),
+        f"{ctx}: {rel} shards axis {axis} on {t.shard.unit}, but that axis "
+        f"({t.dims[axis].text}) is {render(dim)} in {model.name}'s base symbols{via}, "
+        f"{parts} whose layout shapes cannot tell: say how they lie, as sections of axis "
+        f"{axis} (model names: with sections: and axis: {axis}, each split on its own) or "
+        f"interleave: true on the shard where each {t.shard.unit} unit holds its share of "
+        f"every part together",
+    )
 
 
 def _refuse_opaque(

@@ -216,8 +216,9 @@ def check_model_geometry(model: Model, blocks: dict[str, Block]) -> None:
 def check_section_sizes(
     model: Model, blocks: dict[str, Block], values: dict[str, int], ctx: str
 ) -> None:
-    """Each section's size is the rows its block declares for it, so a size written in the
-    wrong order or over the wrong symbol fails here, not at the first bind."""
+    """Each section's size is what its block declares on the sectioned axis, so a size
+    written in the wrong order or over the wrong symbol fails here, not at the first bind;
+    a sectioned axis the section's rank does not have is refused too."""
     for i, r in enumerate(model.names):
         for k, (to, size) in enumerate(zip(r.to, r.sizes, strict=False)):
             rows = int(algebra.evaluate(algebra.parse(size), values))
@@ -226,13 +227,22 @@ def check_section_sizes(
                 t = next((x for x in block.tensors if x.name == to), None)
                 if t is None or not t.dims:
                     continue
+                if not -len(t.dims) <= r.axis < len(t.dims):
+                    raise model.located.error(
+                        ("names", i, "axis"),
+                        f"section {to} splits axis {r.axis}, but block {block.name!r} declares "
+                        f"{block.rel(to)} with {len(t.dims)} axes ({t.shape})",
+                    )
+                axis = r.axis % len(t.dims)
                 local = {s: values[g] for s, g in use.symbols.items()}
-                want = int(algebra.evaluate(t.dims[0], block_env(block, local)))
+                want = int(algebra.evaluate(t.dims[axis], block_env(block, local)))
                 if rows != want:
+                    what = "rows" if axis == 0 else f"on axis {axis}"
                     raise model.located.error(
                         ("names", i, "sections", k),
-                        f"{ctx}: section {to} is {size} = {rows} rows, but block "
-                        f"{block.name!r} declares {block.rel(to)} with {want} ({t.dims[0].text})",
+                        f"{ctx}: section {to} is {size} = {rows} {what}, but block "
+                        f"{block.name!r} declares {block.rel(to)} with {want} "
+                        f"({t.dims[axis].text})",
                     )
 
 

@@ -1,4 +1,4 @@
-"""The language constructs gpt-oss (and Llama-4's stacked experts) needed, each accepted or
+"""The language constructs gpt-oss's stacked experts needed, each accepted or
 refused on its own (the family's own test is test_family_gpt_oss.py):
 
 * ``stacked: e`` on a tensor: axis 0 of one stored tensor is the family ``e`` (its count
@@ -59,7 +59,7 @@ def edit(root: Path, rel: str, old: str, new: str) -> None:
 @pytest.mark.parametrize(
     ("old", "new", "path", "fragment"),
     [
-        ("shard: {cols: expert_inter}        # whole", "shard: {rows: experts}  #",
+        ("shard: {cols: expert_inter, interleave: true}  # whole", "shard: {rows: experts}  #",
          "tensors.experts.gate_up_proj.shard", "tp splits another axis"),
         ("shape: [experts, hidden, 2 * expert_inter]\n    stacked: e",
          "shape: [hidden, experts, 2 * expert_inter]\n    stacked: e",

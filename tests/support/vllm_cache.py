@@ -5,8 +5,9 @@ A (row, tp)'s key is the SHA-256 of everything that can change its result: every
 specbind's sources (core, runtime, generator and its templates, generated, the tools under
 specbind/), the specs, pyproject.toml, the vLLM pins (which name the venv and vLLM's
 version), the proof code (tests/vllm/, the vllm_* helpers, the checkpoint writer), the
-transformers version that writes the checkpoint, and the row itself (its classes, geometry,
-tps). Each file enters by path and bytes, so a rename, an edit or a new file changes every key.
+transformers version that writes the checkpoint, the row itself (its classes, geometry,
+tps), and the kind of result (``RESULTS``: the proofs record parameters and buffers; the token
+runs name theirs). Each file enters by path and bytes, so a rename, an edit or a new file changes every key.
 Trap: this hashes the working tree, not git's index: an uncommitted edit changes the key too.
 ``SPECBIND_VLLM_PROOFS_FRESH=1`` ignores the cache (every result is run, then stored).
 """
@@ -66,8 +67,15 @@ def sources() -> str:
     return h.hexdigest()
 
 
-def key(row: VllmRow, tp: int) -> str:
-    return hashlib.sha256(f"{sources()}\n{row.key()}\ntp {tp}".encode()).hexdigest()[:32]
+# What a result holds; a result of another form is never read back (results before buffers
+# were recorded hold parameters alone, and a test reading their buffers would fail on them).
+RESULTS = "parameters and buffers"
+
+
+def key(row: VllmRow, tp: int, what: str = RESULTS) -> str:
+    """``what``: the kind of result (the proofs' ``RESULTS``; the token runs name theirs)."""
+    text = f"{sources()}\n{row.key()}\ntp {tp}\n{what}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def load(k: str) -> dict[str, Any] | None:

@@ -2,7 +2,8 @@
 rest run by two workers in the vLLM venv (tests/vllm/proof_worker.py).
 
 ``prove(rows, tmp)`` returns {(model, tp): {"auto": load, "specbind": load}}, each load either
-{"ranks": [[(name, shape, dtype, sha256), ...] per tp rank]} or {"error": line}, plus a
+{"ranks": [[(name, shape, dtype, sha256), ...] per tp rank], "buffers": [the same of
+every buffer, per tp rank]} or {"error": line}, plus a
 ``Report`` of what came from the cache and what ran (wall and CPU seconds).
 
 How the work is split: two workers (the two cores CI has). Phase 0: the tp 1 loads, dealt
@@ -146,5 +147,8 @@ def _merge(per_worker: list[dict[str, Any]], model: str, tp: int) -> dict[str, A
         if errors:
             out[fmt] = {"error": errors[0]}
         else:
-            out[fmt] = {"ranks": [h[fmt]["params"] for h in held]}
+            out[fmt] = {
+                "ranks": [h[fmt]["params"] for h in held],
+                "buffers": [h[fmt]["buffers"] for h in held],
+            }
     return out

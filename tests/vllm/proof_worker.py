@@ -7,8 +7,8 @@ SPEC: {"phases": [{"tp": N, "rank": R, "port": P, "loads": [{"key": K, "ckpt": D
 127.0.0.1:P; the other ranks are the driver's other workers), then builds each checkpoint's
 model in process, once with vLLM's default loader (``load_format="auto"``) and once with
 specbind's, through vLLM's own ``get_model`` (the model class vLLM picks, its weight loaders,
-its ``process_weights_after_loading``), and records every parameter (name, shape, dtype,
-SHA-256 of its bytes) or the one-line error that stopped the build. OUT: {phase index: {K:
+its ``process_weights_after_loading``), and records every parameter and every buffer
+(name, shape, dtype, SHA-256 of its bytes) or the one-line error that stopped the build. OUT: {phase index: {K:
 {"auto": ..., "specbind": ...}}}. Before each load (and each group's rendezvous) it prints a
 progress line naming it (tests/support/vllm_workers.py: a run that stops names that load).
 
@@ -66,7 +66,7 @@ def _line(e: Exception) -> str:
 def _load(ckpt: str, load_format: str, tp: int) -> dict[str, Any]:
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader import get_model
-    from vllm_digest import digests
+    from vllm_digest import buffer_digests, digests
 
     t0 = time.perf_counter()
     try:
@@ -75,7 +75,10 @@ def _load(ckpt: str, load_format: str, tp: int) -> dict[str, Any]:
             model = get_model(vllm_config=cfg)
     except Exception as e:  # the measured refusal: recorded, the next load goes on
         return {"error": f"{type(e).__name__}: {_line(e)}", "seconds": time.perf_counter() - t0}
-    out = {"params": digests(model), "seconds": time.perf_counter() - t0}
+    out = {
+        "params": digests(model), "buffers": buffer_digests(model),
+        "seconds": time.perf_counter() - t0,
+    }  # fmt: skip
     del model
     gc.collect()
     return out

@@ -88,3 +88,16 @@ def test_every_result_in_the_cache_runs_no_worker_and_the_report_says_so(
     assert report.ran == [] and report.cached == ["llama tp1", "llama tp2"]
     assert report.line().startswith("vLLM parameter proofs: 2 from the cache ")
     assert "llama tp1, llama tp2" in report.line()
+
+
+def test_a_result_stored_before_buffers_were_recorded_is_not_read_back(cache_home: Path) -> None:
+    """The key names the kind of result: one stored under the key of a result without
+    buffers (the same sources, row and tp) is never read as a proof result."""
+    import hashlib
+
+    text = f"{vllm_cache.sources()}\n{ROW.key()}\ntp 1"
+    before = hashlib.sha256(text.encode()).hexdigest()[:32]  # the key form without buffers
+    vllm_cache.store(before, {"auto": {"ranks": [[]]}, "specbind": {"ranks": [[]]}})
+    assert vllm_cache.key(ROW, 1) != before
+    assert vllm_cache.load(vllm_cache.key(ROW, 1)) is None
+    assert vllm_cache.key(ROW, 1, "tokens") != vllm_cache.key(ROW, 1)

