@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "04289cf85d08d74bad7911b230ad7c52e8d64ea1462c86598c302623ff8e742a"
+SPECS_SHA256 = "afb5b2a66fa9cb95dfebe62022d187ae72a8c226079eaa1968b3e8be5a24e06a"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.
