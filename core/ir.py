@@ -141,6 +141,9 @@ class GeometryField:
     also: tuple[str, ...] = ()  # other config.json paths (dotted) of the same value
     default: str | None = None  # expression over other symbols when config.json lacks `config`
     expr: str | None = None  # always computed from other symbols (no config field)
+    # a JSON null in config.json reads as the field absent (``default`` stands in), as the
+    # family's transformers config class reads it (Mixtral's ``"head_dim": null``); else refused
+    null_is_absent: bool = False
 
 
 ConditionKind = Literal["from", "below", "every", "in", "not_in"]

@@ -87,6 +87,7 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
             tuple(g.get("also") or ()),
             None if g.get("default") is None else str(g["default"]),
             None if g.get("expr") is None else str(g["expr"]),
+            bool(g.get("null_is_absent", False)),
         )
         for n, g in d["geometry"].items()
     )
@@ -250,6 +251,11 @@ def _geometry_expressions(doc: Located, geometry: tuple[GeometryField, ...]) -> 
             raise doc.error(
                 (*path, "default"),
                 "`default` needs the `config` field it stands in for",
+            )
+        if g.null_is_absent and g.default is None:
+            raise doc.error(
+                (*path, "null_is_absent"),
+                "`null_is_absent` needs the `default` a null then stands for",
             )
         for key, text in (("default", g.default), ("expr", g.expr)):
             if text is not None:
