@@ -78,7 +78,13 @@ GEOMETRY: tuple[GeometryField, ...] = (
     GeometryField(name="heads", config="num_attention_heads", value=16, min=1, doc=""),
     GeometryField(name="kv_heads", config="num_key_value_heads", value=2, min=1, doc=""),
     GeometryField(
-        name="head_dim", config="head_dim", value=64, min=1, doc="", default="hidden / heads"
+        name="head_dim",
+        config="head_dim",
+        value=64,
+        min=1,
+        doc="",
+        default="hidden / heads",
+        null_is_absent=True,
     ),
 )
 

@@ -104,7 +104,13 @@ GEOMETRY: tuple[GeometryField, ...] = (
     GeometryField(name="heads", config="num_attention_heads", value=32, min=1, doc=""),
     GeometryField(name="kv_heads", config=None, value=32, min=1, doc="", expr="heads"),
     GeometryField(
-        name="head_dim", config="head_dim", value=128, min=1, doc="", default="hidden / heads"
+        name="head_dim",
+        config="head_dim",
+        value=128,
+        min=1,
+        doc="",
+        default="hidden / heads",
+        null_is_absent=True,
     ),
     GeometryField(name="positions", config="max_position_embeddings", value=2048, min=1, doc=""),
 )

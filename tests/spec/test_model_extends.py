@@ -160,7 +160,10 @@ def test_a_child_claiming_its_bases_model_type_is_refused(root: Path) -> None:
 
 def test_an_inherited_computed_symbol_takes_its_value_at_the_childs_geometry(root: Path) -> None:
     base = root / "specs/models/llama.yaml"
-    anchor = "  head_dim:     {config: head_dim, default: hidden / heads, value: 128}\n"
+    anchor = (
+        "  head_dim:     {config: head_dim, default: hidden / heads, null_is_absent: true, "
+        "value: 128}\n"
+    )
     text = base.read_text()
     assert anchor in text
     base.write_text(
