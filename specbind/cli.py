@@ -276,6 +276,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     )  # fmt: skip
     if out is None:  # checks and reports only: each slot dropped once bound
         result = run(sink=ReportOnly())
+        ckpt.check_sizes()  # no shard shrank under the bind (see runtime.io.sigbus)
     else:  # streamed: one slot's output in memory at a time, the file whole or not at all
         from specbind.runtime.bound.bound_format import BoundMeta
         from specbind.runtime.bound.stream_out import StreamWriter
@@ -284,6 +285,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
         head = BoundMeta(table.name, SPECS_SHA256, ranks, values, overrides)
         with StreamWriter(out, head, backend, ckpt.files(), ckpt.dirs()) as sink:
             result = run(sink=sink)
+            ckpt.check_sizes()  # before the file is kept: no shard shrank under the bind
     if a.json:
         print(_json(result.as_dict()))
     else:
@@ -755,7 +757,10 @@ def main(argv: list[str] | None = None) -> int:
             from specbind.hub import resolve
 
             args.ckpt = resolve(args.ckpt)
-        rc: int = args.func(args)
+        from specbind.runtime.io.sigbus import refuse_sigbus
+
+        with refuse_sigbus(EXIT["refused"]):  # a shard truncated under its map: one line, exit 1
+            rc: int = args.func(args)
         return rc
     except Terminated:
         _say("specbind: terminated")

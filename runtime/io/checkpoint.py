@@ -288,6 +288,13 @@ class CheckpointDir:
             if fn is not None:
                 self._files[fn].release(name)
 
+    def check_sizes(self) -> None:
+        """Refuse, naming it, a shard shorter now than when it was opened: a bind calls it once
+        done, before its output is kept, so a file truncated after its last tensor was taken
+        (whose last page then reads as zeros, not SIGBUS) is not bound silently."""
+        for f in self._files.values():
+            f.check_size()
+
     def unindexed_files(self) -> list[str]:
         """``*.safetensors`` files in the directory that no index entry names (left unread)."""
         used = set(self._where.values())

@@ -12,6 +12,12 @@ Invariants (each violation is a ``CheckpointError`` naming the file and the tens
   overlap and no hole, and end at the end of the file;
 - tensors are memoryview slices of the map: nothing is read until it is used; each also
   carries a ``MapSpan`` so a strided read can release the pages it has copied from;
+- a file that shrinks while it is read (truncated, or rewritten in place) is refused in one line
+  naming it (``check_size``: one ``fstat`` of the map's descriptor as each tensor is taken, and
+  after a ``preadv`` that comes up short), never read past its new end: a read of the map there
+  raises SIGBUS (and of its last page, zeros). A shrink between that check and the copy is
+  caught by ``runtime.io.sigbus`` (the CLI installs it); a rewrite that keeps the size is not
+  seen (a Hub cache's blobs are never rewritten);
 - ``read_view`` copies a contiguous view's bytes with ``preadv`` from the very file mapped (a
   descriptor opened again by path, its device and inode compared with the mapped file's), else
   says it did not, and the caller copies from the map; within ``split_reads(n)`` a large one
@@ -269,12 +275,41 @@ class SafetensorsFile:
         if hi > lo:
             self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
+    def shrunk(self) -> int | None:
+        """The file's size now if it is shorter than when it was opened (truncated, or
+        rewritten in place, while being read), else None."""
+        if self._map is None:
+            return None
+        try:
+            now = self._map.size()  # fstat of the map's own descriptor: the file mapped
+        except (OSError, ValueError):  # a closed map: nothing more is read through it
+            return None
+        return now if now < self.size else None
+
+    def check_size(self, name: str | None = None) -> None:
+        """Refuse, naming the file, a file that has shrunk since it was opened: a read of its
+        map past the new end would raise SIGBUS, and one of its last page read zeros."""
+        now = self.shrunk()
+        if now is not None:
+            raise CheckpointError(shrunk_message(self.where, now, self.size, name))
+
     def raw(self, name: str) -> RawTensor:
+        self.check_size(name)  # one fstat: a file truncated under a bind is refused, not read
         e = self.entries[name]
         start = self.data_start + e.begin
         view = self._view[start : self.data_start + e.end]
         span = MapSpan(self._map, start) if self._map is not None else None
         return RawTensor(e.dtype, e.shape, view, span)
+
+
+def shrunk_message(where: str, now: int, size: int, name: str | None = None) -> str:
+    """The one line for a file that shrank while it was read (``check_size``, and the SIGBUS
+    handler of ``runtime.io.sigbus``)."""
+    reading = f" (reading {name})" if name is not None else ""
+    return (
+        f"{where}: is {now} B now, {size} B when opened{reading}: the file was truncated or "
+        "rewritten while it was read; bind it again once nothing writes it"
+    )
 
 
 # read_view's descriptors: id(file) -> fd, the most recently read last; at most READERS.
@@ -358,8 +393,12 @@ def read_view(dest: Any, src: Any) -> bool:
             return False
         parts = _parts(nbytes)
         if len(parts) == 1:
-            return _pread(fd, view, offset, 0, nbytes)
-        return all(_pool().map(lambda p: _pread(fd, view, offset, *p), parts))
+            done = _pread(fd, view, offset, 0, nbytes)
+        else:
+            done = all(_pool().map(lambda p: _pread(fd, view, offset, *p), parts))
+    if not done:  # a read that came up short: the file may have shrunk under it
+        f.check_size()  # refused here; the map must not be read past its file's end
+    return done
 
 
 def _pread(fd: int, view: memoryview, offset: int, lo: int, hi: int) -> bool:
