@@ -55,9 +55,11 @@ def check_fields(
     layers: Layers,
     quant: LayerQuant | None,
     entries: Mapping[str, Entry],
+    half: str = "BF16",
 ) -> None:
     """Refuse, naming ``where`` and the tensor, any way ``entries`` differ from what a bind of
-    ``table`` at ``values`` and ``ranks`` writes for ``layers`` (the module docstring)."""
+    ``table`` at ``values`` and ``ranks`` writes for ``layers`` (the module docstring); the
+    spec's BF16 fields are expected in ``half``, the half dtype the bind chose."""
     g = table.make_geometry(dict(values))
     slots = _slots(where, table, layers)
     prefixes = {s.where + ".": s for s in slots}
@@ -74,7 +76,7 @@ def check_fields(
     packed = False
     for s in slots:
         have = {f: entries[f"{s.where}.{f}"] for f in owned[s.where]}
-        packed |= _check_slot(where, s, g, ranks, quant, have, cache)
+        packed |= _check_slot(where, s, g, ranks, quant, have, cache, half)
     if quant is not None and not packed:
         raise ReloadError(
             f"{where}: metadata quant records scheme {quant.scheme.name}, but no field is "
@@ -135,9 +137,10 @@ def _check_slot(
     quant: LayerQuant | None,
     have: Mapping[str, Entry],
     cache: dict[tuple[str, frozenset[str], frozenset[str]], dict[str, Shaped]],
+    half: str = "BF16",
 ) -> bool:
-    """Refuse the slot's fields unless they are what its block binds; True when some field
-    is stored packed (the record's scheme is reflected)."""
+    """Refuse the slot's fields unless they are what its block binds (its BF16 fields in
+    ``half``); True when some field is stored packed (the record's scheme is reflected)."""
     packed = _packed(s, quant, have)
     lq = None if quant is None or not packed else _with(quant, packed, s)
     full = _expected(where, s, g, ranks, lq, frozenset(), cache)
@@ -169,10 +172,11 @@ def _check_slot(
         )
     for f in sorted(want):
         e, x = have[f], want[f]
-        if e.dtype != x.dtype or e.shape != x.shape:
+        dtype = half if x.dtype == "BF16" else x.dtype  # as checks.fields_in reads the rules
+        if e.dtype != dtype or e.shape != x.shape:
             raise ReloadError(
                 f"{where}: {s.where}.{f} is {e.dtype} {list(e.shape)}; block {s.block.name} "
-                f"binds {x.dtype} {list(x.shape)} at the recorded geometry ({_ranks(ranks)}): "
+                f"binds {dtype} {list(x.shape)} at the recorded geometry ({_ranks(ranks)}): "
                 "the tensor or the metadata geometry is wrong"
             )
     return bool(packed)

@@ -14,7 +14,9 @@ what differs, when it comes from:
 - a tensor count other than recorded;
 - anything ``bound_check.check_fields`` refuses: a tensor no recorded (layer, slot) explains,
   a field the spec requires there missing (whatever the counts say), a shape or dtype other
-  than the block's binder makes at the recorded geometry and ranks;
+  than the block's binder makes at the recorded geometry and ranks, the spec's BF16 fields in
+  the half dtype the file holds (an F16 checkpoint binds them F16: ``config.choose``; a file
+  holding both halves, or a half its model's ``dtypes:`` lacks, is refused);
 - no content digests (written before they were recorded: bind it again), a record digest
   that is not its metadata's (an edited rank, geometry, layer list or count), or a tensor
   whose bytes are not what its bind wrote (``runtime.bound.bound_format``).
@@ -57,7 +59,7 @@ from specbind.runtime.bound.bound_format import (
     tensor_digest,
 )
 from specbind.runtime.io.safetensors_file import SafetensorsFile
-from specbind.runtime.layout.config import checked_values
+from specbind.runtime.layout.config import HALF, checked_values
 
 
 @record(frozen=False)
@@ -133,7 +135,8 @@ def read_bound(
             "a field is missing or was added"
         )
     entries = {n: Entry(e.dtype, tuple(e.shape)) for n, e in f.entries.items()}
-    check_fields(str(p), table, geometry, ranks, meta.layers, lq, entries)
+    half = _half(p, table, entries)
+    check_fields(str(p), table, geometry, ranks, meta.layers, lq, entries, half)
     if f.metadata[RECORD_KEY] != record_digest(f.metadata):
         raise ReloadError(
             f"{p}: its metadata is not what its bind recorded (the record digest differs: a "
@@ -203,6 +206,22 @@ def _quant(p: Path, table: ModelTable[Any], q: QuantMeta | None) -> LayerQuant |
             "stores no activation scale): the record and the tensors disagree"
         )
     return LayerQuant(scheme, q.weight_only, frozenset(), frozenset(q.outputs))
+
+
+def _half(p: Path, table: ModelTable[Any], entries: Mapping[str, Entry]) -> str:
+    """The half dtype the bind wrote the spec's BF16 fields in (``config.choose``): F16 when
+    the file holds F16 tensors, else BF16. A bind writes one half dtype, so a file holding
+    both is refused, and so is a half the model's spec does not let its checkpoints have."""
+    halves = sorted({e.dtype for e in entries.values()} & HALF)
+    if len(halves) > 1:
+        raise ReloadError(f"{p}: holds both BF16 and F16 tensors; a bind writes one half dtype")
+    half = halves[0] if halves else "BF16"
+    if half not in table.dtypes:
+        raise ReloadError(
+            f"{p}: its tensors are {half}, but model {table.name} binds "
+            f"{', '.join(table.dtypes)} only (model `dtypes:`)"
+        )
+    return half
 
 
 def _np_dtype(dtype: str) -> np.dtype[Any]:
