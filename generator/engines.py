@@ -569,8 +569,22 @@ def load_engines(
                 f"the layout of {layout.engine} for {layout.model} lives in "
                 f"specs/engines/{layout.engine}/{layout.model}.yaml",
             )  # fmt: skip
+        _proof_file(root, layout)
         out.append(layout)
     return out
+
+
+def _proof_file(root: Path, layout: EngineLayout) -> None:
+    """A ``proof.test`` is a file of the suite: a proof naming no test proves nothing. Checked
+    where the suite is (``root/tests``, a clone); an installed wheel ships no tests to name."""
+    if layout.proof is None or not (root / "tests").is_dir():
+        return
+    if not (root / layout.proof).is_file():
+        raise layout.located.error(
+            ("proof", "test"),
+            f"{layout.proof} is not a file of the suite: the proof names the test that runs "
+            "the layout against the engine's own loader",
+        )
 
 
 def load_unavailable(root: Path, models: dict[str, Model]) -> list[EngineUnavailable]:

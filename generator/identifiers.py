@@ -98,7 +98,38 @@ def symbol_expr(
     unknown = sorted(e.names - allowed)
     if unknown:
         raise doc.error(path, f"unknown symbol(s) {', '.join(unknown)} in {str(text)!r}")
+    _small_powers(doc, path, e)
     return e
+
+
+# The largest exponent a spec's integer expression may give ``**``: the largest power
+# core.polynomial multiplies out (its _MAX_POWER), so every power stays one the proofs of a
+# shape can reason about; a dimension is never a higher power of another.
+MAX_EXPONENT = 8
+
+
+def _small_powers(doc: Located, path: PathKey, e: algebra.Expr) -> None:
+    """Each ``**`` of a spec expression raises to an integer literal of at most
+    ``MAX_EXPONENT``: ``hidden ** 64 ** 2`` (and ``2 ** hidden``) is refused at generate,
+    not found at bind when the value is out of range (or never, where no checkpoint lacks
+    the field a ``default`` stands in for)."""
+    import ast
+
+    for node in ast.walk(e.node):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            n = node.right
+            if not (isinstance(n, ast.Constant) and type(n.value) is int):
+                raise doc.error(
+                    path,
+                    f"the exponent {ast.unparse(n)!r} of ** is not an integer literal (at most "
+                    f"{MAX_EXPONENT}): a power by an expression cannot be bounded here",
+                )
+            if not 0 <= n.value <= MAX_EXPONENT:
+                raise doc.error(
+                    path,
+                    f"the exponent {n.value} of ** is over {MAX_EXPONENT}: no dimension is "
+                    "so high a power of another",
+                )
 
 
 def ast_text(e: algebra.Expr) -> str:
