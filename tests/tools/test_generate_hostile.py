@@ -47,7 +47,9 @@ def refusal(root: Path) -> str:
 
 
 def test_a_proof_naming_a_test_file_the_suite_lacks_is_refused_at_generate(root: Path) -> None:
-    line = edit(root, LAYOUT, "test: tests/vllm/test_vllm_proofs.py", "test: tests/vllm/test_gone.py")
+    line = edit(
+        root, LAYOUT, "test: tests/vllm/test_vllm_proofs.py", "test: tests/vllm/test_gone.py"
+    )
     assert refusal(root) == (
         f"{LAYOUT}:{line} at proof.test: tests/vllm/test_gone.py is not a file of the suite: "
         "the proof names the test that runs the layout against the engine's own loader"
