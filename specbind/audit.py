@@ -191,13 +191,16 @@ def audit(
     mtp: bool = True,
     verify: bool = True,
     allow_unshared_scales: bool = False,
+    identical: bool = True,
 ) -> dict[str, Any]:
     """The census of every tensor bind's layout sees, and every problem bind would refuse with
     the same geometry (``overrides``: ``--set``, as bind takes it; ``mtp=False`` as
     ``bind --no-mtp``: the MTP layers config.json counts are counted as not bound, not
     required); with ``verify``, a census without problems is confirmed by a report-only bind
     of tp rank 0 of 1, and its refusal is the problem (see the module docstring);
-    ``allow_unshared_scales`` as bind takes it."""
+    ``allow_unshared_scales`` as bind takes it; ``identical=False``: no tensor is hashed to
+    find identical bytes (``identical_bytes`` is empty): with ``verify=False`` then, nothing
+    but headers and config is read (an engine loader's check before it builds its model)."""
     problems: list[str] = []
     try:
         qconf = detect(ckpt, table.schemes)
@@ -311,7 +314,9 @@ def audit(
         "quantization": None
         if qconf is None
         else {"scheme": qconf.scheme.name, "weight_only": qconf.weight_only},
-        "identical_bytes": _identical(probe, hashable + list(lay.globals.values()), progress),
+        "identical_bytes": _identical(probe, hashable + list(lay.globals.values()), progress)
+        if identical
+        else [],
         "quantization_artifacts": sum(
             len(s["quantization_artifacts"]) for r in layers for s in r["slots"].values()
         ),

@@ -22,9 +22,13 @@ repacking) stays vLLM's.
 
 Invariants:
 - a refused checkpoint fails engine start with specbind's one-line message (a
-  ``SpecbindError``), before any parameter is written; under vLLM's multi-process engine (its
-  default, tp > 1, the server) that line is raised in the caller's process too, as the
-  ``SpecbindError`` of the failed start (``_relay``), not only left in a worker's log;
+  ``SpecbindError``), before any parameter is written; its census (every tensor claimed,
+  none missing), dtypes and config are checked at the top of the loader's ``load_model``,
+  before vLLM builds the model (``specbind.engine_check``; vLLM 0.32 never calls
+  ``download_model`` on a worker's path), the shapes and values by the bind after it; under
+  vLLM's multi-process engine (its default, tp > 1, the server) that line is raised in the
+  caller's process too, as the ``SpecbindError`` of the failed start (``_relay``), not only
+  left in a worker's log;
 - tp size and rank come from vLLM's parallel state, never from the user;
 - what this loader does not do (pipeline parallelism, expert parallelism over more than one
   rank, a Hub id vLLM has not resolved to a local folder) is refused in one line rather than
@@ -86,10 +90,15 @@ def register() -> None:
                 _report(e)
                 raise
 
-        def load_model(self, *args: Any, **kwargs: Any) -> Any:
+        def load_model(self, vllm_config: Any, model_config: Any, *args: Any, **kw: Any) -> Any:
+            try:  # before vLLM builds the model: a refusal costs no model construction
+                check_before_build(model_config.model)
+            except SpecbindError as e:
+                _report(e)
+                raise
             token = _INITIAL.set(True)  # a model vLLM has just made: its parameters hold nothing
             try:
-                return super().load_model(*args, **kwargs)
+                return super().load_model(vllm_config, model_config, *args, **kw)
             finally:
                 _INITIAL.reset(token)
 
@@ -308,6 +317,14 @@ def donors(params: dict[str, Any]) -> list[Any]:
             continue
         out.append(p.detach().view(-1).view(torch.uint8).numpy())  # [n] -> [n B]: its storage
     return out
+
+
+def check_before_build(model: str) -> None:
+    """The checkpoint folder ``model``'s census, dtypes and config, checked before vLLM builds
+    the model (``specbind.engine_check``: no tensor's bytes read)."""
+    from specbind.engine_check import check_before_build as check
+
+    check(_local_dir(model), ENGINE, advice=VLLM_ADVICE)
 
 
 def bind_rank(model: str, tp: int, rank: int, into: Any = None) -> Any:
