@@ -34,6 +34,8 @@ _FILES = (
     "tests/support/vllm_rows.py",
     "tests/support/vllm_proofs.py",
     "tests/support/vllm_cache.py",
+    "tests/support/vllm_tokens.py",
+    "tests/support/vllm_workers.py",
 )
 _SUFFIXES = (".py", ".yaml", ".json", ".j2", ".cu", ".cpp", ".toml", ".txt")
 

@@ -42,6 +42,7 @@ class Report:
     wall: float = 0.0
     cpu: float = 0.0  # user + system seconds of the workers
     folder: Path = field(default_factory=vllm_cache.folder)
+    what: str = "vLLM parameter proofs"
 
     def line(self) -> str:
         parts = []
@@ -54,7 +55,7 @@ class Report:
                 f"{len(self.ran)} run in {self.wall:.0f} s wall, {self.cpu:.0f} s CPU "
                 f"({', '.join(self.ran)})"
             )
-        return "vLLM parameter proofs: " + "; ".join(parts)
+        return f"{self.what}: " + "; ".join(parts)
 
 
 def write(row: VllmRow, path: Path, seed: int = 0) -> None:
