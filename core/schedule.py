@@ -11,6 +11,12 @@ Invariants:
   type is one ``model:`` problem naming it, and whatever reads it is left undecided;
 - a field absent from config.json (or null) reads as the ``default`` its condition declares;
   without one, the schedule is undecided for the layer (not cross-checked), never guessed;
+- every source of a schedule is read: where the file holds the slot's per-layer list, that
+  list is the writer's schedule, and a count or step the file lacks is undecided, not its
+  default (transformers 5.23's KimiLinearConfig writes ``mlp_layer_types`` and no
+  ``first_k_dense_replace``, and builds its layers from the list before any count: the
+  default 0 would contradict a list it wrote itself); a count the file does hold is still
+  cross-checked beside the list;
 - a per-layer list shorter than the decoder layers is a problem for each layer past its end
   (vLLM indexes it by layer); layers past the decoder layers (MTP) are never cross-checked;
 - a disagreement is one line naming the layer, the config fields with their values, the block
@@ -108,10 +114,16 @@ class ConfigSchedule:
             return shown, f"{where} is absent, read as {shown}"
         return value, f"{where} is {_short(value)}"
 
-    def _holds(self, c: ScheduleCondition, index: int) -> tuple[bool, str] | None:
+    def has_list(self, slot: SlotRule) -> bool:
+        """Whether the file holds one of ``slot``'s per-layer lists (well-typed)."""
+        return any(self._lists[lst.config][0] not in (None, _BAD) for lst in slot.all_lists())
+
+    def _holds(
+        self, c: ScheduleCondition, index: int, defaults: bool = True
+    ) -> tuple[bool, str] | None:
         """Whether ``c`` holds at layer ``index``, and the words that say why; None when a
-        field it reads is absent without a default or ill-typed."""
-        got = self._value(c.config, c.default)
+        field it reads is absent without a default (or ``defaults`` is false) or ill-typed."""
+        got = self._value(c.config, c.default if defaults else None)
         if got is None:
             return None
         value, said = got
@@ -136,20 +148,23 @@ class ConfigSchedule:
         words = "is in it" if inside else "is not in it"
         return inside == (c.kind == "in"), f"{said} ({n_text} {words})"
 
-    def scheduled(self, rules: tuple[ScheduleRule, ...], index: int) -> tuple[str, str] | None:
+    def scheduled(
+        self, rules: tuple[ScheduleRule, ...], index: int, defaults: bool = True
+    ) -> tuple[str, str] | None:
         """The block the schedule gives layer ``index`` and why (the deciding words), or None
-        when undecidable here."""
+        when undecidable here; ``defaults`` false: an absent field is undecided."""
         why: list[str] = []
         for rule in rules:
             verdicts = []
             for c in rule.when:
-                v = self._holds(c, index)
-                if v is None:
-                    return None
+                v = self._holds(c, index, defaults)
                 verdicts.append(v)
-            failed = next((w for ok, w in verdicts if not ok), None)
+            # a rule is all of its conditions: one that fails decides it, whatever is unknown
+            failed = next((v[1] for v in verdicts if v is not None and not v[0]), None)
+            if failed is None and None in verdicts:
+                return None
             if failed is None:
-                return rule.block, "; ".join([*why, *(w for _, w in verdicts)])
+                return rule.block, "; ".join([*why, *(v[1] for v in verdicts if v is not None)])
             why.append(failed)
         return None  # the generator requires a last rule without conditions
 
@@ -202,7 +217,8 @@ def slot_problems(
                 f"tensors are {held}"
             )
     if slot.schedule and decoder:
-        got_s = cs.scheduled(slot.schedule, index)
+        # the file's own per-layer list is the writer's schedule: no default stands in then
+        got_s = cs.scheduled(slot.schedule, index, defaults=not cs.has_list(slot))
         if got_s is not None and got_s[0] != held:
             out.append(
                 f"layer {index}: config.json {got_s[1]}, so its {slot.name} is {got_s[0]} by "
