@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "afb5b2a66fa9cb95dfebe62022d187ae72a8c226079eaa1968b3e8be5a24e06a"
+SPECS_SHA256 = "dfaf90b605c30fa9a60c5b043e7cf1ef44a65059cb6c931f88ee07b041d42676"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.
@@ -43,6 +43,7 @@ MODELS = Registry(
         "hunyuan-dense": ModelEntry("model_hunyuan_dense", ("hunyuan_v1_dense",), False),
         "kimi-linear": ModelEntry("model_kimi_linear", ("kimi_linear",), False),
         "llama": ModelEntry("model_llama", ("llama",), False),
+        "llama4-text": ModelEntry("model_llama4_text", ("llama4_text", "llama4"), False),
         "mamba2": ModelEntry("model_mamba2", ("mamba2",), False),
         "ministral": ModelEntry("model_ministral", ("ministral",), False),
         "mistral": ModelEntry("model_mistral", ("mistral",), False),
