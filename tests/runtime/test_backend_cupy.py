@@ -5,13 +5,13 @@ CuPy whose kernels execute on the CPU harness — with bytes equal to the NumPy 
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 import types
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import patience
 import pytest
 from helpers import TABLE, TINY
 
@@ -25,8 +25,8 @@ from specbind.synth import synth
 
 def test_without_cupy_the_cupy_backend_is_refused_in_one_line(tmp_path: Path) -> None:
     synth(TABLE, tmp_path / "ck", dict(TINY), layers=4, mtp=False)
-    proc = subprocess.run([sys.executable, "-m", "specbind", "bind", str(tmp_path / "ck"), "--backend", "cupy"],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = patience.run([sys.executable, "-m", "specbind", "bind", str(tmp_path / "ck"), "--backend", "cupy"],
+                        capture_output=True, text=True, cpu=60)  # fmt: skip
     if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed here")
     assert proc.returncode == 1

@@ -5,11 +5,11 @@ gives the API exactly the tensors ``bind --out`` writes with the same flags."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import patience
 import pytest
 from helpers import TABLE, TINY, copy_with, read_file
 
@@ -47,9 +47,9 @@ def unshared(ckpt: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cli_out(ck: Path, out: Path, *flags: str) -> dict[str, np.ndarray]:
-    proc = subprocess.run(
+    proc = patience.run(
         [sys.executable, "-m", "specbind", "bind", str(ck), "--out", str(out), *flags],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, cpu=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return read_file(out)

@@ -7,13 +7,13 @@ import json
 import os
 import resource
 import struct
-import subprocess
 import sys
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import patience
 import pytest
 from helpers import TABLE, TINY, read_file
 
@@ -228,7 +228,7 @@ def test_the_cli_refuses_a_lying_header_in_one_line_within_a_memory_limit(
     def limit() -> None:  # 1 GiB of address space: a claimed 4 TiB tensor cannot be allocated
         resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
-    proc = subprocess.run([sys.executable, "-m", "specbind", "bind", str(good)], capture_output=True,
-                          text=True, timeout=60, preexec_fn=limit)  # fmt: skip
+    proc = patience.run([sys.executable, "-m", "specbind", "bind", str(good)], capture_output=True,
+                        text=True, cpu=60, preexec_fn=limit)  # fmt: skip
     assert proc.returncode == 1, proc.stderr  # refused: the checkpoint is wrong
     assert proc.stderr.count("\n") == 1 and fragment in proc.stderr

@@ -1,6 +1,7 @@
 """Patterns from a checkpoint's config run in bounded time with the tools' verdicts: a hostile
-regex or a huge glob list gets its verdict at once (in a subprocess with a generous timeout, so
-a hang fails the test instead of stalling the suite), a construct the linear-time engine cannot
+regex or a huge glob list gets its verdict at once (in a subprocess with a generous CPU bound,
+tests/support/patience.py, so a runaway match fails the test instead of stalling the suite,
+whatever the machine's load), a construct the linear-time engine cannot
 run is refused naming the file and the entry, the caps are refused naming the file and field,
 and benign patterns match exactly the names Python's ``re.match`` and ``fnmatchcase`` do."""
 
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import patience
 import pytest
 from budget import examples
 from helpers import TABLE, TINY
@@ -78,10 +80,10 @@ def with_excluded(src: Path, dest: Path, exclude: list[str]) -> Path:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """``specbind ARGS``; a hang past the generous timeout fails the test."""
-    return subprocess.run(
+    """``specbind ARGS``; a run past the generous CPU bound (or a hang) fails the test."""
+    return patience.run(
         [sys.executable, "-m", "specbind", *args, "--no-progress"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True, text=True, cpu=60,
     )  # fmt: skip
 
 

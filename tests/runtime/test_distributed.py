@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import patience
 import pytest
 from helpers import copy_with, field_rules, read_file, rejoin
 from torchrun_ranks import BOUND, finish, free_port, load_dir, torchrun
@@ -28,8 +29,8 @@ pytestmark = pytest.mark.interop
 
 
 def specbind(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, timeout=BOUND
+    return patience.run(
+        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, cpu=BOUND
     )
 
 
@@ -103,12 +104,11 @@ def test_a_corrupt_shard_on_one_node_makes_every_rank_exit_nonzero_with_its_mess
     raw[8:16] = b"#garbage"  # the JSON header no longer parses
     shard.write_bytes(bytes(raw))
     out, port = ckpt["dir"] / "corrupt", free_port()
-    t0 = time.monotonic()
+    # finish() fails the test if the ranks hang (no CPU used for a while) or loop
     runs = finish(
         torchrun(1, "bind", str(ckpt["ck"]), "--out-dir", str(out), node=(2, 0, port)),
         torchrun(1, "bind", str(bad), "--out-dir", str(out), node=(2, 1, port)),
     )
-    assert time.monotonic() - t0 < BOUND
     for rc, so, se in runs:
         assert rc != 0 and so == ""
         assert (
@@ -155,11 +155,12 @@ def test_a_killed_rank_makes_torchrun_tear_down_the_others_in_bounded_time(
     ckpt: dict[str, Any],
 ) -> None:
     run = torchrun(2, "bind", str(ckpt["ck"]), "--timeout", "30")
-    deadline = time.monotonic() + BOUND
+    watch = patience.Watch([run], cpu=BOUND)  # no wall deadline: a loaded machine is slower
     workers: list[int] = []
-    while len(workers) < 2 and time.monotonic() < deadline and run.poll() is None:
+    while len(workers) < 2 and run.poll() is None:
         workers = _children(run.pid)
         time.sleep(0.05)
+        watch.check("torchrun starting two workers")
     assert len(workers) == 2, "torchrun did not start two workers"
     os.kill(max(workers), signal.SIGKILL)
     rc, _, se = finish(run)[0]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import patience
 import pytest
 
 import specbind
@@ -151,7 +152,6 @@ def test_a_refusal_in_an_engine_process_is_raised_where_vllm_waits_for_its_engin
     initialization failed"; the refusing process's line, written through the relay file the
     first process named, is raised in its place, vLLM's error chained beneath it."""
     import os
-    import subprocess
     import sys
     import types
 
@@ -170,7 +170,7 @@ def test_a_refusal_in_an_engine_process_is_raised_where_vllm_waits_for_its_engin
 
     def wait_for_engine_startup(refuse: bool = True) -> None:
         if refuse:  # an engine process refuses while vLLM waits for it, then exits
-            subprocess.run([sys.executable, "-c", child], check=True, env=env, timeout=60)
+            patience.run([sys.executable, "-c", child], check=True, env=env, cpu=60)
         raise RuntimeError("Engine core initialization failed. See root cause above.")
 
     utils = types.ModuleType("vllm.v1.engine.utils")

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import patience
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,8 +98,8 @@ def test_a_broken_kernel_fails_the_nvrtc_compile() -> None:
 
 
 def nvcc_archs() -> set[str]:
-    listed = subprocess.run(
-        ["nvcc", "--list-gpu-arch"], capture_output=True, text=True, check=True, timeout=60
+    listed = patience.run(
+        ["nvcc", "--list-gpu-arch"], capture_output=True, text=True, check=True, cpu=60
     ).stdout.split()
     return {a.replace("compute_", "sm_") for a in listed}
 
@@ -111,11 +112,11 @@ def test_every_kernel_compiles_with_nvcc(tmp_path: Path, arch: str) -> None:
     if arch not in nvcc_archs():
         pytest.skip(f"this nvcc does not know {arch}")
     out = tmp_path / "specbind.cubin"
-    proc = subprocess.run(
+    proc = patience.run(
         ["nvcc", f"-arch={arch}", "-cubin", "-o", str(out), str(SOURCE)],
         capture_output=True,
         text=True,
-        timeout=300,
+        cpu=300,
     )
     assert proc.returncode == 0, proc.stderr
     symbols = subprocess.run(

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import patience
 import pytest
 
 from specbind.cli import main
@@ -34,8 +35,8 @@ def bind_under(ckpt: Path, out: Path, soft: int, hard: int) -> subprocess.Comple
         "from specbind.cli import entry; entry()"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    return patience.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cpu=120, env=env
     )
 
 

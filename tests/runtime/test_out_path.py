@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import patience
 import pytest
 from helpers import TABLE, TINY, read_file
 
@@ -106,8 +107,8 @@ def test_check_out_path_refuses_a_link_to_an_input_and_returns_a_symlinks_target
 
 
 def specbind(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, timeout=120
+    return patience.run(
+        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, cpu=120
     )
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import patience
 import pytest
 
 from specbind.cli import main
@@ -77,10 +78,10 @@ def paused_writer(marker: Path, *argv: str) -> subprocess.Popen[bytes]:
     """A ``specbind`` child that stops for good after its first tensor is written."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     child = subprocess.Popen([sys.executable, "-c", _PAUSED_CHILD, str(marker), *argv], env=env)
-    for _ in range(1200):
-        if marker.exists() or child.poll() is not None:
-            break
+    watch = patience.Watch([child], cpu=120)  # not a wall deadline: a loaded machine is slower
+    while not marker.exists() and child.poll() is None:
         time.sleep(0.05)
+        watch.check("a bind that was to write its first tensor")
     assert marker.exists(), f"the child did not start writing (exit {child.poll()})"
     return child
 

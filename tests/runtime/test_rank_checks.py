@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import patience
 import pytest
 from helpers import TABLE
 
@@ -33,9 +34,9 @@ from specbind.runtime.ranks import agreement, byte_coverage, distributed
 @pytest.fixture(scope="module")
 def ck(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("ranks") / "ck"
-    proc = subprocess.run(
+    proc = patience.run(
         [sys.executable, "-m", "specbind", "synth", str(d), "--seed", "2"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, cpu=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return d
@@ -179,8 +180,8 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
         "import sys; from specbind.cli import main; rc = main(sys.argv[1:]); "
         "assert 'torch' not in sys.modules, 'the single-rank path imported torch'; sys.exit(rc)"
     )
-    return subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+    return patience.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, cpu=120,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import patience
 import pytest
 
 from specbind import open_bound
@@ -127,7 +128,7 @@ def test_a_geometry_these_binders_refuse_is_refused(
 def test_bind_from_loads_and_refuses_in_one_line(bound: tuple[Path, Path]) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "specbind", "bind", "--from", str(bound[1]), *args]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        return patience.run(cmd, capture_output=True, text=True, cpu=120)
 
     ok = run("--tp-size", "2", "--tp-rank", "1", "--json")
     assert ok.returncode == 0, ok.stderr

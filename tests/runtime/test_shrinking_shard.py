@@ -14,10 +14,10 @@ import os
 import re
 import shutil
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
+import patience
 import pytest
 
 from specbind.cli import EXIT
@@ -80,9 +80,9 @@ def run(ckpt: Path, tmp_path: Path, size: int, when: str, *flags: str) -> tuple[
     """``specbind bind`` of a copy of ``ckpt`` through the hook: (status, stderr)."""
     copy = tmp_path / "ck"
     shutil.copytree(ckpt, copy)
-    proc = subprocess.run(
+    proc = patience.run(
         [sys.executable, "-c", HOOK, SHARD, str(size), when, "bind", str(copy), *flags],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, cpu=300,
     )  # fmt: skip
     return proc.returncode, proc.stderr
 
@@ -155,9 +155,7 @@ def test_a_shard_truncated_after_open_is_refused_by_the_api_before_any_read(
         "except CheckpointError as e:\n"
         "    print('refused:', e)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
-    )
+    proc = patience.run([sys.executable, "-c", script], capture_output=True, text=True, cpu=300)
     assert proc.returncode == 0, proc.stderr  # before: killed by SIGBUS
     assert proc.stdout.startswith(f"refused: layer 0: {SHARD}: is 0 B now"), proc.stdout
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import patience
 import pytest
 from helpers import layer_arrays, source
 from threadpoolctl import threadpool_info, threadpool_limits
@@ -65,9 +65,9 @@ def test_a_whole_bind_writes_the_same_file_at_one_two_and_three_threads(tmp_path
     files = []
     for n in ("1", "2", "3"):
         out = tmp_path / f"t{n}.safetensors"
-        proc = subprocess.run(
+        proc = patience.run(
             [sys.executable, "-m", "specbind", "bind", str(tmp_path / "ck"), "--out", str(out)],
-            capture_output=True, text=True, timeout=120, env={**os.environ, "SPECBIND_THREADS": n},
+            capture_output=True, text=True, cpu=120, env={**os.environ, "SPECBIND_THREADS": n},
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         files.append(out.read_bytes())

@@ -10,10 +10,10 @@ copied in beside the real models; the error is still the block's.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
+import patience
 import pytest
 
 from specbind.core.errors import SpecError
@@ -72,8 +72,8 @@ def test_the_cli_refuses_a_malformed_spec_in_one_line(root: Path, stem: str) -> 
     shutil.copy(
         CORPUS[[p.stem for p in CORPUS].index(stem)], root / "specs" / "blocks" / "bad.yaml"
     )
-    proc = subprocess.run([sys.executable, "-m", "specbind", "generate", "--root", str(root)],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    proc = patience.run([sys.executable, "-m", "specbind", "generate", "--root", str(root)],
+                        capture_output=True, text=True, cpu=60)  # fmt: skip
     assert proc.returncode == 1
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
         "specbind: error: specs/blocks/bad.yaml:"

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 from typing import Any
 
 import helpers
 import ml_dtypes
 import numpy as np
+import patience
 import pytest
 from budget import examples
 from helpers import TINY_DSA, dsa_tp_geometries, layer_arrays, raw, source
@@ -259,13 +259,13 @@ def test_the_blas_thread_count_does_not_change_a_byte(
             "MKL_NUM_THREADS": blas,
         }
         script = SCRIPT.format(tests=os.path.dirname(helpers.__file__))  # tests/support
-        proc = subprocess.run(
+        proc = patience.run(
             [sys.executable, "-c", script],
             input=payload,
             capture_output=True,
             text=True,
             env=env,
-            timeout=120,
+            cpu=120,
         )
         assert proc.returncode == 0, proc.stderr
         digests.append(proc.stdout.split())

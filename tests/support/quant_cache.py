@@ -30,6 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
+import patience
+
 WRITER = Path(__file__).with_name("quant_writers.py")
 # Everything whose version can change what the writer writes.
 PACKAGES = (
@@ -87,9 +89,11 @@ def _write(recipe: str, folder: Path, threads: str) -> str | None:
             "TOKENIZERS_PARALLELISM": "false",
             "OMP_NUM_THREADS": threads,
         }
-        p = subprocess.run(
+        # Bounded by CPU (tests/support/patience.py): the old 1200 s of wall time per thread.
+        p = patience.run(
             [sys.executable, str(WRITER), recipe, str(staging / recipe)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, timeout=1200, check=False,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cpu=1200 * int(threads),
+            check=False,
         )  # fmt: skip
         if p.returncode != 0:
             return f"{recipe} failed:\n{p.stdout.decode(errors='replace')[-3000:]}"

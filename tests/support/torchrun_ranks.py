@@ -1,9 +1,12 @@
-"""torchrun runs of ``python -m specbind`` for the tests, with a bound on how long any may
-take: shared by tests/runtime/test_distributed.py and the families' torchrun claims
+"""torchrun runs of ``python -m specbind`` for the tests, with a bound on the work any may do:
+shared by tests/runtime/test_distributed.py and the families' torchrun claims
 (tests/families/test_family_llama.py).
 
-Invariant: a run that outlives ``BOUND`` seconds fails the test and is killed with its whole
-process group (torchrun and its workers: killing torchrun alone would orphan them).
+Invariant: runs that together use more than ``BOUND`` seconds of CPU, or none for
+``patience.STALL`` seconds (a hang), fail the test and are killed with every process under
+them (torchrun and its workers: killing torchrun alone would orphan them). Not a wall-clock
+deadline: on a loaded machine a healthy run takes longer, never more CPU
+(tests/support/patience.py).
 """
 
 from __future__ import annotations
@@ -15,17 +18,17 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
+import patience
 import pytest
 import safetensors
 from helpers import read_file
 
-# Seconds any run may take before the test calls it a hang. A hang never ends; a healthy run
-# takes 10-20 s alone and several times that on a loaded 2-core machine (a 4-rank torchrun
-# starts five Python processes that import torch), so the bound leaves room for load.
+# CPU seconds the runs waited for together may use before the test calls them a loop. A healthy
+# run uses 10-20 s (a 4-rank torchrun starts five Python processes that import torch), on a
+# loaded machine as on an idle one.
 BOUND = 240
 
 
@@ -58,20 +61,15 @@ def torchrun(
 
 
 def finish(*procs: subprocess.Popen[str]) -> list[tuple[int, str, str]]:
-    """Every run's (rc, stdout, stderr); fails the test if any outlives BOUND seconds."""
-    out = []
-    deadline = time.monotonic() + BOUND
-    for p in procs:
-        try:
-            so, se = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:  # torchrun and its workers: killing torchrun alone orphans them
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(q.pid, signal.SIGKILL)
-                q.wait()
-            pytest.fail(f"a torchrun run outlived {BOUND} s: nothing may hang")
-        out.append((p.returncode, so, se))
-    return out
+    """Every run's (rc, stdout, stderr); fails the test if together they use more than BOUND
+    seconds of CPU, or hang."""
+    try:
+        return patience.wait(*procs, cpu=BOUND)
+    except patience.Stopped as e:
+        for q in procs:  # a worker that left torchrun's tree is still in its process group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(q.pid, signal.SIGKILL)
+        pytest.fail(f"torchrun: {e}")
 
 
 def load_dir(d: Path) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, str]]:

@@ -16,6 +16,8 @@ import subprocess
 from pathlib import Path
 from typing import IO
 
+import patience
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -45,12 +47,13 @@ def _env() -> dict[str, str]:
     return env
 
 
-def run_scenario(spec: Path, out: Path, timeout: int) -> subprocess.CompletedProcess[str]:
-    """``tests/support/vllm_scenario.py`` in the vLLM venv; stdout and stderr captured."""
-    return subprocess.run(
+def run_scenario(spec: Path, out: Path, cpu: float) -> subprocess.CompletedProcess[str]:
+    """``tests/support/vllm_scenario.py`` in the vLLM venv; stdout and stderr captured. Bounded
+    by ``cpu`` seconds of CPU (its engines' processes included) and by a hang, never by the
+    clock (tests/support/patience.py): a loaded machine gives a slow run, not a timeout."""
+    return patience.run(
         [str(python()), str(REPO / "tests" / "support" / "vllm_scenario.py"), str(spec), str(out)],
-        capture_output=True, text=True, timeout=timeout, env=_env(), cwd=spec.parent,
-        check=False,
+        capture_output=True, text=True, cpu=cpu, env=_env(), cwd=spec.parent, check=False,
     )  # fmt: skip
 
 

@@ -4,12 +4,12 @@ torch backend's dtypes, bytes and memory sharing."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import patience
 import pytest
 from helpers import TINY
 
@@ -35,9 +35,9 @@ def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def cli(*args: str) -> Any:
-    proc = subprocess.run(
+    proc = patience.run(
         [sys.executable, "-m", "specbind", *args, "--json"], capture_output=True, text=True,
-        timeout=120, check=True,
+        cpu=120, check=True,
     )  # fmt: skip
     return json.loads(proc.stdout)
 
@@ -170,9 +170,9 @@ def test_the_example_runs(ckpt: Path) -> None:
     """It also type-checks under mypy --strict: ``make typecheck`` (a step of ``make test``)
     checks ``examples/`` with the package, so a second mypy process here would only repeat it."""
     example = REPO / "examples" / "bind_for_torch.py"
-    run = subprocess.run(
+    run = patience.run(
         [sys.executable, str(example), str(ckpt), "2", "1"], capture_output=True, text=True,
-        timeout=120, cwd=REPO,
+        cpu=120, cwd=REPO,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert "layer 3: q_absorb" in run.stdout and "torch.bfloat16" in run.stdout

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import patience
 import pytest
 from safetensors import safe_open
 
@@ -94,10 +94,10 @@ def test_the_slicing_side_reads_exactly_the_bytes_the_bind_reads_of_each_tensor(
 
 
 def test_bench_reports_time_bandwidth_and_peak_rss_of_both_sides(ckpts: dict[str, Path]) -> None:
-    proc = subprocess.run(
+    proc = patience.run(
         [sys.executable, "-m", "specbind", "bench", str(ckpts["glm-5.3-flash"]), "--repeat", "1",
          "--tp-size", "2", "--tp-rank", "1", "--ep-size", "2", "--json"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, cpu=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
@@ -117,9 +117,9 @@ def test_bench_refuses_a_bad_repeat_and_a_missing_checkpoint_in_one_line(tmp_pat
     from specbind.cli import main
 
     assert main(["bench", str(tmp_path), "--repeat", "0"]) == 2
-    missing = subprocess.run(
+    missing = patience.run(
         [sys.executable, "-m", "specbind", "bench", str(tmp_path / "none")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, cpu=120,
     )  # fmt: skip
     assert missing.returncode == 2  # a path that is not there, as ``bind`` says
     assert missing.stderr == f"specbind: error: {tmp_path / 'none'}: no such directory\n"

@@ -3,10 +3,10 @@ rank's share, and a loader that is not installed is skipped with a note, never a
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
+import patience
 import pytest
 from helpers import TABLE
 
@@ -16,9 +16,9 @@ from benchmarks import ranks as bench_ranks
 @pytest.fixture(scope="module")
 def ck(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("benchranks") / "ck"
-    proc = subprocess.run(
+    proc = patience.run(
         [sys.executable, "-m", "specbind", "synth", str(d), "--seed", "4"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, cpu=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return d

@@ -11,6 +11,7 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+import patience
 import pytest
 import safetensors
 from helpers import copy_with
@@ -20,8 +21,8 @@ from specbind.generated import SPECS_SHA256
 
 
 def specbind(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, timeout=120
+    return patience.run(
+        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, cpu=120
     )
 
 
@@ -273,16 +274,16 @@ def test_a_bad_set_is_refused_without_announcing_an_override(ckpt: Path) -> None
 
 
 def test_rank_flags_win_over_a_broken_launcher_environment(ckpt: Path) -> None:
-    proc = subprocess.run(
+    proc = patience.run(
         [sys.executable, "-m", "specbind", "bind", str(ckpt), "--tp-size", "2", "--tp-rank", "0"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, cpu=120,
         env={**os.environ, "WORLD_SIZE": "abc", "RANK": "9"},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     env = {**os.environ, "WORLD_SIZE": "1", "RANK": "1"}
-    proc = subprocess.run(
+    proc = patience.run(
         [sys.executable, "-m", "specbind", "bind", str(ckpt)],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True, text=True, cpu=120, env=env,
     )  # fmt: skip
     assert "tp rank 1 is outside [0, 1) (from WORLD_SIZE/RANK)" in refused(proc, USAGE)
 
@@ -329,7 +330,7 @@ def test_a_synth_that_hits_a_file_size_limit_is_refused_naming_the_shard_and_lea
         f"sys.argv = ['specbind', 'synth', {str(out)!r}, '--model', 'llama']; "
         "from specbind.cli import entry; entry()"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = patience.run([sys.executable, "-c", code], capture_output=True, text=True, cpu=120)
     line = refused(proc)
     assert line.startswith(f"specbind: error: {out}/model-00001-of-00002.safetensors: writing ")
     assert "File too large" in line

@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import patience
 import pytest
 import safetensors
 from helpers import TABLE, TINY, field_rules, read_file, rejoin
 
 
 def specbind(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, timeout=120,
+    return patience.run(
+        [sys.executable, "-m", "specbind", *args], capture_output=True, text=True, cpu=120,
         env={**os.environ, **(env or {})},
     )  # fmt: skip
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import patience
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -136,8 +137,8 @@ def _env() -> dict[str, str]:
 
 def _run(argv: list[str], cwd: Path, where: str, code: str | None = None) -> tuple[int, str]:
     try:
-        done = subprocess.run(
-            argv, cwd=cwd, env=_env(), input=code, capture_output=True, text=True, timeout=300
+        done = patience.run(
+            argv, cwd=cwd, env=_env(), input=code, capture_output=True, text=True, cpu=300
         )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{where}: {shlex.join(argv)} ran past 300 s")
@@ -173,8 +174,8 @@ def _console(b: Block, cwd: Path) -> None:
 
 def _json_keys(b: Block, cwd: Path) -> None:
     cmd = b.directive.removeprefix("json-keys ") if b.directive else ""
-    done = subprocess.run(
-        shlex.split(cmd), cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300
+    done = patience.run(
+        shlex.split(cmd), cwd=cwd, env=_env(), capture_output=True, text=True, cpu=300
     )
     assert done.returncode == 0, f"{b.where}: `{cmd}` failed:\n{done.stderr[-3000:]}"
     doc = json.loads(done.stdout)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import patience
 import pytest
 
 
@@ -26,7 +26,7 @@ def _modules_after(args: list[str]) -> set[str]:
         "import sys, json; from specbind.cli import main; "
         f"rc = main({args!r}); print(json.dumps([rc, sorted(sys.modules)]))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = patience.run([sys.executable, "-c", code], capture_output=True, text=True, cpu=120)
     assert proc.returncode == 0, proc.stderr
     rc, mods = json.loads(proc.stdout.strip().splitlines()[-1])
     assert rc == 0, proc.stderr
@@ -47,7 +47,7 @@ def test_start_to_first_work_imports_one_models_tables_and_nothing_it_has_not_us
         "import sys, json; from specbind.cli import main; "
         f"rc = main(['bind', {str(tmp_path / 'missing')!r}]); print(json.dumps(sorted(sys.modules)))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    proc = patience.run([sys.executable, "-c", code], capture_output=True, text=True, cpu=120)
     assert "no such directory" in proc.stderr
     mods = set(json.loads(proc.stdout.strip().splitlines()[-1]))
     from specbind.generated import MODELS
@@ -78,9 +78,9 @@ def test_each_table_names_its_blocks_as_their_modules_do() -> None:
 
 
 def test_bind_with_progress_asked_for_still_draws_the_bar(ckpt: Path) -> None:
-    proc = subprocess.run(
+    proc = patience.run(
         [sys.executable, "-m", "specbind", "bind", str(ckpt), "--progress"],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, cpu=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "bind: 100%" in proc.stderr
@@ -88,9 +88,9 @@ def test_bind_with_progress_asked_for_still_draws_the_bar(ckpt: Path) -> None:
 
 def test_console_entry_flushes_a_large_output_before_skipping_teardown() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # buffered stdout
-    proc = subprocess.run(
+    proc = patience.run(
         [sys.executable, "-m", "specbind", "plan", "--json"],
-        capture_output=True, text=True, timeout=120, env=env,
+        capture_output=True, text=True, cpu=120, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert len(proc.stdout) > 65536  # more than a pipe buffer: a lost flush would cut it
@@ -98,9 +98,9 @@ def test_console_entry_flushes_a_large_output_before_skipping_teardown() -> None
 
 
 def test_console_entry_exits_with_mains_status_on_a_refusal(tmp_path: Path) -> None:
-    proc = subprocess.run(
+    proc = patience.run(
         [sys.executable, "-m", "specbind", "bind", str(tmp_path / "missing")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, cpu=120,
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip().endswith("no such directory")

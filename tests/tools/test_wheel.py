@@ -18,6 +18,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import patience
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,37 +28,35 @@ REPO = Path(__file__).resolve().parents[2]
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("wheel")
     dist = root / "dist"
-    subprocess.run(
+    patience.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
          "--wheel-dir", str(dist), str(REPO)],
-        check=True, capture_output=True, text=True, timeout=300, cwd=root,
+        check=True, capture_output=True, text=True, cpu=300, cwd=root,
     )  # fmt: skip
     (wheel,) = dist.glob("specbind-*.whl")
     env_dir = root / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120
-    )
+    patience.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, cpu=120)
     site = Path(
-        subprocess.run(
+        patience.run(
             [str(env_dir / "bin" / "python"), "-c",
              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            check=True, capture_output=True, text=True, timeout=60,
+            check=True, capture_output=True, text=True, cpu=60,
         ).stdout.strip()
     )  # fmt: skip
     (site / "_borrowed_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run(
+    patience.run(
         [sys.executable, "-m", "pip", "--python", str(env_dir / "bin" / "python"), "install",
          "--quiet", "--no-deps", str(wheel)],
-        check=True, capture_output=True, text=True, timeout=300, cwd=root,
+        check=True, capture_output=True, text=True, cpu=300, cwd=root,
     )  # fmt: skip
     return env_dir
 
 
 def run(venv: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    return subprocess.run(
+    return patience.run(
         [str(venv / "bin" / args[0]), *args[1:]],
-        capture_output=True, text=True, timeout=300, cwd=cwd, env=env,
+        capture_output=True, text=True, cpu=300, cwd=cwd, env=env,
     )  # fmt: skip
 
 
