@@ -15,6 +15,7 @@ from __future__ import annotations
 import operator
 
 from specbind.core.errors import GeometryError
+from specbind.core.shown import shown
 
 
 def as_int(where: str, name: str, value: object) -> int:
@@ -25,7 +26,7 @@ def as_int(where: str, name: str, value: object) -> int:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         raise GeometryError(
-            f"{where}: {name}={value!r} is a {type(value).__name__}, not an integer"
+            f"{where}: {name}={shown(value)} is a {type(value).__name__}, not an integer"
         ) from None
 
 

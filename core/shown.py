@@ -21,14 +21,14 @@ from typing import Any
 __all__ = ["shown"]
 
 _BITS = 10_000  # past this an integer is named by its size (decimal digits: about 0.3 x bits)
-LIMIT = 200  # characters of the whole: strings nested in a list are cut each, then the whole
+LIMIT = 300  # characters of the whole: strings nested in a list are cut each, then the whole
 
 
 class _Shown(reprlib.Repr):
     def __init__(self) -> None:
         super().__init__()
         self.maxlevel = 3
-        self.maxstring = 80
+        self.maxstring = 160  # a long tensor name still whole; a hostile one cut
         self.maxother = 80
         self.maxlong = 80
         self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 8

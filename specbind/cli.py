@@ -69,13 +69,15 @@ def _json(rep: dict[str, Any]) -> str:
 
 
 def _sets(items: list[str]) -> dict[str, int]:
+    from specbind.core.shown import shown
+
     out: dict[str, int] = {}
     for item in items:
         key, sep, val = item.partition("=")
         if not sep or not key.isidentifier():
-            raise UsageError(f"--set {item!r}: expected NAME=INTEGER")
+            raise UsageError(f"--set {shown(item)}: expected NAME=INTEGER")
         if not re.fullmatch(r"-?[0-9]{1,12}", val):  # int() also takes '1_6', '+1', '１６'
-            raise UsageError(f"--set {item!r}: {val!r} is not an integer")
+            raise UsageError(f"--set {shown(item)}: {shown(val)} is not an integer")
         if key in out:
             raise UsageError(f"--set {key} is given twice ({out[key]} and {val})")
         out[key] = int(val)

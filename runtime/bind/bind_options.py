@@ -16,6 +16,7 @@ from typing import Any
 
 from specbind.core.errors import BindError
 from specbind.core.record import record
+from specbind.core.shown import shown
 
 
 @record
@@ -40,16 +41,19 @@ class BindOptions:
         outs = (given,) if isinstance(given, str) else tuple(_iterable(given))
         unknown = sorted({o for o in outs if o not in OUTPUTS}, key=repr)
         if unknown:
-            raise BindError(f"unknown quantized output(s) {unknown} (known: {list(OUTPUTS)})")
+            raise BindError(
+                f"unknown quantized output(s) {shown(unknown)} (known: {list(OUTPUTS)})"
+            )
         object.__setattr__(self, "quant_output", tuple(sorted(set(outs))))
         if type(self.allow_unshared_scales) is not bool:
             raise BindError(
-                f"allow_unshared_scales is {self.allow_unshared_scales!r}, expected True or False"
+                f"allow_unshared_scales is {shown(self.allow_unshared_scales)}, expected True "
+                "or False"
             )
         if type(self.mtp) is not bool:
-            raise BindError(f"mtp is {self.mtp!r}, expected True or False")
+            raise BindError(f"mtp is {shown(self.mtp)}, expected True or False")
         if self.progress is not None and type(self.progress) is not bool:
-            raise BindError(f"progress is {self.progress!r}, expected True, False or None")
+            raise BindError(f"progress is {shown(self.progress)}, expected True, False or None")
 
     def bind_kwargs(self) -> dict[str, Any]:
         """The keyword arguments ``runtime.bind.bind.bind_checkpoint`` takes for these options."""
@@ -63,5 +67,5 @@ class BindOptions:
 
 def _iterable(v: Any) -> Iterable[Any]:
     if not isinstance(v, (list, tuple, set, frozenset)):
-        raise BindError(f"quant_output is {v!r}, expected a name or a list of names")
+        raise BindError(f"quant_output is {shown(v)}, expected a name or a list of names")
     return v

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from specbind.core.errors import CheckpointError, NoCheckpointError
+from specbind.core.shown import shown
 from specbind.runtime.io.safetensors_file import SafetensorsFile
 from specbind.runtime.io.source import RawTensor
 
@@ -162,10 +163,10 @@ class CheckpointDir:
         wm: dict[str, Any] = doc["weight_map"]
         for name, fn in wm.items():
             if not isinstance(fn, str):
-                raise CheckpointError(f"{INDEX}: weight_map[{name!r}] is not a file name")
+                raise CheckpointError(f"{INDEX}: weight_map[{shown(name)}] is not a file name")
             if fn not in self._real:  # each file is checked once, named by its first tensor
                 self._check_name(fn, name)
-                self._resolve(fn, f"{INDEX}: {name!r} -> {fn!r}")
+                self._resolve(fn, f"{INDEX}: {shown(name)} -> {shown(fn)}")
         self._used = sorted(set(wm.values()))
         make_room(len(self._used), str(self.root))  # every shard is open at once, from here
         for fn in self._used:
@@ -174,25 +175,27 @@ class CheckpointDir:
                 owner = wm.get(t)
                 if owner is None:
                     raise CheckpointError(
-                        f"{fn}: tensor {t!r} is not in {INDEX} (it would be ignored)"
+                        f"{fn}: tensor {shown(t)} is not in {INDEX} (it would be ignored)"
                     )
                 if owner != fn:
                     if t in self._open(owner, owner).entries:
-                        raise CheckpointError(f"tensor {t!r} is in both {fn} and {owner}")
+                        raise CheckpointError(f"tensor {shown(t)} is in both {fn} and {owner}")
                     raise CheckpointError(
-                        f"{INDEX}: maps {t!r} to {owner}, but it is stored in {fn}"
+                        f"{INDEX}: maps {shown(t)} to {owner}, but it is stored in {fn}"
                     )
         for name, fn in wm.items():
             if name not in self._files[fn].entries:
-                raise CheckpointError(f"{INDEX}: {name!r} maps to {fn}, which does not hold it")
+                raise CheckpointError(
+                    f"{INDEX}: {shown(name)} maps to {fn}, which does not hold it"
+                )
         self._where = dict(wm)
         self._used.append(INDEX)
 
     def _check_name(self, fn: str, name: str) -> None:
         """An index entry's file name must stay inside the directory, as written."""
         if "\0" in fn or len(fn) > 255 or not _encodable(fn):
-            shown = fn[:40].replace("\0", "\\0") + ("…" if len(fn) > 40 else "")
-            raise CheckpointError(f"{INDEX}: {name[:80]!r} names an impossible file {shown!r}")
+            cut = fn[:40].replace("\0", "\\0") + ("…" if len(fn) > 40 else "")
+            raise CheckpointError(f"{INDEX}: {shown(name)} names an impossible file {cut!r}")
         p = Path(fn)
         if (
             p.is_absolute()
@@ -202,7 +205,7 @@ class CheckpointDir:
             or fn in {"", "."}
         ):
             raise CheckpointError(
-                f"{INDEX}: {name!r} points outside the checkpoint directory: {fn!r}"
+                f"{INDEX}: {shown(name)} points outside the checkpoint directory: {shown(fn)}"
             )
 
     def _resolve(self, fn: str, what: str) -> Path:

@@ -85,6 +85,7 @@ import numpy as np
 
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import CheckpointError
+from specbind.core.shown import shown
 from specbind.runtime.io.source import MapSpan, RawTensor
 
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the cap the safetensors library itself applies
@@ -141,11 +142,12 @@ def parse_header(raw: bytes, data_len: int, where: str) -> tuple[dict[str, Entry
     for t in spans:
         if t.begin < pos:
             raise CheckpointError(
-                f"{where}: tensor {t.name!r} overlaps the previous one (offset {t.begin} < {pos})"
+                f"{where}: tensor {shown(t.name)} overlaps the previous one "
+                f"(offset {t.begin} < {pos})"
             )
         if t.begin > pos:
             raise CheckpointError(
-                f"{where}: hole of {t.begin - pos} B before tensor {t.name!r} at offset {pos}"
+                f"{where}: hole of {t.begin - pos} B before tensor {shown(t.name)} at offset {pos}"
             )
         pos = t.end
     if pos != data_len:
@@ -184,24 +186,24 @@ def _entry_fast(name: str, info: Any) -> Entry | None:
 
 
 def _entry(name: str, info: Any, where: str) -> Entry:
-    at = f"{where}: tensor {name!r}"
+    at = f"{where}: tensor {shown(name)}"
     if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
         raise CheckpointError(f"{at}: entry must be an object with dtype, shape and data_offsets")
     dtype, shape, offs = info["dtype"], info["shape"], info["data_offsets"]
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise CheckpointError(f"{at}: unknown dtype {dtype!r}")
+        raise CheckpointError(f"{at}: unknown dtype {shown(dtype)}")
     if (
         not isinstance(shape, list)
         or len(shape) > MAX_RANK
         or not all(type(d) is int and 0 <= d < 1 << 48 for d in shape)
     ):
-        raise CheckpointError(f"{at}: shape {shape!r} is not a list of non-negative integers")
+        raise CheckpointError(f"{at}: shape {shown(shape)} is not a list of non-negative integers")
     if (
         not isinstance(offs, list)
         or len(offs) != 2
         or not all(type(o) is int and 0 <= o < 1 << 62 for o in offs)
     ):
-        raise CheckpointError(f"{at}: data_offsets {offs!r} is not [begin, end]")
+        raise CheckpointError(f"{at}: data_offsets {shown(offs)} is not [begin, end]")
     begin, end = offs
     if begin > end:
         raise CheckpointError(f"{at}: data_offsets reversed ({begin} > {end})")

@@ -77,3 +77,62 @@ def test_shown_keeps_a_short_value_as_repr_and_cuts_a_long_one_saying_its_length
     assert shown(10**5000) == "<an integer of 16610 bits>"  # str() of it raises ValueError
     assert len(shown([[["x" * 10**5] * 100] * 100] * 100)) <= LIMIT + 20
     assert "\n" not in shown("a\nb" * 1000)
+
+
+def write_safetensors(path: Path, header: dict[str, Any], data: bytes = b"") -> None:
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {BIG: {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}},
+        {"w": {"dtype": BIG, "shape": [1], "data_offsets": [0, 2]}},
+        {"w": {"dtype": "BF16", "shape": [BIG], "data_offsets": [0, 2]}},
+        {"w": {"dtype": "BF16", "shape": [1], "data_offsets": [0, BIG]}},
+    ],
+    ids=["name", "dtype", "shape", "offsets"],
+)
+def test_a_safetensors_header_value_of_a_megabyte_is_shown_cut(
+    ckpts: dict[str, Path], tmp_path: Path, header: dict[str, Any]
+) -> None:
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    shutil.copy(ckpts["llama"] / "config.json", ck / "config.json")
+    write_safetensors(ck / "model.safetensors", header, b"\0\0")
+    with pytest.raises(SpecbindError) as e:
+        specbind.open(ck).bind()
+    assert len(str(e.value)) < 1000 and "(1048576 characters)" in str(e.value), str(e.value)[:300]
+
+
+def test_an_index_name_of_a_megabyte_is_shown_cut(ckpts: dict[str, Path], tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    shutil.copytree(ckpts["llama"], ck)
+    index = json.loads((ck / "model.safetensors.index.json").read_text())
+    fn = next(iter(index["weight_map"].values()))
+    index["weight_map"][BIG] = fn
+    (ck / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(SpecbindError) as e:
+        specbind.open(ck)
+    assert len(str(e.value)) < 1000 and "(1048576 characters)" in str(e.value), str(e.value)[:300]
+
+
+def test_cli_and_api_arguments_of_a_megabyte_are_shown_cut(
+    ckpts: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specbind.cli import EXIT, main
+
+    for argv in (["--set", f"hidden={BIG}"], ["--set", BIG]):
+        assert main(["audit", str(ckpts["llama"]), *argv]) == EXIT["usage"]
+        (line,) = capsys.readouterr().err.splitlines()
+        assert len(line) < 1000 and "(1048576 characters)" in line, line[:300]
+    opened = specbind.open(ckpts["llama"])
+    for call in (
+        lambda: opened.bind(tp_size=BIG),
+        lambda: opened.bind(quant_output=[BIG]),
+        lambda: opened.bind(mtp=BIG),
+    ):
+        with pytest.raises(SpecbindError) as e:
+            call()
+        assert len(str(e.value)) < 1000, str(e.value)[:300]
