@@ -20,6 +20,10 @@ Invariants:
   ``[q_r; k_r; v_r]`` and never a contiguous third of the fused tensor — by construction, and
   each section may shard by its own unit (its block's rule);
 - sections whose sizes do not add up to the stored rows are refused, naming each size;
+- a rule's ``axis`` reads sections of another axis (Llama 4's stacked ``gate_up_proj
+  [E, X, 2I]`` as ``[gate | up]`` of its last axis): each section is the tensor whose block
+  shards it by its own rule, so rank r's shares concatenate to ``[gate_r | up_r]``, never a
+  contiguous half of the whole;
 - a rename that would give two tensors one name is refused, naming both;
 - the first rule that matches a name wins, so a placeholder rule listed before a prefix rule
   over the same prefix takes its members first;
@@ -32,6 +36,8 @@ Invariants:
 - everything not renamed passes through untouched; ``on_disk`` gives a name's stored name
   (what a tool's config lists, e.g. ModelOpt's ``exclude_modules``).
 Trap: a stored row count that does not split into whole segments is refused, never rounded.
+Trap: a section of a non-row axis is strided in the file, so it is copied into one buffer when
+read (every member of a stacked tensor, whatever the ep rank holds); a row section is not.
 Trap: section sizes need the geometry; a view opened without one (``audit``) reads it from
 config.json, and a config that cannot give it refuses the sectioned names only.
 
@@ -44,9 +50,12 @@ Trap: ``audit`` does not use ``open_layout``: it reports these problems instead 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from specbind.core import algebra
 from specbind.core.errors import BindError, CheckpointError
@@ -86,11 +95,11 @@ class NamedView:
         self._values = values  # the geometry sections are sized at, asked for when first needed
         self._sizes: dict[str, tuple[int, ...]] = {}  # a rule's section sizes, evaluated once
         # name -> (stored, segment, of n, the rule's section sizes as written; () equal,
-        # (member, members) of an unstacked [members, ...] tensor or None)
-        self._map: dict[str, tuple[str, int, int, tuple[str, ...], tuple[int, int] | None]] = {}
+        # (member, members) of an unstacked [members, ...] tensor or None, the sectioned axis)
+        self._map: dict[str, Mapped] = {}
         stored = ckpt.names()
         for n in stored:
-            for new, seg, of, sizes, member in _mapped(
+            for new, seg, of, sizes, member, axis in _mapped(
                 n, rx, self._rules, suffixes or {}, model, self._members
             ):
                 if new in self._map:
@@ -98,7 +107,7 @@ class NamedView:
                         f"{n} and {self._map[new][0]} would both be read as {new}; refusing "
                         "to guess"
                     )
-                self._map[new] = (n, seg, of, sizes, member)
+                self._map[new] = (n, seg, of, sizes, member, axis)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -128,9 +137,9 @@ class NamedView:
         """(the stored name, the first stored row) of a name read as a segment or section of
         a fused tensor, for messages that must point into the file; None for any other name."""
         hit = self._map.get(name)
-        if hit is None or (hit[2] == 1 and hit[4] is None):
-            return None
-        stored, seg, of, sizes, member = hit
+        if hit is None or (hit[2] == 1 and hit[4] is None) or hit[5]:
+            return None  # a section of another axis starts at no row
+        stored, seg, of, sizes, member, _ = hit
         t = self._ckpt.get(stored)
         if member is not None:  # rows of member i, counted in the stored tensor's rows
             rows = t.shape[1] if t is not None and len(t.shape) > 1 else 0
@@ -158,12 +167,14 @@ class NamedView:
         hit = self._map.get(name)
         if hit is None:
             return None
-        stored, seg, of, sizes, member = hit
+        stored, seg, of, sizes, member, axis = hit
         t = self._ckpt.get(stored)
         if t is not None and member is not None:
             t = _member(stored, t, *member)
         if t is None or of == 1:
             return t
+        if axis:
+            return self._across(stored, t, seg, of, sizes, axis)
         rows = t.shape[0] if t.shape else 0
         if sizes:
             return self._section(stored, t, seg, sizes, rows)
@@ -176,17 +187,47 @@ class NamedView:
         span = None if t.span is None else MapSpan(t.span.map, t.span.offset + seg * step)
         return RawTensor(t.dtype, shape, t.data[seg * step : (seg + 1) * step], span)
 
-    def _section(
-        self, stored: str, t: RawTensor, seg: int, sizes: tuple[str, ...], rows: int
-    ) -> RawTensor:
-        """Rows ``[sum(sizes[:seg]), + sizes[seg])`` of ``t``, zero-copy."""
+    def _evaluated(self, stored: str, sizes: tuple[str, ...]) -> tuple[int, ...]:
+        """A rule's section sizes at the view's geometry, evaluated once."""
         key = "\0".join(sizes)
         if key not in self._sizes:
             if self._values is None:
                 raise CheckpointError(f"{stored}: its sections need the model's geometry")
             env = self._values()
             self._sizes[key] = tuple(int(algebra.evaluate(algebra.parse(z), env)) for z in sizes)
-        got = self._sizes[key]
+        return self._sizes[key]
+
+    def _across(
+        self, stored: str, t: RawTensor, seg: int, of: int, sizes: tuple[str, ...], axis: int
+    ) -> RawTensor:
+        """Section ``seg`` of ``axis`` (not rows): indices ``[sum(sizes[:seg]), + sizes[seg])``
+        of that axis, every outer index's own run (equal ``of`` parts without sizes)."""
+        if not -len(t.shape) <= axis < len(t.shape):
+            raise CheckpointError(
+                f"{stored} has shape {list(t.shape)}, which has no axis {axis} to read sections of"
+            )
+        k = axis % len(t.shape)
+        n = t.shape[k]
+        if sizes:
+            got = self._evaluated(stored, sizes)
+            if sum(got) != n:
+                shown = " + ".join(f"{z} ({v})" for z, v in zip(sizes, got, strict=True))
+                raise CheckpointError(
+                    f"{stored} has {n} on axis {axis}, but its sections are {shown} = {sum(got)}"
+                )
+        elif n % of:
+            raise CheckpointError(
+                f"{stored} has {n} on axis {axis}, which does not split into {of} whole segments"
+            )
+        else:
+            got = (n // of,) * of
+        return cut(stored, t, k, sum(got[:seg]), got[seg])
+
+    def _section(
+        self, stored: str, t: RawTensor, seg: int, sizes: tuple[str, ...], rows: int
+    ) -> RawTensor:
+        """Rows ``[sum(sizes[:seg]), + sizes[seg])`` of ``t``, zero-copy."""
+        got = self._evaluated(stored, sizes)
         if sum(got) != rows or len(t.data) % max(rows, 1):
             shown = " + ".join(f"{z} ({v})" for z, v in zip(sizes, got, strict=True))
             raise CheckpointError(
@@ -199,7 +240,29 @@ class NamedView:
         return RawTensor(t.dtype, shape, t.data[lo : lo + n], span)
 
 
-Mapped = tuple[str, int, int, tuple[str, ...], tuple[int, int] | None]
+def cut(stored: str, t: RawTensor, axis: int, lo: int, n: int) -> RawTensor:
+    """Indices ``[lo, lo + n)`` of ``axis`` (resolved) of ``t``. Zero-copy where they are one
+    run of the bytes (every axis before ``axis`` of size 1); otherwise each outer index holds
+    its own run, and the runs are copied into one contiguous buffer (a section of a non-row
+    axis is strided in the file: Llama 4's ``[E, X, 2I]`` gate is half of every row)."""
+    outer = math.prod(t.shape[:axis])
+    whole = outer * t.shape[axis]
+    if whole == 0 or len(t.data) % whole:
+        raise CheckpointError(
+            f"{stored} has shape {list(t.shape)} and {len(t.data)} bytes: axis {axis} is not "
+            "whole elements"
+        )
+    step = len(t.data) // whole  # bytes of one index of ``axis`` (every axis after it)
+    shape = (*t.shape[:axis], n, *t.shape[axis + 1 :])
+    if outer == 1:
+        span = None if t.span is None else MapSpan(t.span.map, t.span.offset + lo * step)
+        return RawTensor(t.dtype, shape, t.data[lo * step : (lo + n) * step], span)
+    rows = np.frombuffer(t.data, np.uint8).reshape(outer, t.shape[axis] * step)
+    runs = np.ascontiguousarray(rows[:, lo * step : (lo + n) * step])
+    return RawTensor(t.dtype, shape, runs.reshape(-1).data)
+
+
+Mapped = tuple[str, int, int, tuple[str, ...], tuple[int, int] | None, int]
 
 
 def _member(stored: str, t: RawTensor, i: int, n: int) -> RawTensor:
@@ -227,7 +290,7 @@ def _mapped(
             break
     layer = rx.split(name)
     if layer is None:
-        return [(_model_level(name, model), 0, 1, (), None)]
+        return [(_model_level(name, model), 0, 1, (), None, 0)]
     head, _, rel = layer
     for r in rules:
         if r.unstack:
@@ -235,20 +298,20 @@ def _mapped(
                 continue
             n = members(name)
             return [
-                (head + fill(t, i), k, len(r.to), (), (i, n))
+                (head + fill(t, i), k, len(r.to), (), (i, n), 0)
                 for i in range(n)
                 for k, t in enumerate(r.to)
             ]
         if parts(r.source)[1] is not None:  # one whole name with a member index
             i = index_of(r.source, rel)  # ``experts.{e}.w1.weight``: by the digit rule
             if i is not None:
-                return [(head + fill(r.to[0], i), 0, 1, (), None)]
+                return [(head + fill(r.to[0], i), 0, 1, (), None, 0)]
             continue
         if len(r.to) > 1 and rel == r.source:
-            return [(head + t, i, len(r.to), r.sizes, None) for i, t in enumerate(r.to)]
+            return [(head + t, i, len(r.to), r.sizes, None, r.axis) for i, t in enumerate(r.to)]
         if len(r.to) == 1 and rel.startswith(r.source):
-            return [(head + r.to[0] + rel[len(r.source) :], 0, 1, (), None)]
-    return [(name, 0, 1, (), None)]
+            return [(head + r.to[0] + rel[len(r.source) :], 0, 1, (), None, 0)]
+    return [(name, 0, 1, (), None, 0)]
 
 
 def _model_level(name: str, model: tuple[tuple[str, NameRule], ...]) -> str:
