@@ -240,6 +240,9 @@ class Checkpoint:
         ``into``: an ``Arena`` (``specbind.Arena()``, host memory) every field is bound into,
         each byte written once: a stacked or computed field is made there, a field that would
         be a view of the mapped checkpoint is copied there (numpy, or torch on the host).
+        Without it, a numpy field that is a slice of one stored tensor is a read-only view of
+        the file's map: the file must not be rewritten or truncated while it lives (the guide's
+        "Which results are views of the files").
         """
         from specbind.core.errors import SpecbindError, UsageError
         from specbind.core.rank_args import check_ranks
@@ -329,8 +332,11 @@ def open(
     model: str | None = None,
     overrides: Mapping[str, int] | None = None,
 ) -> Checkpoint:
-    """Open a checkpoint directory; ``model`` picks a generated model when several exist;
-    ``overrides`` replaces geometry values as ``--set`` does."""
+    """Open a checkpoint directory, or a Hub id (``"owner/name"``, not a path on disk) from the
+    local Hub cache as the CLI reads it (``Checkpoint.path`` is the snapshot read); ``model``
+    picks a generated model when several exist; ``overrides`` (a mapping of names to ints)
+    replaces geometry values as ``--set`` does. An argument of the wrong type is one
+    ``UsageError`` line, before anything is read."""
     return Checkpoint(path, model, overrides)
 
 
@@ -346,7 +352,8 @@ def open_bound(
 ) -> BoundFile:
     """A rank's ``bind --out`` file loaded back: its spec hash, model, geometry, ranks and
     layer kinds checked against these binders (and the ranks asked for), then views of the
-    mapped file, or copies with ``copy=True``. See ``specbind.runtime.bound.reload``."""
+    mapped file (the file must not change while they live), or copies with ``copy=True``. See
+    ``specbind.runtime.bound.reload``."""
     # a wrapper, not a re-export: importing runtime.bound.reload at `import specbind` loads NumPy;
     # and the one place that hands the reader the generated tables it checks against
     from specbind.core.rank_args import as_int
