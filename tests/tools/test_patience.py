@@ -3,6 +3,7 @@ and never a run that is only slow: it counts CPU time, not wall time."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ import patience
 import pytest
 
 PY = sys.executable
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_child_that_takes_longer_than_its_bound_in_wall_time_but_not_in_cpu_is_not_stopped() -> (
@@ -84,3 +86,20 @@ def test_run_takes_subprocess_runs_arguments_and_refuses_a_wall_timeout() -> Non
         patience.run([PY, "-c", "raise SystemExit(3)"], cpu=60, check=True)
     with pytest.raises(TypeError, match="not wall time"):
         patience.run([PY, "-c", ""], cpu=60, timeout=5)
+
+
+def test_no_test_bounds_a_child_by_the_wall_clock() -> None:
+    """No call in tests/ passes ``timeout=`` (subprocess.run, communicate, wait): a child is
+    bounded by ``patience`` (CPU and stalls), or, for the vLLM workers, by their progress
+    lines. Only patience's own poll and the check above that it refuses one are left."""
+    allowed = {("tests/support/patience.py", "proc.communicate"),
+               ("tests/tools/test_patience.py", "patience.run")}  # fmt: skip
+    found = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), rel)):
+            if not isinstance(node, ast.Call) or all(k.arg != "timeout" for k in node.keywords):
+                continue
+            if (rel, ast.unparse(node.func)) not in allowed:
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node.func)}(timeout=...)")
+    assert not found, "\n".join(found)
