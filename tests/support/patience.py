@@ -86,6 +86,20 @@ def cpu_seconds(pids: Sequence[int]) -> float | None:
     return ticks / _TICK
 
 
+def killed(pid: int) -> bool:
+    """Whether process ``pid`` is gone, a zombie, or has a SIGKILL pending (it ends the next
+    time it runs, which on a loaded machine is not at once): a check with no wait in it."""
+    try:
+        status = (_PROC / str(pid) / "status").read_text()
+    except OSError:
+        return True
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if fields.get("State", "").strip()[:1] in ("Z", "X"):
+        return True
+    bit = 1 << (signal.SIGKILL - 1)
+    return any(int(fields.get(k, "0").strip() or "0", 16) & bit for k in ("SigPnd", "ShdPnd"))
+
+
 def _kill(procs: Sequence[subprocess.Popen[Any]]) -> str:
     """SIGKILL every process of the trees, leaves first; reap them; the tail of what each
     printed (communicate() keeps what it read before)."""

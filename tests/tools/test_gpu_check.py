@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+import patience
 from packaging.version import Version
 
 from benchmarks import gpu_check, gpu_families, gpu_kernels, gpu_wheels
@@ -98,20 +99,18 @@ def test_a_step_that_overruns_is_killed_with_its_children_and_reported_as_a_time
     tmp_path: Path,
 ) -> None:
     pid = tmp_path / "pid"
-    script = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '60']); "
-              f"open({str(pid)!r}, 'w').write(str(p.pid)); time.sleep(60)")  # fmt: skip
+    # The child would sleep 600 s: a check that ends well before that killed it. The bounds
+    # leave a loaded machine (load 19 on 2 cores) a hundred times the idle second or two.
+    script = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '600']); "
+              f"open({str(pid)!r}, 'w').write(str(p.pid)); time.sleep(600)")  # fmt: skip
     t0 = time.monotonic()
-    r = gpu_check.check(tmp_path / "out", tmp_path / "nowheels", budget=60, small=True,
+    r = gpu_check.check(tmp_path / "out", tmp_path / "nowheels", budget=600, small=True,
                         steps=(("slow", 1.5),),
                         child=[sys.executable, "-c", script])  # fmt: skip
-    assert time.monotonic() - t0 < 20
+    assert time.monotonic() - t0 < 300
     assert r["steps"]["slow"]["status"] == "timeout"
-    assert 1.5 <= r["steps"]["slow"]["seconds"] < 10
-    time.sleep(0.2)
-    assert (
-        not Path(f"/proc/{pid.read_text()}").exists()
-        or "Z" in Path(f"/proc/{pid.read_text()}/stat").read_text().split()[2]
-    )
+    assert 1.5 <= r["steps"]["slow"]["seconds"] < 300
+    assert patience.killed(int(pid.read_text()))  # gone, or SIGKILLed: no wait, whatever the load
     assert r["ok"] is False
     assert (
         json.loads((tmp_path / "out" / "gpu-check.json").read_text())["steps"]["slow"]["status"]

@@ -51,8 +51,19 @@ def test_a_loop_in_a_grandchild_is_stopped_at_the_cpu_bound_and_the_whole_tree_k
         patience.run([PY, "-c", code], cpu=2, capture_output=True, text=True)
     msg = str(e.value)
     assert "over its bound of 2 s (a loop?): killed" in msg and "looping" in msg, msg
-    grandchild = Path(f"/proc/{pid.read_text()}")
-    assert not grandchild.exists() or " Z " in (grandchild / "stat").read_text()
+    assert patience.killed(int(pid.read_text()))
+
+
+def test_killed_tells_a_live_process_from_a_sigkilled_one_without_waiting() -> None:
+    child = subprocess.Popen([PY, "-c", "import time; time.sleep(600)"])
+    try:
+        assert not patience.killed(child.pid)
+        child.kill()
+        assert patience.killed(child.pid)  # at once: pending, a zombie, or gone
+    finally:
+        child.kill()
+        child.wait()
+    assert patience.killed(child.pid)
 
 
 def test_a_child_that_hangs_is_stopped_once_it_used_no_cpu_for_the_stall_window() -> None:
