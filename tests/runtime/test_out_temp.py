@@ -135,7 +135,7 @@ def test_an_unlocked_temp_of_a_live_pid_is_kept_while_new_and_removed_once_stale
 ) -> None:
     """The instant between a writer creating its temp and locking it: the pid is alive and
     the file new, so it stays; the same file long after (the pid reused) is stale."""
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     try:
         out = tmp_path / "x.safetensors"
         tmp = tmp_path / f".x.safetensors.{sleeper.pid}-0123abcd.tmp"
