@@ -278,7 +278,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     )  # fmt: skip
     if out is None:  # checks and reports only: each slot dropped once bound
         result = run(sink=ReportOnly())
-        ckpt.check_sizes()  # no shard shrank under the bind (see runtime.io.sigbus)
+        ckpt.check_sizes()  # no shard shrank under the bind (see specbind.sigbus)
     else:  # streamed: one slot's output in memory at a time, the file whole or not at all
         from specbind.runtime.bound.bound_format import BoundMeta
         from specbind.runtime.bound.stream_out import StreamWriter
@@ -759,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
             from specbind.hub import resolve
 
             args.ckpt = resolve(args.ckpt)
-        from specbind.runtime.io.sigbus import refuse_sigbus
+        from specbind.sigbus import refuse_sigbus
 
         with refuse_sigbus(EXIT["refused"]):  # a shard truncated under its map: one line, exit 1
             rc: int = args.func(args)

@@ -9,7 +9,7 @@ while it was read; ...`` on stderr in one write and ends the process with ``stat
 refusal: 1).
 
 Invariants:
-- only a fault at an address inside an open checkpoint file's map (``safetensors_file._MAPPED``)
+- only a fault at an address inside an open checkpoint file's map (``safetensors_file.mapped_at``)
   is ours: any other SIGBUS (another library's map, a hardware error) gets the handler that was
   there before (the default: the process dies as it would have) by re-raising it;
 - the process ends with ``os._exit``: no ``finally`` runs, so an ``--out`` temp file is left
@@ -69,19 +69,19 @@ def _libc() -> Any:
 
 def _message(address: int) -> str | None:
     """The line for a fault at ``address``, or None when no open checkpoint map holds it."""
-    from specbind.runtime.io.safetensors_file import _MAPPED, shrunk_message
+    from specbind.runtime.io.safetensors_file import mapped_at, shrunk_message
 
-    for f in list(_MAPPED.values()):
-        if f._base <= address < f._base + f.size:
-            now = f.shrunk()
-            offset = address - f._base
-            if now is None:  # mapped past its end some other way: say what is known
-                return (
-                    f"{f.where}: a read at byte {offset} failed (SIGBUS): the file changed "
-                    "while it was read; bind it again once nothing writes it"
-                )
-            return shrunk_message(f.where, now, f.size, f"byte {offset}")
-    return None
+    found = mapped_at(address)
+    if found is None:
+        return None
+    f, offset = found
+    now = f.shrunk()
+    if now is None:  # mapped past its end some other way: say what is known
+        return (
+            f"{f.where}: a read at byte {offset} failed (SIGBUS): the file changed while it "
+            "was read; bind it again once nothing writes it"
+        )
+    return shrunk_message(f.where, now, f.size, f"byte {offset}")
 
 
 def _on_sigbus(signum: int, info: int | None, context: int | None) -> None:

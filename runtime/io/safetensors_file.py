@@ -16,7 +16,7 @@ Invariants (each violation is a ``CheckpointError`` naming the file and the tens
   naming it (``check_size``: one ``fstat`` of the map's descriptor as each tensor is taken, and
   after a ``preadv`` that comes up short), never read past its new end: a read of the map there
   raises SIGBUS (and of its last page, zeros). A shrink between that check and the copy is
-  caught by ``runtime.io.sigbus`` (the CLI installs it); a rewrite that keeps the size is not
+  caught by ``specbind.sigbus`` (the CLI installs it); a rewrite that keeps the size is not
   seen (a Hub cache's blobs are never rewritten);
 - ``read_view`` copies a contiguous view's bytes with ``preadv`` from the very file mapped (a
   descriptor opened again by path, its device and inode compared with the mapped file's), else
@@ -306,7 +306,7 @@ class SafetensorsFile:
 
 def shrunk_message(where: str, now: int, size: int, name: str | None = None) -> str:
     """The one line for a file that shrank while it was read (``check_size``, and the SIGBUS
-    handler of ``runtime.io.sigbus``)."""
+    handler of ``specbind.sigbus``)."""
     reading = f" (reading {name})" if name is not None else ""
     return (
         f"{where}: is {now} B now, {size} B when opened{reading}: the file was truncated or "
@@ -463,6 +463,15 @@ def _pool() -> Any:
 
         _POOL.append(ThreadPoolExecutor(max(2, cores()), thread_name_prefix="specbind-read"))
     return _POOL[0]
+
+
+def mapped_at(address: int) -> tuple[SafetensorsFile, int] | None:
+    """The open file whose map holds the byte at ``address``, and that byte's offset in the
+    file; None when no open file's map does (``specbind.sigbus`` asks it of a fault)."""
+    for f in list(_MAPPED.values()):
+        if f._base <= address < f._base + f.size:
+            return f, address - f._base
+    return None
 
 
 def _holder(address: int, nbytes: int) -> SafetensorsFile | None:

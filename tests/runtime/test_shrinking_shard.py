@@ -1,7 +1,7 @@
 """A shard truncated while a bind reads it is refused in one line naming the file, never a SIGBUS
 (exit 135, no word) and never a bind of zeros: each tensor is taken after one ``fstat`` of its
 file, a short ``preadv`` asks again, the CLI bind asks once more before it keeps its output, and
-a fault in between is one line and exit 1 (``runtime.io.sigbus``).
+a fault in between is one line and exit 1 (``specbind.sigbus``).
 
 Each case runs ``specbind bind`` in a child process with a hook of this test (never of
 specbind) that truncates the shard at a chosen point: after a tensor is taken and before its
@@ -130,7 +130,7 @@ def test_a_read_of_a_view_past_the_files_new_end_is_one_line_and_exit_1_not_sigb
     ckpt: Path, tmp_path: Path
 ) -> None:
     """The window no check closes: the view taken, then the file cut, then the view read. The
-    fault is caught (``runtime.io.sigbus``), named by file and byte, and ends the bind."""
+    fault is caught (``specbind.sigbus``), named by file and byte, and ends the bind."""
     was = size_of(ckpt / SHARD)
     code, err = run(ckpt, tmp_path, 0, "view")
     assert code == EXIT["refused"], f"exit {code}: {err}"  # before: -7 (SIGBUS), no message
