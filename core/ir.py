@@ -169,6 +169,21 @@ class LayerGroupRule:
 
 
 @record
+class ConfigRequirement:
+    """A config.json field that decides a parameter's shape or presence in the family's
+    transformers and vLLM classes, whose other values the spec cannot say (Falcon's
+    ``multi_query``: false builds a KV head per query head): its value must be one of
+    ``allowed``, matched by type and value (``1`` is not ``true``); a file without the field
+    (or with null) reads as ``missing`` when given (transformers' default), else is not
+    checked. ``why`` says what another value would build."""
+
+    config: str
+    allowed: tuple[FlagValue, ...]
+    why: str
+    missing: tuple[FlagValue, ...] = ()  # () or (the value absence means,)
+
+
+@record
 class ScheduleCondition:
     """One test of a decoder layer's index against a config.json field (``config``, dotted
     into nested objects), on ``n = index - offset`` (``offset`` a number, or the value of

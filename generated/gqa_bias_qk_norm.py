@@ -4,7 +4,7 @@
 DO NOT EDIT: change the spec and run ``make generate``.
 
 Invariants, checked on every layer this binder sees:
-- the block's ``self_attn.`` tensors are exactly the 7 required rules below plus the 2 of optional group(s) qk_norm, each all-or-nothing;
+- the block's ``self_attn.`` tensors are exactly the 4 required rules below plus the 5 of optional group(s) qkv_bias, qk_norm, each all-or-nothing;
   any other name under the prefix is refused (all of them in one error), never skipped;
 - every dtype, shape and byte count is checked against the geometry; a dtype is converted
   only where the spec accepts another stored dtype, and only exactly;
@@ -135,6 +135,7 @@ TENSORS: tuple[TensorRule, ...] = (
             axis=0,
             never_replicated="vLLM's QKVParallelLinear splits query heads across ranks and never replicates them",
         ),
+        group="qkv_bias",
     ),
     # self_attn.k_proj.bias [kv_dim] BF16 on disk; rank r reads [kv_heads_r * head_dim], block r of the rows (whole kv_heads)
     TensorRule(
@@ -142,6 +143,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[kv_dim]",
         shard=ShardRule(kind="rows", unit="kv_heads", axis=0),
+        group="qkv_bias",
     ),
     # self_attn.v_proj.bias [kv_dim] BF16 on disk; rank r reads [kv_heads_r * head_dim], block r of the rows (whole kv_heads)
     TensorRule(
@@ -149,6 +151,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[kv_dim]",
         shard=ShardRule(kind="rows", unit="kv_heads", axis=0),
+        group="qkv_bias",
     ),
     # self_attn.q_norm.weight [head_dim] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
@@ -169,6 +172,11 @@ TENSORS: tuple[TensorRule, ...] = (
 )
 
 GROUPS: dict[str, GroupRule] = {
+    "qkv_bias": GroupRule(
+        name="qkv_bias",
+        optional=True,
+        why="GLM-4.5 MoE carries q/k/v biases only where config.json says attention_bias (transformers' Glm4MoeConfig default false; vLLM's Glm4MoeAttention builds QKVParallelLinear with bias=config.attention_bias)",
+    ),
     "qk_norm": GroupRule(
         name="qk_norm",
         optional=True,
@@ -224,7 +232,6 @@ MARKERS: frozenset[str] = frozenset(
         "self_attn.k_proj.weight",
         "self_attn.v_proj.weight",
         "self_attn.o_proj.weight",
-        "self_attn.q_proj.bias",
     }
 )
 
@@ -338,11 +345,11 @@ class GqaBiasQkNormWeights(Generic[T]):
     # o_proj.weight [hidden, q_dim] BF16, verbatim
     o_proj: T  # [hidden, heads_r * head_dim]
     # q_proj.bias [q_dim] BF16, verbatim
-    q_bias: T  # [heads_r * head_dim]
+    q_bias: T | None  # [heads_r * head_dim]
     # k_proj.bias [kv_dim] BF16, verbatim
-    k_bias: T  # [kv_heads_r * head_dim]
+    k_bias: T | None  # [kv_heads_r * head_dim]
     # v_proj.bias [kv_dim] BF16, verbatim
-    v_bias: T  # [kv_heads_r * head_dim]
+    v_bias: T | None  # [kv_heads_r * head_dim]
     # q_norm.weight [head_dim] BF16, verbatim
     q_norm: T | None  # [head_dim], replicated
     # k_norm.weight [head_dim] BF16, verbatim
@@ -357,9 +364,12 @@ class GqaBiasQkNormWeights(Generic[T]):
         out["k_proj"] = self.k_proj
         out["v_proj"] = self.v_proj
         out["o_proj"] = self.o_proj
-        out["q_bias"] = self.q_bias
-        out["k_bias"] = self.k_bias
-        out["v_bias"] = self.v_bias
+        if self.q_bias is not None:
+            out["q_bias"] = self.q_bias
+        if self.k_bias is not None:
+            out["k_bias"] = self.k_bias
+        if self.v_bias is not None:
+            out["v_bias"] = self.v_bias
         if self.q_norm is not None:
             out["q_norm"] = self.q_norm
         if self.k_norm is not None:
@@ -435,9 +445,9 @@ def assemble(
         k_proj=t["self_attn.k_proj.weight"],
         v_proj=t["self_attn.v_proj.weight"],
         o_proj=t["self_attn.o_proj.weight"],
-        q_bias=t["self_attn.q_proj.bias"],
-        k_bias=t["self_attn.k_proj.bias"],
-        v_bias=t["self_attn.v_proj.bias"],
+        q_bias=t.get("self_attn.q_proj.bias"),
+        k_bias=t.get("self_attn.k_proj.bias"),
+        v_bias=t.get("self_attn.v_proj.bias"),
         q_norm=t.get("self_attn.q_norm.weight"),
         k_norm=t.get("self_attn.k_norm.weight"),
         quant=companion_fields(layer, FIELDS, SOURCES, t, p, ops, quant),

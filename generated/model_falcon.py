@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -77,7 +78,7 @@ UNBOUND: tuple[UnboundRule, ...] = ()
 
 # What `specbind synth` writes: the tiny geometry, the per-layer config lists, the MTP slots.
 SYNTH: SynthRule | None = SynthRule(
-    tiny=(("heads", 8), ("hidden", 48), ("intermediate", 72), ("vocab", 112)),
+    tiny=(("heads", 8), ("hidden", 48), ("intermediate", 192), ("vocab", 112)),
     layers=2,
     lists=(),
     mtp=(),
@@ -261,4 +262,30 @@ TABLE: ModelTable[Geometry] = ModelTable(
     constraints=CONSTRAINTS,
     check=check_constraints,
     dtypes=("BF16", "F16"),
+    requires=(
+        ConfigRequirement(
+            config="bias",
+            allowed=(False,),
+            why="bias true gives query_key_value, dense, dense_h_to_4h and dense_4h_to_h biases (nn.Linear / vLLM's linear layers with bias=config.bias), which this spec does not read",
+            missing=(False,),
+        ),
+        ConfigRequirement(
+            config="multi_query",
+            allowed=(True,),
+            why="multi_query false builds num_attention_heads KV heads (transformers' FalconAttention num_kv_heads, vLLM's FalconAttention total_num_kv_heads = total_num_heads) with query_key_value interleaved per head; this spec reads one KV head",
+            missing=(True,),
+        ),
+        ConfigRequirement(
+            config="new_decoder_architecture",
+            allowed=(False,),
+            why="the new decoder architecture (Falcon-40B/180B) has num_kv_heads KV groups interleaved in query_key_value and ln_attn/ln_mlp (num_ln_in_parallel_attn) instead of input_layernorm",
+            missing=(False,),
+        ),
+        ConfigRequirement(
+            config="parallel_attn",
+            allowed=(True,),
+            why="parallel_attn false adds a post_attention_layernorm to every layer (transformers' FalconDecoderLayer, vLLM's FalconDecoderLayer), which this spec does not read",
+            missing=(True,),
+        ),
+    ),
 )

@@ -42,6 +42,7 @@ LAYER_GROUPS: tuple[LayerGroupRule, ...] = (
     LayerGroupRule(group="correction", required=True),
     LayerGroupRule(group="shared", required=True),
     LayerGroupRule(group="qk_norm", flag="use_qk_norm", present=(), absent=(), missing=False),
+    LayerGroupRule(group="qkv_bias", flag="attention_bias", present=(), absent=(), missing=False),
 )
 
 # The parts of a layer, each filled by the first of its blocks whose markers are all present;

@@ -509,6 +509,8 @@ def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
                     where = (*eb.base, "parameters", p.name, "shape")
                     located = eb.located or layout.located
                     try:
+    if out.permute is not None:
+        dims = [dims[a] for a in out.permute]
                         want = tuple(int(algebra.evaluate(e, at)) for e in p.shape)
                     except SpecbindError as exc:
                         raise located.error(where, f"{ctx}: {exc}") from None

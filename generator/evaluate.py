@@ -284,6 +284,15 @@ def _check_shapes(block: Block, env: dict[str, int], ctx: str) -> None:
     """Every dim positive, every shard whole, every concat joining equal off-axis shapes."""
     shapes = shapes_at(block, env, ctx)
     for out in block.outputs:
+        for s in sorted(out.halves):  # each unit's rows: whole rotary pairs
+            t = block.tensor(s)
+            per = shapes[s][0] // env[t.shard.unit or ""]
+            if per % 2:
+                raise block.located.error(
+                    ("outputs", out.field, "concat"),
+                    f"{ctx}: {block.rel(s)} reorders rotary pairs into halves per "
+                    f"{t.shard.unit} unit, but a unit holds {per} rows, an odd number",
+                )
         if out.kind in ("concat", "stack"):
             dims = {s[: out.axis] + s[out.axis + 1 :] for s in (shapes[n] for n in out.sources)}
             if len(dims) != 1:

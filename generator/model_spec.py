@@ -20,6 +20,7 @@ from specbind.core import algebra
 from specbind.core.errors import SpecbindError
 from specbind.core.geometry import computed as geometry_computed
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -69,6 +70,7 @@ class Model:
     constraints: tuple[ConstraintRule, ...] = ()  # over geometry symbols, this model alone
     extends: str | None = None  # the base model this spec is merged onto (generator/extends.py)
     dtypes: tuple[str, ...] = ("BF16",)  # the half dtypes its checkpoints may be stored in
+    requires: tuple[ConfigRequirement, ...] = ()  # config.json values the spec alone can say
 
     def values(self) -> dict[str, int]:
         return {s.name: s.value for s in self.geometry}
@@ -218,7 +220,19 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
         _model_constraints(doc, d.get("constraints") or [], gnames),
         d.get("extends"),
         _dtypes(doc, d.get("dtypes"), [blocks[u.block] for u in uses]),
+        _requires(d.get("requires") or {}),
     )  # fmt: skip
+
+
+def _requires(raw: dict[str, Any]) -> tuple[ConfigRequirement, ...]:
+    """``requires:``, one rule per config.json field, sorted by field (the schema checked
+    each value's type; a child's ``null`` has already removed an inherited field)."""
+    return tuple(
+        ConfigRequirement(
+            name, tuple(r["is"]), r["why"], () if "missing" not in r else (r["missing"],)
+        )
+        for name, r in sorted(raw.items())
+    )
 
 
 def _dtypes(doc: Located, raw: Any, blocks: list[Block]) -> tuple[str, ...]:

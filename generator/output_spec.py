@@ -11,7 +11,7 @@ Invariants (each refusal is a ``SpecError`` naming file, path and line):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from specbind.core.ir import (
@@ -32,6 +32,11 @@ class Output:
     group: str | None = None
     transform: transforms.Transform | None = None
     family: str | None = None  # a stack: one slice per member of this family
+    # a concat: the joined field's axes reordered after the join (and squeeze)
+    permute: tuple[int, ...] | None = None
+    # a concat: the sources (full names) whose rows are reordered from rotary pairs into
+    # halves within each unit of their shard rule (``pairs_to_halves``)
+    halves: frozenset[str] = frozenset()
 
 
 def parse_output(
@@ -60,11 +65,47 @@ def parse_output(
             if by_full[s].family is not None:
                 raise doc.error(path, f"{s.removeprefix(prefix)!r} is a family: use `stack`")
         return Output(field, srcs, "transform", group=by_full[srcs[0]].group, transform=tf)
-    sources, ts = _sources(doc, path, raw["concat"], prefix, by_full)
+    entries = raw["concat"]
+    listed = [e if isinstance(e, str) else e["tensor"] for e in entries]
+    sources, ts = _sources(doc, path, listed, prefix, by_full)
     for t in ts:
         if t.family is not None:
             raise doc.error(path, f"{t.name.removeprefix(prefix)!r} is a family: use `stack`")
-    return _concat(doc, path, field, raw, sources, ts)
+    halves = frozenset(
+        s for s, e, t in zip(sources, entries, ts, strict=True) if _halves(doc, path, e, t, s)
+    )
+    out = _concat(doc, path, field, raw, sources, ts)
+    return replace(out, permute=_permute(doc, path, raw, out, ts), halves=halves)
+
+
+def _halves(doc: Located, path: PathKey, entry: Any, t: TensorRule, full: str) -> bool:
+    """A ``pairs_to_halves`` source reorders rows within each unit of its shard rule, so the
+    reorder commutes with the shard: it must shard its rows (axis 0) by a unit."""
+    if isinstance(entry, str):
+        return False
+    if t.shard.kind == "replicated" or t.shard.unit is None or t.shard.resolved(len(t.dims)):
+        raise doc.error(
+            (*path, "concat"),
+            f"{entry['tensor']!r} reorders its rows within each unit of its shard rule "
+            f"(pairs_to_halves), but it does not shard its rows by a unit "
+            f"(shard {t.shard.kind}{'' if t.shard.unit is None else ': ' + t.shard.unit})",
+        )
+    return True
+
+
+def _permute(
+    doc: Located, path: PathKey, raw: Any, out: Output, ts: list[TensorRule]
+) -> tuple[int, ...] | None:
+    """A concat's ``permute``: an order of the joined field's axes (after any squeeze)."""
+    if "permute" not in raw:
+        return None
+    axes = tuple(int(a) for a in raw["permute"])
+    rank = len(ts[0].dims) - (out.squeeze is not None)
+    if sorted(axes) != list(range(rank)):
+        raise doc.error((*path, "permute"), f"{list(axes)} is not an order of {rank} axes")
+    if any(t.stacked is not None for t in ts) and axes[0] != 0:
+        raise doc.error((*path, "permute"), "a stacked family's axis 0 must stay first")
+    return axes
 
 
 def _sources(

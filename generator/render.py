@@ -213,6 +213,10 @@ def _field_layout(b: Block, o: Output) -> tuple[str, int]:
     if t.shard.kind == "replicated" or not t.dims:
         return "replicated", 0
     axis = t.shard.resolved(len(t.dims))
+    if o.permute is not None:  # a permuted concat: the joined shard axis, moved
+        moved = o.permute.index(axis - (o.squeeze is not None and o.squeeze < axis))
+        last = len(o.permute) - 1
+        return ("rows", 0) if moved == 0 else ("cols", -1) if moved == last else ("axis", moved)
     if t.shard.kind == "cols":
         return "cols", -1
     if o.squeeze is not None and o.squeeze < axis:
@@ -250,6 +254,10 @@ class FieldContext:
     comment: str
     result: str
     above: str | None
+    # a concat: (source, this rank's count of its shard unit, as Python) of each source whose
+    # rows go from rotary pairs to halves per unit; the joined axes' permutation
+    halves: tuple[tuple[str, str], ...] = ()
+    permute: tuple[int, ...] | None = None
 
 
 def _field_context(b: Block, o: Output, rs: RankShapes) -> FieldContext:
@@ -284,6 +292,8 @@ def _field_context(b: Block, o: Output, rs: RankShapes) -> FieldContext:
             dims[o.axis] = " + ".join(f"({d})" if "+" in d or "-" in d else d for d in each)
         if o.squeeze is not None:
             del dims[o.squeeze]
+        if o.permute is not None:
+            dims = [dims[a] for a in o.permute]
         names = ", ".join(b.rel(s) for s in o.sources)
         if o.kind == "stack":
             fam = b.families[o.family or ""]
@@ -293,6 +303,11 @@ def _field_context(b: Block, o: Output, rs: RankShapes) -> FieldContext:
             comment = f"concat of {n} on axis {o.axis}" + (
                 f", dim {o.squeeze} squeezed" if o.squeeze is not None else ""
             )
+            if o.halves:
+                shown = ", ".join(b.rel(s) for s in o.sources if s in o.halves)
+                comment += f", rows of {shown} from rotary pairs to halves per unit"
+            if o.permute is not None:
+                comment += f", axes permuted {list(o.permute)}"
         result = dims_text(dims)
         above = f"{n} x {dims_text(src_dims)} -> {dims_text(dims)}: {names} in that order"
         if len(set(each)) > 1:
@@ -306,6 +321,9 @@ def _field_context(b: Block, o: Output, rs: RankShapes) -> FieldContext:
     return FieldContext(
         o.field, o.kind, o.sources, o.axis, o.squeeze, optional, family, dtype, layout,
         layout_axis, _parts(b, o), comment, result, above,
+        tuple((x, f"max(env(g)[{b.tensor(x).shard.unit!r}] // g.tp, 1)") for x in o.sources
+              if x in o.halves),
+        o.permute,
     )  # fmt: skip
 
 

@@ -66,7 +66,13 @@ VALUES: dict[str, dict[str, tuple[tuple[str, ...], str | None]]] = {}
 FIRST_RANK: dict[str, tuple[str, ...]] = {}
 
 # The engine's own checks of the geometry and tp: (name, check, why).
-CONSTRAINTS: tuple[tuple[str, str, str], ...] = ()
+CONSTRAINTS: tuple[tuple[str, str, str], ...] = (
+    (
+        "mlp_four_hidden",
+        "intermediate == 4 * hidden",
+        "vLLM's FalconMLP (vllm/model_executor/models/falcon.py, FalconMLP.__init__) builds dense_h_to_4h and dense_4h_to_h 4 x hidden_size wide whatever config.json ffn_hidden_size says, so vLLM's own loader cannot hold an MLP of another width",
+    ),
+)
 
 
 def gqa_geometry(m: model.Geometry, ranks: Ranks) -> vllm_gqa.GqaGeometry:

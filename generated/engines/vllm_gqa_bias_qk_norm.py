@@ -4,7 +4,7 @@
 DO NOT EDIT: change the spec and run ``make generate``.
 
 Invariants, checked on every layer this binder sees:
-- the block's ``self_attn.`` tensors are exactly the 7 required rules below plus the 2 of optional group(s) qk_norm, each all-or-nothing;
+- the block's ``self_attn.`` tensors are exactly the 4 required rules below plus the 5 of optional group(s) qkv_bias, qk_norm, each all-or-nothing;
   any other name under the prefix is refused (all of them in one error), never skipped;
 - every dtype, shape and byte count is checked against the geometry; a dtype is converted
   only where the spec accepts another stored dtype, and only exactly;
@@ -135,6 +135,7 @@ TENSORS: tuple[TensorRule, ...] = (
             axis=0,
             never_replicated="vLLM's QKVParallelLinear splits query heads across ranks and never replicates them",
         ),
+        group="qkv_bias",
     ),
     # self_attn.k_proj.bias [kv_dim] BF16 on disk; rank r reads [kv_heads_r * head_dim], block r of the rows (whole kv_heads)
     TensorRule(
@@ -142,6 +143,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[kv_dim]",
         shard=ShardRule(kind="rows", unit="kv_heads", axis=0),
+        group="qkv_bias",
     ),
     # self_attn.v_proj.bias [kv_dim] BF16 on disk; rank r reads [kv_heads_r * head_dim], block r of the rows (whole kv_heads)
     TensorRule(
@@ -149,6 +151,7 @@ TENSORS: tuple[TensorRule, ...] = (
         dtype="BF16",
         shape="[kv_dim]",
         shard=ShardRule(kind="rows", unit="kv_heads", axis=0),
+        group="qkv_bias",
     ),
     # self_attn.q_norm.weight [head_dim] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
@@ -169,6 +172,11 @@ TENSORS: tuple[TensorRule, ...] = (
 )
 
 GROUPS: dict[str, GroupRule] = {
+    "qkv_bias": GroupRule(
+        name="qkv_bias",
+        optional=True,
+        why="GLM-4.5 MoE carries q/k/v biases only where config.json says attention_bias (transformers' Glm4MoeConfig default false; vLLM's Glm4MoeAttention builds QKVParallelLinear with bias=config.attention_bias)",
+    ),
     "qk_norm": GroupRule(
         name="qk_norm",
         optional=True,
@@ -220,7 +228,6 @@ MARKERS: frozenset[str] = frozenset(
         "self_attn.k_proj.weight",
         "self_attn.v_proj.weight",
         "self_attn.o_proj.weight",
-        "self_attn.q_proj.bias",
     }
 )
 
@@ -328,7 +335,7 @@ class GqaBiasQkNormWeights(Generic[T]):
     # concat of 3 on axis 0
     qkv_proj: T  # [heads_r * head_dim + kv_heads_r * head_dim + kv_heads_r * head_dim, hidden]
     # concat of 3 on axis 0
-    qkv_bias: T  # [heads_r * head_dim + kv_heads_r * head_dim + kv_heads_r * head_dim]
+    qkv_bias: T | None  # [heads_r * head_dim + kv_heads_r * head_dim + kv_heads_r * head_dim]
     # o_proj.weight [hidden, q_dim] BF16, verbatim
     o_proj: T  # [hidden, heads_r * head_dim]
     # q_norm.weight [head_dim] BF16, verbatim
@@ -342,7 +349,8 @@ class GqaBiasQkNormWeights(Generic[T]):
         """Every bound field by name; an absent optional field is left out."""
         out: dict[str, T] = {}
         out["qkv_proj"] = self.qkv_proj
-        out["qkv_bias"] = self.qkv_bias
+        if self.qkv_bias is not None:
+            out["qkv_bias"] = self.qkv_bias
         out["o_proj"] = self.o_proj
         if self.q_norm is not None:
             out["q_norm"] = self.q_norm
@@ -436,7 +444,9 @@ def assemble(
             axis=0,
             squeeze=None,
             into=into,
-        ),
+        )
+        if "self_attn.q_proj.bias" in t
+        else None,
         o_proj=t["self_attn.o_proj.weight"],
         q_norm=t.get("self_attn.q_norm.weight"),
         k_norm=t.get("self_attn.k_norm.weight"),

@@ -161,6 +161,22 @@ def permute(a: Array, axes: tuple[int, ...], what: str, into: Any = None) -> Arr
     return out
 
 
+def pairs_to_halves(a: Array, groups: int, what: str) -> Array:
+    """Each of ``groups`` equal row groups (a head's rows), stored as rotary pairs (x0, x1),
+    (x2, x3), ..., reordered into halves [x0, x2, ...; x1, x3, ...]: the group's rows viewed
+    [R/2, 2] and transposed, as vLLM's ``Llama4ForCausalLM.permute_qk_weight_for_rotary``
+    (vllm/model_executor/models/llama4.py) reorders q and k at load. A copy in C order."""
+    rows = a.shape[0] if a.ndim else 0
+    if groups < 1 or rows % groups or (rows // groups) % 2:
+        raise BindError(
+            f"{what}: {rows} rows are not {groups} groups of an even number of rows "
+            "(rotary pairs to halves)"
+        )
+    per = rows // groups
+    moved = a.reshape(groups, per // 2, 2, *a.shape[1:]).swapaxes(1, 2)
+    return np.ascontiguousarray(moved).reshape(a.shape)
+
+
 def widen(a: Array) -> Array:
     """An F32 copy (exact from BF16/F16), or the array itself if it is already F32."""
     if a.dtype == F32:
@@ -321,6 +337,7 @@ class Ops(Protocol):
     def view(self, a: Any, shape: tuple[int, ...], what: str) -> Array: ...
     def take(self, a: Any, axis: int, start: int, stop: int, what: str) -> Array: ...
     def permute(self, a: Any, axes: tuple[int, ...], what: str, into: Any = None) -> Array: ...
+    def pairs_to_halves(self, a: Any, groups: int, what: str) -> Array: ...
     def widen(self, a: Any) -> Array: ...
     def scale(self, a: Any, factor: float, dtype: str, into: Any = None) -> Array: ...
     def cast(self, a: Any, dtype: str, into: Any = None) -> Array: ...

@@ -73,6 +73,19 @@ def permute(a: Any, axes: tuple[int, ...], what: str, into: Any = None) -> Any:
     return _cp().ascontiguousarray(a.transpose(axes))
 
 
+def pairs_to_halves(a: Any, groups: int, what: str) -> Any:
+    """As the host's ``ops.pairs_to_halves``, materialised in C order on the device."""
+    rows = a.shape[0] if a.ndim else 0
+    if groups < 1 or rows % groups or (rows // groups) % 2:
+        raise BindError(
+            f"{what}: {rows} rows are not {groups} groups of an even number of rows "
+            "(rotary pairs to halves)"
+        )
+    per = rows // groups
+    moved = a.reshape(groups, per // 2, 2, *a.shape[1:]).swapaxes(1, 2)
+    return _cp().ascontiguousarray(moved).reshape(a.shape)
+
+
 def widen(a: Any) -> Any:
     if _bf16(a):
         return kernels.widen_bf16_f32(_cp().ascontiguousarray(a))

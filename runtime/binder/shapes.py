@@ -117,6 +117,15 @@ class ShapeOps:
         dims[ax] = stop - start
         return Shaped(tuple(dims), a.dtype)
 
+    def pairs_to_halves(self, a: Shaped, groups: int, what: str) -> Shaped:
+        rows = a.shape[0] if a.ndim else 0
+        if groups < 1 or rows % groups or (rows // groups) % 2:
+            raise BindError(
+                f"{what}: {rows} rows are not {groups} groups of an even number of rows "
+                "(rotary pairs to halves)"
+            )
+        return a  # rows reordered within each group: the shape and dtype are the source's
+
     def widen(self, a: Shaped) -> Shaped:
         return Shaped(a.shape, "F32")
 

