@@ -474,6 +474,8 @@ def field_shape(
         dims[out.axis] = sum(local[s][out.axis] for s in out.sources)
     if out.squeeze is not None:
         del dims[out.squeeze]
+    if out.permute is not None:
+        dims = [dims[a] for a in out.permute]
     if out.kind == "stack":
         fam = block.families[out.family or ""]
         dims = [values[fam.count], *dims]
@@ -509,8 +511,6 @@ def check_engine_shapes(layout: EngineLayout, model: Model) -> None:
                     where = (*eb.base, "parameters", p.name, "shape")
                     located = eb.located or layout.located
                     try:
-    if out.permute is not None:
-        dims = [dims[a] for a in out.permute]
                         want = tuple(int(algebra.evaluate(e, at)) for e in p.shape)
                     except SpecbindError as exc:
                         raise located.error(where, f"{ctx}: {exc}") from None
