@@ -1,16 +1,18 @@
-"""Run the vLLM venv's workers (the proofs', the token runs') with a deadline that scales with
-the work: no wall deadline for the run, a bound on each load instead.
+"""Run the vLLM venv's workers (the proofs', the token runs') with bounds that scale with the
+work: no wall deadline for the run, bounds on each load instead, counted in CPU time.
 
 A worker prints ``specbind-progress: load <family> <format>`` (flushed) to its log before each
-load (``progress``). The run is stopped only when no worker has printed such a line for
-``budget`` seconds: the loads of a slow machine take longer and the run with them, but one
-load that hangs (or a tp group whose peer never comes) stops it after one load's budget, and
-the error names the load each worker was in (its last progress line). One load is one
-family's model built once (import of vLLM included, for a worker's first): minutes on a
-loaded 2-core machine, never ``budget``.
+load (``progress``). The run is stopped only when the load in progress has used more than
+``budget`` seconds of the workers' CPU time (a loop), or when the workers have used no CPU and
+begun no load for ``stall`` seconds (a hang: a deadlock, a tp group whose peer never comes), read
+by ``patience.Watch``; a new progress line starts the next load's budget. The loads of a
+loaded machine take longer in wall time and the run with them, but their CPU time does not
+grow: one load is one family's model built once (vLLM's import included, for a worker's
+first), seconds to a minute of CPU, never ``budget``. The error names the load each worker
+was in (its last progress line).
 
-Trap: the budget is measured across the workers, not per worker: a worker waiting at a tp 2
-rendezvous for its peer prints nothing while the peer works through its own loads.
+Trap: the budget is the workers' CPU together, not one worker's: a worker waiting at a tp 2
+rendezvous for its peer uses none while the peer works through its own loads.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import patience
 import vllm_venv
 
 MARK = "specbind-progress: "
-BUDGET = 900.0  # seconds one load may take (no worker printing a progress line meanwhile)
+BUDGET = 600.0  # CPU seconds the workers may use together in one load
+STALL = patience.STALL  # wall seconds without any CPU used before the run is called hung
 POLL = 0.5
 
 
@@ -51,11 +55,13 @@ def last_progress(log: Path) -> str | None:
 
 
 def run(
-    worker: Path, specs: list[Path], what: str, budget: float | None = None
-) -> tuple[list[dict[str, Any]], Cost]:
+    worker: Path, specs: list[Path], what: str, budget: float | None = None,
+    stall: float | None = None,
+) -> tuple[list[dict[str, Any]], Cost]:  # fmt: skip
     """Run ``worker SPEC OUT`` per spec, one process each; return each OUT's JSON and the cost.
-    A worker that fails, or a run stalled for ``budget`` seconds (``BUDGET``), raises one
-    ``AssertionError`` naming the load each worker was in and the tail of its log."""
+    A worker that fails, a load over ``budget`` CPU seconds (``BUDGET``) or a run that used no
+    CPU for ``stall`` seconds (``STALL``) raises one ``AssertionError`` naming the load each
+    worker was in and the tail of its log."""
     budget = BUDGET if budget is None else budget
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -65,17 +71,18 @@ def run(
         vllm_venv.popen([str(worker), str(s), str(s.with_suffix(".out.json"))], s.parent, f)
         for s, f in zip(specs, files, strict=True)
     ]
+    watch = patience.Watch(procs, cpu=budget, stall=STALL if stall is None else stall)
     seen = [last_progress(p) for p in logs]
-    moved = time.perf_counter()
-    stalled = None
+    stopped = None
     while any(p.poll() is None for p in procs):
+        why = watch.why_stop()
         now = [last_progress(p) for p in logs]
-        if now != seen:
-            seen, moved = now, time.perf_counter()
-        elif time.perf_counter() - moved > budget:
-            stalled = time.perf_counter() - moved
-            for p in procs:
-                p.kill()
+        if now != seen:  # a load began: its budget starts from the CPU used so far
+            seen, watch.cpu = now, (watch.total or 0.0) + budget
+            watch.moved = time.monotonic()  # and progress is no hang
+        elif why is not None:
+            stopped = why
+            patience._kill(procs)  # every process of each worker's tree
             break
         time.sleep(POLL)
     for p, f in zip(procs, files, strict=True):
@@ -84,14 +91,14 @@ def run(
     cost = Cost(wall=time.perf_counter() - t0)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cost.cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if stalled is not None:
+    if stopped is not None:
         where = "; ".join(
             f"worker {i} in load {last_progress(p) or '(none begun: importing vLLM)'}"
             for i, p in enumerate(logs)
         )
         raise AssertionError(
-            f"{what}: no load finished for {stalled:.0f} s (the budget of one load is "
-            f"{budget:.0f} s): stopped with {where}\n{_tail(logs)}"
+            f"{what}: stopped, the workers {stopped.replace('used ', 'having used ', 1)} "
+            f"(the bound of one load is {budget:g} s of CPU): {where}\n{_tail(logs)}"
         )
     results = []
     for i, (p, s, log) in enumerate(zip(procs, specs, logs, strict=True)):

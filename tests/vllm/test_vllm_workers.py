@@ -1,6 +1,7 @@
-"""The vLLM workers' deadline (tests/support/vllm_workers.py): no wall deadline for a run, one
-load's budget instead, and a stopped run names the load each worker was in. No vLLM needed:
-the workers here are small Python scripts that print the progress lines the real ones print."""
+"""The vLLM workers' bounds (tests/support/vllm_workers.py): no wall deadline for a run, a CPU
+budget per load and a stall bound instead, and a stopped run names the load each worker was
+in. No vLLM needed: the workers here are small Python scripts that print the progress lines
+the real ones print."""
 
 from __future__ import annotations
 
@@ -47,9 +48,9 @@ def _specs(tmp: Path, shares: list[list[str]]) -> list[Path]:
 def test_a_proof_run_that_hangs_in_a_load_is_stopped_naming_the_family_it_stopped_in(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The proofs' driver (vllm_proofs._run) with a budget of 3 s per load: a worker that hangs
-    in its second family is stopped in seconds, and the error names that family and format
-    (and where the other worker was), not only an exit code."""
+    """The proofs' driver (vllm_proofs._run), the stall bound at 3 s: a worker that hangs in
+    its second family (using no CPU) is stopped in seconds, and the error names that family
+    and format (and where the other worker was), not only an exit code."""
     worker = _worker(
         tmp_path,
         """
@@ -61,12 +62,13 @@ def test_a_proof_run_that_hangs_in_a_load_is_stopped_naming_the_family_it_stoppe
         """,
     )
     monkeypatch.setattr(vllm_proofs, "WORKER", worker)
-    monkeypatch.setattr(vllm_workers, "BUDGET", 3.0)
+    monkeypatch.setattr(vllm_workers, "STALL", 3.0)
     specs = _specs(tmp_path, [["mamba2", "granitemoehybrid", "olmo"], ["llama"]])
     t0 = time.perf_counter()
     with pytest.raises(AssertionError) as e:
         vllm_proofs._run(specs, vllm_proofs.Report())
     line = str(e.value).splitlines()[0]
+    assert "no CPU" in line, line
     assert "worker 0 in load granitemoehybrid specbind" in line, line
     assert "worker 1 in load llama specbind" in line, line
     assert time.perf_counter() - t0 < 40
@@ -76,8 +78,9 @@ def test_a_proof_run_that_hangs_in_a_load_is_stopped_naming_the_family_it_stoppe
 def test_a_slow_run_whose_loads_each_finish_within_the_budget_is_not_stopped(
     tmp_path: Path,
 ) -> None:
-    """Six loads of 1 s each under a budget of 3 s per load: the run takes longer than any
-    one load's budget and finishes (a slow machine gives a slow run, not an error)."""
+    """Six loads of 1 s of wall time each (little CPU) under a CPU budget of 3 s per load and a
+    stall bound of 3 s: the run takes longer than any one load's bounds and finishes (a slow
+    machine gives a slow run, not an error)."""
     worker = _worker(
         tmp_path,
         """
@@ -88,7 +91,7 @@ def test_a_slow_run_whose_loads_each_finish_within_the_budget_is_not_stopped(
         """,
     )
     specs = _specs(tmp_path, [["a", "b", "c", "d", "e", "f"]])
-    results, cost = vllm_workers.run(worker, specs, "a slow run", budget=3.0)
+    results, cost = vllm_workers.run(worker, specs, "a slow run", budget=3.0, stall=3.0)
     assert results == [dict.fromkeys("abcdef", "done")]
     assert cost.wall > 6.0
 
@@ -104,3 +107,25 @@ def test_a_worker_that_fails_names_the_load_it_failed_in(tmp_path: Path) -> None
     )
     with pytest.raises(AssertionError, match=r"worker 0 failed \(exit 3\) in load nemotron-h auto"):
         vllm_workers.run(worker, _specs(tmp_path, [["x"]]), "the vLLM proofs", budget=30.0)
+
+
+@pytest.mark.usefixtures("here")
+def test_a_load_that_spins_past_its_cpu_budget_is_stopped_naming_it(tmp_path: Path) -> None:
+    """A load that loops (using CPU, printing nothing) is stopped at its CPU budget, while the
+    loads before it, each under it, went on: the bound is per load, not per run."""
+    worker = _worker(
+        tmp_path,
+        """
+        for key in loads:
+            progress(f"{key} auto")
+            end = time.process_time() + (1e9 if key == "olmoe" else 1.5)
+            while time.process_time() < end:
+                pass
+        json.dump({}, open(sys.argv[2], "w"))
+        """,
+    )
+    specs = _specs(tmp_path, [["llama", "qwen3", "olmoe", "olmo"]])
+    with pytest.raises(AssertionError) as e:
+        vllm_workers.run(worker, specs, "the vLLM token runs", budget=2.5, stall=60.0)
+    line = str(e.value).splitlines()[0]
+    assert "CPU" in line and "worker 0 in load olmoe auto" in line, line
