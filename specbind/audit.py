@@ -27,6 +27,8 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from specbind.core.dtypes import QUANT_DTYPES
@@ -41,7 +43,7 @@ from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.runtime.io.progress import bar as progress_bar
 from specbind.runtime.io.source import RawTensor, TensorSource
 from specbind.runtime.layout.config import values_from_config
-from specbind.runtime.layout.slots import SlotFill, layout
+from specbind.runtime.layout.slots import SlotFill, global_full, layout
 from specbind.runtime.quant.layers import layer_quant
 from specbind.runtime.quant.scheme import detect, packed_names
 from specbind.summary import fold, spans
@@ -137,23 +139,39 @@ def _slot_row(
     }
 
 
-def _row_problems(index: int, slot: str, row: dict[str, Any]) -> list[str]:
+def _row_problems(
+    index: int, slot: str, row: dict[str, Any], stored: Callable[[str], str] = str
+) -> list[str]:
     """What ``bind`` would refuse in a slot a block does fill (an unfilled slot is already a
-    layout problem)."""
+    layout problem); ``stored``: a layer-relative name's full stored name, as problems name
+    every tensor (the row itself keeps the specs' names)."""
     if row["block"] == UNKNOWN:
         return []
     out = []
     for key, what in (("missing", "missing"), ("unknown", "undeclared"),
                       ("wrong_dtype", "of a dtype the block refuses")):  # fmt: skip
         if row[key]:
-            shown = row[key] if len(row[key]) <= 8 else [*row[key][:8], "..."]
+            named = [_stored_entry(n, stored) for n in row[key]]
+            shown = named if len(named) <= 8 else [*named[:8], "..."]
             out.append(f"layer {index}: {slot} ({row['block']}): {len(row[key])} {what}: {shown}")
     return out
 
 
+def _in_layer(view: NamedView, full: str, name: str) -> str:
+    """A layer-relative name's full stored name (``full``: the layer's prefix)."""
+    return view.stored_name(full + name)
+
+
+def _stored_entry(entry: str, stored: Callable[[str], str]) -> str:
+    """A row entry (``name`` or ``name (DTYPE)``) with its name as stored."""
+    name, sep, rest = entry.partition(" (")
+    return stored(name) + sep + rest
+
+
 def _globals_problems(
-    ckpt: CheckpointDir, table: ModelTable[Any], present: dict[str, str], view: TensorSource
-) -> list[str]:
+    ckpt: CheckpointDir, table: ModelTable[Any], present: dict[str, str], view: NamedView,
+    prefix: str,
+) -> list[str]:  # fmt: skip
     """What ``bind`` would refuse among the model-level tensors: a missing one, a refused
     dtype, a stored copy of a tied tensor, a tie flag that is not a boolean."""
     from specbind.runtime.layout.config import (
@@ -173,13 +191,15 @@ def _globals_problems(
         tied = r.tie is not None and flags.get(r.tie.config, False)
         if r.name not in present:
             if not tied and (r.group is None or r.group in groups):
-                out.append(f"model: missing {r.name} (a {block.name} block requires it)")
+                name = view.stored_name(global_full(block, prefix, r.name))
+                out.append(f"model: missing {name} (a {block.name} block requires it)")
             continue
+        name = view.stored_name(present[r.name])
         if tied and r.tie is not None:
-            out.append(f"model: {r.name} is stored, but config.json {r.tie.config} is true")
+            out.append(f"model: {name} is stored, but config.json {r.tie.config} is true")
         t = view.get(present[r.name])
         if t is not None and t.dtype != r.dtype and t.dtype not in r.stored:
-            out.append(f"model: {r.name} is {t.dtype} but a {block.name} block requires {r.dtype}")
+            out.append(f"model: {name} is {t.dtype} but a {block.name} block requires {r.dtype}")
     return out
 
 
@@ -213,7 +233,7 @@ def audit(
     )  # fmt: skip
     probe = _Probe(view)
     scalars = tuple("." + c.suffix for c in (qconf.scheme.companions if qconf else ()) if c.scalar)
-    lay = layout(table, view.names(), ckpt.config, mtp)
+    lay = layout(table, view.names(), ckpt.config, mtp, view.stored_name)
     split = lay.split
     problems += lay.problems
     try:
@@ -223,7 +243,7 @@ def audit(
     except SpecbindError as e:  # the census still runs; family sizes are then unknown
         geometry = None
         problems.append(f"model: {e}")
-    problems += _globals_problems(ckpt, table, lay.globals, view)
+    problems += _globals_problems(ckpt, table, lay.globals, view, split.prefix)
     layers: list[dict[str, Any]] = []
     hashable: list[str] = []
     for index, lay_layer in lay.layers.items():
@@ -243,7 +263,7 @@ def audit(
                     problems.append(str(e))
             slots[slot] = _slot_row(probe, full, fill, names, table, geometry, rules)
         for slot, row in slots.items():
-            problems += _row_problems(index, slot, row)
+            problems += _row_problems(index, slot, row, partial(_in_layer, view, full))
         for fill in lay_layer.slots.values():
             fam = family_matcher(fill.block.tensors if fill.block is not None else ())
             hashable += [

@@ -11,7 +11,8 @@ tower) are never read and are counted in the result.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
+from functools import partial
 from typing import Any, Protocol
 
 from specbind.core.dtypes import DTYPES
@@ -19,11 +20,11 @@ from specbind.core.errors import BindError, SpecbindError
 from specbind.core.ir import FieldRule
 from specbind.core.planning import BlockPlan, Ranks
 from specbind.core.rank_args import check_ranks
-from specbind.core.record import field, record
+from specbind.core.record import field, record, replace
 from specbind.runtime.bind.preamble import open_layout, slot_quant
 from specbind.runtime.binder.backends import ALIGN as ARENA_ALIGN
 from specbind.runtime.binder.backends import NUMPY, Arena, Backend
-from specbind.runtime.binder.checks import BindReport, fields_in
+from specbind.runtime.binder.checks import BindReport, UnrecognisedError, fields_in
 from specbind.runtime.binder.quant import OUTPUTS as QUANT_OUTPUTS
 from specbind.runtime.binder.quant import (
     LayerQuant,
@@ -31,6 +32,7 @@ from specbind.runtime.binder.quant import (
     quantize_rules,
     quantized_names,
 )
+from specbind.runtime.binder.stored import Stored, stored, stored_names
 from specbind.runtime.binder.tables import (
     BlockEntry,
     ModelTable,
@@ -42,7 +44,7 @@ from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.runtime.io.progress import byte_bar, shown
 from specbind.runtime.io.source import RawTensor, TensorSource
 from specbind.runtime.layout.config import choose, config_flags, values_from_config
-from specbind.runtime.layout.slots import LayerSource, Layout
+from specbind.runtime.layout.slots import LayerSource, Layout, declaring, global_full
 
 GLOBALS = -1  # the "layer" index the model-level tensors are reported under
 
@@ -134,9 +136,12 @@ class BindResult:
 class GlobalSource:
     """The model-level tensors by the globals block's names (some sit at the checkpoint root)."""
 
-    def __init__(self, ckpt: TensorSource, names: Mapping[str, str]) -> None:
+    def __init__(
+        self, ckpt: TensorSource, names: Mapping[str, str], absent: Callable[[str], str] = str
+    ) -> None:
         self._ckpt = ckpt
         self._full = dict(names)
+        self._absent = absent  # the full name an absent one would have (``slots.global_full``)
 
     def names(self) -> list[str]:
         return list(self._full)
@@ -144,6 +149,13 @@ class GlobalSource:
     def get(self, name: str) -> RawTensor | None:
         full = self._full.get(name)
         return None if full is None else self._ckpt.get(full)
+
+    def stored(self, name: str) -> Stored:
+        """As ``NamedView.stored``, for the globals block's name (``lm_head.weight``); an
+        absent one under the checkpoint's layer prefix, or at the root where it sits there."""
+        full = self._full.get(name) or self._absent(name)
+        got = stored(self._ckpt, full)
+        return got if got.read_as is None else replace(got, read_as=name)
 
 
 def bind_checkpoint(
@@ -263,19 +275,22 @@ def bind_checkpoint(
                     continue
                 src: TensorSource = LayerSource(view, full, fill.names)
                 lq = quant[(lay_layer.index, slot)]
-                bound.slots[slot] = _bind_one(
-                    fill.block,
-                    slot,
-                    geometry,
-                    ranks,
-                    lay_layer.index,
-                    src,
-                    backend,
-                    flags,
-                    lq,
-                    into,
-                    half,
-                )
+                try:
+                    bound.slots[slot] = _bind_one(
+                        fill.block,
+                        slot,
+                        geometry,
+                        ranks,
+                        lay_layer.index,
+                        src,
+                        backend,
+                        flags,
+                        lq,
+                        into,
+                        half,
+                    )
+                except UnrecognisedError as e:
+                    raise BindError(str(e) + _variant(table, slot, fill.names, e, src)) from None
                 if sink is not None:
                     where = f"layers.{lay_layer.index}.{slot}"
                     bound.slots[slot] = _handed(sink, where, bound.slots[slot])
@@ -287,7 +302,7 @@ def bind_checkpoint(
             step(sizes[lay_layer.index] if sizes else 0)
         glob = None
         if on is not None:
-            gsrc = GlobalSource(view, lay.globals)
+            gsrc = GlobalSource(view, lay.globals, partial(global_full, on, lay.split.prefix))
             glob = _bind_one(
                 on, "globals", geometry, ranks, GLOBALS, gsrc, backend, flags, None, into, half
             )
@@ -299,6 +314,21 @@ def bind_checkpoint(
     unbound = {p: len(ns) for p, ns in lay.unbound.items() if ns}
     seconds = time.perf_counter() - t0
     return BindResult(ranks, out, glob, unbound, seconds, flags, qmeta, sorted(lay.mtp_skipped))
+
+
+def _variant(
+    table: ModelTable[Any], slot: str, names: list[str], e: UnrecognisedError, src: TensorSource
+) -> str:
+    """What a refusal of unrecognised tensors adds when another block of the slot declares
+    them all: that block, and the tensors it needs that the layer lacks (stored names)."""
+    other = declaring(table, slot, names, e.names)
+    if other is None:
+        return ""
+    block, missing = other
+    return (
+        f"; they are tensors of a {block.name} block, which also needs "
+        f"{stored_names(src, missing)}, absent from this layer"
+    )
 
 
 def _read_bytes(

@@ -34,7 +34,10 @@ Invariants:
 - a layer or member index follows the digit rule of ``core.patterns`` (``experts.07.w1`` is
   not renamed: it passes through, and the block refuses it as unknown);
 - everything not renamed passes through untouched; ``on_disk`` gives a name's stored name
-  (what a tool's config lists, e.g. ModelOpt's ``exclude_modules``).
+  (what a tool's config lists, e.g. ModelOpt's ``exclude_modules``);
+- every refusal names a tensor through ``stored``: the full stored name, where in a fused or
+  stacked tensor it lies, and for a tensor the checkpoint lacks the name it would be stored
+  under (the renames read backwards, ``expected``); never a name of the specs alone.
 Trap: a stored row count that does not split into whole segments is refused, never rounded.
 Trap: a section of a non-row axis is strided in the file, so it is copied into one buffer when
 read (every member of a stacked tensor, whatever the ep rank holds); a row section is not.
@@ -58,11 +61,12 @@ from typing import Any
 import numpy as np
 
 from specbind.core import algebra
-from specbind.core.errors import BindError, CheckpointError
+from specbind.core.errors import BindError, CheckpointError, SpecbindError
 from specbind.core.ir import NameRule
 from specbind.core.patterns import LayerPattern, fill, index_of, layer_pattern, parts
 from specbind.core.record import record
 from specbind.runtime.binder.quant import LayerQuant
+from specbind.runtime.binder.stored import Stored
 from specbind.runtime.binder.tables import ModelTable
 from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.runtime.io.source import MapSpan, RawTensor
@@ -97,6 +101,8 @@ class NamedView:
         # name -> (stored, segment, of n, the rule's section sizes as written; () equal,
         # (member, members) of an unstacked [members, ...] tensor or None, the sectioned axis)
         self._map: dict[str, Mapped] = {}
+        self._model = model
+        self._plain_rules: set[int] | None = None  # see ``_plain``
         stored = ckpt.names()
         for n in stored:
             for new, seg, of, sizes, member, axis in _mapped(
@@ -133,22 +139,93 @@ class NamedView:
     def on_disk(self, name: str) -> str:
         return self._map[name][0] if name in self._map else name
 
-    def stored(self, name: str) -> tuple[str, int] | None:
-        """(the stored name, the first stored row) of a name read as a segment or section of
-        a fused tensor, for messages that must point into the file; None for any other name."""
+    def stored(self, name: str) -> Stored:
+        """Where ``name`` (a full name the specs use) lies in the checkpoint: its stored name,
+        and for a segment, section or member of a fused or stacked tensor the first stored row
+        and member; for a name the checkpoint lacks, the name it would be stored under
+        (``expected``). What a refusal names (``runtime.binder.stored``)."""
         hit = self._map.get(name)
-        if hit is None or (hit[2] == 1 and hit[4] is None) or hit[5]:
-            return None  # a section of another axis starts at no row
-        stored, seg, of, sizes, member, _ = hit
+        if hit is None:
+            want = self.expected(name)
+            return Stored(want, None if want == name else name)
+        stored, seg, of, sizes, member, axis = hit
+        if of == 1 and member is None:
+            return Stored(stored, None if stored == name else name)
         t = self._ckpt.get(stored)
-        if member is not None:  # rows of member i, counted in the stored tensor's rows
-            rows = t.shape[1] if t is not None and len(t.shape) > 1 else 0
-            return stored, seg * (rows // of)
-        rows = t.shape[0] if t is not None and t.shape else 0
+        shape = None if t is None else tuple(t.shape)
+        if axis:  # a section of another axis starts at no row: named without coordinates
+            return Stored(stored, name, None, None, shape)
+        if member is not None:  # rows of member i, counted in the member's own rows
+            rows = shape[1] if shape is not None and len(shape) > 1 else 0
+            row = seg * (rows // of) if of > 1 else None
+            return Stored(stored, name, member[0], row, shape)
+        rows = shape[0] if shape else 0
         if not sizes:
-            return stored, seg * (rows // of)
+            return Stored(stored, name, None, seg * (rows // of), shape)
         got = self._sizes.get("\0".join(sizes))
-        return (stored, sum(got[:seg])) if got is not None else (stored, 0)
+        if got is None and self._values is not None:
+            try:
+                env = self._values()
+                got = tuple(int(algebra.evaluate(algebra.parse(z), env)) for z in sizes)
+            except SpecbindError:
+                got = None  # the sizes cannot be told: the section is named without its row
+        return Stored(stored, name, None, None if got is None else sum(got[:seg]), shape)
+
+    def stored_name(self, name: str) -> str:
+        """``stored(name).name``: the full stored name alone."""
+        return self.stored(name).name
+
+    def expected(self, name: str) -> str:
+        """The stored name a full name the specs use would have in this checkpoint, which
+        lacks it: read backwards through the first rename (in the spec's order, prefix renames
+        last) that gives it and that no name stored under the specs' own names contradicts
+        (``mlp.experts.4.gate_proj.weight`` -> ``block_sparse_moe.experts.4.w1.weight``, unless
+        the other experts are stored as ``mlp.experts.N.gate_proj.weight``); else the name
+        itself. A fused tensor is named whole (``mixer.conv1d.weight`` for its x section)."""
+        plain = self._plain()
+        hit = self._rx.split(name)
+        if hit is None:
+            for head, r in self._model:
+                if id(r) in plain or not name.startswith(head):
+                    continue
+                back = _backwards(r, name[len(head) :])
+                if back is not None and _model_level(head + back, self._model) == name:
+                    return head + back
+            return name
+        head, _, rel = hit
+        # a rule naming one tensor, its members or its sections before a prefix rename: a
+        # fused conv is named whole even where a wider prefix rule would also give a name
+        for r in sorted(self._rules, key=lambda r: r.source.endswith((".", "_"))):
+            back = None if id(r) in plain else _backwards(r, rel)
+            if back is None:
+                continue
+            if r.unstack or len(r.to) > 1:
+                return head + back
+            forward = _mapped(head + back, self._rx, self._rules, {})
+            if forward and forward[0][0] == name:
+                return head + back
+        return name
+
+    def _plain(self) -> set[int]:
+        """Ids of the rules some name stored under the specs' own names could have come
+        through: this checkpoint does not use them for such names (computed once, on the first
+        refusal that asks)."""
+        if self._plain_rules is None:
+            found: set[int] = set()
+            for new, (stored, _, of, _, member, _) in self._map.items():
+                if stored != new or of != 1 or member is not None:
+                    continue
+                hit = self._rx.split(new)
+                if hit is None:
+                    found |= {
+                        id(r)
+                        for head, r in self._model
+                        if new.startswith(head) and _backwards(r, new[len(head) :]) is not None
+                    }
+                    continue
+                found |= {id(r) for r in self._rules if _backwards(r, hit[2]) is not None}
+            self._plain_rules = found
+        return self._plain_rules
 
     def aliases(self, module: str) -> list[str]:
         """Other names of a module (full name) by the renames, read backwards: a tool's config
@@ -314,6 +391,25 @@ def _mapped(
     return [(name, 0, 1, (), None, 0)]
 
 
+def _backwards(r: NameRule, rel: str) -> str | None:
+    """The name ``rel`` (a name the specs use) is stored under by rule ``r``, or None when the
+    rule does not give it: a stacked or sectioned tensor's own name, a member's name, a prefix
+    or whole name renamed back."""
+    if r.unstack or len(r.to) > 1:
+        hit = any(
+            (index_of(t, rel) is not None) if parts(t)[1] is not None else t == rel for t in r.to
+        )
+        return r.source if hit else None
+    to = r.to[0]
+    if parts(r.source)[1] is not None:
+        i = index_of(to, rel) if parts(to)[1] is not None else None
+        return None if i is None else fill(r.source, i)
+    whole = r.scope == "model" and not r.source.endswith((".", "_"))
+    if whole:
+        return r.source if rel == to else None
+    return r.source + rel[len(to) :] if rel.startswith(to) else None
+
+
 def _model_level(name: str, model: tuple[tuple[str, NameRule], ...]) -> str:
     """A name outside the layers under the first model-level rule that matches it: a whole
     name (``backbone.norm_f.weight`` -> ``backbone.norm.weight``) or a prefix, under one of
@@ -353,7 +449,7 @@ def open_layout(
         geometry_of(ckpt, table, values),
         table.layer_prefixes,
     )
-    lay = layout(table, view.names(), ckpt.config, mtp)
+    lay = layout(table, view.names(), ckpt.config, mtp, view.stored_name)
     if not lay.layers:
         raise BindError(
             f"{ckpt.root}: no tensors named like {table.layer_pattern!r} under any of the "

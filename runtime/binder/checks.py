@@ -39,6 +39,7 @@ from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, TensorRule
 from specbind.core.patterns import Matcher, fill, matcher
 from specbind.core.planning import BlockPlan
 from specbind.core.record import field, record, replace
+from specbind.runtime.binder.stored import Stored, label, stored, stored_names
 from specbind.runtime.io.source import TensorSource, WholeSource
 
 Array = np.ndarray[Any, np.dtype[Any]]  # numpy.typing.NDArray[Any], without importing it
@@ -71,6 +72,15 @@ class BindReport:
             "verdict_bytes": self.verdict_bytes,
             "cast": list(self.cast),
         }
+
+
+class UnrecognisedError(BindError):
+    """Names under a block's prefix that it does not declare; ``names``: the specs' names
+    (layer-relative), for a caller that knows which other block would declare them."""
+
+    def __init__(self, names: Sequence[str], message: str) -> None:
+        super().__init__(message)
+        self.names = tuple(names)
 
 
 def require(
@@ -183,19 +193,20 @@ def bind_tensors(
     rep = BindReport(index=layer, kind=block, seen=c.seen, other=c.other)
     for n, i, family, size in c.beyond[:1]:
         raise BindError(
-            f"{at(layer)}: {n}: index {i} is outside the family {family} in range({size}) "
-            f"of a {block} block"
+            f"{at(layer)}: {label(src, n)}: index {i} is outside the family {family} in "
+            f"range({size}) of a {block} block"
         )
-    unknown = c.unknown
+    unknown = stored_names(src, c.unknown)
     if unknown:
         n_req = sum(1 for r in rules if r.group is None or not groups[r.group].optional)
         n_opt = len(rules) - n_req
         plus = f" (plus {n_opt} optional)" if n_opt else ""
         shown = unknown if len(unknown) <= 20 else [*unknown[:20], f"... {len(unknown) - 20} more"]
-        raise BindError(
+        raise UnrecognisedError(
+            c.unknown,
             f"{at(layer)}: {len(unknown)} unrecognised {prefix.rstrip('.') or block} "
             f"tensor(s): {shown} — a {block} block has exactly {n_req}{plus} "
-            "and this binder refuses to skip anything"
+            "and this binder refuses to skip anything",
         )
     has = c.has
     present = c.present
@@ -205,11 +216,14 @@ def bind_tensors(
         member_rules = [r for r in rules if r.group == g.name and r.name not in tied]
         have = [r.name for r in member_rules if has(r)]
         if g.optional and have and len(have) != len(member_rules):
-            missing = [r.name for r in member_rules if not has(r)]
+            # the group's ``why`` is not quoted: a block's note may speak of the family it was
+            # written for (Qwen3's q/k norms), and this checkpoint may be another's
+            missing = stored_names(src, [r.name for r in member_rules if not has(r)])
+            stored_ = stored_names(src, have)
             raise BindError(
                 f"{at(layer)}: partial {g.name} group in a {block} block: missing {missing} "
-                f"while {len(have)} of its {len(member_rules)} tensors are present — the group "
-                f"is all-or-nothing ({g.why})"
+                f"while {stored_} {'is' if len(stored_) == 1 else 'are'} stored — the group's "
+                f"{len(member_rules)} tensors are stored all together or not at all"
             )
     wanted: list[TensorRule] = []
     for r in rules:
@@ -219,12 +233,13 @@ def bind_tensors(
             assert r.tie is not None
             if has(r):
                 raise BindError(
-                    f"{at(layer)}: {r.name} is stored, but config.json {r.tie.config} is true: "
-                    f"it must be bound from {r.tie.to}, and a second copy would be ignored"
+                    f"{at(layer)}: {label(src, r.name)} is stored, but config.json "
+                    f"{r.tie.config} is true: it must be bound from "
+                    f"{stored(src, r.tie.to).name}, and a second copy would be ignored"
                 )
             continue
         wanted.append(r)
-    missing = [n for r in wanted for n in c.absent(r, counts)]
+    missing = stored_names(src, [n for r in wanted for n in c.absent(r, counts)])
     if missing:
         what = missing[0] if len(missing) == 1 else f"{len(missing)} tensors: {missing[:20]}"
         them = "it" if len(missing) == 1 else "them"
@@ -241,7 +256,10 @@ def bind_tensors(
     for r in rules:
         if r.name in tied and r.tie is not None:
             if r.tie.to not in out:
-                raise BindError(f"{at(layer)}: {r.name} is tied to {r.tie.to}, which is absent")
+                raise BindError(
+                    f"{at(layer)}: {stored(src, r.name).name} is tied to "
+                    f"{stored(src, r.tie.to).name}, which is absent"
+                )
             out[r.name] = out[r.tie.to]  # the same bytes: both split by the same rule
     return out, rep
 
@@ -259,8 +277,7 @@ def check_one(
     exactly when stored in another accepted dtype; its bytes are counted in ``rep.bytes``."""
     t = src.get(name)
     if t is None:
-        raise BindError(f"{at(layer)}: missing {name} (a {block} block requires it)")
-    label, row0 = stored_label(src, name)
+        raise BindError(f"{at(layer)}: missing {label(src, name)} (a {block} block requires it)")
     if t.dtype != rule.dtype and t.dtype not in rule.stored:
         why = rule.why_dtype or (
             "the spec accepts no other stored dtype here (`stored:` lists the ones converted "
@@ -268,81 +285,94 @@ def check_one(
         )
         also = f" (or {', '.join(rule.stored)}, converted exactly)" if rule.stored else ""
         raise BindError(
-            f"{at(layer)}: {label} is {t.dtype} but a {block} block requires "
+            f"{at(layer)}: {label(src, name)} is {t.dtype} but a {block} block requires "
             f"{rule.dtype}{also} — {why}"
         )
     if tuple(t.shape) != want:
         raise BindError(
-            f"{at(layer)}: {label} has shape {list(t.shape)}, expected {list(want)} ({rule.shape})"
+            f"{at(layer)}: {label(src, name)} has shape {list(t.shape)}, expected "
+            f"{list(want)} ({rule.shape})"
         )
     dt = DTYPES[t.dtype]
     expect = dt.nbytes(want)
     if len(t.data) != expect:
         raise BindError(
-            f"{at(layer)}: {name} is {len(t.data)} B, shape {list(want)} implies {expect} B"
+            f"{at(layer)}: {label(src, name)} is {len(t.data)} B, shape {list(want)} implies "
+            f"{expect} B"
         )
     if dt.numpy is None:
-        raise BindError(f"{at(layer)}: {name} has dtype {t.dtype}, which has no array form")
+        raise BindError(
+            f"{at(layer)}: {label(src, name)} has dtype {t.dtype}, which has no array form"
+        )
     rep.bytes += len(t.data)  # what this rank read from the file, at its on-disk width
     flat = np.frombuffer(t.data, dtype=dt.numpy)
     arr = flat.reshape(want)  # [prod(want)] -> want: the on-disk shape, zero-copy
     if t.dtype == rule.dtype:
         return arr
     rep.cast.append(f"{name}: {t.dtype} -> {rule.dtype}")
-    return _converted(src, name, t.dtype, rule.dtype, arr, f"{at(layer)}: {label}", rep, row0)
-
-
-def stored_label(src: TensorSource, name: str) -> tuple[str, int]:
-    """How a message names ``name``, and the stored row its first row is: a section of a fused
-    stored tensor (a name map's ``sections``/``segments``) by the stored name, the section
-    named beside it, so a coordinate points into the file the user has; else the name, 0."""
-    where = getattr(src, "stored", None)
-    hit = where(name) if where is not None else None
-    if hit is None:
-        return name, 0
-    return f"{hit[0]} (its rows from {hit[1]}, read as {name})", hit[1]
+    return _converted(src, name, t.dtype, rule.dtype, arr, layer, rep)
 
 
 def _converted(
     src: TensorSource,
     name: str,
-    stored: str,
+    on_disk: str,
     dtype: str,
     arr: Array,
-    what: str,
+    layer: int,
     rep: BindReport,
-    row0: int = 0,
 ) -> Array:
     """``arr`` (this rank's slice) converted exactly, the verdict taken on the whole tensor when
-    the conversion may change a value and the whole is at most ``WHOLE_CHECK_BYTES``."""
+    the conversion may change a value and the whole is at most ``WHOLE_CHECK_BYTES``; a
+    refusal names the element in the stored tensor's coordinates (``Stored.index``)."""
     np_dtype = DTYPES[dtype].numpy
     assert np_dtype is not None
+    where = _Where(src, name, layer)
     if np.can_cast(arr.dtype, np_dtype, casting="safe"):
         return arr.astype(np_dtype)  # a widening: every value survives, on every rank
     full = src.whole(name) if isinstance(src, WholeSource) else None
     if full is None or len(full.data) == arr.nbytes:
-        return exact_cast(arr, stored, dtype, what, row0=row0)  # the rank reads it whole
+        return exact_cast(arr, on_disk, dtype, where.what, where=where.at)  # read whole
     if len(full.data) > WHOLE_CHECK_BYTES:
         return exact_cast(
-            arr, stored, dtype, what,
+            arr, on_disk, dtype, where.what,
             f" (checked on this rank's slice only: the whole tensor's {len(full.data)} B is "
             f"over the {WHOLE_CHECK_BYTES} B bound of a whole-tensor check, so another rank "
             "may bind its slice)",
         )  # fmt: skip
     whole = np.frombuffer(full.data, dtype=arr.dtype).reshape(full.shape)
-    exact_cast(whole, stored, dtype, what, row0=row0)  # in the whole tensor's coordinates
+    exact_cast(whole, on_disk, dtype, where.what, where=where.at)  # the whole's coordinates
     rep.verdict_bytes += len(full.data) - arr.nbytes
     return arr.astype(np_dtype)  # exact: every value of the whole survives
 
 
+class _Where:
+    """A tensor's label and stored coordinates, asked for only when a conversion refuses."""
+
+    def __init__(self, src: TensorSource, name: str, layer: int) -> None:
+        self._src, self._name, self._layer = src, name, layer
+
+    def what(self) -> str:
+        return f"{at(self._layer)}: {label(self._src, self._name)}"
+
+    def at(self) -> Stored:
+        return stored(self._src, self._name)
+
+
 def exact_cast(
-    a: Array, stored: str, dtype: str, what: str, scope: str = "", row0: int = 0
+    a: Array,
+    stored: str,
+    dtype: str,
+    what: str | Callable[[], str],
+    scope: str = "",
+    where: Callable[[], Stored] | None = None,
 ) -> Array:
     """``a`` (on-disk dtype ``stored``) converted to ``dtype`` when every value survives the
     round trip; else refused, naming the first element that would change (``scope`` says
-    which part of the tensor was checked; ``row0``: the stored row ``a``'s first row is, so
-    the element is named in the stored tensor's coordinates). NaN stays NaN and the sign of
-    zero must survive."""
+    which part of the tensor was checked; ``what`` names it, or is asked to when a value
+    would change; ``where``: asked then where ``a`` lies in a fused or stacked stored tensor,
+    so the element is named in the stored tensor's coordinates). NaN stays NaN and the sign
+    of zero must survive."""
     np_dtype = DTYPES[dtype].numpy
     assert np_dtype is not None
     out = a.astype(np_dtype)
@@ -352,9 +382,10 @@ def exact_cast(
         same |= np.isnan(back.astype(np.float32)) & np.isnan(a.astype(np.float32))
     if not bool(np.all(same)):
         bad = np.unravel_index(int(np.argmin(same)), a.shape)
-        at_ = [int(i) + (row0 if k == 0 else 0) for k, i in enumerate(bad)]
+        at_ = where().index(bad) if where is not None else [int(i) for i in bad]
         raise BindError(
-            f"{what} is stored as {stored}; converting it to {dtype} would change element "
+            f"{what if isinstance(what, str) else what()} is stored as {stored}; converting it "
+            f"to {dtype} would change element "
             f"{at_} from {float(a[bad])!r} to {float(back[bad])!r} — refused "
             f"(a conversion is exact or not done){scope}"
         )

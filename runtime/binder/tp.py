@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 import mmap
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -35,6 +36,7 @@ from specbind.core.errors import BindError, at
 from specbind.core.patterns import fill, parts
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.core.record import replace
+from specbind.runtime.binder.stored import Stored, label, stored
 from specbind.runtime.io.source import MapSpan, RawTensor, TensorSource
 
 if TYPE_CHECKING:  # annotations only: numpy.typing costs every start ~1 ms
@@ -42,12 +44,17 @@ if TYPE_CHECKING:  # annotations only: numpy.typing costs every start ~1 ms
 
 
 def shard_raw(
-    plan: TensorPlan, t: RawTensor, layer: int, into: npt.NDArray[np.uint8] | None = None
+    plan: TensorPlan,
+    t: RawTensor,
+    layer: int,
+    into: npt.NDArray[np.uint8] | None = None,
+    named: Callable[[], str] | None = None,
 ) -> RawTensor:
     """This rank's bytes of one tensor, read from the full tensor's (mapped) bytes.
 
     ``into``: where a column gather writes (this member's slot of a family's stacked buffer,
-    ``ShardedSource``), when it is exactly the local bytes; else a new array.
+    ``ShardedSource``), when it is exactly the local bytes; else a new array. ``named``: how a
+    refusal names the tensor (the stored tensor, ``runtime.binder.stored``), asked only then.
 
     A dtype the rule neither binds nor accepts passes through unsliced: the binder refuses it
     and says why the dtype matters. A wrong shape or size is refused here, before any slicing
@@ -64,14 +71,14 @@ def shard_raw(
         t = RawTensor(t.dtype, plan.full_shape, t.data, t.span)  # [1, 1, H, 1] -> [H]: same bytes
     if tuple(t.shape) != plan.full_shape:
         raise BindError(
-            f"{at(layer)}: {plan.name} has shape {list(t.shape)}, expected "
-            f"{list(plan.full_shape)} ({plan.shape_text})"
+            f"{at(layer)}: {plan.name if named is None else named()} has shape "
+            f"{list(t.shape)}, expected {list(plan.full_shape)} ({plan.shape_text})"
         )
     full_bytes = dt.nbytes(plan.full_shape)
     if len(t.data) != full_bytes:
         raise BindError(
-            f"{at(layer)}: {plan.name} is {len(t.data)} B, shape {list(plan.full_shape)} "
-            f"implies {full_bytes} B"
+            f"{at(layer)}: {plan.name if named is None else named()} is {len(t.data)} B, "
+            f"shape {list(plan.full_shape)} implies {full_bytes} B"
         )
     if plan.members is not None:
         t, plan = _members(plan, t)
@@ -236,7 +243,7 @@ class ShardedSource:
         p = self.plan.tensors.get(name)
         if t is None or p is None:
             return t  # not planned: pass through, so the binder's census still sees it
-        return shard_raw(p, t, self._layer, self._slot(p, t, name))
+        return shard_raw(p, t, self._layer, self._slot(p, t, name), partial(label, self, name))
 
     def _slot(self, p: TensorPlan, t: RawTensor, name: str) -> npt.NDArray[np.uint8] | None:
         """This member's slot of its family's buffer, for a column shard read at its planned
@@ -265,10 +272,9 @@ class ShardedSource:
         row: npt.NDArray[np.uint8] = buf[k]  # member k's local bytes: a view
         return row
 
-    def stored(self, name: str) -> tuple[str, int] | None:
-        """As ``LayerSource.stored``: where a fused tensor's section sits in the file."""
-        inner = getattr(self._inner, "stored", None)
-        return inner(name) if inner is not None else None
+    def stored(self, name: str) -> Stored:
+        """As ``LayerSource.stored``: where the tensor lies in the checkpoint."""
+        return stored(self._inner, name)
 
     def whole(self, name: str) -> RawTensor | None:
         """The whole tensor as stored (a zero-copy view of a mapped file), checked against the
@@ -279,7 +285,7 @@ class ShardedSource:
         if t is None or p is None:
             return t
         whole = replace(p, kind="replicated", local_shape=p.full_shape, members=None)
-        return shard_raw(whole, t, self._layer)
+        return shard_raw(whole, t, self._layer, named=partial(label, self, name))
 
 
 def stacked_run(members: Sequence[Any]) -> npt.NDArray[Any] | None:

@@ -25,15 +25,16 @@ Trap: a config list is a cross-check, never a substitute: a layer is what its na
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import lru_cache
 from typing import Any
 
 from specbind.core.errors import CheckpointError
 from specbind.core.patterns import INDEX, Matcher, layer_pattern, parts
-from specbind.core.record import field, record
+from specbind.core.record import field, record, replace
 from specbind.core.schedule import ConfigSchedule, slot_problems
 from specbind.runtime.binder.checks import family_matcher
+from specbind.runtime.binder.stored import Stored, stored
 from specbind.runtime.binder.tables import BlockEntry, ModelTable
 from specbind.runtime.io.source import RawTensor, TensorSource
 from specbind.runtime.layout.config import (
@@ -138,14 +139,11 @@ class LayerSource:
     def get(self, name: str) -> RawTensor | None:
         return self._ckpt.get(self._prefix + name)
 
-    def stored(self, name: str) -> tuple[str, int] | None:
-        """As ``NamedView.stored``, layer-relative: where a fused tensor's section sits."""
-        inner = getattr(self._ckpt, "stored", None)
-        hit = inner(self._prefix + name) if inner is not None else None
-        if hit is None:
-            return None
-        stored, row = hit
-        return stored.removeprefix(self._prefix), row
+    def stored(self, name: str) -> Stored:
+        """As ``NamedView.stored``, for a layer-relative name: the full stored name, the
+        specs' name it is read as layer-relative."""
+        got = stored(self._ckpt, self._prefix + name)
+        return got if got.read_as is None else replace(got, read_as=name)
 
 
 @record(frozen=False)
@@ -223,6 +221,23 @@ def fill_slot(table: ModelTable[Any], slot: str, names: Collection[str]) -> Slot
     return SlotFill(slot, None, [], missing, best.name)
 
 
+def declaring(
+    table: ModelTable[Any], slot: str, names: Collection[str], unknown: Collection[str]
+) -> tuple[BlockEntry[Any], list[str]] | None:
+    """Another block of ``slot`` that declares every one of ``unknown`` (layer-relative names
+    the block that filled the slot refused as unrecognised), and its markers the layer lacks:
+    a layer that lost one tensor of a variant (StableLM's ``q_proj.bias``) is filled by the
+    plainer block, which then refuses the variant's other tensors. Asked only on a refusal."""
+    rule = next(s for s in table.slots if s.name == slot)
+    for b in (table.block(x) for x in rule.blocks):
+        named, families, _ = _owner_rules(b, frozenset())
+        if all(u in named or families.match(u) is not None for u in unknown):
+            missing = sorted(m for m in b.markers if m not in names)
+            if missing:
+                return b, missing
+    return None
+
+
 @lru_cache(maxsize=64)
 def _suffixes(table: ModelTable[Any]) -> frozenset[str]:
     """Every scheme's companion suffixes (``weight_scale``, ...), once per table."""
@@ -230,10 +245,16 @@ def _suffixes(table: ModelTable[Any]) -> frozenset[str]:
 
 
 def layout(
-    table: ModelTable[Any], names: list[str], config: Mapping[str, Any], mtp: bool = True
+    table: ModelTable[Any],
+    names: list[str],
+    config: Mapping[str, Any],
+    mtp: bool = True,
+    stored: Callable[[str], str] = str,
 ) -> Layout:
     """Where every name belongs; ``mtp=False`` binds the decoder alone: the MTP layers
-    config.json counts are neither required nor bound (those present are set aside unread)."""
+    config.json counts are neither required nor bound (those present are set aside unread).
+    ``stored``: a full name's stored name (present or absent, ``NamedView.stored``): every
+    tensor a problem names is named so, in full."""
     split = split_layers(table, names)
     problems: list[str] = []
     try:  # a config value the spec cannot say is the cause: said before any name it explains
@@ -282,26 +303,33 @@ def layout(
         lay = LayerLayout(index, role)
         owner: dict[str, str] = {}
         given = frozenset(lnames)
+        head = split.full_name(table, index, "")
+
+        def named(rel: list[str], head: str = head) -> list[str]:
+            """Layer-relative names as stored, in full, each once."""
+            return list(dict.fromkeys(stored(head + n) for n in rel))
+
         for rule in table.slot_blocks(role):
             fill = fill_slot(table, rule.name, given)
             lay.slots[rule.name] = fill
             if fill.block is None:
                 problems.append(
                     f"layer {index}: no {rule.name} block of {table.name} matches its names; "
-                    f"nearest is {fill.nearest}, missing {fill.missing}"
+                    f"nearest is {fill.nearest}, missing {named(fill.missing)}"
                 )
                 continue
             for n in fill.names:
                 if n in owner:
                     problems.append(
-                        f"layer {index}: {n} is claimed by slots {owner[n]} and {rule.name}"
+                        f"layer {index}: {stored(head + n)} is claimed by slots {owner[n]} and "
+                        f"{rule.name}"
                     )
                 owner[n] = rule.name
             problems += slot_problems(cs, rule, index, fill.block.name, role == "decoder")
-            problems += _group_check(table, config, index, fill)
+            problems += _group_check(table, config, index, fill, named)
         lay.unclaimed = sorted(n for n in lnames if n not in owner)
         if lay.unclaimed and all(f.block is not None for f in lay.slots.values()):
-            shown = _shown(lay.unclaimed)
+            shown = _shown(named(lay.unclaimed))
             problems.append(
                 f"layer {index}: {len(lay.unclaimed)} tensor(s) belong to no slot of a {role} "
                 f"layer ({', '.join(lay.slots)}): {shown} — refusing to skip them"
@@ -309,7 +337,8 @@ def layout(
         layers[index] = lay
     glob, unbound, unclaimed = _outside(table, split)
     if table.globals is not None and not glob:
-        needs = sorted(table.block(table.globals).markers)
+        gb = table.block(table.globals)
+        needs = sorted(stored(global_full(gb, split.prefix, m)) for m in gb.markers)
         problems.append(
             f"model: none of the model-level tensors of {table.globals} is present "
             f"(it needs {needs} under {split.prefix!r})"
@@ -317,7 +346,8 @@ def layout(
     if unclaimed:
         problems.append(
             f"model: {len(unclaimed)} tensor(s) outside the layers are neither model-level "
-            f"tensors nor declared unbound: {_shown(unclaimed)} — refusing to skip them"
+            f"tensors nor declared unbound: {_shown([stored(n) for n in unclaimed])} — refusing "
+            "to skip them"
         )
     return Layout(split, layers, glob, unbound, unclaimed, problems, skipped)
 
@@ -331,10 +361,15 @@ def _shown(names: list[str], most: int = 12) -> str:
 
 
 def _group_check(
-    table: ModelTable[Any], config: Mapping[str, Any], index: int, fill: SlotFill
+    table: ModelTable[Any],
+    config: Mapping[str, Any],
+    index: int,
+    fill: SlotFill,
+    named: Callable[[list[str]], list[str]],
 ) -> list[str]:
     """Where the model's group rules (``required``, a per-layer list, a config flag) say a
-    group the layer's block has must be present or absent, and the layer disagrees."""
+    group the layer's block has must be present or absent, and the layer disagrees
+    (``named``: layer-relative names as the checkpoint stores them)."""
     assert fill.block is not None
     out: list[str] = []
     names = set(fill.names)
@@ -353,10 +388,11 @@ def _group_check(
         if must and not has:
             out.append(
                 f"layer {index}: {why}, but the layer has no {group} tensors "
-                f"(missing {_shown(members)})"
+                f"(missing {_shown(named(members))})"
             )
         if has and not must:
-            out.append(f"layer {index}: {why}, but the layer carries {group} tensors")
+            held = named([m for m in members if m in names])
+            out.append(f"layer {index}: {why}, but the layer carries {group} tensors ({held})")
     return out
 
 
@@ -379,6 +415,14 @@ def _outside(
         else:
             rest.append(n)
     return glob, unbound, sorted(rest)
+
+
+def global_full(block: BlockEntry[Any] | None, prefix: str, name: str) -> str:
+    """The full name the globals block's tensor ``name`` has in a checkpoint whose layers sit
+    under ``prefix``: at the root where the block says so (``lm_head.weight``), else under
+    the prefix. ``_global_name`` read backwards: what a refusal names for an absent one."""
+    root = block is not None and any(r.root and r.name == name for r in block.tensors)
+    return name if root else prefix + name
 
 
 def _global_name(block: BlockEntry[Any] | None, prefix: str, full: str) -> str | None:

@@ -95,7 +95,9 @@ def test_a_mixed_checkpoint_is_refused_naming_the_tensor(tmp_path: Path) -> None
     with pytest.raises(BindError) as e:
         bind_checkpoint(CheckpointDir(ck), MODELS["llama"], progress=False)
     msg = str(e.value)
-    assert "layer 1: mlp.down_proj.weight is BF16 but a dense block requires F16" in msg
+    assert (
+        "layer 1: model.layers.1.mlp.down_proj.weight is BF16 but a dense block requires F16" in msg
+    )
     assert "mixed checkpoint is refused" in msg and "\n" not in msg
 
 

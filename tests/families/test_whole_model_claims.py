@@ -87,7 +87,7 @@ def test_an_unclaimed_tensor_in_a_layer_is_refused_with_all_such_names(
     bad = copy_with(ckpt, tmp_path / "b", {"layers.2.rotary.inv_freq": z, "layers.2.zz": z})
     msg = refused(bad)
     assert msg.startswith("layer 2: 2 tensor(s) belong to no slot of a decoder layer")
-    assert "['rotary.inv_freq', 'zz']" in msg and "refusing to skip them" in msg
+    assert "['layers.2.rotary.inv_freq', 'layers.2.zz']" in msg and "refusing to skip them" in msg
 
 
 def test_a_zero_padded_layer_index_is_not_silently_outside_the_layers(
@@ -111,7 +111,7 @@ def test_a_vision_tower_is_declared_unbound_and_never_read(ckpt: Path, tmp_path:
 def test_a_missing_expert_is_refused_by_name(ckpt: Path, tmp_path: Path) -> None:
     bad = copy_with(ckpt, tmp_path / "b", {"layers.4.mlp.experts.3.up_proj.weight": None})
     assert refused(bad) == (
-        "layer 4: missing mlp.experts.3.up_proj.weight (a moe block requires it)"
+        "layer 4: missing layers.4.mlp.experts.3.up_proj.weight (a moe block requires it)"
     )
 
 
@@ -120,7 +120,7 @@ def test_an_expert_index_past_the_family_is_refused(ckpt: Path, tmp_path: Path) 
     any_up = next(a for n, a in extra.items() if n.endswith("experts.0.up_proj.weight"))
     bad = copy_with(ckpt, tmp_path / "b", {f"layers.4.mlp.experts.{E}.up_proj.weight": any_up})
     assert refused(bad) == (
-        f"layer 4: mlp.experts.{E}.up_proj.weight: index {E} is outside the family e in "
+        f"layer 4: layers.4.mlp.experts.{E}.up_proj.weight: index {E} is outside the family e in "
         f"range({E}) of a moe block"
     )
 
@@ -163,7 +163,7 @@ def test_an_exact_bf16_mhc_fn_is_widened_and_a_bf16_base_refused(
     assert got.layers[1].slots["mhc"].report.cast == ["hc_attn_fn: BF16 -> F32"]
     base = tensors["layers.1.hc_attn_base"].astype(ml_dtypes.bfloat16)
     msg = refused(copy_with(ckpt, tmp_path / "b", {"layers.1.hc_attn_base": base}))
-    assert msg.startswith("layer 1: hc_attn_base is BF16 but a mhc block requires F32")
+    assert msg.startswith("layer 1: layers.1.hc_attn_base is BF16 but a mhc block requires F32")
 
 
 def test_an_ep_rank_reads_only_its_own_experts(ckpt: Path) -> None:

@@ -186,7 +186,9 @@ def test_an_f16_block_scale_is_refused_saying_what_the_scheme_stores(
 def test_a_missing_global_scale_is_refused_by_name(ckpts: dict[str, Path], tmp_path: Path) -> None:
     src = ckpts["nvfp4-modelopt"]
     msg = refused(edited(src, tmp_path / "c", {L + "0.mlp.down_proj.weight_scale_2": None}))
-    assert "layer 0: missing mlp.down_proj.weight_scale_2 (a dense block requires it)" in msg
+    assert (
+        "layer 0: missing layers.0.mlp.down_proj.weight_scale_2 (a dense block requires it)" in msg
+    )
 
 
 def test_an_excluded_module_that_carries_scales_is_refused_naming_the_module(

@@ -121,7 +121,7 @@ def test_a_conv_row_that_does_not_narrow_is_refused_identically_by_every_tp_rank
     assert len(set(seen.values())) == 1, seen
     where = [row % a.shape[0], 0, 2]
     assert seen[1, 0] == (
-        f"layer 0: self_attn.q_conv1d.weight is stored as F32; converting it to BF16 would "
+        f"layer 0: {CONV} is stored as F32; converting it to BF16 would "
         f"change element {where} from 1.000244140625 to 1.0 — refused (a conversion is exact "
         "or not done)"
     )

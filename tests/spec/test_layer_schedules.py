@@ -258,7 +258,7 @@ def test_a_layer_without_the_groups_its_config_flag_says_is_refused_naming_the_t
         path,
         table,
         "layer 0: config.json use_qk_norm is true, but the layer has no qk_norm tensors "
-        "(missing ['self_attn.q_norm.weight', 'self_attn.k_norm.weight'])",
+        "(missing ['layers.0.self_attn.q_norm.weight', 'layers.0.self_attn.k_norm.weight'])",
     )
     binds(with_config(written("llama"), tmp_path / "ok", _set(use_qk_norm=False)), table)
     # a file without the flag: cross-checked only where the spec says what that means

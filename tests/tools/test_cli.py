@@ -142,7 +142,7 @@ def test_two_binds_write_byte_identical_files(ckpt: Path, tmp_path: Path) -> Non
 def test_bind_refuses_a_dropped_tensor_naming_layer_and_tensor(ckpt: Path, tmp_path: Path) -> None:
     bad = copy_with(ckpt, tmp_path / "bad", {"layers.3.self_attn.q_b_proj.weight": None})
     line = refused(specbind("bind", str(bad), "--json"))
-    assert "layer 3: missing self_attn.q_b_proj.weight" in line
+    assert "layer 3: missing layers.3.self_attn.q_b_proj.weight" in line
 
 
 def test_bind_refuses_a_bf16_a_log_saying_why(ckpt: Path, tmp_path: Path) -> None:
@@ -150,7 +150,7 @@ def test_bind_refuses_a_bf16_a_log_saying_why(ckpt: Path, tmp_path: Path) -> Non
         ckpt, tmp_path / "bad", {"layers.1.self_attn.A_log": np.zeros(8, ml_dtypes.bfloat16)}
     )
     line = refused(specbind("bind", str(bad)))
-    assert "layer 1: self_attn.A_log is BF16 but a kda block requires F32" in line
+    assert "layer 1: layers.1.self_attn.A_log is BF16 but a kda block requires F32" in line
     assert "would change the gate" in line
 
 
@@ -170,7 +170,9 @@ def test_a_failed_bind_leaves_the_previous_out_file_intact(ckpt: Path, tmp_path:
         ckpt, tmp_path / "bad", {"layers.5.self_attn.extra.weight": np.zeros(2, np.float32)}
     )
     line = refused(specbind("bind", str(bad), "--out", str(out)))
-    assert "layer 5: 1 unrecognised self_attn tensor(s): ['self_attn.extra.weight']" in line
+    assert (
+        "layer 5: 1 unrecognised self_attn tensor(s): ['layers.5.self_attn.extra.weight']" in line
+    )
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
