@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "dfaf90b605c30fa9a60c5b043e7cf1ef44a65059cb6c931f88ee07b041d42676"
+SPECS_SHA256 = "feee457fb3589ce5ca95ae1ec428c97472e4b0efacacbf318d786219caf7162d"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

@@ -24,7 +24,15 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
 - ``apply`` (element-wise exp/neg, in F32) and ``dtype`` (F32 widens, BF16 rounds to nearest
   even as the engine's copy into a model-dtype parameter does) read a float field no
   quantization scheme may pack; ``ranks: first`` reads only replicated tensors; an engine
-  ``constraints`` entry names only geometry symbols and tp, and holds at tp 1;
+  ``constraints`` entry names only geometry symbols, tp and the flags of the model's groups
+  (``use_qk_norm``, 1 where the checkpoint sets it), and holds at tp 1 with each flag set or not;
+- a ``split:`` (the engine splits the whole field into tp contiguous equal shares of its axis,
+  as vLLM's ColumnParallelLinear does a stored fused tensor) reads its tensors whole (the
+  variant binds them replicated, the bind takes the rank's rows) and never with ``pad``; every
+  field reading one of those tensors is split too; the field's axis splits at every tp checked;
+- ``architectures`` lists the config.json architectures the engine serves with the layout; a
+  model's second layout lives in ``<model>-<name>.yaml`` and must list them; no architecture is
+  listed by two layouts of one engine;
 - ``proof:`` names the suite's test file that proves the layout parameter-identical to the
   engine's own loader and the tps it does (tests/spec/test_engine_layouts.py checks that the file
   holds it), and ``proof.except`` the blocks of the layout it cannot reach (measured: the
@@ -104,6 +112,7 @@ class Parameter:
     apply: tuple[str, ...] = ()  # element-wise functions the engine applies, in order, in F32
     dtype: str | None = None  # the engine's dtype, where it widens or rounds the field
     first_rank: bool = False  # the engine holds the values on tp rank 0 only, zeros elsewhere
+    split: bool = False  # ``pad`` of multiple 1 over the whole field's axis: contiguous shares
 
 
 @dataclass(frozen=True)
@@ -150,6 +159,8 @@ class EngineLayout:
     unproven: str | None = None  # the measured reason no proof runs (the engine's error line)
     proof_except: tuple[str, ...] = ()  # blocks the proof cannot reach (``proof.except``)
     proof_except_why: str | None = None  # why (measured)
+    name: str = ""  # the file's stem: the model, or ``<model>-<name>`` for a second layout
+    architectures: tuple[str, ...] = ()  # config.json architectures it serves (``architectures``)
 
 
 @dataclass(frozen=True)
@@ -244,7 +255,8 @@ def parse_engine(
         d.get("doc", ""), d["layers"], d.get("skip_mtp"), out, doc,
         _constraints(doc, d.get("constraints") or [], model, gnames),
         proof.get("test"), tuple(proof.get("tp") or ()), d.get("unproven"), tuple(left_out),
-        (proof.get("except") or {}).get("why"),
+        (proof.get("except") or {}).get("why"), Path(doc.file).stem,
+        tuple(d.get("architectures") or ()),
     )  # fmt: skip
     check_engine_shapes(layout, model)
     return layout
@@ -309,12 +321,16 @@ def _engine_block(
             shape = tuple(
                 _expr(doc, (*where, "shape", i), e, gnames) for i, e in enumerate(v["shape"])
             )
-        pad, pad_axis = None, 0
+        pad, pad_axis, split = None, 0, False
         if isinstance(v, dict) and "pad" in v:
+            if "split" in v:
+                raise doc.error((*where, "split"), "split and pad are two rules; give one")
             pad = int(v["pad"]["multiple"])
             pad_axis = _pad_axis(doc, (*where, "pad"), o, block)
+        if isinstance(v, dict) and "split" in v:
+            pad, pad_axis, split = 1, _split_axis(doc, (*where, "split"), o), True
         apply, dtype, first = _values(doc, where, v, o, block)
-        params.append(Parameter(pname, field, shape, pad, pad_axis, apply, dtype, first))
+        params.append(Parameter(pname, field, shape, pad, pad_axis, apply, dtype, first, split))
     for f in extra:
         if f not in taken:
             raise doc.error((*base, "outputs", f), f"engine output {f!r} fills no parameter")
@@ -374,12 +390,15 @@ def _values(
 def _constraints(
     doc: Located, raw: list[dict[str, str]], model: Model, gnames: set[str]
 ) -> tuple[EngineConstraint, ...]:
-    """The engine's own checks of the geometry and tp; each holds at the model's real and tiny
-    geometry at tp 1 (else the engine cannot load the model at all)."""
+    """The engine's own checks of the geometry and tp (and the flags of the model's groups,
+    1 where the checkpoint sets one); each holds at the model's real and tiny geometry at tp 1,
+    every flag set or not (else the engine cannot load the model at all)."""
     out = []
+    flags = {r.flag for r in model.layer_groups if r.flag}
     geometries = [("real", model.values())]
     if model.synth is not None:
         geometries.append(("synth tiny", tiny_geometry(model)))
+    gnames = gnames | flags
     for i, c in enumerate(raw):
         path: PathKey = ("constraints", i, "check")
         try:
@@ -389,9 +408,12 @@ def _constraints(
         unknown = sorted(e.names - gnames)
         if unknown:
             raise doc.error(path, f"unknown symbol(s) {', '.join(unknown)} in {c['check']!r}")
-        for what, values in geometries:
+        used = sorted(e.names & flags)
+        for (what, values), on in (
+            (g, on) for g in geometries for on in ({f: 0 for f in used}, {f: 1 for f in used})
+        ):
             try:
-                ok = algebra.evaluate(e, values | {"tp": 1})
+                ok = algebra.evaluate(e, values | on | {"tp": 1})
             except SpecbindError as exc:
                 raise doc.error(path, f"at the {what} geometry, tp 1: {exc}") from None
             if not ok:
@@ -423,19 +445,32 @@ def _pad_axis(doc: Located, where: PathKey, out: Output, block: Block) -> int:
     return axis
 
 
+def _split_axis(doc: Located, where: PathKey, out: Output) -> int:
+    """The axis a ``split:`` cuts: a verbatim field's axis 0, a concat's own axis (its tensors
+    whole, one after another, as the engine reads the stored fused tensor)."""
+    if out.transform is not None or out.kind not in ("verbatim", "concat") or out.squeeze:
+        raise doc.error(
+            where, f"a split cuts a verbatim or concatenated field; {out.field!r} is neither"
+        )
+    if out.permute is not None or out.halves:
+        raise doc.error(where, f"a split cuts a field as stored; {out.field!r} is reordered")
+    return out.axis if out.kind == "concat" else 0
+
+
 def _padded_tensors(
     doc: Located, base: PathKey, block: Block, params: list[Parameter], outputs: list[Output]
 ) -> set[str]:
     """The tensors of padded parameters; every field reading one, and every tensor tied to
     one, is padded too (else the variant, which reads them whole, would bind it unsplit)."""
     by_field = {o.field: o for o in outputs}
-    padded = {by_field[p.field].sources[0] for p in params if p.pad is not None}
+    padded = {s for p in params if p.pad is not None for s in by_field[p.field].sources}
     for p in params:
         o = by_field[p.field]
         if p.pad is None and padded & set(o.sources):
             raise doc.error(
                 (*base, "parameters", p.name),
-                f"field {p.field!r} reads a tensor another parameter pads; pad it as well",
+                f"field {p.field!r} reads a tensor another parameter pads or splits whole; "
+                "pad or split it as well",
             )
     for t in block.tensors:
         if t.tie is not None and (t.name in padded) != (t.tie.to in padded):
@@ -532,9 +567,11 @@ def _padded_share(
     if padded % tp:
         assert eb.located is not None
         raise eb.located.error(
-            (*eb.base, "parameters", p.name, "pad"),
-            f"{ctx}: {whole[p.pad_axis]} padded to a multiple of {p.pad} is {padded}, which "
-            f"tp {tp} does not split",
+            (*eb.base, "parameters", p.name, "split" if p.split else "pad"),
+            f"{ctx}: {whole[p.pad_axis]} rows, which tp {tp} does not split into equal shares"
+            if p.split
+            else f"{ctx}: {whole[p.pad_axis]} padded to a multiple of {p.pad} is {padded}, "
+            f"which tp {tp} does not split",
         )
     return tuple(padded // tp if i == p.pad_axis else d for i, d in enumerate(whole))
 
@@ -565,14 +602,23 @@ def load_engines(
             continue
         rel = p.relative_to(root).as_posix()
         layout = parse_engine(yamlio.load(p, rel), models, blocks, shared.get(p.parent.name))
-        if (p.parent.name, p.stem) != (layout.engine, layout.model):
+        second = p.stem.startswith(f"{layout.model}-") and p.stem != layout.model
+        if p.parent.name != layout.engine or not (p.stem == layout.model or second):
             raise SpecError(
                 rel, "engine", None,
                 f"the layout of {layout.engine} for {layout.model} lives in "
-                f"specs/engines/{layout.engine}/{layout.model}.yaml",
+                f"specs/engines/{layout.engine}/{layout.model}.yaml (or, a second layout of "
+                f"it, {layout.model}-<name>.yaml)",
             )  # fmt: skip
+        if second and not layout.architectures:
+            raise layout.located.error(
+                ("model",),
+                f"a second layout of {layout.model} is chosen by the checkpoint's "
+                "architectures: say which (architectures:)",
+            )
         _proof_file(root, layout)
         out.append(layout)
+    _one_layout_an_architecture(out)
     return out
 
 
@@ -587,6 +633,18 @@ def _proof_file(root: Path, layout: EngineLayout) -> None:
             f"{layout.proof} is not a file of the suite: the proof names the test that runs "
             "the layout against the engine's own loader",
         )
+
+
+def _one_layout_an_architecture(layouts: list[EngineLayout]) -> None:
+    """No config.json architecture is served by two layouts of one engine."""
+    seen: dict[tuple[str, str], str] = {}
+    for e in layouts:
+        for i, a in enumerate(e.architectures):
+            other = seen.setdefault((e.engine, a), e.file)
+            if other != e.file:
+                raise e.located.error(
+                    ("architectures", i), f"architecture {a!r} is also served by {other}"
+                )
 
 
 def load_unavailable(root: Path, models: dict[str, Model]) -> list[EngineUnavailable]:

@@ -545,7 +545,7 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment, plan: Plan)
     tables = []
     for k, e in enumerate(layouts):
         m = specs.models[e.model]
-        base = _slug(e.engine, e.model)
+        base = _slug(e.engine, e.name or e.model)
         uses: list[dict[str, Any]] = []
         for u in (u for u in m.blocks if u.block in e.blocks):
             picked = chosen.get((k, u.block))
@@ -560,7 +560,10 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment, plan: Plan)
             block_modules=", ".join(modules),
         )  # fmt: skip
         plan.add(f"engines/{base}.py", table, f"{e.engine}'s layout of model {e.model} ({e.file})")
-        tables.append({"engine": e.engine, "model": e.model, "module": base})
+        tables.append({
+            "engine": e.engine, "model": e.model, "name": e.name or e.model, "module": base,
+            "architectures": e.architectures,
+        })  # fmt: skip
     unavailable = engines.load_unavailable(root, specs.models)
     registry = env.get_template("engines_init.py.j2").render(
         header=HEADER.format(src="specs/engines/"), layouts=tables, unavailable=unavailable

@@ -46,7 +46,14 @@ import numpy as np
 
 from specbind.core.errors import BindError, SpecbindError
 from specbind.core.record import record
-from specbind.engine_ops import apply_values, check_constraints, padded_share, zeros_like
+from specbind.engine_ops import (
+    apply_values,
+    check_constraints,
+    check_proven_tp,
+    padded_share,
+    zeros_like,
+)
+from specbind.engine_select import constraint_values, select_layout
 
 # A field's safetensors dtype -> torch's dtype name (the bytes are copied, never converted).
 TORCH_DTYPES = {
@@ -108,13 +115,12 @@ def bind_for_engine(
     from specbind.runtime.bind.bind import bind_checkpoint
     from specbind.runtime.binder import backends
     from specbind.runtime.io.checkpoint import CheckpointDir
-    from specbind.runtime.layout.config import values_from_config
 
     tp_size, tp_rank = check_ranks("bind_for_engine", tp_size, tp_rank)
     raw = CheckpointDir(Path(path))
     base = model_table(model, "model=", raw.config, advice)
-    if layout is None:
-        layout = layout_for(engine, base.name)
+    if layout is None:  # as the engine picks its class: by architectures, else the model
+        layout = select_layout(engine, base.name, raw.config)
     if layout.proof is None:
         import logging
 
@@ -123,10 +129,10 @@ def bind_for_engine(
             "to %s's own loader (specs/engines/%s/%s.yaml has no proof:)",
             engine, base.name, engine, engine, base.name,
         )  # fmt: skip
+    check_proven_tp(engine, base.name, layout.file, layout.proof_tp, tp_size)
     check_constraints(
-        engine, base.name, layout.constraints,
-        values_from_config(layout.table, raw.config), tp_size,
-    )  # fmt: skip
+        engine, base.name, layout.constraints, constraint_values(layout, raw.config), tp_size
+    )
     if into is not None and layout.padding:  # each rank reads its rows of these itself
         into.views = frozenset((b, f) for b, fs in layout.padding.items() for f in fs)
     result = bind_checkpoint(

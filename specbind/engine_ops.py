@@ -15,7 +15,11 @@ Invariants (each refusal is one ``BindError`` line naming the parameter or the c
 - ``dtype`` BF16 rounds an F32 field to nearest even (ml_dtypes), as torch's ``copy_`` does;
 - a field the engine holds on rank 0 only is zeros, of its shape and dtype, on every other rank;
 - an engine constraint that fails at the checkpoint's geometry and tp is refused before any
-  tensor is read.
+  tensor is read; so is a tp the layout's proof does not cover (``check_proven_tp``): a
+  layout proven at tp 1 alone binds tp 1 alone; one proven at tp 1 and 2 also binds every
+  larger tp its shard rules and constraints allow (the rules are tp-generic, the generator
+  checks the shapes at 4 and 8, and the census in tests/vllm keeps the constraints equal to
+  the engine's own constructors at every tp 1..8).
 Trap: the functions run on the bound values, so they come after specbind's own checks and
 transforms and never see packed quantized codes (the generator refuses them on a linear).
 """
@@ -129,6 +133,23 @@ def _torch_functions(x: Any, functions: tuple[str, ...], name: str) -> Any:
 
 def zeros_like(a: Any) -> Any:
     return np.zeros(a.shape, dtype=a.dtype)
+
+
+def check_proven_tp(
+    engine: str, model: str, file: str | None, proof_tp: tuple[int, ...], tp_size: int
+) -> None:
+    """Refuse a tp the layout's proof does not cover: one not in ``proof_tp``, unless the
+    proof covers tp 1 and 2 and ``tp_size`` is larger (a split proven on two ranks is the same
+    rule on eight; the engine's own refusals at larger tps are the layout's constraints)."""
+    if not proof_tp or tp_size in proof_tp:
+        return
+    if {1, 2} <= set(proof_tp) and tp_size > 2:
+        return
+    at = ", ".join(str(t) for t in proof_tp)
+    raise BindError(
+        f"the {engine} layout of {model} is proven at tp {at} only ({file or 'its'} proof.tp): "
+        f"tp {tp_size} is refused, as no test proves what {engine} holds there"
+    )
 
 
 def check_constraints(

@@ -4,7 +4,9 @@ cannot drift from what ``bind`` accepts.
 Per model: the config.json ``model_type`` values it claims, its blocks, the real model's
 layers, what tensor parallelism splits (the symbols whose units tensors are split in) and
 whether expert parallelism applies (a block with an expert family), the quantization schemes
-a checkpoint may be stored in, and the engine layouts with their proof status: the test that
+a checkpoint may be stored in, and the engine layouts (each with the config.json
+architectures it serves, where it says, a model's second layout included) with their proof
+status: the test that
 proves a layout against the engine's own loader and the tps it does (every rank of each), or
 ``unproven`` with the measured reason the layout's ``unproven:`` gives; or, for a model the
 engine cannot run at all, no layout and the measured reason (``unavailable``: the engine's own
@@ -57,6 +59,7 @@ def _row(
             [
                 {
                     "engine": engine,
+                    "architectures": list(layout.architectures),
                     "proof": layout.proof,
                     "tp": list(layout.proof_tp),
                     "unproven": layout.unproven,
@@ -67,12 +70,13 @@ def _row(
                         else None
                     ),
                 }
-                for (engine, model), layout in engines.items()
-                if model == table.name
+                for (engine, _), layout in engines.items()
+                if layout.model == table.name  # a model's second layout: <model>-<name>
             ]
             + [
                 {
                     "engine": engine,
+                    "architectures": [],
                     "proof": None,
                     "tp": [],
                     "unproven": None,
@@ -82,13 +86,17 @@ def _row(
                 for (engine, model), why in (unavailable or {}).items()
                 if model == table.name
             ],
-            key=lambda e: str(e["engine"]),
+            key=lambda e: (str(e["engine"]), list(e["architectures"])),
         ),
     }
 
 
 def engine_status(e: dict[str, Any]) -> str:
-    """One engine layout's proof as ``specbind models`` and the docs' models page say it."""
+    """One engine layout's proof as ``specbind models`` and the docs' models page say it (and
+    the config.json architectures it serves, where it says)."""
+    archs = e.get("architectures")
+    if archs:
+        return f"for {', '.join(archs)}: {engine_status(e | {'architectures': []})}"
     if e.get("unavailable"):  # no layout: the engine cannot run the model
         return f"no layout: {e['unavailable']}"
     if e["proof"]:

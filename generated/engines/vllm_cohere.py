@@ -48,7 +48,8 @@ PARAMETERS: dict[str, dict[str, str]] = {
 }
 
 # block -> bound field -> (axis, multiple): the engine pads that axis of the whole field to a
-# multiple and splits the padded size into tp equal shares, rows past the stored ones zero.
+# multiple and splits the padded size into tp equal shares, rows past the stored ones zero
+# (multiple 1, a ``split:``: contiguous equal shares of the whole field).
 PADDING: dict[str, dict[str, tuple[int, int]]] = {
     "lm_globals": {
         "embed_tokens": (0, 64),
@@ -64,7 +65,13 @@ VALUES: dict[str, dict[str, tuple[tuple[str, ...], str | None]]] = {}
 FIRST_RANK: dict[str, tuple[str, ...]] = {}
 
 # The engine's own checks of the geometry and tp: (name, check, why).
-CONSTRAINTS: tuple[tuple[str, str, str], ...] = ()
+CONSTRAINTS: tuple[tuple[str, str, str], ...] = (
+    (
+        "qk_norm_kv_rows",
+        "not use_qk_norm or tp <= kv_heads",
+        "with use_qk_norm, vLLM's CohereAttention (vllm/model_executor/models/commandr.py) makes k_norm of max(1, kv_heads / tp) rows loaded by row_parallel_weight_loader (model_loader/weight_utils.py), which narrows the stored rows from tp_rank * rows: at tp > kv_heads rank kv_heads reads past the last row",
+    ),
+)
 
 
 def lm_globals_geometry(m: model.Geometry, ranks: Ranks) -> vllm_lm_globals.LmGlobalsGeometry:
@@ -112,6 +119,8 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     values=VALUES,
     first_rank=FIRST_RANK,
     constraints=CONSTRAINTS,
+    file="specs/engines/vllm/cohere.yaml",
+    architectures=(),
     proof="tests/vllm/test_vllm_proofs.py",
     proof_tp=(1, 2),
     unproven=None,

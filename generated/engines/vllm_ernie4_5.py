@@ -49,7 +49,8 @@ PARAMETERS: dict[str, dict[str, str]] = {
 }
 
 # block -> bound field -> (axis, multiple): the engine pads that axis of the whole field to a
-# multiple and splits the padded size into tp equal shares, rows past the stored ones zero.
+# multiple and splits the padded size into tp equal shares, rows past the stored ones zero
+# (multiple 1, a ``split:``: contiguous equal shares of the whole field).
 PADDING: dict[str, dict[str, tuple[int, int]]] = {
     "lm_globals": {
         "embed_tokens": (0, 64),
@@ -109,6 +110,8 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     values=VALUES,
     first_rank=FIRST_RANK,
     constraints=CONSTRAINTS,
+    file="specs/engines/vllm/ernie4-5.yaml",
+    architectures=(),
     proof="tests/vllm/test_vllm_proofs.py",
     proof_tp=(1, 2),
     unproven=None,

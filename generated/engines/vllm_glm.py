@@ -15,12 +15,12 @@ from __future__ import annotations
 from specbind.core.planning import Ranks
 from specbind.core.record import replace
 from specbind.generated import model_glm as model
-from specbind.generated.engines import vllm_gqa_bias, vllm_lm_globals
+from specbind.generated.engines import vllm_dense, vllm_gqa_bias, vllm_lm_globals
 from specbind.runtime.binder import BlockEntry, EngineTable
 
 ENGINE = "vllm"
 DOC = "vLLM's Transformers-backend parameters of glm."
-# Proven parameter-identical to vllm's own loader by tests/vllm/test_vllm_proofs.py (tp 1).
+# Proven parameter-identical to vllm's own loader by tests/vllm/test_vllm_proofs.py (tp 1, 2).
 
 # The engine's name prefix of layer {index}'s parameters.
 LAYERS = "model.layers.{index}."
@@ -49,8 +49,12 @@ PARAMETERS: dict[str, dict[str, str]] = {
 }
 
 # block -> bound field -> (axis, multiple): the engine pads that axis of the whole field to a
-# multiple and splits the padded size into tp equal shares, rows past the stored ones zero.
+# multiple and splits the padded size into tp equal shares, rows past the stored ones zero
+# (multiple 1, a ``split:``: contiguous equal shares of the whole field).
 PADDING: dict[str, dict[str, tuple[int, int]]] = {
+    "dense": {
+        "gate_up": (0, 1),
+    },
     "lm_globals": {
         "embed_tokens": (0, 64),
         "lm_head": (0, 64),
@@ -66,6 +70,16 @@ FIRST_RANK: dict[str, tuple[str, ...]] = {}
 
 # The engine's own checks of the geometry and tp: (name, check, why).
 CONSTRAINTS: tuple[tuple[str, str, str], ...] = ()
+
+
+def dense_geometry(m: model.Geometry, ranks: Ranks) -> vllm_dense.DenseGeometry:
+    """The ``dense`` block's symbols from the model's geometry."""
+    return vllm_dense.DenseGeometry(
+        hidden=m.hidden,
+        intermediate=m.intermediate,
+        tp=ranks.tp_size,
+        ep=ranks.ep_size,
+    )
 
 
 def lm_globals_geometry(m: model.Geometry, ranks: Ranks) -> vllm_lm_globals.LmGlobalsGeometry:
@@ -93,6 +107,7 @@ def gqa_bias_geometry(m: model.Geometry, ranks: Ranks) -> vllm_gqa_bias.GqaBiasG
 # The blocks bound by a variant of their own; every other block (read as the block binds it,
 # or MTP-only and left out) by the model's own binder, in the model's order.
 VARIANTS: dict[str, BlockEntry[model.Geometry]] = {
+    "dense": BlockEntry("dense", vllm_dense.__name__, dense_geometry),
     "lm_globals": BlockEntry("lm_globals", vllm_lm_globals.__name__, lm_globals_geometry),
     "gqa_bias": BlockEntry("gqa_bias", vllm_gqa_bias.__name__, gqa_bias_geometry),
 }
@@ -109,8 +124,10 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     values=VALUES,
     first_rank=FIRST_RANK,
     constraints=CONSTRAINTS,
+    file="specs/engines/vllm/glm.yaml",
+    architectures=("GlmForCausalLM",),
     proof="tests/vllm/test_vllm_proofs.py",
-    proof_tp=(1,),
+    proof_tp=(1, 2),
     unproven=None,
     proof_except=(),
     proof_except_why=None,

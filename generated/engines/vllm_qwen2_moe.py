@@ -57,7 +57,8 @@ PARAMETERS: dict[str, dict[str, str]] = {
 }
 
 # block -> bound field -> (axis, multiple): the engine pads that axis of the whole field to a
-# multiple and splits the padded size into tp equal shares, rows past the stored ones zero.
+# multiple and splits the padded size into tp equal shares, rows past the stored ones zero
+# (multiple 1, a ``split:``: contiguous equal shares of the whole field).
 PADDING: dict[str, dict[str, tuple[int, int]]] = {
     "lm_globals": {
         "embed_tokens": (0, 64),
@@ -73,7 +74,13 @@ VALUES: dict[str, dict[str, tuple[tuple[str, ...], str | None]]] = {}
 FIRST_RANK: dict[str, tuple[str, ...]] = {}
 
 # The engine's own checks of the geometry and tp: (name, check, why).
-CONSTRAINTS: tuple[tuple[str, str, str], ...] = ()
+CONSTRAINTS: tuple[tuple[str, str, str], ...] = (
+    (
+        "experts_per_rank",
+        "tp <= experts",
+        'vLLM\'s Qwen2MoeSparseMoeBlock.__init__ (vllm/model_executor/models/qwen2_moe.py) raises "Tensor parallel size {tp_size} is greater than the number of experts {num_experts}"',
+    ),
+)
 
 
 def lm_globals_geometry(m: model.Geometry, ranks: Ranks) -> vllm_lm_globals.LmGlobalsGeometry:
@@ -117,6 +124,8 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     values=VALUES,
     first_rank=FIRST_RANK,
     constraints=CONSTRAINTS,
+    file="specs/engines/vllm/qwen2-moe.yaml",
+    architectures=(),
     proof="tests/vllm/test_vllm_proofs.py",
     proof_tp=(1, 2),
     unproven=None,

@@ -66,7 +66,8 @@ PARAMETERS: dict[str, dict[str, str]] = {
 }
 
 # block -> bound field -> (axis, multiple): the engine pads that axis of the whole field to a
-# multiple and splits the padded size into tp equal shares, rows past the stored ones zero.
+# multiple and splits the padded size into tp equal shares, rows past the stored ones zero
+# (multiple 1, a ``split:``: contiguous equal shares of the whole field).
 PADDING: dict[str, dict[str, tuple[int, int]]] = {
     "lm_globals": {
         "embed_tokens": (0, 64),
@@ -84,9 +85,14 @@ FIRST_RANK: dict[str, tuple[str, ...]] = {}
 # The engine's own checks of the geometry and tp: (name, check, why).
 CONSTRAINTS: tuple[tuple[str, str, str], ...] = (
     (
+        "experts_per_rank",
+        "tp <= experts",
+        'vLLM\'s Qwen3NextSparseMoeBlock.__init__ (vllm/model_executor/models/qwen3_next.py) raises "Tensor parallel size {tp_size} is greater than the number of experts {num_experts}"',
+    ),
+    (
         "key_heads_split",
         "linear_k_heads % tp == 0",
-        "QwenGatedDeltaNetAttention views each rank's in_proj output as linear_num_key_heads / tp key-head groups and never replicates them",
+        "QwenGatedDeltaNetAttention views each rank's in_proj output as linear_num_key_heads / tp key-head groups and never replicates them (layers/mamba/gdn/qwen_gdn_linear_attn.py: num_k_heads // tp_size, 0 at tp > heads)",
     ),
 )
 
@@ -132,6 +138,8 @@ LAYOUT: EngineTable[model.Geometry] = EngineTable(
     values=VALUES,
     first_rank=FIRST_RANK,
     constraints=CONSTRAINTS,
+    file="specs/engines/vllm/qwen3-next.yaml",
+    architectures=(),
     proof="tests/vllm/test_vllm_proofs.py",
     proof_tp=(1, 2),
     unproven=None,

@@ -345,6 +345,8 @@ class EngineTable(Generic[G]):
     )
     first_rank: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # rank 0 holds them
     constraints: tuple[tuple[str, str, str], ...] = ()  # (name, check, why) over geometry, tp
+    file: str | None = None  # its spec, specs/engines/<engine>/<layout>.yaml
+    architectures: tuple[str, ...] = ()  # the config.json architectures it serves
     proof: str | None = None  # the test proving it against the engine's own loader; None: none
     proof_tp: tuple[int, ...] = ()  # the tp sizes that test proves it at, every rank of each
     unproven: str | None = None  # why no test proves it: the engine's measured error line

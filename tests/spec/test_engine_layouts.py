@@ -15,7 +15,6 @@ import pytest
 
 from specbind.core.errors import BindError, SpecError
 from specbind.engine import EngineField, bind_for_engine, fill
-from specbind.generated import MODELS
 from specbind.generator.render import render_all
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,9 +65,14 @@ def test_one_engines_layouts_share_a_variant_and_emit_none_for_blocks_read_as_bo
     # one variant for all three layouts
     assert [f for f in engines if f.endswith("_gqa.py")] == ["engines/vllm_gqa.py"]
     assert [f for f in engines if f.endswith("_lm_globals.py")] == ["engines/vllm_lm_globals.py"]
-    models = {f"engines/vllm_{m.replace('-', '_')}.py" for m in MODELS}  # the layouts' tables
-    variants = [f for f in engines if f not in models]
-    assert not any(f.endswith(("_dense.py", "_layer_norms.py")) for f in variants), variants
+    from specbind.generated.engines import ENGINES
+
+    tables = {f"engines/vllm_{n.replace('-', '_')}.py" for _, n in ENGINES}  # the layouts'
+    variants = [f for f in engines if f not in tables]
+    assert not any(f.endswith("_layer_norms.py") for f in variants), variants
+    # dense: one variant, GLM's split of the stored fused gate_up (specs/engines/vllm/glm.yaml)
+    assert [f for f in variants if f.endswith("_dense.py")] == ["engines/vllm_dense.py"]
+    assert "glm.yaml" in files["engines/vllm_dense.py"].splitlines()[0]
     # a layout that makes another gqa variant gets a module of its own, named by its model
     shutil.copytree(REPO / "specs", tmp_path / "specs")
     own_blocks(tmp_path)

@@ -35,7 +35,7 @@ def test_a_model_the_engine_cannot_run_gets_its_measured_reason_in_the_registry_
     files = render_all(root)
     assert "engines/vllm_llama.py" not in files
     registry = files["engines/__init__.py"]
-    assert "vllm_llama" not in registry
+    assert "vllm_llama.LAYOUT" not in registry and "vllm_llama," not in registry
     space: dict[str, object] = {}
     exec(compile(registry, "engines_init", "exec"), space)  # imports the package's layouts
     assert space["UNAVAILABLE"][("vllm", "llama")] == WHY  # type: ignore[index]
@@ -73,6 +73,7 @@ def test_the_models_table_says_no_layout_and_the_measured_reason() -> None:
     assert row["engines"] == [
         {
             "engine": "vllm",
+            "architectures": [],
             "proof": None,
             "tp": [],
             "unproven": None,

