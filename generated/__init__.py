@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "feee457fb3589ce5ca95ae1ec428c97472e4b0efacacbf318d786219caf7162d"
+SPECS_SHA256 = "15cc46de31ebef2c11ad3ed291c6f2a17c8371de8bd5f0c391ea4e4684cb8936"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

@@ -214,3 +214,13 @@ def test_a_constraint_on_a_flag_the_model_has_not_is_refused_at_generate(tmp_pat
     with pytest.raises(SpecError) as e:
         render_all(root)
     assert "unknown symbol(s) use_qk_norm" in str(e.value), str(e.value)
+
+
+def test_a_proof_that_names_no_tps_is_refused_at_generate(tmp_path: Path) -> None:
+    """A proof covers the tps it lists: one listing none would gate nothing."""
+    root = _specs(tmp_path)
+    _edit(root, "llama.yaml", ", tp: [1, 2]}", "}")
+    with pytest.raises(SpecError) as e:
+        render_all(root)
+    msg = str(e.value)
+    assert "specs/engines/vllm/llama.yaml" in msg and "'tp' is a required property" in msg, msg
