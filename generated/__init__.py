@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "15cc46de31ebef2c11ad3ed291c6f2a17c8371de8bd5f0c391ea4e4684cb8936"
+SPECS_SHA256 = "ba931311f7e60e9b64c84af25f3f2877410944f08a761cba2b1fcd9e5296732b"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

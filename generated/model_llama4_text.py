@@ -38,7 +38,11 @@ LAYER_PATTERN = "layers.{index}."
 LAYER_PREFIXES: tuple[str, ...] = ("", "model.", "language_model.model.")
 
 # Which layers carry an optional group: by a per-layer config.json list, a config flag, always.
-LAYER_GROUPS: tuple[LayerGroupRule, ...] = ()
+LAYER_GROUPS: tuple[LayerGroupRule, ...] = (
+    LayerGroupRule(
+        group="qk_norm", flag="use_qk_norm", present=("never",), absent=(True, False), missing=False
+    ),
+)
 
 # The parts of a layer, each filled by the first of its blocks whose markers are all present;
 # `config` and `lists` name the per-layer config.json lists, `schedule` the counts, steps and

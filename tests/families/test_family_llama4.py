@@ -148,6 +148,23 @@ def test_a_moe_layers_list_that_disagrees_with_the_tensors_is_refused_naming_the
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("use_qk_norm", [True, False])
+def test_a_qk_norm_weight_is_refused_whatever_use_qk_norm_says(
+    written: tuple[Any, Path, Path], tmp_path: Path, use_qk_norm: bool
+) -> None:
+    """Llama4TextL2Norm has no weight (nor has vLLM's qk_norm): a q_norm in a Llama 4 layer is
+    no Llama 4 tensor, with use_qk_norm true or false."""
+    from helpers import copy_with
+
+    norm = np.ones(D, dtype=read_checkpoint(written[1])["model.norm.weight"].dtype)
+    extra = {f"model.layers.0.self_attn.{n}_norm.weight": norm for n in "qk"}
+    bad = copy_with(written[1], tmp_path / "bad", extra, {"use_qk_norm": use_qk_norm})
+    with pytest.raises(SpecbindError) as e:
+        bind_checkpoint(CheckpointDir(bad), TABLE, progress=False)
+    assert "layer 0" in str(e.value) and "use_qk_norm" in str(e.value), str(e.value)
+    assert "q_norm" in str(e.value) and "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize(("tp", "ep"), RANKS, ids=[f"tp{t}-ep{e}" for t, e in RANKS])
 def test_each_ranks_experts_are_gate_r_then_up_r_of_the_stored_halves(
     written: tuple[Any, Path, Path],

@@ -110,6 +110,19 @@ GPT_OSS: dict[str, Any] = LLAMA_LIKE | dict(
     intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=16
 )
 
+# Llama 4: head_dim 32, 4 query heads over 2 KV heads; layer 0 dense (intermediate_size_mlp 80),
+# layer 1 MoE (4 experts and the shared expert of 64 rows); no chunked attention (vLLM-CPU's
+# backend), q/k rows reordered per head by vLLM's loader (permute_qk_weight_for_rotary)
+LLAMA4: dict[str, Any] = LLAMA_LIKE | dict(
+    intermediate_size=64,
+    intermediate_size_mlp=80,
+    num_local_experts=4,
+    num_experts_per_tok=1,
+    interleave_moe_layer_step=2,
+    use_qk_norm=True,
+    attention_chunk_size=None,
+)
+
 # DeepSeek-V3's geometry plus the DSA indexer: 4 index heads of 128 (its rope the MLA's 64)
 DEEPSEEK_V32: dict[str, Any] = DEEPSEEK_V3 | dict(
     index_n_heads=4, index_head_dim=128, index_topk=4, num_nextn_predict_layers=0
@@ -260,6 +273,7 @@ _F = _families()
 ROWS: tuple[VllmRow, ...] = (
     VllmRow("llama", "LlamaForCausalLM", "LlamaConfig", LLAMA_LIKE),
     VllmRow("qwen3-moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", QWEN3_MOE),
+    VllmRow("llama4-text", "Llama4ForCausalLM", "Llama4TextConfig", LLAMA4),
     # vLLM's DeepSeek loader reads the router's correction bias only with topk_method noaux_tc
     # and scoring_func sigmoid in config.json, which transformers does not write
     VllmRow(
