@@ -6,7 +6,13 @@ Invariants (each refusal is a ``SpecError`` naming file, path and line):
 - an output reads only tensors of its block, a concat each at most once; a family is bound only
   by ``stack``, and a stack reads only members of its family;
 - a concat joins tensors of one dtype, rank and group, and squeezes only a literal-1 dim;
-  tensors sharded by different units join only along the one axis they all shard.
+  tensors sharded by different units join only along the one axis they all shard;
+- a concat source read ``pairs_to_halves`` shards its rows by a unit (the reorder stays inside
+  each unit, so it commutes with the shard; a unit's rows are even at every geometry checked,
+  ``evaluate``); a concat's ``permute`` is an order of the joined field's axes, a stacked
+  family's axis 0 first, and the field's layout axis follows it (``render._field_layout``).
+Trap: neither reorder shows in shapes; an engine layout using one is proven by the engine's
+own loader and its forward (vLLM's Llama 4 q/k: tests/vllm/test_vllm_tokens.py).
 """
 
 from __future__ import annotations
