@@ -44,4 +44,4 @@ def check_before_build(
     problems = rep["problems"]
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise BindError(f"{Path(path)}: {problems[0]}{more}")
+        raise BindError(f"{problems[0]}{more}")  # as the bind's own lines: no path
