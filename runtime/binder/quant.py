@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from functools import partial
 from typing import Any, Protocol, cast
 
 from specbind.core.errors import BindError, GeometryError, at
@@ -38,6 +39,7 @@ from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.core.quant import CompanionRule, SchemeRule, window
 from specbind.core.record import field, record, replace
 from specbind.runtime.binder.checks import Array, BindReport, check_one, members
+from specbind.runtime.binder.stored import stored_name
 from specbind.runtime.io.source import TensorSource
 
 OUTPUTS = ("swizzled", "dequantized")  # optional bound layouts a caller may ask for
@@ -280,7 +282,8 @@ def check_shared(
             if len({v.reshape(-1).view("u4").tobytes() for v in vals.values()}) > 1:
                 raise BindError(
                     f"{at(layer)}: {rule.scale} scales that must be one value differ: "
-                    f"{_differ(vals)} — {rule.why} (bind --allow-unshared-scales accepts them)"
+                    f"{_differ(vals, partial(stored_name, src))} — {rule.why} "
+                    "(bind --allow-unshared-scales accepts them)"
                 )
 
 
@@ -302,16 +305,20 @@ def _scale(
 SHOWN = 3  # members named in a refusal beside the first holder of the common value
 
 
-def _differ(vals: Mapping[str, Array]) -> str:
+def _differ(vals: Mapping[str, Array], named: Callable[[str], str] = str) -> str:
     """``k of n differ from A = a: B = b, …``: the common value (the first in member order on
-    a tie) and the first members that differ from it, in member order."""
+    a tie) and the first members that differ from it, in member order (``named``: a name as
+    the checkpoint stores it)."""
     bits = {n: v.reshape(-1).view("u4").tobytes() for n, v in vals.items()}
     common = Counter(bits.values()).most_common(1)[0][0]
     first = next(n for n, b in bits.items() if b == common)
     odd = [n for n, b in bits.items() if b != common]
-    shown = ", ".join(f"{n} = {_value(vals[n])!r}" for n in odd[:SHOWN])
+    shown = ", ".join(f"{named(n)} = {_value(vals[n])!r}" for n in odd[:SHOWN])
     more = f" (and {len(odd) - SHOWN} more)" if len(odd) > SHOWN else ""
-    return f"{len(odd)} of {len(bits)} differ from {first} = {_value(vals[first])!r}: {shown}{more}"
+    return (
+        f"{len(odd)} of {len(bits)} differ from {named(first)} = {_value(vals[first])!r}: "
+        f"{shown}{more}"
+    )
 
 
 def _value(a: Array) -> float:

@@ -73,6 +73,11 @@ def label(src: Any, name: str) -> str:
     return stored(src, name).label()
 
 
+def stored_name(src: Any, name: str) -> str:
+    """``name``'s full stored name alone (see ``Stored.name``)."""
+    return stored(src, name).name
+
+
 def stored_names(src: Any, names: Iterable[str]) -> list[str]:
     """The stored names of ``names``, in order, each once (three sections of one fused tensor
     are one stored tensor): what a list in a refusal shows."""

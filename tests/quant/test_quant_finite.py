@@ -117,7 +117,7 @@ def test_an_mxfp4_overflow_is_refused_exactly_where_the_dequant_is_not_finite(
         return
     msg = refused(d, "mxfp4")
     assert f"mlp.experts.down_proj_blocks element [1, 2, 0, 1] high nibble 0x{code:X}" in msg
-    assert f"times mlp.experts.down_proj_scales element [1, 2, 0] = 0x{scale:02X}" in msg
+    assert f"times layers.0.mlp.experts.down_proj_scales element [1, 2, 0] = 0x{scale:02X}" in msg
     assert f"(2^{scale - 127}) overflows BF16" in msg
 
 
@@ -151,10 +151,10 @@ def test_an_e4m3_nan_group_scale_is_refused_by_every_tp_rank_naming_its_whole_in
 @pytest.mark.parametrize(
     ("name", "suffix", "value", "says"),
     [
-        ("nvfp4-compressed-tensors", "weight_global_scale", 0.0, "/ mlp.down_proj.weight_global_scale (0.0) is inf"),
+        ("nvfp4-compressed-tensors", "weight_global_scale", 0.0, "/ layers.0.mlp.down_proj.weight_global_scale (0.0) is inf"),
         ("nvfp4-compressed-tensors", "weight_global_scale", np.inf, "is inf (0x7F800000), a non-finite F32"),
         ("nvfp4-modelopt", "weight_scale_2", np.nan, "is nan (0x7FC00000), a non-finite F32"),
-        ("nvfp4-modelopt", "weight_scale_2", 3e38, "* mlp.down_proj.weight_scale_2 (3.0000000054977558e+38) is inf"),
+        ("nvfp4-modelopt", "weight_scale_2", 3e38, "* layers.0.mlp.down_proj.weight_scale_2 (3.0000000054977558e+38) is inf"),
         ("nvfp4-modelopt", "input_scale", np.nan, "mlp.down_proj.input_scale element [] is nan"),
     ],
 )  # fmt: skip
@@ -194,7 +194,7 @@ def test_an_nvfp4_group_scale_whose_largest_code_overflows_bf16_is_refused(
     )
     msg = refused(bad, name)
     assert f"mlp.down_proj.{w.rsplit('.', 1)[1]} element [3, 10] high nibble 0x7 (E2M1 6.0)" in msg
-    assert "times mlp.down_proj.weight_scale element [3, 1] = 0x7E" in msg
+    assert "times layers.0.mlp.down_proj.weight_scale element [3, 1] = 0x7E" in msg
     assert "np.float32" not in msg and "group scale 8.9599" in msg  # a number, not a NumPy repr
 
 

@@ -8,7 +8,8 @@ member-indexed renames, sections, equal segments, stacked members, model-level r
 one stored tensor at a time is mutated (``refusal_cases``: wrong dtype, a value its dtype
 cannot hold, wrong shape, missing, an extra tensor beside it, a member past its family, a
 header that claims bytes the file lacks). ``bind`` must refuse (or accept) in one line naming
-the stored tensor; ``audit`` and an engine bind (vLLM's layout) must too, on the renamed ones.
+the stored tensor; ``audit``, ``plan`` (names only) and an engine bind (vLLM's layout) must
+too, on the renamed ones.
 Affordable on two cores: every stored tensor read through a rename, plus a sample of three
 others a family (at least one model-level), each in one layer.
 """
@@ -115,6 +116,14 @@ def _audit(path: Path, table: Any) -> None:
         raise SpecbindError(rep["verdict"])
 
 
+def _plan(path: Path, table: Any) -> None:
+    from specbind.plan_report import checkpoint_layers
+    from specbind.runtime.layout.config import values_from_config
+
+    ckpt = CheckpointDir(path)
+    checkpoint_layers(table, ckpt, values_from_config(table, ckpt.config))
+
+
 def _engine(path: Path, model: str) -> None:
     from specbind.engine import bind_for_engine
 
@@ -140,6 +149,7 @@ def check_family(model: str, root: Path) -> tuple[list[str], int]:
             calls = [("bind", lambda p=path: _bind(p, fam.table))]
             if name in fam.renamed and how in ("dtype", "missing", "extra"):
                 calls.append(("audit", lambda p=path: _audit(p, fam.table)))
+                calls.append(("plan", lambda p=path: _plan(p, fam.table)))
                 if ("vllm", model) in ENGINES:
                     calls.append(("engine", lambda p=path: _engine(p, model)))
             for what, call in calls:
