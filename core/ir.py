@@ -213,14 +213,16 @@ class ScheduleRule:
 class LayerList:
     """A per-layer config.json list naming a slot's block (``values``: block -> the entries
     meaning it); a string is read one character per layer (NemotronH's
-    ``hybrid_override_pattern``)."""
+    ``hybrid_override_pattern``), a boolean is every layer's entry (StableLM's
+    ``use_qkv_bias``: true the biased attention block, false the plain one).
+    Trap: an entry matches by type and value (``1`` is not ``true``)."""
 
     config: str
-    values: tuple[tuple[str, tuple[str, ...]], ...]
+    values: tuple[tuple[str, tuple[str | bool, ...]], ...]
 
     def block_for(self, value: object) -> str | None:
         for block, vals in self.values:
-            if value in vals:
+            if any(type(v) is type(value) and v == value for v in vals):
                 return block
         return None
 

@@ -68,10 +68,10 @@ class ConfigSchedule:
             self._lists[name] = (None, name)
             return
         value, where = found
-        if not isinstance(value, (list, str)):
+        if not isinstance(value, (list, str, bool)):
             self.problems.append(
                 f"model: config.json {where} is {type(value).__name__}, not a list (one entry "
-                "per layer) or a string (one character per layer)"
+                "per layer), a string (one character per layer) or a boolean (every layer's)"
             )
             value = _BAD
         self._lists[name] = (value, where)
@@ -174,6 +174,8 @@ class ConfigSchedule:
         values, where = self._lists[lst.config]
         if values is None or values is _BAD:
             return None
+        if isinstance(values, bool):  # one value for every layer (a flag)
+            return lst.block_for(values), f"{where} is {str(values).lower()}", False
         if index >= len(values):
             kind = "characters" if isinstance(values, str) else "entries"
             return None, f"{where} has {len(values)} {kind}, none for layer {index}", True

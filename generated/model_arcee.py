@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -240,4 +241,18 @@ TABLE: ModelTable[Geometry] = ModelTable(
     constraints=CONSTRAINTS,
     check=check_constraints,
     dtypes=("BF16", "F16"),
+    requires=(
+        ConfigRequirement(
+            config="attention_bias",
+            allowed=(False,),
+            why="attention_bias true gives q/k/v/o biases (transformers' LlamaAttention nn.Linear(bias=config.attention_bias); vLLM's LlamaAttention bias=attention_bias), which this spec does not read",
+            missing=(False,),
+        ),
+        ConfigRequirement(
+            config="mlp_bias",
+            allowed=(False,),
+            why="mlp_bias true gives gate/up/down biases (transformers' LlamaMLP nn.Linear(bias=config.mlp_bias); vLLM's LlamaMLP bias=bias), which this spec does not read",
+            missing=(False,),
+        ),
+    ),
 )

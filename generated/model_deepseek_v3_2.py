@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -374,4 +375,12 @@ TABLE: ModelTable[Geometry] = ModelTable(
     default=False,
     constraints=CONSTRAINTS,
     check=check_constraints,
+    requires=(
+        ConfigRequirement(
+            config="attention_bias",
+            allowed=(False,),
+            why="attention_bias true gives q_a_proj, kv_a_proj_with_mqa and o_proj biases (transformers' DeepseekV32Attention bias=config.attention_bias), which this spec does not read",
+            missing=(False,),
+        ),
+    ),
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -240,4 +241,12 @@ TABLE: ModelTable[Geometry] = ModelTable(
     constraints=CONSTRAINTS,
     check=check_constraints,
     dtypes=("BF16", "F16"),
+    requires=(
+        ConfigRequirement(
+            config="use_bias",
+            allowed=(False,),
+            why="use_bias true gives q/k/v/o and MLP biases (transformers' Ernie4_5Attention / Ernie4_5MLP bias=config.use_bias), which this spec does not read",
+            missing=(False,),
+        ),
+    ),
 )

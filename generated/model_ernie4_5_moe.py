@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -317,4 +318,12 @@ TABLE: ModelTable[Geometry] = ModelTable(
     default=False,
     constraints=CONSTRAINTS,
     check=check_constraints,
+    requires=(
+        ConfigRequirement(
+            config="use_bias",
+            allowed=(False,),
+            why="use_bias true gives q/k/v/o and MLP biases (transformers' Ernie4_5_MoeAttention / Ernie4_5_MoeMLP bias=config.use_bias), which this spec does not read",
+            missing=(False,),
+        ),
+    ),
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -243,4 +244,12 @@ TABLE: ModelTable[Geometry] = ModelTable(
     constraints=CONSTRAINTS,
     check=check_constraints,
     dtypes=("BF16", "F16"),
+    requires=(
+        ConfigRequirement(
+            config="attention_bias",
+            allowed=(True,),
+            why="attention_bias false drops the q/k/v biases (transformers' Glm4Attention bias=config.attention_bias, default true; vLLM's Glm4Attention qkv_bias=config.attention_bias), which this spec's block requires",
+            missing=(True,),
+        ),
+    ),
 )

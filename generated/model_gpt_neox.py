@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -225,4 +226,12 @@ TABLE: ModelTable[Geometry] = ModelTable(
     constraints=CONSTRAINTS,
     check=check_constraints,
     dtypes=("BF16", "F16"),
+    requires=(
+        ConfigRequirement(
+            config="attention_bias",
+            allowed=(True,),
+            why="attention_bias false drops query_key_value and dense biases (transformers' GPTNeoXAttention bias=config.attention_bias, default true; vLLM's GPTNeoXAttention bias=True), which this spec's blocks require",
+            missing=(True,),
+        ),
+    ),
 )

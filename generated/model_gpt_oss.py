@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -252,4 +253,12 @@ TABLE: ModelTable[Geometry] = ModelTable(
     default=False,
     constraints=CONSTRAINTS,
     check=check_constraints,
+    requires=(
+        ConfigRequirement(
+            config="attention_bias",
+            allowed=(True,),
+            why="attention_bias false drops the q/k/v/o biases (transformers' GptOssAttention bias=config.attention_bias, default true; vLLM's OAIAttention bias=True), which this spec's block requires",
+            missing=(True,),
+        ),
+    ),
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -396,4 +397,24 @@ TABLE: ModelTable[Geometry] = ModelTable(
     default=False,
     constraints=CONSTRAINTS,
     check=check_constraints,
+    requires=(
+        ConfigRequirement(
+            config="attention_bias",
+            allowed=(False,),
+            why="attention_bias true gives q/k/v/o biases (transformers' GraniteMoeHybridAttention bias=config.attention_bias), which this spec does not read",
+            missing=(False,),
+        ),
+        ConfigRequirement(
+            config="mamba_conv_bias",
+            allowed=(True,),
+            why="mamba_conv_bias false drops conv1d's bias (transformers' GraniteMoeHybridMambaLayer nn.Conv1d(bias=config.mamba_conv_bias), default true), which this spec requires",
+            missing=(True,),
+        ),
+        ConfigRequirement(
+            config="mamba_proj_bias",
+            allowed=(False,),
+            why="mamba_proj_bias true gives in_proj and out_proj biases (transformers' GraniteMoeHybridMambaLayer bias=config.mamba_proj_bias), which this spec does not read",
+            missing=(False,),
+        ),
+    ),
 )

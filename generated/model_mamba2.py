@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -264,4 +265,18 @@ TABLE: ModelTable[Geometry] = ModelTable(
     default=False,
     constraints=CONSTRAINTS,
     check=check_constraints,
+    requires=(
+        ConfigRequirement(
+            config="use_bias",
+            allowed=(False,),
+            why="use_bias true gives in_proj and out_proj biases (transformers' Mamba2Mixer bias=config.use_bias; vLLM's MambaMixer2 use_bias), which this spec does not read",
+            missing=(False,),
+        ),
+        ConfigRequirement(
+            config="use_conv_bias",
+            allowed=(True,),
+            why="use_conv_bias false drops conv1d's bias (transformers' Mamba2Mixer nn.Conv1d(bias=config.use_conv_bias), default true), which this spec requires",
+            missing=(True,),
+        ),
+    ),
 )

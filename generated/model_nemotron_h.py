@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -429,4 +430,18 @@ TABLE: ModelTable[Geometry] = ModelTable(
     default=False,
     constraints=CONSTRAINTS,
     check=check_constraints,
+    requires=(
+        ConfigRequirement(
+            config="mlp_bias",
+            allowed=(False,),
+            why="mlp_bias true gives up/down biases (transformers' NemotronHMLP bias=config.mlp_bias), which this spec does not read",
+            missing=(False,),
+        ),
+        ConfigRequirement(
+            config="use_bias",
+            allowed=(False,),
+            why="use_bias true gives the Mamba2 mixer's in_proj and out_proj biases (transformers' NemotronHMamba2Mixer bias=config.use_bias), which this spec does not read",
+            missing=(False,),
+        ),
+    ),
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -25,7 +26,7 @@ from specbind.core.ir import (
 from specbind.core.planning import Ranks
 from specbind.core.record import record
 from specbind.generated.schemes import SCHEMES
-from specbind.runtime.binder import BlockEntry, ModelTable
+from specbind.runtime.binder import BlockEntry, ModelTable, require
 
 if TYPE_CHECKING:  # each block module is imported on first use (binder.tables.BlockEntry)
     from specbind.generated import fc_mlp, gqa_bias, layer_norms_bias, opt_globals
@@ -82,6 +83,7 @@ UNBOUND: tuple[UnboundRule, ...] = ()
 # What `specbind synth` writes: the tiny geometry, the per-layer config lists, the MTP slots.
 SYNTH: SynthRule | None = SynthRule(
     tiny=(
+        ("embed_proj", 48),
         ("head_dim", 6),
         ("heads", 8),
         ("hidden", 48),
@@ -113,6 +115,15 @@ GEOMETRY: tuple[GeometryField, ...] = (
         null_is_absent=True,
     ),
     GeometryField(name="positions", config="max_position_embeddings", value=2048, min=1, doc=""),
+    GeometryField(
+        name="embed_proj",
+        config="word_embed_proj_dim",
+        value=4096,
+        min=1,
+        doc="",
+        default="hidden",
+        null_is_absent=True,
+    ),
 )
 
 
@@ -127,6 +138,7 @@ class Geometry:
     kv_heads: int
     head_dim: int
     positions: int
+    embed_proj: int
 
     def values(self) -> dict[str, int]:
         return {
@@ -137,15 +149,32 @@ class Geometry:
             "kv_heads": self.kv_heads,
             "head_dim": self.head_dim,
             "positions": self.positions,
+            "embed_proj": self.embed_proj,
         }
 
 
 # This model's own checks over its geometry (its blocks stay general for other models).
-CONSTRAINTS: tuple[ConstraintRule, ...] = ()
+CONSTRAINTS: tuple[ConstraintRule, ...] = (
+    ConstraintRule(
+        name="no_embed_projection",
+        check="embed_proj == hidden",
+        why="a word_embed_proj_dim other than hidden_size (opt-350m) adds project_in and project_out (transformers' OPTDecoder, vLLM's OPTDecoder), which this spec does not read",
+    ),
+)
 
 
 def check_constraints(m: Geometry) -> None:
     """Refuse a geometry that breaks one of this model's constraints, naming it and its reason."""
+    # embed_proj == hidden
+    require(
+        block=MODEL,
+        rule=CONSTRAINTS[0],
+        values={
+            "embed_proj": m.embed_proj,
+            "hidden": m.hidden,
+        },
+        check=lambda: m.embed_proj == m.hidden,
+    )
 
 
 def geometry(values: dict[str, int]) -> Geometry:
@@ -158,6 +187,7 @@ def geometry(values: dict[str, int]) -> Geometry:
         kv_heads=values["kv_heads"],
         head_dim=values["head_dim"],
         positions=values["positions"],
+        embed_proj=values["embed_proj"],
     )
 
 
@@ -275,4 +305,30 @@ TABLE: ModelTable[Geometry] = ModelTable(
     constraints=CONSTRAINTS,
     check=check_constraints,
     dtypes=("BF16", "F16"),
+    requires=(
+        ConfigRequirement(
+            config="_remove_final_layer_norm",
+            allowed=(False,),
+            why="_remove_final_layer_norm true drops final_layer_norm (transformers' OPTDecoder), which this spec requires",
+            missing=(False,),
+        ),
+        ConfigRequirement(
+            config="do_layer_norm_before",
+            allowed=(True,),
+            why="do_layer_norm_before false (OPT-350m) normalises after each sublayer and has no final_layer_norm (transformers' OPTDecoder; vLLM's OPTDecoder), which this spec does not say",
+            missing=(True,),
+        ),
+        ConfigRequirement(
+            config="enable_bias",
+            allowed=(True,),
+            why="enable_bias false drops every projection's bias (transformers' OPTAttention / OPTDecoderLayer bias=config.enable_bias, default true; vLLM's OPT bias=config.enable_bias), which this spec's blocks require",
+            missing=(True,),
+        ),
+        ConfigRequirement(
+            config="layer_norm_elementwise_affine",
+            allowed=(True,),
+            why="layer_norm_elementwise_affine false gives LayerNorms without weight or bias (transformers' OPTDecoderLayer), which this spec requires",
+            missing=(True,),
+        ),
+    ),
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -244,4 +245,12 @@ TABLE: ModelTable[Geometry] = ModelTable(
     constraints=CONSTRAINTS,
     check=check_constraints,
     dtypes=("BF16", "F16"),
+    requires=(
+        ConfigRequirement(
+            config="qk_layernorm",
+            allowed=(False,),
+            why="qk_layernorm true adds q_layernorm and k_layernorm (transformers' PhiAttention; vLLM's PhiAttention reads none), which this spec does not read",
+            missing=(False,),
+        ),
+    ),
 )

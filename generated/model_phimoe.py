@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -275,4 +276,18 @@ TABLE: ModelTable[Geometry] = ModelTable(
     constraints=CONSTRAINTS,
     check=check_constraints,
     dtypes=("BF16", "F16"),
+    requires=(
+        ConfigRequirement(
+            config="attention_bias",
+            allowed=(True,),
+            why="without attention_bias there are no q/k/v/o biases (transformers' PhimoeAttention bias=config.attention_bias, default false), which this spec's block requires",
+            missing=(False,),
+        ),
+        ConfigRequirement(
+            config="lm_head_bias",
+            allowed=(True,),
+            why="without lm_head_bias the head has no bias (transformers' PhimoeForCausalLM nn.Linear(bias=config.lm_head_bias), default false), which this spec requires",
+            missing=(False,),
+        ),
+    ),
 )

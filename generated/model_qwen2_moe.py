@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -315,4 +316,12 @@ TABLE: ModelTable[Geometry] = ModelTable(
     constraints=CONSTRAINTS,
     check=check_constraints,
     dtypes=("BF16", "F16"),
+    requires=(
+        ConfigRequirement(
+            config="qkv_bias",
+            allowed=(True,),
+            why="qkv_bias false drops the q/k/v biases (transformers' Qwen2MoeAttention bias=config.qkv_bias, default true; vLLM's Qwen2MoeAttention bias=True), which this spec's block requires",
+            missing=(True,),
+        ),
+    ),
 )

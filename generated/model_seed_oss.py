@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -242,4 +243,18 @@ TABLE: ModelTable[Geometry] = ModelTable(
     constraints=CONSTRAINTS,
     check=check_constraints,
     dtypes=("BF16", "F16"),
+    requires=(
+        ConfigRequirement(
+            config="attention_bias",
+            allowed=(True,),
+            why="attention_bias false drops the q/k/v biases (transformers' SeedOssAttention bias=config.attention_bias, default true), which this spec's block requires",
+            missing=(True,),
+        ),
+        ConfigRequirement(
+            config="mlp_bias",
+            allowed=(False,),
+            why="mlp_bias true gives gate/up/down biases (transformers' SeedOssMLP bias=config.mlp_bias), which this spec does not read",
+            missing=(False,),
+        ),
+    ),
 )

@@ -14,9 +14,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
+    LayerList,
     NameRule,
     SlotRule,
     SynthRule,
@@ -42,7 +44,16 @@ LAYER_GROUPS: tuple[LayerGroupRule, ...] = ()
 # `config` and `lists` name the per-layer config.json lists, `schedule` the counts, steps and
 # periods, that must agree with what the names say (core.schedule).
 SLOTS: tuple[SlotRule, ...] = (
-    SlotRule(name="attention", blocks=("gqa_bias", "gqa"), scope="all", config=None, values=()),
+    SlotRule(
+        name="attention",
+        blocks=("gqa_bias", "gqa"),
+        scope="all",
+        config=None,
+        values=(),
+        lists=(
+            LayerList(config="use_qkv_bias", values=(("gqa_bias", (True,)), ("gqa", (False,)))),
+        ),
+    ),
     SlotRule(name="mlp", blocks=("dense",), scope="all", config=None, values=()),
     SlotRule(name="norms", blocks=("layer_norms_bias",), scope="all", config=None, values=()),
 )
@@ -66,7 +77,7 @@ SYNTH: SynthRule | None = SynthRule(
     layers=2,
     lists=(),
     mtp=(),
-    config_json='{"architectures": ["StableLmForCausalLM"], "model_type": "stablelm", "pad_token_id": 0, "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}',
+    config_json='{"architectures": ["StableLmForCausalLM"], "model_type": "stablelm", "pad_token_id": 0, "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "use_qkv_bias": true}',
     config_from=(),
     nested_json="{}",
 )
@@ -266,4 +277,18 @@ TABLE: ModelTable[Geometry] = ModelTable(
     constraints=CONSTRAINTS,
     check=check_constraints,
     dtypes=("BF16", "F16"),
+    requires=(
+        ConfigRequirement(
+            config="qk_layernorm",
+            allowed=(False,),
+            why="qk_layernorm true adds per-head q/k LayerNorms (transformers' StableLmAttention), which this spec does not read",
+            missing=(False,),
+        ),
+        ConfigRequirement(
+            config="use_parallel_residual",
+            allowed=(False,),
+            why="use_parallel_residual true drops post_attention_layernorm (transformers' StableLmDecoderLayer), which this spec's norms block requires",
+            missing=(False,),
+        ),
+    ),
 )

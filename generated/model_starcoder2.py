@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from specbind.core.ir import (
+    ConfigRequirement,
     ConstraintRule,
     GeometryField,
     LayerGroupRule,
@@ -240,4 +241,12 @@ TABLE: ModelTable[Geometry] = ModelTable(
     constraints=CONSTRAINTS,
     check=check_constraints,
     dtypes=("BF16", "F16"),
+    requires=(
+        ConfigRequirement(
+            config="use_bias",
+            allowed=(True,),
+            why="use_bias false drops every projection's bias (transformers' Starcoder2Attention / Starcoder2MLP bias=config.use_bias, default true; vLLM's Starcoder2 bias=config.use_bias), which this spec's blocks require",
+            missing=(True,),
+        ),
+    ),
 )

@@ -87,7 +87,6 @@ def values_from_config(
                 f"config.json: {where} is {shown(raw)} ({type(raw).__name__}), expected an integer"
             )
         values[f.name] = raw
-    check_requires(table, config)
     return checked_values(table, resolve(values, pending), overrides)
 
 

@@ -270,7 +270,7 @@ GLM4 = Family(
     refused={
         "no-qkv-bias": (
             {"attention_bias": False},
-            "missing ['model.layers.0.self_attn.q_proj.bias']",
+            "config.json: attention_bias is false, but model glm4 binds attention_bias true only",
         )
     },
     semantics=(attention(), swiglu_mlp()),
@@ -294,7 +294,12 @@ STARCODER2 = Family(
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4),
     beyond={8: BACKEND_KV},
-    refused={"no-bias": ({"use_bias": False}, "missing ['model.layers.0.self_attn.q_proj.bias']")},
+    refused={
+        "no-bias": (
+            {"use_bias": False},
+            "config.json: use_bias is false, but model starcoder2 binds use_bias true only",
+        )
+    },
     semantics=(attention(), fc_mlp()),
     variants={"untied": {"tie_word_embeddings": False}},
 )
@@ -476,7 +481,7 @@ STABLELM = Family(
     globals=LM_GLOBALS_BIAS,
     tps=(1, 2, 4),
     beyond={},
-    refused={"qk-layernorm": ({"qk_layernorm": True}, "self_attn.q_layernorm.norms.0.weight")},
+    refused={"qk-layernorm": ({"qk_layernorm": True}, "config.json: qk_layernorm is true")},
     semantics=(attention(), swiglu_mlp()),
     variants={"no-qkv-bias": {"use_qkv_bias": False}},
 )
@@ -622,7 +627,7 @@ OPT = Family(
     },
     tps=(1, 2, 4, 8),
     beyond={},
-    refused={"project-in-out": ({"word_embed_proj_dim": 40}, "model.decoder.project_in.weight")},
+    refused={"project-in-out": ({"word_embed_proj_dim": 40}, "project_in")},
     semantics=(attention(rotary=False), opt_mlp()),
     layers_path="model.decoder.layers",
     variants={"untied": {"tie_word_embeddings": False}},
