@@ -30,10 +30,11 @@ from specbind.runtime.bind.bind import bind_checkpoint
 from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.runtime.layout.config import values_from_config
 
-ROWS = [
+ROWS = [  # attention head_dim (Mamba2's head_dim is its SSM heads')
     r
     for r in (*DENSE, *MOE)
     if any(f.name == "head_dim" and f.config == "head_dim" for f in MODELS[r.model].geometry_fields)
+    and "num_attention_heads" in r.config
 ]
 WRITE_NULL = ("mixtral", "ministral", "hunyuan-dense")  # transformers 5.19+ writes the null
 
