@@ -54,8 +54,13 @@ def bind_side(ckpt: Path) -> dict[str, str | None]:
     return out
 
 
+class CensusReport(Report):
+    def line(self) -> str:
+        return super().line().replace("vLLM parameter proofs", "vLLM tp census", 1)
+
+
 def census(rows: tuple[VllmRow, ...], tmp: Path) -> tuple[dict[str, Any], Report]:
-    report = Report()
+    report = CensusReport()
     out: dict[str, Any] = {}
     keys = {r.id: vllm_cache.key(r, 0, CENSUS) for r in rows}
     for r in rows:

@@ -407,7 +407,8 @@ UNAVAILABLE: tuple[VllmRow, ...] = (
 # beside them: geometries where an engine constraint decides a tp the rows' heads allow
 # (ERNIE-4.5-MoE, Qwen2-MoE and Qwen3-MoE with 2 experts: vLLM's constructors raise at tp 4).
 # Cohere's row already holds use_qk_norm with 2 KV heads of 4 query heads (vLLM's loader fails
-# at tp 4), gpt-oss's 2 KV heads (its attention never replicates them: tp 4 fails).
+# at tp 4), gpt-oss's 2 KV heads (its attention never replicates them: tp 4 fails). Two rows
+# of 8 query heads reach tp 8, which the rows' 4 heads never allow.
 CENSUS_ROWS: tuple[VllmRow, ...] = (
     dataclasses.replace(BY_MODEL["qwen2-moe"], label="qwen2-moe-2-experts",
                         config=BY_MODEL["qwen2-moe"].config | {"num_experts": 2}),
@@ -415,4 +416,10 @@ CENSUS_ROWS: tuple[VllmRow, ...] = (
                         config=BY_MODEL["ernie4-5-moe"].config | {"moe_num_experts": 2}),
     dataclasses.replace(BY_MODEL["qwen3-moe"], label="qwen3-moe-2-experts",
                         config=BY_MODEL["qwen3-moe"].config | {"num_experts": 2}),
+    # 8 query heads over 2 KV heads (and 8 experts): tp 8 reached, KV heads replicated 4 ways
+    dataclasses.replace(BY_MODEL["llama"], label="llama-8-heads",
+                        config=BY_MODEL["llama"].config | {"num_attention_heads": 8}),
+    dataclasses.replace(BY_MODEL["qwen3-moe"], label="qwen3-moe-8-heads",
+                        config=BY_MODEL["qwen3-moe"].config | {"num_attention_heads": 8,
+                                                               "num_experts": 8}),
 )  # fmt: skip
