@@ -24,7 +24,14 @@ from specbind.core.record import field, record, replace
 from specbind.runtime.bind.preamble import open_layout, slot_quant
 from specbind.runtime.binder.backends import ALIGN as ARENA_ALIGN
 from specbind.runtime.binder.backends import NUMPY, Arena, Backend
-from specbind.runtime.binder.checks import BindReport, UnrecognisedError, fields_in
+from specbind.runtime.binder.checks import (
+    BindReport,
+    Stored,
+    UnrecognisedError,
+    fields_in,
+    stored,
+    stored_names,
+)
 from specbind.runtime.binder.quant import OUTPUTS as QUANT_OUTPUTS
 from specbind.runtime.binder.quant import (
     LayerQuant,
@@ -32,7 +39,6 @@ from specbind.runtime.binder.quant import (
     quantize_rules,
     quantized_names,
 )
-from specbind.runtime.binder.stored import Stored, stored, stored_names
 from specbind.runtime.binder.tables import (
     BlockEntry,
     ModelTable,

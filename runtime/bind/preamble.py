@@ -65,8 +65,8 @@ from specbind.core.errors import BindError, CheckpointError, SpecbindError
 from specbind.core.ir import NameRule
 from specbind.core.patterns import LayerPattern, fill, index_of, layer_pattern, parts
 from specbind.core.record import record
+from specbind.runtime.binder.checks import Stored
 from specbind.runtime.binder.quant import LayerQuant
-from specbind.runtime.binder.stored import Stored
 from specbind.runtime.binder.tables import ModelTable
 from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.runtime.io.source import MapSpan, RawTensor
@@ -143,7 +143,7 @@ class NamedView:
         """Where ``name`` (a full name the specs use) lies in the checkpoint: its stored name,
         and for a segment, section or member of a fused or stacked tensor the first stored row
         and member; for a name the checkpoint lacks, the name it would be stored under
-        (``expected``). What a refusal names (``runtime.binder.stored``)."""
+        (``expected``). What a refusal names (``runtime.binder.checks.Stored``)."""
         hit = self._map.get(name)
         if hit is None:
             want = self.expected(name)

@@ -24,12 +24,27 @@ Invariants (the claims of a hand-written strict binder, made once for every bloc
 - arrays are zero-copy views of the source bytes; only a cast, concat or stack allocates.
 Trap: ``[n, 1, k]`` and ``[n, k]`` share their bytes, so a squeeze is shape-only and silent if
 wrong; ``ops.concat_squeeze`` checks the squeezed dim really is 1.
+
+How a refusal names a tensor (``Stored``, ``label``): by the name the checkpoint's own index
+uses, in full. A binder reads tensors under the specs' names, layer-relative
+(``mlp.experts.4.gate_proj.weight``); the checkpoint may store them otherwise
+(``model.layers.3.block_sparse_moe.experts.4.w1.weight``, a name map's rename), as a row
+section of a fused tensor (``self_attention.query_key_value.weight``), or as one member of a
+stacked one (``block_sparse_moe.input_linear.weight``). A source that knows (``NamedView`` and
+the layer and model-level sources over it) answers ``stored(name)`` with a ``Stored``:
+- a label always begins with the full stored name; the spec's name follows only as
+  ``read as <name>``, and only where it differs from the stored one;
+- for a name the checkpoint lacks, ``stored`` gives the name it would be stored under (the
+  renames its own names use, read backwards), so a "missing" refusal names what to look for;
+- a source without ``stored`` (an in-memory ``DictSource``) names a tensor as it is given.
+Trap: labels are built only when a refusal is raised; nothing of them runs on a bind that
+succeeds.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, SupportsInt
 
 import numpy as np
 
@@ -39,7 +54,6 @@ from specbind.core.ir import ConstraintRule, FieldRule, GroupRule, TensorRule
 from specbind.core.patterns import Matcher, fill, matcher
 from specbind.core.planning import BlockPlan
 from specbind.core.record import field, record, replace
-from specbind.runtime.binder.stored import Stored, label, stored, stored_names
 from specbind.runtime.io.source import TensorSource, WholeSource
 
 Array = np.ndarray[Any, np.dtype[Any]]  # numpy.typing.NDArray[Any], without importing it
@@ -72,6 +86,63 @@ class BindReport:
             "verdict_bytes": self.verdict_bytes,
             "cast": list(self.cast),
         }
+
+
+@record
+class Stored:
+    """Where a name the specs use lies in the checkpoint."""
+
+    name: str  # the full stored name (for an absent tensor: the name it would have)
+    read_as: str | None = None  # the specs' name, where it differs from the stored one
+    member: int | None = None  # its member of a stacked [members, ...] stored tensor
+    row: int | None = None  # its first row in the stored tensor (or member): a row section
+    shape: tuple[int, ...] | None = None  # the stored tensor's shape, for a section or member
+
+    def label(self) -> str:
+        """``model.layers.1.self_attn.qkv_proj.weight (its rows from 32 of [64, 32], read as
+        self_attn.k_proj.weight)``; the stored name alone where nothing is renamed."""
+        if self.read_as is None:
+            return self.name
+        where = [] if self.member is None else [f"member {self.member}"]
+        if self.row is not None:
+            where.append(f"its rows from {self.row}")
+        if where and self.shape is not None:
+            where[-1] += f" of {list(self.shape)}"
+        return f"{self.name} ({', '.join([*where, f'read as {self.read_as}'])})"
+
+    def index(self, local: Sequence[SupportsInt]) -> list[int]:
+        """``local`` (an index of the tensor the specs read) in the stored tensor's
+        coordinates: a section's first row added on axis 0, a member's index leading."""
+        out = [int(i) for i in local]
+        if self.row is not None and out:
+            out[0] += self.row
+        return out if self.member is None else [self.member, *out]
+
+
+def stored(src: Any, name: str) -> Stored:
+    """Where ``name`` of ``src`` lies in the checkpoint (as given when ``src`` cannot say)."""
+    where = getattr(src, "stored", None)
+    got = where(name) if where is not None else None
+    return got if isinstance(got, Stored) else Stored(name)
+
+
+def label(src: Any, name: str) -> str:
+    """``name`` as a refusal words it: the stored tensor first (see ``Stored.label``)."""
+    return stored(src, name).label()
+
+
+def stored_name(src: Any, name: str) -> str:
+    """``name``'s full stored name alone (see ``Stored.name``)."""
+    return stored(src, name).name
+
+
+def stored_names(src: Any, names: Iterable[str]) -> list[str]:
+    """The stored names of ``names``, in order, each once (three sections of one fused tensor
+    are one stored tensor): what a list in a refusal shows."""
+    out: dict[str, None] = {}
+    for n in names:
+        out[stored(src, n).name] = None
+    return list(out)
 
 
 class UnrecognisedError(BindError):

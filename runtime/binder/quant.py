@@ -38,8 +38,7 @@ from specbind.core.patterns import fill, index_of, member_of, parts, placeholder
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.core.quant import CompanionRule, SchemeRule, window
 from specbind.core.record import field, record, replace
-from specbind.runtime.binder.checks import Array, BindReport, check_one, members
-from specbind.runtime.binder.stored import stored_name
+from specbind.runtime.binder.checks import Array, BindReport, check_one, members, stored_name
 from specbind.runtime.io.source import TensorSource
 
 OUTPUTS = ("swizzled", "dequantized")  # optional bound layouts a caller may ask for

@@ -36,10 +36,9 @@ from specbind.core.dtypes import DTYPES
 from specbind.core.errors import BindError, at
 from specbind.core.patterns import fill, index_of, member_of, parts
 from specbind.core.planning import BlockPlan, TensorPlan
-from specbind.runtime.binder.checks import WHOLE_CHECK_BYTES, Array, BindReport
+from specbind.runtime.binder.checks import WHOLE_CHECK_BYTES, Array, BindReport, stored
 from specbind.runtime.binder.quant import LayerQuant
 from specbind.runtime.binder.quant_numerics import E2M1_MAGNITUDES, e4m3_to_f32, row_scales
-from specbind.runtime.binder.stored import stored
 from specbind.runtime.io.source import TensorSource, WholeSource
 
 F32 = np.dtype(np.float32)
@@ -79,7 +78,7 @@ def check_finite(
         for name in [n for n in host if member_of(n, wp)]:
             i = index_of(wp, name) if family else None
             named: dict[str, str] = {c.role: _fill(lq.name(pat, c), i) for c in lq.companions}
-            # each companion as the checkpoint stores it, in full (``runtime.binder.stored``)
+            # each companion as the checkpoint stores it, in full (``runtime.binder.checks.Stored``)
             shown: dict[str, str] = {r: stored(src, n).name for r, n in named.items()}
             _Linear(layer, host, plan, lq, named, src, report, shown).check()
 

@@ -36,7 +36,7 @@ from specbind.core.errors import BindError, at
 from specbind.core.patterns import fill, parts
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.core.record import replace
-from specbind.runtime.binder.stored import Stored, label, stored
+from specbind.runtime.binder.checks import Stored, label, stored
 from specbind.runtime.io.source import MapSpan, RawTensor, TensorSource
 
 if TYPE_CHECKING:  # annotations only: numpy.typing costs every start ~1 ms
@@ -54,7 +54,7 @@ def shard_raw(
 
     ``into``: where a column gather writes (this member's slot of a family's stacked buffer,
     ``ShardedSource``), when it is exactly the local bytes; else a new array. ``named``: how a
-    refusal names the tensor (the stored tensor, ``runtime.binder.stored``), asked only then.
+    refusal names the tensor (the stored tensor, ``runtime.binder.checks.Stored``), asked only then.
 
     A dtype the rule neither binds nor accepts passes through unsliced: the binder refuses it
     and says why the dtype matters. A wrong shape or size is refused here, before any slicing

@@ -30,11 +30,11 @@ from functools import lru_cache
 from typing import Any
 
 from specbind.core.errors import CheckpointError
+from specbind.core.ir import SlotRule
 from specbind.core.patterns import INDEX, Matcher, layer_pattern, parts
 from specbind.core.record import field, record, replace
 from specbind.core.schedule import ConfigSchedule, slot_problems
-from specbind.runtime.binder.checks import family_matcher
-from specbind.runtime.binder.stored import Stored, stored
+from specbind.runtime.binder.checks import Stored, family_matcher, stored
 from specbind.runtime.binder.tables import BlockEntry, ModelTable
 from specbind.runtime.io.source import RawTensor, TensorSource
 from specbind.runtime.layout.config import (
@@ -325,7 +325,8 @@ def layout(
                         f"{rule.name}"
                     )
                 owner[n] = rule.name
-            problems += slot_problems(cs, rule, index, fill.block.name, role == "decoder")
+            found = slot_problems(cs, rule, index, fill.block.name, role == "decoder")
+            problems += _with_tensors(table, cs, rule, index, fill, found, named)
             problems += _group_check(table, config, index, fill, named)
         lay.unclaimed = sorted(n for n in lnames if n not in owner)
         if lay.unclaimed and all(f.block is not None for f in lay.slots.values()):
@@ -350,6 +351,55 @@ def layout(
             "to skip them"
         )
     return Layout(split, layers, glob, unbound, unclaimed, problems, skipped)
+
+
+def _with_tensors(
+    table: ModelTable[Any],
+    cs: ConfigSchedule,
+    rule: SlotRule,
+    index: int,
+    fill: SlotFill,
+    found: list[str],
+    named: Callable[[list[str]], list[str]],
+) -> list[str]:
+    """``found`` (where config.json's lists or schedule give the slot another block than its
+    tensors do), each line with the tensors that decide it, as stored, where the two blocks
+    are variants of one (the layer holds most of the named block's markers: StableLM's gqa
+    and gqa_bias, not a KDA layer where config.json says DSA): those the block
+    config.json names needs and the layer lacks, else those the layer carries that it does
+    not hold. Asked only when there is a problem."""
+    if not found:
+        return found
+    assert fill.block is not None
+    wants: set[str] = set()
+    for lst in rule.all_lists():
+        got = cs.listed(lst, index)
+        if got is not None and got[0] is not None:
+            wants.add(got[0])
+    if rule.schedule:
+        got_s = cs.scheduled(rule.schedule, index)
+        if got_s is not None:
+            wants.add(got_s[0])
+    names = set(fill.names)
+    out = []
+    for line in found:
+        for want in sorted(wants - {fill.block.name}):
+            if f"(a {want} {rule.name})" not in line and f" is {want} by " not in line:
+                continue
+            block = table.block(want)
+            lacking = sorted(m for m in block.markers if m not in names)
+            if 2 * len(lacking) >= len(block.markers):
+                break  # another kind of layer altogether: the block names say it
+            if lacking:
+                line += f" (a {want} {rule.name} needs {_shown(named(lacking))}, absent)"
+                break
+            declared, families, _ = _owner_rules(block, frozenset())
+            extra = [n for n in sorted(names) if n not in declared and not families.match(n)]
+            if extra:
+                line += f" (the layer carries {_shown(named(extra))}, which a {want} lacks)"
+            break
+        out.append(line)
+    return out
 
 
 def _span(indices: list[int]) -> str:

@@ -21,7 +21,7 @@ from stored_names import stored_checkpoint
 from specbind.core.errors import SpecbindError
 from specbind.generated import MODELS
 from specbind.runtime.bind.bind import ReportOnly, bind_checkpoint
-from specbind.runtime.binder.stored import Stored
+from specbind.runtime.binder.checks import Stored
 from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.synth import synth, tiny_values
 
@@ -197,10 +197,20 @@ def test_an_audit_of_a_renamed_tensor_names_it_as_stored(tmp_path: Path) -> None
 
 
 def test_a_layer_missing_one_tensor_of_a_variant_is_told_which(tmp_path: Path) -> None:
-    """StableLM without one q bias: the plain gqa block fills the slot and refuses the k and
-    v biases; the refusal says whose they are and what that block lacks."""
+    """StableLM without one q bias: config.json's use_qkv_bias says the layer is a gqa_bias
+    attention, its tensors say gqa; the refusal names the stored tensor that decides it."""
     t, cfg = _stored("stablelm", tmp_path / "ck")
     gone = "model.layers.1.self_attn.q_proj.bias"
     rc.write({k: v for k, v in t.items() if k != gone}, tmp_path / "bad", cfg)
     msg = _refusal("stablelm", tmp_path / "bad")
-    assert msg.endswith(f", which also needs ['{gone}'], absent from this layer"), msg
+    assert msg.startswith("layer 1: config.json use_qkv_bias is true (a gqa_bias attention)"), msg
+    assert msg.endswith(f"(a gqa_bias attention needs ['{gone}'], absent)"), msg
+
+
+def test_a_variants_tensors_the_config_turns_off_are_named(tmp_path: Path) -> None:
+    """StableLM with use_qkv_bias false over a layer that stores the biases: the refusal
+    names the stored biases."""
+    t, cfg = _stored("stablelm", tmp_path / "ck")
+    rc.write(t, tmp_path / "bad", cfg | {"use_qkv_bias": False})
+    msg = _refusal("stablelm", tmp_path / "bad")
+    assert "(the layer carries ['model.layers.0.self_attn.k_proj.bias'" in msg, msg
