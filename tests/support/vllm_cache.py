@@ -70,8 +70,8 @@ def sources() -> str:
 
 
 # What a result holds; a result of another form is never read back (results before buffers
-# were recorded hold parameters alone, and a test reading their buffers would fail on them).
-RESULTS = "parameters and buffers"
+# or the parameters as loaded were recorded lack them, and a test reading them would fail).
+RESULTS = "parameters as loaded and after post-processing, and buffers"
 
 
 def key(row: VllmRow, tp: int, what: str = RESULTS) -> str:

@@ -3,7 +3,8 @@ rest run by two workers in the vLLM venv (tests/vllm/proof_worker.py).
 
 ``prove(rows, tmp)`` returns {(model, tp): {"auto": load, "specbind": load}}, each load either
 {"ranks": [[(name, shape, dtype, sha256), ...] per tp rank], "buffers": [the same of
-every buffer, per tp rank]} or {"error": line}, plus a
+every buffer, per tp rank], "loaded": [every parameter as the loader left it, before vLLM's
+post-processing, per tp rank]} or {"error": line}, plus a
 ``Report`` of what came from the cache and what ran (wall and CPU seconds).
 
 How the work is split: two workers (the two cores CI has). Phase 0: the tp 1 loads, dealt
@@ -151,5 +152,6 @@ def _merge(per_worker: list[dict[str, Any]], model: str, tp: int) -> dict[str, A
             out[fmt] = {
                 "ranks": [h[fmt]["params"] for h in held],
                 "buffers": [h[fmt]["buffers"] for h in held],
+                "loaded": [h[fmt]["loaded"] for h in held],
             }
     return out

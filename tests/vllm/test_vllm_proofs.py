@@ -8,6 +8,8 @@ Claims, per row and tp:
   MLA absorbs included) has the same name, shape, dtype and SHA-256 of its bytes under both
   loaders, on each tp rank; at tp 2 the two ranks hold different shares;
 - so does every buffer (``named_buffers``: a buffer may view a parameter's storage);
+- so does every parameter as the loader left it, before vLLM's post-processing (vLLM-CPU's
+  oneDNN post-processing empties every linear weight, so after it no linear is compared);
 - vLLM's default loader builds the row's model at all (else the row's geometry is one vLLM-CPU
   refuses, and the failure names vLLM's error line);
 - per family vLLM-CPU cannot build (vllm_rows.UNAVAILABLE), its default loader still fails,
@@ -100,6 +102,25 @@ def test_every_vllm_parameter_after_loading_equals_the_default_loaders_on_each_r
     if tp > 1:
         assert ours[0] != ours[1]  # the ranks hold different shares
     _same(ours, theirs, "parameter")
+
+
+@pytest.mark.parametrize(("model", "tp"), CASES)
+def test_every_vllm_parameter_as_loaded_before_post_processing_equals_the_default_loaders(
+    proofs: Proofs, model: str, tp: int
+) -> None:
+    """The parameters as each loader left them, before ``process_weights_after_loading``.
+    vLLM-CPU's post-processing moves every linear's weight into an opaque packed GEMM handle on
+    hosts with oneDNN (the parameter left empty, shape [0]), so the comparison after it holds no
+    linear weight there; this one holds every byte either loader wrote. None is empty here."""
+    result = proofs[0][(model, tp)]
+    theirs = _ranks(result["auto"], f"vLLM's own loader cannot build {model}", "loaded")
+    ours = _ranks(result["specbind"], f"load_format='specbind' refused {model}", "loaded")
+    assert len(ours) == len(theirs) == tp
+    empty = [n for n, (shape, _, _) in theirs[0].items() if 0 in shape]
+    assert not empty, f"parameters vLLM's own loader left empty: {empty[:4]}"
+    if tp > 1:
+        assert ours[0] != ours[1]  # the ranks hold different shares
+    _same(ours, theirs, "parameter as loaded")
 
 
 @pytest.mark.parametrize(("model", "tp"), CASES)
