@@ -331,8 +331,8 @@ CASES = [
     ),
     (
         "models/llama.yaml",  # checked like `expr:`: 128 is no multiple of 3
-        "{config: head_dim, default: hidden / heads, value: 128}",
-        "{config: head_dim, default: hidden * 3, value: 128}",
+        "{config: head_dim, default: hidden / heads, null_is_absent: true, value: 128}",
+        "{config: head_dim, default: hidden * 3, null_is_absent: true, value: 128}",
         "default: hidden * 3",
         "geometry.head_dim.default",
         "head_dim: default hidden * 3 can never be its value 128 (no whole values of hidden "
