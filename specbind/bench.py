@@ -119,7 +119,9 @@ def planned(
         stored = view.on_disk(full)
         t, raw, fn = ckpt.get(stored), view.get(full), ckpt.file_of(stored)
         assert t is not None and raw is not None and fn is not None  # the layout's own names
-        spans = share(plan, t.shape, view.stored(full), full)
+        where = view.stored(full)  # a section's or member's first stored row, else None
+        inside = where.read_as is not None and (where.row, where.member) != (None, None)
+        spans = share(plan, t.shape, (where.name, where.row or 0) if inside else None, full)
         return plan, raw, (str(ckpt.root / fn), stored, spans)
 
     for index, x in lay.layers.items():
