@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from specbind.core.errors import BindError, SpecbindError
+from specbind.core.errors import BindError
 from specbind.core.record import record
 from specbind.engine_ops import (
     apply_values,
@@ -70,27 +70,6 @@ class EngineField:
     dtype: str  # safetensors dtype
     array: Any  # this rank's host array (NumPy; BF16 as ml_dtypes.bfloat16)
     tied_to: str | None = None  # bound from another field's tensor (a tie): that field's name
-
-
-def layout_for(engine: str, model: str) -> Any:
-    """The generated ``EngineTable`` of ``engine`` for ``model``, or one line: the measured
-    reason the engine cannot run the model (its ``unavailable:``), or the layouts that exist."""
-    from specbind.generated.engines import ENGINES, UNAVAILABLE
-
-    found = ENGINES.get((engine, model))
-    why = UNAVAILABLE.get((engine, model))
-    if found is None and why is not None:
-        raise SpecbindError(
-            f"no {engine} layout for model {model!r}: {engine} cannot run it here "
-            f"(specs/engines/{engine}/{model}.yaml: {why})"
-        )
-    if found is None:
-        have = ", ".join(f"{e}/{m}" for e, m in sorted(ENGINES)) or "none"
-        raise SpecbindError(
-            f"no {engine} layout for model {model!r} (specs/engines/{engine}/{model}.yaml; "
-            f"generated: {have})"
-        )
-    return found
 
 
 def bind_for_engine(

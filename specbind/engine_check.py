@@ -31,12 +31,12 @@ def check_before_build(
     its model refuses; read no tensor's bytes."""
     from specbind.api import model_table
     from specbind.audit import audit
-    from specbind.engine import layout_for
+    from specbind.engine_select import select_layout
     from specbind.runtime.io.checkpoint import CheckpointDir
 
     raw = CheckpointDir(Path(path))
     base = model_table(model, "model=", raw.config, advice)
-    layout = layout_for(engine, base.name)
+    layout = select_layout(engine, base.name, raw.config)  # the layout the bind will use
     rep = audit(
         raw, layout.table, progress=False, mtp=layout.skip_mtp is None, verify=False,
         identical=False,

@@ -32,7 +32,6 @@ from specbind.core.errors import SpecbindError
 def select_layout(engine: str, model: str, config: Mapping[str, Any]) -> Any:
     """The generated ``EngineTable`` of ``engine`` for a checkpoint of ``model`` whose
     config.json is ``config``: by its architectures, else the model's own layout."""
-    from specbind.engine import layout_for
     from specbind.generated.engines import ARCHITECTURES, ENGINES
 
     archs = config.get("architectures")
@@ -50,6 +49,27 @@ def select_layout(engine: str, model: str, config: Mapping[str, Any]) -> Any:
             )
         return table
     return layout_for(engine, model)
+
+
+def layout_for(engine: str, model: str) -> Any:
+    """The generated ``EngineTable`` of ``engine`` for ``model``, or one line: the measured
+    reason the engine cannot run the model (its ``unavailable:``), or the layouts that exist."""
+    from specbind.generated.engines import ENGINES, UNAVAILABLE
+
+    found = ENGINES.get((engine, model))
+    why = UNAVAILABLE.get((engine, model))
+    if found is None and why is not None:
+        raise SpecbindError(
+            f"no {engine} layout for model {model!r}: {engine} cannot run it here "
+            f"(specs/engines/{engine}/{model}.yaml: {why})"
+        )
+    if found is None:
+        have = ", ".join(f"{e}/{m}" for e, m in sorted(ENGINES)) or "none"
+        raise SpecbindError(
+            f"no {engine} layout for model {model!r} (specs/engines/{engine}/{model}.yaml; "
+            f"generated: {have})"
+        )
+    return found
 
 
 def constraint_values(layout: Any, config: Mapping[str, Any]) -> dict[str, int]:

@@ -96,7 +96,7 @@ def test_every_field_that_decides_a_parameter_is_read_and_a_flip_of_it_is_refuse
 def test_a_field_vllm_reads_otherwise_is_held_by_a_constraint_of_its_vllm_layout(
     model: str,
 ) -> None:
-    from specbind.engine import layout_for
+    from specbind.engine_select import layout_for
 
     names = {c[0] for c in layout_for("vllm", model).constraints}
     for field, where, constraint in VLLM_ONLY[model]:
