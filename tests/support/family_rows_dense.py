@@ -526,7 +526,7 @@ PHI = Family(
     },
     tps=(1, 2, 4),
     beyond={},
-    refused={"qk-layernorm": ({"qk_layernorm": True}, "self_attn.q_layernorm.weight")},
+    refused={"qk-layernorm": ({"qk_layernorm": True}, "config.json: qk_layernorm is true")},
     semantics=(attention(), fc_mlp()),
 )
 
