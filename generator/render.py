@@ -515,9 +515,11 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment, plan: Plan)
     fields of (the block's rules with the engine's fields), shared by every layout of that
     engine whose variant is the same; per layout, its table; and the registry.
 
-    A variant is named ``<engine>_<block>``, or ``<engine>_<model>_<block>`` where two layouts
-    of one engine make different variants of one block. A block the engine reads as the block
-    binds it (its own fields, renamed only) keeps the model's own binder: no module."""
+    A variant is named ``<engine>_<block>``; where layouts of one engine make different variants
+    of one block, the one most layouts use keeps that name (the first on a tie) and each other
+    is ``<engine>_<model>_<block>`` after its first layout (a model's own reorder, say). A block
+    the engine reads as the block binds it (its own fields, renamed only) keeps the model's own
+    binder: no module."""
     layouts = list(engines.load_engines(root, specs.models, specs.blocks))
     bodies: dict[tuple[str, str, str], list[Any]] = {}  # (engine, block, body) -> its layouts
     chosen: dict[tuple[int, str], tuple[str, str, str]] = {}  # (layout, block) -> that key
@@ -530,10 +532,15 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment, plan: Plan)
                 bodies.setdefault(key, []).append(e)
                 chosen[(k, bname)] = key
     names: dict[tuple[str, str, str], str] = {}
+    shared: dict[tuple[str, str], tuple[str, str, str]] = {}  # the variant most layouts use
+    for key, users in bodies.items():
+        best = shared.get(key[:2])
+        if best is None or len(users) > len(bodies[best]):
+            shared[key[:2]] = key
     for key, users in bodies.items():
         engine, bname, body = key
-        alone = sum(1 for k2 in bodies if k2[:2] == (engine, bname)) == 1
-        module = _slug(engine, bname) if alone else _slug(engine, users[0].model, bname)
+        plain = shared[(engine, bname)] == key
+        module = _slug(engine, bname) if plain else _slug(engine, users[0].model, bname)
         names[key] = module
         written = {  # the layout files the variant's entries are written in
             located.file if (located := u.blocks[bname].located) is not None else u.file
