@@ -252,7 +252,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
         return cmd_bind_ranks(a)
     from specbind.core.planning import Ranks
     from specbind.generated import SPECS_SHA256
-    from specbind.launcher import resolve_tp
+    from specbind.launcher import resolve_ep, resolve_tp
     from specbind.runtime.bind.bind import ReportOnly, bind_checkpoint
     from specbind.runtime.binder import backends
     from specbind.runtime.io.checkpoint import CheckpointDir
@@ -262,6 +262,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     overrides = _sets(a.set)
     opts = _options(a)
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
+    ep_size, ep_rank = resolve_ep(a.ep_size, a.ep_rank)
     backend = backends.get(a.backend, _kernels(a.backend))
     ckpt = CheckpointDir(Path(a.ckpt))
     out = None
@@ -274,7 +275,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
     _note_overrides(overrides)
     run = partial(
         bind_checkpoint, ckpt, table, overrides, tp_size, tp_rank, backend=backend,
-        ep_size=_or(a.ep_size, 1), ep_rank=_or(a.ep_rank, 0), **opts.bind_kwargs(),
+        ep_size=ep_size, ep_rank=ep_rank, **opts.bind_kwargs(),
     )  # fmt: skip
     if out is None:  # checks and reports only: each slot dropped once bound
         result = run(sink=ReportOnly())
@@ -283,7 +284,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
         from specbind.runtime.bound.bound_format import BoundMeta
         from specbind.runtime.bound.stream_out import StreamWriter
 
-        ranks = Ranks(tp_size, tp_rank, _or(a.ep_size, 1), _or(a.ep_rank, 0))
+        ranks = Ranks(tp_size, tp_rank, ep_size, ep_rank)
         head = BoundMeta(table.name, SPECS_SHA256, ranks, values, overrides)
         with StreamWriter(out, head, backend, ckpt.files(), ckpt.dirs()) as sink:
             result = run(sink=sink)
@@ -446,13 +447,13 @@ def _scheme(table: Any, name: str) -> Any:
 def cmd_bench(a: argparse.Namespace) -> int:
     from specbind import bench
     from specbind.core.planning import Ranks
-    from specbind.launcher import resolve_tp
+    from specbind.launcher import resolve_ep, resolve_tp
 
     if a.repeat < 1:
         raise UsageError("--repeat must be >= 1")
     table = _table(a.model, a.ckpt)
     tp_size, tp_rank = resolve_tp(a.tp_size, a.tp_rank, os.environ)
-    ranks = Ranks(tp_size, tp_rank, _or(a.ep_size, 1), _or(a.ep_rank, 0))
+    ranks = Ranks(tp_size, tp_rank, *resolve_ep(a.ep_size, a.ep_rank))
     result = bench.run(Path(a.ckpt), table, _sets(a.set), ranks, a.repeat, mtp=not a.no_mtp)
     print(_json(result) if a.json else bench.render(result))
     return 0

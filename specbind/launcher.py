@@ -57,3 +57,15 @@ def resolve_tp(size: int | None, rank: int | None, env: Mapping[str, str]) -> tu
     except GeometryError as e:
         raise RankError(f"{e}{source}") from None
     return tp_size, tp_rank
+
+
+def resolve_ep(size: int | None, rank: int | None) -> tuple[int, int]:
+    """The expert-parallel size and rank, from the flags alone (no launcher variable names an
+    ep rank). An ep size above 1 without ``--ep-rank`` is refused, never read as rank 0."""
+    ep_size = 1 if size is None else size
+    if rank is None and ep_size > 1:
+        raise RankError(
+            f"--ep-size {ep_size} without --ep-rank outside a launcher: name the rank with "
+            f"--ep-rank 0..{ep_size - 1}, or bind every rank with --out-dir or under torchrun"
+        )
+    return ep_size, 0 if rank is None else rank

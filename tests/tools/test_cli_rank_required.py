@@ -72,3 +72,12 @@ def test_the_rank_from_a_flag_or_a_launcher_still_binds_and_tp_one_needs_none(
     assert main(["bind", str(ckpt), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert (rep["tp_size"], rep["tp_rank"]) == (2, 1)
+
+
+@pytest.mark.parametrize("command", ["bind", "bench"])
+def test_an_ep_size_above_one_without_an_ep_rank_is_refused_naming_the_flag(
+    ckpt: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    assert main([command, str(ckpt), "--ep-size", "2"]) == EXIT["usage"]
+    err = _one_line(capsys)
+    assert "--ep-size 2 without --ep-rank" in err and "--ep-rank 0..1" in err
