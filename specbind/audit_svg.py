@@ -35,12 +35,13 @@ _LAYER = re.compile(r"(?:bind: )?layer (\d+): ")
 
 
 def _word(name: str) -> re.Pattern[str]:
-    """``name`` as a whole dotted word (a family's ``{e}``: any index); a tensor rule's last
-    component dropped, so ``experts.{e}.down_proj.weight`` also finds ``….weight_scale``."""
+    """``name`` as a whole dotted word (a family's ``{e}``: any index), also as the tail of a
+    stored name (refusals name ``layers.0.self_attn.q_proj.weight`` in full); a tensor rule's
+    last component dropped, so ``experts.{e}.down_proj.weight`` also finds ``….weight_scale``."""
     parts = name.split(".")
     stem = ".".join(parts[:-1]) if len(parts) > 1 else name
     body = r"\d+".join(re.escape(p) for p in re.split(r"\{[a-z]\}", stem))
-    return re.compile(rf"(?<![\w.]){body}(?![\w])")
+    return re.compile(rf"(?<![\w]){body}(?![\w])")
 
 
 def attribute(

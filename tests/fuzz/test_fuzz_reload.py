@@ -87,7 +87,8 @@ def bound_file(root: Path, name: str, synth: list[str]) -> tuple[dict[str, Any],
     ck, out = root / name, root / f"{name}.safetensors"
     tiny = ["--model", "deepseek-v3.2", "--layers", "1", "--set", "hidden=64"]
     assert main(["synth", str(ck), *tiny, *synth]) == 0
-    assert main(["bind", str(ck), "--tp-size", "2", "--ep-size", "2", "--out", str(out)]) == 0
+    argv = ["--tp-size", "2", "--tp-rank", "0", "--ep-size", "2", "--ep-rank", "0"]
+    assert main(["bind", str(ck), *argv, "--out", str(out)]) == 0
     raw = out.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     return json.loads(raw[8 : 8 + n]), raw[8 + n :]

@@ -96,7 +96,7 @@ def test_the_slicing_side_reads_exactly_the_bytes_the_bind_reads_of_each_tensor(
 def test_bench_reports_time_bandwidth_and_peak_rss_of_both_sides(ckpts: dict[str, Path]) -> None:
     proc = patience.run(
         [sys.executable, "-m", "specbind", "bench", str(ckpts["glm-5.3-flash"]), "--repeat", "1",
-         "--tp-size", "2", "--tp-rank", "1", "--ep-size", "2", "--json"],
+         "--tp-size", "2", "--tp-rank", "1", "--ep-size", "2", "--ep-rank", "0", "--json"],
         capture_output=True, text=True, cpu=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
