@@ -37,6 +37,9 @@ class ShardRule:
     axis: int = 0  # rows: 0; cols: -1; axis: as declared
     # why ``unit`` is never replicated (a tp past its count is refused); None: it replicates
     never_replicated: str | None = None
+    # a tp that does not divide ``unit`` pads it to a multiple of ``pad`` and splits that
+    # (``core.vocab_pad``: vLLM's VocabParallelEmbedding); None: such a tp is refused
+    pad: int | None = None
 
     def resolved(self, rank: int) -> int:
         return self.axis % rank if rank else 0

@@ -17,6 +17,12 @@ A plan is computed per (block, geometry, tp, ep, ranks) from the spec's rules:
   this ep rank's rows of axis 0 (``members``: first row and count), and tp splits another
   axis of them; the local shape starts with the rank's member count.
 
+- a unit the block pads (``padded:``, ``ShardRule.pad``: the vocabulary, one row a unit) and
+  that tp does not divide is padded as vLLM's VocabParallelEmbedding pads it
+  (``core.vocab_pad``): rank r holds ``P/tp`` rows, the stored ones of ``[r·P/tp, (r+1)·P/tp)``
+  first, then ``zeros`` zero rows; a tp that divides the unit splits it as above, unpadded
+  (the bytes every dividing tp bound before padding existed).
+
 Invariants:
 - each unit is held by ``max(tp / U, 1)`` ranks (``replicas``): ``U % tp == 0`` or
   ``tp % U == 0`` for every sharded tensor, checked at plan time with a message naming it;
@@ -32,6 +38,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from specbind.core import vocab_pad
 from specbind.core.dtypes import DTYPES
 from specbind.core.errors import GeometryError, RankError
 from specbind.core.ir import ShardKind, TensorRule
@@ -55,6 +62,15 @@ class TensorPlan:
     singletons: bool = False  # also stored with extra size-1 axes (the same bytes)
     replicas: int = 1  # tp ranks holding each unit: tp / units when units < tp, else 1
     members: tuple[int, int] | None = None  # a stacked family: (first row, rows) of axis 0
+    # a padded split (``ShardRule.pad``): the axis padded to this size (0: not padded); the
+    # last ``zeros`` rows of this rank's share are zeros, past the stored rows
+    padded: int = 0
+    zeros: int = 0
+
+    @property
+    def stored_local(self) -> int:
+        """Rows of the sharded axis this rank reads from the checkpoint."""
+        return self.local_shape[self.axis] - self.zeros
 
     @property
     def full_bytes(self) -> int:
@@ -75,6 +91,7 @@ class TensorPlan:
             "offset": self.offset,
             "full_bytes": self.full_bytes,
             "local_bytes": self.local_bytes,
+            **({"padded": self.padded, "zero_rows": self.zeros} if self.padded else {}),
         }
 
 
@@ -194,6 +211,8 @@ def plan_tensor(
             f"{block}: {r.name} dim {axis} ({full[axis]}) does not split into "
             f"{unit} = {units} whole units"
         )
+    if units % tp != 0 and tp % units != 0 and r.shard.pad is not None and full[axis] == units:
+        return _padded_plan(block, r, full, units, axis, tp, tp_rank, r.shard.pad, pattern)
     if units % tp != 0 and tp % units != 0:
         raise GeometryError(
             f"{block}: {r.name} shards {kind} on {unit} = {units} units, "
@@ -214,6 +233,29 @@ def plan_tensor(
         r.name, r.dtype, kind, unit, units, full, tuple(shape), axis,
         tp_rank // replicas * local, r.shape, r.stored, pattern or r.name, r.stored_singletons,
         replicas,
+    )  # fmt: skip
+
+
+def _padded_plan(
+    block: str, r: TensorRule, full: tuple[int, ...], units: int, axis: int, tp: int,
+    tp_rank: int, multiple: int, pattern: str,
+) -> TensorPlan:  # fmt: skip
+    """A unit of one row that tp does not divide, padded as vLLM pads a vocabulary: the
+    rank's share of the padded size, its stored rows first (``core.vocab_pad``)."""
+    share = vocab_pad.split(units, multiple, tp, tp_rank)
+    if share is None:
+        padded = vocab_pad.padded_size(units, multiple)
+        raise GeometryError(
+            f"{block}: {r.name} shards {r.shard.kind} on {r.shard.unit} = {units} units, which "
+            f"tp {tp} does not divide, and padded to a multiple of {multiple} ({padded}) it "
+            f"does not split into {tp} equal shares either"
+        )
+    shape = list(full)
+    shape[axis] = share.per
+    return TensorPlan(
+        r.name, r.dtype, r.shard.kind, r.shard.unit, units, full, tuple(shape), axis,
+        share.start, r.shape, r.stored, pattern or r.name, r.stored_singletons, 1, None,
+        share.padded, share.zeros,
     )  # fmt: skip
 
 

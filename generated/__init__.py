@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "ba931311f7e60e9b64c84af25f3f2877410944f08a761cba2b1fcd9e5296732b"
+SPECS_SHA256 = "31c7b77613706b66d4e8d7c0695c2f1977b83a2b0c3c1e1e2333d88d6a46b6f7"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

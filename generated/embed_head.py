@@ -82,14 +82,14 @@ TENSORS: tuple[TensorRule, ...] = (
         name="embed_tokens.weight",
         dtype="BF16",
         shape="[vocab, hidden]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
     ),
     # lm_head.weight [vocab, hidden] BF16 on disk; rank r reads [vocab_r, hidden], block r of the rows (whole vocab)
     TensorRule(
         name="lm_head.weight",
         dtype="BF16",
         shape="[vocab, hidden]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
         group="head",
         root=True,
         tie=TieRule(to="embed_tokens.weight", config="tie_word_embeddings"),

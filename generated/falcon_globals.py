@@ -82,7 +82,7 @@ TENSORS: tuple[TensorRule, ...] = (
         name="word_embeddings.weight",
         dtype="BF16",
         shape="[vocab, hidden]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
     ),
     # ln_f.weight [hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
@@ -103,7 +103,7 @@ TENSORS: tuple[TensorRule, ...] = (
         name="lm_head.weight",
         dtype="BF16",
         shape="[vocab, hidden]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
         group="head",
         root=True,
         tie=TieRule(to="word_embeddings.weight", config="tie_word_embeddings"),

@@ -82,7 +82,7 @@ TENSORS: tuple[TensorRule, ...] = (
         name="embed_tokens.weight",
         dtype="BF16",
         shape="[vocab, hidden]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
     ),
     # final_layernorm.weight [hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
@@ -103,7 +103,7 @@ TENSORS: tuple[TensorRule, ...] = (
         name="lm_head.weight",
         dtype="BF16",
         shape="[vocab, hidden]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
         group="head",
         root=True,
         tie=TieRule(to="embed_tokens.weight", config="tie_word_embeddings"),
@@ -113,7 +113,7 @@ TENSORS: tuple[TensorRule, ...] = (
         name="lm_head.bias",
         dtype="BF16",
         shape="[vocab]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
         group="head",
         root=True,
     ),

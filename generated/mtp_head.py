@@ -110,7 +110,7 @@ TENSORS: tuple[TensorRule, ...] = (
         name="embed_tokens.weight",
         dtype="BF16",
         shape="[vocab, hidden]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
         group="vocab_copies",
     ),
     # shared_head.head.weight [vocab, hidden] BF16 on disk; rank r reads [vocab_r, hidden], block r of the rows (whole vocab)
@@ -118,7 +118,7 @@ TENSORS: tuple[TensorRule, ...] = (
         name="shared_head.head.weight",
         dtype="BF16",
         shape="[vocab, hidden]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
         group="vocab_copies",
     ),
 )

@@ -82,7 +82,7 @@ TENSORS: tuple[TensorRule, ...] = (
         name="embed_in.weight",
         dtype="BF16",
         shape="[vocab, hidden]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
     ),
     # final_layer_norm.weight [hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
@@ -103,7 +103,7 @@ TENSORS: tuple[TensorRule, ...] = (
         name="embed_out.weight",
         dtype="BF16",
         shape="[vocab, hidden]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
         group="head",
         root=True,
         tie=TieRule(to="embed_in.weight", config="tie_word_embeddings"),

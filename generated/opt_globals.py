@@ -84,7 +84,7 @@ TENSORS: tuple[TensorRule, ...] = (
         name="embed_tokens.weight",
         dtype="BF16",
         shape="[vocab, hidden]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
     ),
     # embed_positions.weight [positions + 2, hidden] BF16 on disk; replicated: every rank reads all of it
     TensorRule(
@@ -112,7 +112,7 @@ TENSORS: tuple[TensorRule, ...] = (
         name="lm_head.weight",
         dtype="BF16",
         shape="[vocab, hidden]",
-        shard=ShardRule(kind="rows", unit="vocab", axis=0),
+        shard=ShardRule(kind="rows", unit="vocab", axis=0, pad=64),
         group="head",
         root=True,
         tie=TieRule(to="embed_tokens.weight", config="tie_word_embeddings"),

@@ -175,6 +175,7 @@ def parse_block(doc: Located) -> Block:
         for g, v in (d.get("groups") or {}).items()
     }
     whole = _never_replicated(doc, d, set(symbols))
+    padded = _padded(doc, d, set(symbols))
     tensors: list[TensorRule] = []
     for tname, t in d["tensors"].items():
         base: PathKey = ("tensors", tname)
@@ -185,6 +186,16 @@ def parse_block(doc: Located) -> Block:
         shard = _shard(doc, (*base, "shard"), t["shard"], set(symbols), len(dims))
         if shard.unit in whole:
             shard = ShardRule(shard.kind, shard.unit, shard.axis, whole[shard.unit])
+        if shard.unit in padded:
+            if shard.kind != "rows" or str(t["shape"][0]) != shard.unit:
+                raise doc.error(
+                    (*base, "shard"),
+                    f"{shard.unit!r} is padded: a tensor sharding on it splits rows of "
+                    f"exactly {shard.unit} (one row a unit), as a vocabulary is split",
+                )
+            shard = ShardRule(
+                shard.kind, shard.unit, shard.axis, shard.never_replicated, padded[shard.unit]
+            )
         _shard_dim_expands(doc, (*base, "shard"), dims, shard, derived)
         group = t.get("group")
         if group is not None and group not in groups:
@@ -319,6 +330,23 @@ def _never_replicated(doc: Located, d: dict[str, Any], symbols: set[str]) -> dic
         if u not in units:
             raise doc.error(("never_replicated", u), f"no tensor of this block shards on {u!r}")
     return dict(raw)
+
+
+def _padded(doc: Located, d: dict[str, Any], symbols: set[str]) -> dict[str, int]:
+    """``padded: {unit: {multiple, why}}``: a tp that does not divide the unit pads it to the
+    multiple and splits that (``core.vocab_pad``); each a symbol some tensor shards on."""
+    raw: dict[str, dict[str, Any]] = d.get("padded") or {}
+    units = set()
+    for t in d["tensors"].values():
+        sh = t["shard"]
+        if isinstance(sh, dict):
+            units.add(sh.get("rows") or sh.get("cols") or sh.get("unit"))
+    for u in raw:
+        if u not in symbols:
+            raise doc.error(("padded", u), f"{u!r} is not a symbol of this block")
+        if u not in units:
+            raise doc.error(("padded", u), f"no tensor of this block shards on {u!r}")
+    return {u: int(v["multiple"]) for u, v in raw.items()}
 
 
 def _shard_dim_expands(

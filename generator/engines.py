@@ -65,7 +65,7 @@ from typing import Any
 
 import jsonschema
 
-from specbind.core import algebra
+from specbind.core import algebra, vocab_pad
 from specbind.core.errors import AlgebraError, SpecbindError, SpecError
 from specbind.core.ir import ShardRule
 from specbind.core.planning import plan_tensor
@@ -563,7 +563,7 @@ def _padded_share(
     """One rank's shape of a padded split of ``whole``: its axis padded up to a multiple of
     ``p.pad``, then split into tp equal shares (refused where tp does not split it)."""
     assert p.pad is not None
-    padded = -(-whole[p.pad_axis] // p.pad) * p.pad
+    padded = vocab_pad.padded_size(whole[p.pad_axis], p.pad)  # the one arithmetic of padding
     if padded % tp:
         assert eb.located is not None
         raise eb.located.error(

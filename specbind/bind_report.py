@@ -47,6 +47,11 @@ def render_text(rep: dict[str, Any], verbose: bool = False, wrote: str | None = 
         + (f"; MTP layer(s) {mtp} not bound (--no-mtp)" if mtp else "")
         + (f"; wrote {wrote}" if wrote else "")
     )
+    lines += [
+        f"padded: {name} has {rows} rows, padded to {to} (tp {rep['tp_size']} does not divide "
+        f"them; rows past {rows} are zeros, as vLLM's VocabParallelEmbedding pads)"
+        for name, (rows, to) in sorted(rep.get("padding", {}).items())
+    ]
     lines.append(done("bound", total, rep["seconds"]))
     return "\n".join(lines)
 

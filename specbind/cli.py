@@ -285,7 +285,10 @@ def cmd_bind(a: argparse.Namespace) -> int:
         from specbind.runtime.bound.stream_out import StreamWriter
 
         ranks = Ranks(tp_size, tp_rank, ep_size, ep_rank)
-        head = BoundMeta(table.name, SPECS_SHA256, ranks, values, overrides)
+        head = BoundMeta(
+            table.name, SPECS_SHA256, ranks, values, overrides,
+            padding=table.padding(values, ranks),
+        )  # fmt: skip
         with StreamWriter(out, head, backend, ckpt.files(), ckpt.dirs()) as sink:
             result = run(sink=sink)
             ckpt.check_sizes()  # before the file is kept: no shard shrank under the bind

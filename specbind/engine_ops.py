@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from specbind.core import algebra
+from specbind.core import algebra, vocab_pad
 from specbind.core.errors import BindError, SpecbindError
 
 _NUMPY = {"F32": np.float32, "F16": np.float16}
@@ -51,14 +51,13 @@ def padded_share(
     ``preadv`` of the contiguous rows of axis 0), so only the rank's rows are read; a whole
     field with no padding row is the arena's copy of ``a``."""
     full = int(a.shape[axis])
-    padded = -(-full // multiple) * multiple
-    if padded % tp_size:
+    share = vocab_pad.split(full, multiple, tp_size, tp_rank)  # the one arithmetic of padding
+    if share is None:
         raise BindError(
-            f"parameter {name!r}: {full} padded to a multiple of {multiple} is {padded}, which "
-            f"tp {tp_size} does not split"
+            f"parameter {name!r}: {full} padded to a multiple of {multiple} is "
+            f"{vocab_pad.padded_size(full, multiple)}, which tp {tp_size} does not split"
         )
-    per = padded // tp_size
-    start, end = min(tp_rank * per, full), min((tp_rank + 1) * per, full)
+    per, start, end = share.per, share.start, share.end
     if (start, end, per) == (0, full, full):
         # the whole field, no row of padding: the field itself, not a copy (or, bound as a view
         # for this split, read into the arena once)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from specbind.core.planning import BlockPlan, Ranks
+from specbind.core.planning import BlockPlan, Ranks, TensorPlan
 from specbind.core.units import size
 from specbind.plan_held import held_by_block, held_totals
 from specbind.runtime.binder.quant import LayerQuant, quantize_rules, quantized_rules
@@ -118,6 +118,7 @@ def plan_report(
                     "full_shape": list(stored[r.name] if r.name in stored else shapes[r.name]),
                     "optional_group": r.group if r.group in optional else None,
                     "held_in_layers": sum(_holds(r.name, names) for names in holding),
+                    **_padding(plans[(name, grid[0])].tensors.get(r.name)),
                 }
                 for r in rules
             ],
@@ -132,7 +133,11 @@ def plan_report(
                 copies = tp_size if t.kind == "replicated" else held
                 expert = t.pattern != t.name or t.members is not None  # a member, or stacked
                 copies *= 1 if expert else ep_size  # an expert lives on one ep rank
-                expected += t.full_bytes * copies
+                nbytes = t.full_bytes
+                p = ranked.get(t.name)
+                if p is not None and p.padded:  # the ranks hold the padded size, zeros included
+                    nbytes = nbytes // p.full_shape[p.axis] * p.padded
+                expected += nbytes * copies
     ranks: list[dict[str, Any]] = []
     for r in grid:
         kinds = held_by_block(layers, partial(plan_of, r=r))  # split, copied, replicated, expert
@@ -141,7 +146,8 @@ def plan_report(
             name: [
                 {
                     k: t.as_dict()[k]
-                    for k in ("name", "local_shape", "local_bytes", "axis", "offset")
+                    for k in ("name", "local_shape", "local_bytes", "axis", "offset", "zero_rows")
+                    if k in t.as_dict()
                 }
                 for t in plan_of(first[name], name, r).tensors.values()
             ]
@@ -207,6 +213,12 @@ def render_text(rep: dict[str, Any]) -> str:
             f"  * optional group {g}: held in {held} of {max(n, 1)} layer(s)"
             for g, held in groups.items()
         ]
+        padded = {(t["shard"], t["units"], t["padded"]) for t in b["tensors"] if "padded" in t}
+        lines += [
+            f"  {shard.split(':')[-1]} = {units} padded to {to} (tp {rep['tp_size']} does not "
+            f"divide it; zero rows past {units}, as vLLM's VocabParallelEmbedding pads)"
+            for shard, units, to in sorted(padded)
+        ]
     lines += _ranks(rep)
     tot = rep["totals"]
     expected = tot["sum_rank_bytes"] == tot["expected_sum"]
@@ -240,6 +252,13 @@ def _ranks(rep: dict[str, Any]) -> list[str]:
         tp = f"tp {lo}" if lo == hi else f"tp {lo}-{hi}"
         lines.append(f"rank {tp} ep {e}: {size(n)}" + ("" if lo == hi else " each"))
     return lines
+
+
+def _padding(p: TensorPlan | None) -> dict[str, int]:
+    """A padded split's units and padded size (``core.vocab_pad``), for the report."""
+    if p is None or not p.padded:
+        return {}
+    return {"units": p.units, "padded": p.padded}
 
 
 def _holds(pattern: str, names: frozenset[str]) -> bool:

@@ -98,6 +98,9 @@ class BindResult:
     flags: dict[str, bool] = field(default_factory=dict)
     quant: str | None = None  # the --out metadata "quant": scheme, weight_only, outputs (JSON)
     mtp_skipped: list[int] = field(default_factory=list)  # MTP layers not bound (mtp=False)
+    # "<block>.<tensor>" -> [stored rows, padded rows]: a vocabulary tp does not divide,
+    # padded as vLLM pads it (``ModelTable.padding``); empty when nothing is padded
+    padding: dict[str, list[int]] = field(default_factory=dict)
 
     def slots(self) -> Iterator[tuple[str, SlotResult]]:
         """Every bound slot by its ``--out`` name prefix: ``layers.{i}.{slot}`` or ``globals``."""
@@ -133,6 +136,7 @@ class BindResult:
             "layers": [layer.as_dict() for layer in self.layers],
             "declared_unbound": dict(self.unbound),
             **({"mtp_not_bound": list(self.mtp_skipped)} if self.mtp_skipped else {}),
+            **({"padding": dict(self.padding)} if self.padding else {}),
             "bytes": sum(x.bytes for x in self.layers)
             + (self.globals.report.bytes if self.globals else 0),
             "seconds": round(self.seconds, 6),
@@ -319,7 +323,10 @@ def bind_checkpoint(
             step(sizes[GLOBALS] if sizes else 0)
     unbound = {p: len(ns) for p, ns in lay.unbound.items() if ns}
     seconds = time.perf_counter() - t0
-    return BindResult(ranks, out, glob, unbound, seconds, flags, qmeta, sorted(lay.mtp_skipped))
+    return BindResult(
+        ranks, out, glob, unbound, seconds, flags, qmeta, sorted(lay.mtp_skipped),
+        table.padding(values, ranks),
+    )  # fmt: skip
 
 
 def _variant(

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import Any, Generic, Protocol, TypeVar
 
-from specbind.core.errors import DerivedError, GeometryError
+from specbind.core.errors import DerivedError, GeometryError, SpecbindError
 from specbind.core.ir import (
     ConfigRequirement,
     ConstraintRule,
@@ -280,6 +280,27 @@ class ModelTable(Generic[G]):
     def slot_blocks(self, scope: str) -> list[SlotRule]:
         """The slots a layer of role ``scope`` ("decoder" or "mtp") is made of."""
         return [s for s in self.slots if s.scope in ("all", scope)]
+
+    def padding(self, values: Mapping[str, int], ranks: Ranks) -> dict[str, list[int]]:
+        """``{"<block>.<tensor>": [stored rows, padded rows]}`` for every tensor a bind at
+        ``values`` and ``ranks`` pads: a block's ``padded:`` unit (the vocabulary) that tp does
+        not divide, split as vLLM's VocabParallelEmbedding splits it (``core.vocab_pad``). What
+        the bind and plan reports and a bound file's ``padding`` record; empty (no key written)
+        where tp divides every padded unit. A block this geometry cannot split is left out:
+        the bind refuses it where it is used."""
+        geometry = self.make_geometry(dict(values))
+        out: dict[str, list[int]] = {}
+        for b in self.blocks:
+            if not any(r.shard.pad is not None for r in b.tensors):
+                continue
+            try:
+                plan = b.plan(geometry, ranks)
+            except SpecbindError:
+                continue
+            for name, p in sorted(plan.tensors.items()):
+                if p.padded:
+                    out[f"{b.name}.{name}"] = [p.full_shape[p.axis], p.padded]
+        return out
 
 
 @record

@@ -11,6 +11,8 @@ Invariants:
   binder's refusal of an unknown tensor still fires;
 - a row shard is a zero-copy slice of the memory map; any other axis is a strided gather of
   only the local slice; the full tensor is never materialised;
+- a padded split (``TensorPlan.zeros``, a vocabulary tp does not divide) is a new buffer: the
+  rank's stored rows copied once, then zero rows to the planned local shape;
 - a stacked family (``TensorPlan.members``) is first cut to this ep rank's rows of axis 0 (a
   zero-copy byte range), then split by tp within them: other ep ranks' experts are never read.
 - a family's column shards (the experts' ``down_proj``) are gathered into one buffer, member
@@ -85,6 +87,8 @@ def shard_raw(
         full_bytes = len(t.data)
     if plan.kind == "replicated" or plan.local_shape == plan.full_shape:
         return t
+    if plan.zeros:  # a padded split: the stored rows, then zero rows (``core.vocab_pad``)
+        return RawTensor(t.dtype, plan.local_shape, _padded(plan, t, dt.nbytes(plan.local_shape)))
     if plan.axis == 0:
         return RawTensor(t.dtype, plan.local_shape, shard_view(plan, t.data, t.dtype).data)
     itemsize = dt.bits // 8
@@ -97,6 +101,17 @@ def shard_raw(
         return RawTensor(t.dtype, plan.local_shape, data)
     local = np.ascontiguousarray(shard_view(plan, t.data, t.dtype))  # the local slice only
     return RawTensor(t.dtype, plan.local_shape, local.reshape(-1).data)
+
+
+def _padded(plan: TensorPlan, t: RawTensor, nbytes: int) -> memoryview:
+    """A padded split's share (the unit is one row of axis 0): a new buffer holding this
+    rank's stored rows, read once, and zeros past them (what vLLM's weight_loader leaves in
+    VocabParallelEmbedding's padding rows)."""
+    assert plan.axis == 0
+    out = np.zeros(nbytes, dtype=np.uint8)
+    stored_rows = shard_view(plan, t.data, t.dtype)
+    out[: stored_rows.size] = stored_rows
+    return out.data
 
 
 def _members(plan: TensorPlan, t: RawTensor) -> tuple[RawTensor, TensorPlan]:
@@ -129,7 +144,7 @@ def shard_view(
     inner = math.prod(plan.full_shape[plan.axis + 1 :]) * itemsize  # bytes of one index
     grid = raw.reshape(-1, plan.full_shape[plan.axis] * inner)  # [outer, axis·inner·B]
     lo = plan.offset * inner
-    window = grid[:, lo : lo + plan.local_shape[plan.axis] * inner]
+    window = grid[:, lo : lo + plan.stored_local * inner]  # a padded split: its stored rows
     return window.reshape(-1) if plan.axis == 0 else window
 
 

@@ -8,6 +8,8 @@ its ``__metadata__`` (string to string) holds the fields of ``BoundMeta``:
 - ``geometry`` (every symbol) and ``overrides`` (the ``--set`` ones): JSON objects of integers;
 - ``layers``: JSON ``{"<index>": {"role": "decoder"|"mtp", "slots": {slot: block}}}``;
 - ``tensors``: how many tensors the bind wrote (a reload refuses a file missing one);
+- ``padding`` (only where a vocabulary tp does not divide is padded): JSON
+  ``{"<block>.<tensor>": [stored rows, padded rows]}`` (``ModelTable.padding``);
 - ``quant`` (a quantized bind only): JSON ``{"outputs": [...], "scheme": s, "weight_only": b}``;
 - ``world``, ``rank`` (``--out-dir`` only): the process-group place of the rank;
 - ``digests``: JSON ``{"algorithm": "xxh3_128", "tensors": {name: hex}}``, each tensor's
@@ -126,6 +128,9 @@ class BoundMeta:
     world: int | None = None
     rank: int | None = None
     digests: Mapping[str, str] | None = None  # tensor name -> its content digest
+    # "<block>.<tensor>" -> [stored rows, padded rows]: a vocabulary tp does not divide
+    # (``ModelTable.padding``); empty, and no key written, when nothing is padded
+    padding: Mapping[str, list[int]] = field(default_factory=dict)
 
     def encode(self) -> dict[str, str]:
         """The ``__metadata__`` strings, sorted by key."""
@@ -146,6 +151,8 @@ class BoundMeta:
         meta |= {k: str(v) for k, v in optional.items() if v is not None}
         if self.quant is not None:
             meta["quant"] = self.quant.encode()
+        if self.padding:
+            meta["padding"] = json.dumps(dict(self.padding), sort_keys=True)
         if self.digests is not None:
             doc = {"algorithm": ALGORITHM, "tensors": dict(self.digests)}
             meta["digests"] = json.dumps(doc, sort_keys=True)
@@ -177,6 +184,7 @@ def decode(meta: Mapping[str, str], where: str) -> BoundMeta:
         world=world,
         rank=rank,
         digests=d.digests(),
+        padding=d.padding(),
     )
 
 
@@ -265,6 +273,21 @@ class _Decoder:
         if type(weight_only) is not bool:
             raise self.fail(f"metadata quant weight_only {weight_only!r} is not true or false")
         return QuantMeta(scheme, weight_only, tuple(sorted(outputs)))
+
+    def padding(self) -> dict[str, list[int]]:
+        """``padding``: ``{"<block>.<tensor>": [stored rows, padded rows]}``, each padded
+        size at least the stored one; absent: nothing padded."""
+        if "padding" not in self.meta:
+            return {}
+        raw = self.json("padding")
+        ok = isinstance(raw, dict) and all(
+            isinstance(v, list) and len(v) == 2
+            and all(type(x) is int for x in v) and 0 < v[0] <= v[1]
+            for v in raw.values()
+        )  # fmt: skip
+        if not ok:
+            raise self.fail("padding is not {tensor: [stored rows, padded rows]}")
+        return {str(k): list(v) for k, v in raw.items()}
 
     def digests(self) -> dict[str, str] | None:
         if "digests" not in self.meta:

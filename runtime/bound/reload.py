@@ -12,6 +12,9 @@ what differs, when it comes from:
 - a geometry these binders refuse (``checked_values``), or a layer whose slot block the model
   does not have there, or a quantization scheme it does not know;
 - a tensor count other than recorded;
+- a ``padding`` record (a vocabulary tp does not divide, padded as vLLM pads it) other than
+  what these binders pad at its geometry and ranks (``ModelTable.padding``): the padded
+  shapes are then the binder's, and the record names the real vocabulary beside them;
 - anything ``bound_check.check_fields`` refuses: a tensor no recorded (layer, slot) explains,
   a field the spec requires there missing (whatever the counts say), a shape or dtype other
   than the block's binder makes at the recorded geometry and ranks, the spec's BF16 fields in
@@ -34,6 +37,7 @@ Trap: views keep the map open; copies do not.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -128,6 +132,12 @@ def read_bound(
         )
     geometry = _geometry(p, table, meta.geometry)
     _check_blocks(p, table, meta.layers)
+    padding = table.padding(geometry, ranks)
+    if dict(meta.padding) != padding:
+        raise ReloadError(
+            f"{p}: records padding {json.dumps(dict(meta.padding), sort_keys=True)}, these "
+            f"binders pad {json.dumps(padding, sort_keys=True)} at its geometry and ranks"
+        )
     lq = _quant(p, table, meta.quant)
     if meta.tensors is not None and meta.tensors != len(f.entries):
         raise ReloadError(

@@ -12,6 +12,10 @@ every tp rank, a unit replicated on ``tp / units`` ranks (KV heads at tp > heads
 ranks, and one that is not an expert is read again by every ep rank; an expert's tensors are
 read only by the tp ranks of the ep rank that owns it.
 
+A padded split (a vocabulary tp does not divide, ``TensorPlan.zeros``) reads its stored rows
+only; its zero rows are no bytes of the checkpoint, and a rank whose share is all padding reads
+an empty window, which tiles nothing.
+
 Invariants checked by ``check``:
 - every tensor the layout claims is read by some rank (an expert no ep rank owns is caught);
 - the ranks agree on each tensor's size and row structure and on its ``expect``;
@@ -77,7 +81,8 @@ def window(plan: TensorPlan, itemsize: int) -> tuple[int, int, int, int]:
         return 1, n, 0, n
     inner = math.prod(plan.full_shape[plan.axis + 1 :]) * itemsize  # bytes of one index
     row_bytes = plan.full_shape[plan.axis] * inner
-    return n // row_bytes, row_bytes, plan.offset * inner, plan.local_shape[plan.axis] * inner
+    # a padded split reads its stored rows only: its zero rows are no bytes of the checkpoint
+    return n // row_bytes, row_bytes, plan.offset * inner, plan.stored_local * inner
 
 
 def member_rows(plan: TensorPlan, rows: int) -> tuple[int, int]:
@@ -215,6 +220,8 @@ def _check_rows(
     out: list[str] = []
     end = 0
     for lo, width in sorted(windows):
+        if width == 0:  # a padded split's rank past the stored rows: it reads no byte
+            continue
         readers = [r for r, _ in windows[(lo, width)]]
         if lo > end:
             out.append(f"{name}: bytes [{end}, {lo}) of each row are read by no rank")

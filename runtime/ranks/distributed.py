@@ -215,7 +215,8 @@ def run(job: Job, comm: Comm) -> dict[str, Any] | None:
             result = run(sink=ReportOnly())
         else:  # streamed, as bind --out: one slot's output in memory at a time
             head = BoundMeta(job.table.name, job.specs_sha256, p.ranks, p.values, job.overrides,
-                             world=comm.world, rank=comm.rank)  # fmt: skip
+                             world=comm.world, rank=comm.rank,
+                             padding=job.table.padding(p.values, p.ranks))  # fmt: skip
             with StreamWriter(p.out, head, job.backend, p.ckpt.files(), p.ckpt.dirs()) as sink:
                 result = run(sink=sink)
             file_bytes = sink.bytes
