@@ -161,7 +161,7 @@ def share(
     if row0 or rows != stored[0]:
         spans[0] = (row0, row0 + rows)
     if plan.kind != "replicated" and plan.local_shape[plan.axis] != plan.full_shape[plan.axis]:
-        lo, n = plan.offset, plan.local_shape[plan.axis]
+        lo, n = plan.offset, plan.stored_local  # a padded split: its stored rows, no zeros
         spans[plan.axis] = (row0 + lo, row0 + lo + n) if plan.axis == 0 else (lo, lo + n)
     return spans
 

@@ -82,6 +82,35 @@ def test_a_vocabulary_no_tp_divides_binds_each_rank_its_padded_share_then_zero_r
         assert np.array_equal(whole[:PRIME], stored)  # the ranks together are the tensor
 
 
+@pytest.mark.parametrize("tp", [2, 3])
+def test_the_padded_ranks_compute_the_embedding_and_logits_as_vllm_parallel_layers_do(
+    prime: Path, tp: int
+) -> None:
+    """vLLM's VocabParallelEmbedding.forward: each rank looks up the ids in its share
+    ``[r·P/tp, (r+1)·P/tp)`` (others masked to 0), summed over ranks; ParallelLMHead: each rank's
+    logits gathered in rank order, cut to the real vocabulary (LogitsProcessor). Both equal the
+    stored tensors' lookup and product."""
+    per = 192 // tp
+    ids = np.array([0, 1, per - 1, per, min(2 * per, PRIME) - 1, PRIME - 1, 97, 150])
+    h = np.random.default_rng(0).standard_normal((5, 40)).astype(np.float32)
+    ranks = [specbind.open(prime).bind(tp_rank=r, tp_size=tp).globals for r in range(tp)]
+    embed = [np.asarray(g.tensors["embed_tokens"]).astype(np.float32) for g in ranks if g]
+    head = [np.asarray(g.tensors["lm_head"]).astype(np.float32) for g in ranks if g]
+    looked = np.zeros((len(ids), 40), np.float32)
+    for r, w in enumerate(embed):
+        mine = (ids >= r * per) & (ids < (r + 1) * per)
+        looked += np.where(mine[:, None], w[np.where(mine, ids - r * per, 0)], 0)
+    logits = np.concatenate([h @ w.T for w in head], axis=1)[:, :PRIME]
+
+    def f32(name: str) -> np.ndarray[Any, Any]:  # BF16 bits -> F32 (the high half of an F32)
+        bits = _stored(prime, name).astype(np.uint16).astype(np.uint32) << 16
+        out: np.ndarray[Any, Any] = bits.view(np.float32)
+        return out
+
+    assert np.array_equal(looked, f32("embed_tokens.weight")[ids])
+    np.testing.assert_allclose(logits, h @ f32("lm_head.weight").T, rtol=1e-5, atol=1e-5)
+
+
 def test_a_padded_rank_records_its_padding_in_the_report_and_the_file_and_reloads(
     prime: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
