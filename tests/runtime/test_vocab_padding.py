@@ -6,6 +6,8 @@ before. The expectations are numpy slices of the stored tensors, read with safet
 from __future__ import annotations
 
 import json
+import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +215,36 @@ def test_a_padded_unit_on_a_tensor_that_does_not_split_one_row_a_unit_is_refused
     p.write_text(bad)
     with pytest.raises(SpecError, match="'vocab' is padded: a tensor sharding on it splits rows"):
         parse_block(yamlio.load(p, "specs/blocks/lm_globals.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        (None, "records padding {}, these binders pad"),
+        ({"lm_globals.embed_tokens.weight": [181, 256]}, "records padding"),
+        ({"lm_globals.embed_tokens.weight": [200, 192]}, "padding is not {tensor: [stored"),
+    ],
+)
+def test_a_padded_file_whose_padding_record_is_not_the_binders_is_refused(
+    prime: Path, tmp_path: Path, record: Any, why: str
+) -> None:
+    from specbind.core.errors import ReloadError
+    from specbind.runtime.bound.bound_format import RECORD_KEY, record_digest
+
+    out = tmp_path / "r0.safetensors"
+    assert main(["bind", str(prime), "--tp-size", "3", "--tp-rank", "0", "--out", str(out)]) == 0
+    raw = out.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    head = json.loads(raw[8 : 8 + n])
+    meta = head["__metadata__"]
+    if record is None:
+        del meta["padding"]
+    else:
+        meta["padding"] = json.dumps(record)
+    meta[RECORD_KEY] = record_digest(meta)  # the record re-signed: the padding check alone
+    new = json.dumps(head).encode()
+    new += b" " * (-len(new) % 8)
+    edited = tmp_path / "edited.safetensors"
+    edited.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n :])
+    with pytest.raises(ReloadError, match=re.escape(why)):
+        specbind.open_bound(edited, tp_rank=0, tp_size=3)
