@@ -133,10 +133,8 @@ def test_synth_audit_and_bind_pick_the_model_without_being_told(
     rep = json.loads(capsys.readouterr().out)
     assert rep["model"] == "kimi-linear" and rep["coverage"]["unaccounted"] == 0
     assert rep["problems"] == []
-    assert (
-        main(["bind", "--tp-size", "2", "--tp-rank", "1", "--ep-size", "3", str(tmp_path / "k")])
-        == 0
-    )
+    ranks = ["--tp-size", "2", "--tp-rank", "1", "--ep-size", "3", "--ep-rank", "2"]
+    assert main(["bind", *ranks, str(tmp_path / "k")]) == 0
     assert main(["synth", str(tmp_path / "g")]) == 0
     config = json.loads((tmp_path / "g" / "config.json").read_text())
     assert config["model_type"] != "kimi_linear"

@@ -37,6 +37,8 @@ def bound(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         "1",
         "--ep-size",
         "2",
+        "--ep-rank",
+        "0",
         "--out",
         str(out),
     ]

@@ -230,7 +230,7 @@ def test_a_file_written_before_digests_is_refused_asking_for_a_new_bind(
 def test_a_packed_field_without_its_scale_is_refused(tmp_path: Path) -> None:
     ck, out = tmp_path / "q", tmp_path / "q.safetensors"
     assert main(["synth", str(ck), "--layers", "4", "--quant", "nvfp4-modelopt"]) == 0
-    assert main(["bind", str(ck), "--ep-size", "2", "--out", str(out)]) == 0
+    assert main(["bind", str(ck), "--ep-size", "2", "--ep-rank", "0", "--out", str(out)]) == 0
     assert open_bound(out).tensors["layers.3.mlp.w2"].dtype == np.uint8  # packed
 
     def fewer(m: Meta) -> None:
