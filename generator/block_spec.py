@@ -316,14 +316,20 @@ def parse_block(doc: Located) -> Block:
     )  # fmt: skip
 
 
-def _never_replicated(doc: Located, d: dict[str, Any], symbols: set[str]) -> dict[str, str]:
-    """``never_replicated: {unit: why}``: each a symbol some tensor shards on."""
-    raw: dict[str, str] = d.get("never_replicated") or {}
-    units = set()
+def _shard_units(d: dict[str, Any]) -> set[str | None]:
+    """The unit each of the block's tensors shards on (rows, cols or a stacked unit)."""
+    units: set[str | None] = set()
     for t in d["tensors"].values():
         sh = t["shard"]
         if isinstance(sh, dict):
             units.add(sh.get("rows") or sh.get("cols") or sh.get("unit"))
+    return units
+
+
+def _never_replicated(doc: Located, d: dict[str, Any], symbols: set[str]) -> dict[str, str]:
+    """``never_replicated: {unit: why}``: each a symbol some tensor shards on."""
+    raw: dict[str, str] = d.get("never_replicated") or {}
+    units = _shard_units(d)
     for u in raw:
         if u not in symbols:
             raise doc.error(("never_replicated", u), f"{u!r} is not a symbol of this block")
@@ -336,11 +342,7 @@ def _padded(doc: Located, d: dict[str, Any], symbols: set[str]) -> dict[str, int
     """``padded: {unit: {multiple, why}}``: a tp that does not divide the unit pads it to the
     multiple and splits that (``core.vocab_pad``); each a symbol some tensor shards on."""
     raw: dict[str, dict[str, Any]] = d.get("padded") or {}
-    units = set()
-    for t in d["tensors"].values():
-        sh = t["shard"]
-        if isinstance(sh, dict):
-            units.add(sh.get("rows") or sh.get("cols") or sh.get("unit"))
+    units = _shard_units(d)
     for u in raw:
         if u not in symbols:
             raise doc.error(("padded", u), f"{u!r} is not a symbol of this block")
