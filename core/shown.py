@@ -18,9 +18,10 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-__all__ = ["shown"]
+__all__ = ["NAME_LIMIT", "shown"]
 
 _BITS = 10_000  # past this an integer is named by its size (decimal digits: about 0.3 x bits)
+NAME_LIMIT = 160  # a long tensor name still whole; a hostile one cut
 LIMIT = 300  # characters of the whole: strings nested in a list are cut each, then the whole
 
 
@@ -28,7 +29,7 @@ class _Shown(reprlib.Repr):
     def __init__(self) -> None:
         super().__init__()
         self.maxlevel = 3
-        self.maxstring = 160  # a long tensor name still whole; a hostile one cut
+        self.maxstring = NAME_LIMIT
         self.maxother = 80
         self.maxlong = 80
         self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 8

@@ -162,13 +162,10 @@ class NamedView:
         rows = shape[0] if shape else 0
         if not sizes:
             return Stored(stored, name, None, seg * (rows // of), shape)
-        got = self._sizes.get("\0".join(sizes))
-        if got is None and self._values is not None:
-            try:
-                env = self._values()
-                got = tuple(int(algebra.evaluate(algebra.parse(z), env)) for z in sizes)
-            except SpecbindError:
-                got = None  # the sizes cannot be told: the section is named without its row
+        try:
+            got: tuple[int, ...] | None = self._evaluated(stored, sizes)
+        except SpecbindError:
+            got = None  # the sizes cannot be told: the section is named without its row
         return Stored(stored, name, None, None if got is None else sum(got[:seg]), shape)
 
     def stored_name(self, name: str) -> str:
@@ -502,12 +499,12 @@ def refuse_problems(lay: Layout) -> None:
 def first_components(names: list[str], most: int = 5) -> str:
     """The most common leading name components, to show what the checkpoint does hold (a
     hostile long one cut, as ``core.shown`` cuts a value)."""
-    from specbind.core.shown import shown as cut
+    from specbind.core.shown import NAME_LIMIT, shown
 
     counts: dict[str, int] = {}
     for n in names:
         head = ".".join(n.split(".")[:2])
         counts[head] = counts.get(head, 0) + 1
     top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:most]
-    said = ", ".join(f"{k if len(k) <= 160 else cut(k)}.* ({v})" for k, v in top)
+    said = ", ".join(f"{k if len(k) <= NAME_LIMIT else shown(k)}.* ({v})" for k, v in top)
     return f"its names start with {said}" if top else "it holds no tensors"
