@@ -31,7 +31,7 @@ Monomial = tuple[tuple[str, int], ...]  # sorted by symbol; every power non-zero
 Poly = dict[Monomial, Fraction]
 
 _MAX_TERMS = 256
-_MAX_POWER = 8
+MAX_POWER = 8
 _MAX_TRIES = 128  # assignments of the other symbols tried by can_equal (each solves for one)
 
 
@@ -101,8 +101,8 @@ def _expand(node: ast.expr, subst: Callable[[str], Poly]) -> Poly:
             n = node.right
             if not (isinstance(n, ast.Constant) and type(n.value) is int and n.value >= 0):
                 raise NotPolynomial("a power by a symbol")
-            if n.value > _MAX_POWER:
-                raise NotPolynomial(f"a power above {_MAX_POWER}")
+            if n.value > MAX_POWER:
+                raise NotPolynomial(f"a power above {MAX_POWER}")
             base, out = _expand(node.left, subst), const(1)
             for _ in range(n.value):
                 out = mul(out, base)

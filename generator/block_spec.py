@@ -326,29 +326,28 @@ def _shard_units(d: dict[str, Any]) -> set[str | None]:
     return units
 
 
-def _never_replicated(doc: Located, d: dict[str, Any], symbols: set[str]) -> dict[str, str]:
-    """``never_replicated: {unit: why}``: each a symbol some tensor shards on."""
-    raw: dict[str, str] = d.get("never_replicated") or {}
+def _unit_map(doc: Located, d: dict[str, Any], key: str, symbols: set[str]) -> dict[str, Any]:
+    """``key: {unit: ...}`` (``never_replicated``, ``padded``): each unit a symbol of the block
+    that some tensor shards on."""
+    raw: dict[str, Any] = d.get(key) or {}
     units = _shard_units(d)
     for u in raw:
         if u not in symbols:
-            raise doc.error(("never_replicated", u), f"{u!r} is not a symbol of this block")
+            raise doc.error((key, u), f"{u!r} is not a symbol of this block")
         if u not in units:
-            raise doc.error(("never_replicated", u), f"no tensor of this block shards on {u!r}")
-    return dict(raw)
+            raise doc.error((key, u), f"no tensor of this block shards on {u!r}")
+    return raw
+
+
+def _never_replicated(doc: Located, d: dict[str, Any], symbols: set[str]) -> dict[str, str]:
+    """``never_replicated: {unit: why}``: each a symbol some tensor shards on."""
+    return dict(_unit_map(doc, d, "never_replicated", symbols))
 
 
 def _padded(doc: Located, d: dict[str, Any], symbols: set[str]) -> dict[str, int]:
     """``padded: {unit: {multiple, why}}``: a tp that does not divide the unit pads it to the
     multiple and splits that (``core.vocab_pad``); each a symbol some tensor shards on."""
-    raw: dict[str, dict[str, Any]] = d.get("padded") or {}
-    units = _shard_units(d)
-    for u in raw:
-        if u not in symbols:
-            raise doc.error(("padded", u), f"{u!r} is not a symbol of this block")
-        if u not in units:
-            raise doc.error(("padded", u), f"no tensor of this block shards on {u!r}")
-    return {u: int(v["multiple"]) for u, v in raw.items()}
+    return {u: int(v["multiple"]) for u, v in _unit_map(doc, d, "padded", symbols).items()}
 
 
 def _shard_dim_expands(

@@ -602,7 +602,7 @@ def load_engines(
             continue
         rel = p.relative_to(root).as_posix()
         layout = parse_engine(yamlio.load(p, rel), models, blocks, shared.get(p.parent.name))
-        second = p.stem.startswith(f"{layout.model}-") and p.stem != layout.model
+        second = p.stem.startswith(f"{layout.model}-")
         if p.parent.name != layout.engine or not (p.stem == layout.model or second):
             raise SpecError(
                 rel, "engine", None,

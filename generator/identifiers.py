@@ -23,6 +23,7 @@ import jsonschema
 
 from specbind.core import algebra
 from specbind.core.errors import AlgebraError
+from specbind.core.polynomial import MAX_POWER
 from specbind.generator.yamlio import Located, PathKey
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "specs" / "schema"
@@ -103,9 +104,9 @@ def symbol_expr(
 
 
 # The largest exponent a spec's integer expression may give ``**``: the largest power
-# core.polynomial multiplies out (its _MAX_POWER), so every power stays one the proofs of a
-# shape can reason about; a dimension is never a higher power of another.
-MAX_EXPONENT = 8
+# core.polynomial multiplies out, so every power stays one the proofs of a shape can reason
+# about; a dimension is never a higher power of another.
+MAX_EXPONENT = MAX_POWER
 
 
 def _small_powers(doc: Located, path: PathKey, e: algebra.Expr) -> None:

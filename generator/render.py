@@ -552,7 +552,7 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment, plan: Plan)
     tables = []
     for k, e in enumerate(layouts):
         m = specs.models[e.model]
-        base = _slug(e.engine, e.name or e.model)
+        base = _slug(e.engine, e.name)
         uses: list[dict[str, Any]] = []
         for u in (u for u in m.blocks if u.block in e.blocks):
             picked = chosen.get((k, u.block))
@@ -568,7 +568,7 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment, plan: Plan)
         )  # fmt: skip
         plan.add(f"engines/{base}.py", table, f"{e.engine}'s layout of model {e.model} ({e.file})")
         tables.append({
-            "engine": e.engine, "model": e.model, "name": e.name or e.model, "module": base,
+            "engine": e.engine, "model": e.model, "name": e.name, "module": base,
             "architectures": e.architectures,
         })  # fmt: skip
     unavailable = engines.load_unavailable(root, specs.models)
