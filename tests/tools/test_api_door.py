@@ -61,7 +61,7 @@ def misuses(ck: Path) -> dict[str, tuple[Callable[[], Any], str]]:
         ),
         "open(Path NUL)": (
             lambda: specbind.open(Path(f"{ck}\0x")),
-            "open: path",
+            f"open: path {str(ck) + chr(0) + 'x'!r} holds a NUL byte; no file is named so",
         ),
         "open(overrides='hidden=40')": (
             lambda: specbind.open(ck, overrides=a or "hidden=40"),
@@ -90,16 +90,7 @@ def misuses(ck: Path) -> dict[str, tuple[Callable[[], Any], str]]:
     }
 
 
-CASES = [
-    "bind(device=0)", "bind(into=object())", "bind(backend=['numpy'])", "open(None)",
-    "open(123)", "open(b'...')", "open(NUL)", "open(Path NUL)", "open(overrides='hidden=40')",
-    "open(overrides={1: 2})", "open(model=1)", "open_bound(None)", "open_bound(NUL)",
-    "open_bound(copy='yes')",
-]  # fmt: skip
-
-
-def test_the_cases_are_every_misuse_listed() -> None:
-    assert sorted(CASES) == sorted(misuses(Path("/nowhere")))
+CASES = list(misuses(Path("/nowhere")))  # the cases are the misuses listed above
 
 
 @pytest.mark.parametrize("case", CASES)
