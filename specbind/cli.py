@@ -279,7 +279,6 @@ def cmd_bind(a: argparse.Namespace) -> int:
     )  # fmt: skip
     if out is None:  # checks and reports only: each slot dropped once bound
         result = run(sink=ReportOnly())
-        ckpt.check_sizes()  # no shard shrank under the bind (see specbind.sigbus)
     else:  # streamed: one slot's output in memory at a time, the file whole or not at all
         from specbind.runtime.bound.bound_format import BoundMeta
         from specbind.runtime.bound.stream_out import StreamWriter
@@ -290,8 +289,7 @@ def cmd_bind(a: argparse.Namespace) -> int:
             padding=table.padding(values, ranks),
         )  # fmt: skip
         with StreamWriter(out, head, backend, ckpt.files(), ckpt.dirs()) as sink:
-            result = run(sink=sink)
-            ckpt.check_sizes()  # before the file is kept: no shard shrank under the bind
+            result = run(sink=sink)  # it refuses a shard that shrank before the file is kept
     if a.json:
         print(_json(result.as_dict()))
     else:

@@ -322,6 +322,9 @@ def bind_checkpoint(
                 ckpt.release(view.on_disk(n) for n in lay.globals.values())
             step(sizes[GLOBALS] if sizes else 0)
     unbound = {p: len(ns) for p, ns in lay.unbound.items() if ns}
+    # no shard shrank under the bind, on every route (CLI, API, torchrun), before a sink's
+    # file is kept: a cut inside the last page reads as zeros, never a fault (checkpoint.py)
+    ckpt.check_sizes()
     seconds = time.perf_counter() - t0
     return BindResult(
         ranks, out, glob, unbound, seconds, flags, qmeta, sorted(lay.mtp_skipped),
