@@ -10,7 +10,8 @@ one prompt when asked, the seconds the engine took to start, or the error that s
 start. The runs share this process, so vLLM is imported once (engine starts are the cost).
 
 tp 2 on CPU: the ``mp`` executor with one OpenMP thread per rank (``VLLM_CPU_OMP_THREADS_BIND
-0|1``), the KV cache at 1 GiB; a ``__main__`` guard, as the workers import this file.
+0|1``); a ``__main__`` guard, as the workers import this file. The KV cache is 64 MiB, given in
+bytes (tests/vllm/token_worker.py says why not ``VLLM_CPU_KVCACHE_SPACE``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # vllm_digest, in vLLM
 
 PROMPT = [1, 5, 9, 17, 33, 2]
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model ships a function
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # whole GiB; it would override KV_BYTES
+KV_BYTES = 64 << 20
 
 
 def run(tp: int, r: dict[str, Any]) -> dict[str, Any]:
@@ -42,7 +44,7 @@ def run(tp: int, r: dict[str, Any]) -> dict[str, Any]:
         llm = LLM(
             model=r["ckpt"], load_format=r["load_format"], tensor_parallel_size=tp,
             dtype="bfloat16", skip_tokenizer_init=True, enforce_eager=True, max_model_len=64,
-            max_num_seqs=2, seed=0, **extra,
+            max_num_seqs=2, seed=0, kv_cache_memory_bytes=KV_BYTES, **extra,
         )  # fmt: skip
     except Exception as e:  # the refusal under test: recorded, and the next run goes on
         cleanup_dist_env_and_memory()

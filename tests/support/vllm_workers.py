@@ -17,6 +17,7 @@ rendezvous for its peer uses none while the peer works through its own loads.
 
 from __future__ import annotations
 
+import gc
 import json
 import resource
 import time
@@ -31,6 +32,22 @@ MARK = "specbind-progress: "
 BUDGET = 600.0  # CPU seconds the workers may use together in one load
 STALL = patience.STALL  # wall seconds without any CPU used before the run is called hung
 POLL = 0.5
+
+
+def settle() -> None:
+    """In a worker, after a load's objects are dropped: collect them, then freeze what is left.
+
+    Trap: a worker's heap is millions of long-lived objects (vLLM, torch and their imports),
+    and every full collection walks them all: 0.36 s a ``gc.collect()`` here, and vLLM's own
+    engine shutdown calls it about nine times. Measured on six families, the collections were
+    half of a proof worker's CPU and more than half of a token worker's. ``gc.freeze()`` moves
+    every object alive now out of the collector's view, so a later collection walks only what
+    the next load makes. Call it only once the load is dropped (``del`` and this): an object
+    frozen while alive is never collected if it later ends in a reference cycle. Measured on
+    six families' loads, the results unchanged: a proof worker 27 s of CPU to 8 s, a census
+    worker 31 s to 7 s."""
+    gc.collect()
+    gc.freeze()
 
 
 def progress(what: str) -> None:

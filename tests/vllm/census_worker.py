@@ -24,7 +24,6 @@ geometry, which is what keeps eight tps of ~45 families to minutes.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import sys
@@ -34,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # vllm_workers
 from proof_worker import _config, _line
-from vllm_workers import progress
+from vllm_workers import progress, settle
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -66,7 +65,7 @@ def _takes(ckpt: str, tp: int) -> str | None:
     except Exception as e:  # the engine's refusal, recorded: the next tp goes on
         return f"{type(e).__name__}: {_line(e)}"
     del model
-    gc.collect()
+    settle()
     return None
 
 
@@ -84,6 +83,7 @@ def main() -> None:
 
     load_general_plugins()
     _set_torch_accelerator_to_noop()
+    settle()  # vLLM's imports leave the collector's view
     os.environ["VLLM_DIST_IDENT"] = str(spec["port"])  # see proof_worker._phase
     with set_current_vllm_config(VllmConfig(parallel_config=ParallelConfig())):
         init_distributed_environment(1, 0, f"tcp://127.0.0.1:{spec['port']}", 0, "gloo")

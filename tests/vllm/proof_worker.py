@@ -23,7 +23,6 @@ model (``get_model`` calls ``empty_cache``); this worker does the same.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import os
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # vllm_digest
-from vllm_workers import progress
+from vllm_workers import progress, settle
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -111,7 +110,7 @@ def _load(ckpt: str, load_format: str, tp: int) -> dict[str, Any]:
         "seconds": time.perf_counter() - t0,
     }  # fmt: skip
     del model
-    gc.collect()
+    settle()
     return out
 
 
@@ -155,6 +154,7 @@ def main() -> None:
 
     load_general_plugins()  # registers load_format="specbind"
     _set_torch_accelerator_to_noop()
+    settle()  # vLLM's imports leave the collector's view
     out = {str(i): _phase(p) for i, p in enumerate(spec["phases"]) if p["loads"]}
     Path(sys.argv[2]).write_text(json.dumps(out))
 
