@@ -25,6 +25,7 @@ from __future__ import annotations
 import _thread
 import math
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -92,6 +93,7 @@ def usable_cores() -> int:
 _blas_depth = 0
 _blas_ctx: Any = None  # the threadpoolctl limit in force while _blas_depth > 0
 _blas_controller: Any = None
+_blas_modules = -1  # len(sys.modules) when _blas_controller scanned the loaded libraries
 
 
 @contextmanager
@@ -112,14 +114,18 @@ def single_threaded_blas() -> Iterator[None]:
     Bytes do not change either way (each output element is one fixed dot product).
     Trap: threadpoolctl is imported, and the loaded libraries scanned, on first use (~30 ms),
     never at CLI start.
+    Trap: a BLAS loaded after the scan is not limited by it (SciPy brings an OpenBLAS of its
+    own beside NumPy's), so the scan is made again whenever modules were imported since: an
+    import is how a library gets loaded, and comparing a count costs nothing.
     """
-    global _blas_depth, _blas_ctx, _blas_controller
+    global _blas_depth, _blas_ctx, _blas_controller, _blas_modules
     with _blas_lock:
         if _blas_depth == 0:
-            if _blas_controller is None:
+            if _blas_controller is None or _blas_modules != len(sys.modules):
                 from threadpoolctl import ThreadpoolController
 
                 _blas_controller = ThreadpoolController()
+                _blas_modules = len(sys.modules)
             _blas_ctx = _blas_controller.limit(limits=1, user_api="blas")
         _blas_depth += 1
     try:

@@ -108,3 +108,24 @@ def test_a_contraction_is_the_same_under_any_caller_blas_setting() -> None:
             r = ops.contract(a, b, einsum="hlc,hcr->hlr", dtype="F32")
             outs.append(r.tobytes())
     assert outs[0] == outs[1]
+
+
+def test_a_blas_loaded_after_the_first_limit_is_limited_too() -> None:
+    """SciPy loads an OpenBLAS of its own beside NumPy's: imported after a bind has run, the
+    next bind still runs it on one thread (in a fresh process, so that SciPy is not yet loaded)."""
+    code = (
+        "from threadpoolctl import threadpool_info, threadpool_limits\n"
+        "from specbind.runtime.binder import ops\n"
+        "with ops.single_threaded_blas():\n"
+        "    pass\n"
+        "import scipy.linalg\n"
+        "blas = lambda: [x['num_threads'] for x in threadpool_info() if x['user_api'] == 'blas']\n"
+        "with threadpool_limits(limits=2, user_api='blas'):\n"
+        "    assert len(blas()) == 2, blas()\n"
+        "    with ops.single_threaded_blas():\n"
+        "        assert blas() == [1, 1], blas()\n"
+    )
+    proc = patience.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cpu=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
