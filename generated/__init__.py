@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "31c7b77613706b66d4e8d7c0695c2f1977b83a2b0c3c1e1e2333d88d6a46b6f7"
+SPECS_SHA256 = "b0553e0ad12692123bc645cf4b729ec0094656b60241a8fbb8311f64d7007f3c"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

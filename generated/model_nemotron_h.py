@@ -443,5 +443,11 @@ TABLE: ModelTable[Geometry] = ModelTable(
             why="use_bias true gives the Mamba2 mixer's in_proj and out_proj biases (transformers' NemotronHMamba2Mixer bias=config.use_bias), which this spec does not read",
             missing=(False,),
         ),
+        ConfigRequirement(
+            config="use_conv_bias",
+            allowed=(True,),
+            why="use_conv_bias false drops the Mamba2 mixer's conv1d bias (transformers' NemotronHMamba2Mixer nn.Conv1d(bias=config.use_conv_bias); vLLM's MambaMixer2 use_conv_bias), which this spec requires",
+            missing=(True,),
+        ),
     ),
 )

@@ -10,8 +10,10 @@ flipped, and the two parameter lists (names and shapes) compared. Fields the cla
 to flip (a size that no longer divides) say nothing and are skipped.
 
 vLLM's constructors (vllm/model_executor/models/*.py) cannot be imported beside transformers
-5.23; where they read a field otherwise than transformers does, ``VLLM_ONLY`` names it with
-the engine code and the layout constraint that holds it.
+5.23: their side of the review runs in the vLLM venv (tests/vllm/test_vllm_fields.py: every
+field whose flip changes the parameters vLLM's class builds is refused). Where vLLM reads a
+field otherwise than transformers does, ``VLLM_ONLY`` names it with the engine code and the
+layout constraint that holds it.
 """
 
 from __future__ import annotations

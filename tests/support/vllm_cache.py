@@ -36,6 +36,8 @@ _FILES = (
     "tests/support/vllm_cache.py",
     "tests/support/vllm_tokens.py",
     "tests/support/vllm_workers.py",
+    "tests/support/vllm_fields.py",
+    "tests/support/config_fields.py",
 )
 _SUFFIXES = (".py", ".yaml", ".json", ".j2", ".cu", ".cpp", ".toml", ".txt")
 

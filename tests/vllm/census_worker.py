@@ -69,8 +69,10 @@ def _takes(ckpt: str, tp: int) -> str | None:
     return None
 
 
-def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
+@contextlib.contextmanager
+def one_rank_group(port: int) -> Iterator[None]:
+    """vLLM imported, specbind's loader registered and a gloo tp group of one made, for a
+    worker that builds models in process (this one, tests/vllm/fields_worker.py)."""
     from vllm.config import ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import (
         destroy_distributed_environment,
@@ -84,20 +86,26 @@ def main() -> None:
     load_general_plugins()
     _set_torch_accelerator_to_noop()
     settle()  # vLLM's imports leave the collector's view
-    os.environ["VLLM_DIST_IDENT"] = str(spec["port"])  # see proof_worker._phase
+    os.environ["VLLM_DIST_IDENT"] = str(port)  # see proof_worker._phase
     with set_current_vllm_config(VllmConfig(parallel_config=ParallelConfig())):
-        init_distributed_environment(1, 0, f"tcp://127.0.0.1:{spec['port']}", 0, "gloo")
+        init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, "gloo")
         ensure_model_parallel_initialized(1, 1)
-    out: dict[str, Any] = {}
     try:
+        yield
+    finally:
+        destroy_model_parallel()
+        destroy_distributed_environment()
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    out: dict[str, Any] = {}
+    with one_rank_group(spec["port"]):
         for job in spec["jobs"]:
             out[job["key"]] = {}
             for tp in job["tps"]:
                 progress(f"{job['key']} census (tp {tp} as rank {tp - 1})")
                 out[job["key"]][str(tp)] = _takes(job["ckpt"], int(tp))
-    finally:
-        destroy_model_parallel()
-        destroy_distributed_environment()
     Path(sys.argv[2]).write_text(json.dumps(out))
 
 

@@ -1,0 +1,125 @@
+"""The config field review of the vLLM layouts: for each row's checkpoint
+(tests/support/vllm_rows.py ``ROWS``), which config.json fields decide a parameter vLLM's own
+model class builds, measured by vLLM itself (tests/vllm/fields_worker.py), never listed.
+
+The candidates are every top-level field of the row's config.json whose value is a bool or a
+whole number (tests/support/config_fields.py ``flipped``: a bool negated, a number + 1); each
+is flipped alone and the parameters vLLM builds (names, shapes) compared with the unflipped
+build's. ``review(rows, tmp)`` returns {model: {"base": None or vLLM's error, field: None (the
+same parameters), "decides: ..." or "refused: ..."}, "bind": {field: None or the refusal}}
+and the ``vllm_proofs.Report`` of what came from the cache. The bind side is specbind's
+``bind_for_engine`` (vLLM, tp 1) on the checkpoint with only config.json's field flipped, for
+each field that decides a vLLM parameter, then specbind's ``engine.fill`` into parameters of
+the names, shapes and dtypes vLLM's class builds from that config (what the loader does once
+vLLM has built the model): "bind: ..." a refusal before vLLM builds anything, "fill: ..." one
+at load, None where both take it (the bound fields are what vLLM's class holds). Results are cached by content with the proofs' (tests/support/
+vllm_cache.py, kind ``FIELDS``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import vllm_cache
+import vllm_venv
+import vllm_workers
+from config_fields import flipped
+from vllm_proofs import Report, write
+from vllm_rows import VllmRow
+
+WORKER = vllm_venv.REPO / "tests" / "vllm" / "fields_worker.py"
+WORKERS = 2
+UNFLIPPED = "(unflipped)"
+FIELDS = "config fields flipped one at a time: the parameters vLLM's model class builds"
+
+
+def flips(ckpt: Path) -> list[tuple[str, Any]]:
+    """(field, its other value) for each candidate field of the checkpoint's config.json."""
+    config = json.loads((ckpt / "config.json").read_text())
+    return [(k, flipped(v)) for k, v in sorted(config.items()) if flipped(v) is not None]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bind_side(ckpt: Path, engine: dict[str, Any]) -> dict[str, str | None]:
+    """Per field that decides a vLLM parameter, None where a copy of the checkpoint with that
+    field alone flipped in config.json is bound (``bind_for_engine``) and filled into the
+    parameters vLLM's class builds from it (``engine.fill``), else "bind: " or "fill: " and
+    the refusal; under ``UNFLIPPED`` the bind of the checkpoint itself, which must bind.
+    Trap: a copy, never the worker's folder of links: specbind refuses a file that resolves
+    outside its checkpoint folder, and every flip would be refused for that alone."""
+    import shutil
+
+    import torch
+
+    from specbind.core.errors import SpecbindError
+    from specbind.engine import bind_for_engine, fill
+
+    def refusal(path: Path, built: dict[str, Any] | None) -> str | None:
+        try:
+            fields = bind_for_engine(path, "vllm", tp_size=1, tp_rank=0)
+        except SpecbindError as e:
+            return f"bind: {e}"
+        if built is None:
+            return None
+        params = {n: torch.empty(s, dtype=getattr(torch, d)) for n, (s, d) in built.items()}
+        try:
+            fill("vllm", params, fields)
+        except SpecbindError as e:
+            return f"fill: {e}"
+        return None
+
+    out: dict[str, str | None] = {UNFLIPPED: refusal(ckpt, None)}
+    config = json.loads((ckpt / "config.json").read_text())
+    for field, value in flips(ckpt):
+        if field not in engine.get("built", {}):
+            continue
+        copy = ckpt.parent / f"{ckpt.name}-bind-{field}"
+        shutil.copytree(ckpt, copy)
+        (copy / "config.json").write_text(json.dumps(config | {field: value}))
+        out[field] = refusal(copy, engine["built"][field])
+        shutil.rmtree(copy)
+    return out
+
+
+class FieldsReport(Report):
+    def line(self) -> str:
+        return super().line().replace("vLLM parameter proofs", "vLLM config fields", 1)
+
+
+def review(rows: tuple[VllmRow, ...], tmp: Path) -> tuple[dict[str, Any], Report]:
+    report = FieldsReport()
+    out: dict[str, Any] = {}
+    keys = {r.model: vllm_cache.key(r, 1, FIELDS) for r in rows}
+    for r in rows:
+        hit = vllm_cache.load(keys[r.model])
+        if hit is not None:
+            out[r.model] = hit
+            report.cached.append(r.model)
+    todo = [r for r in rows if r.model not in out]
+    if not todo:
+        return out, report
+    jobs = []
+    for r in todo:
+        write(r, tmp / r.model)
+        jobs.append({"key": r.model, "ckpt": str(tmp / r.model), "flips": flips(tmp / r.model)})
+    specs = []
+    for i in range(min(WORKERS, len(jobs))):
+        spec = tmp / f"fields{i}.json"
+        spec.write_text(json.dumps({"port": _port(), "jobs": jobs[i::WORKERS]}))
+        specs.append(spec)
+    results, cost = vllm_workers.run(WORKER, specs, "the vLLM config field review")
+    report.wall, report.cpu = cost.wall, cost.cpu
+    for r in todo:
+        (out[r.model],) = [res[r.model] for res in results if r.model in res]
+        out[r.model]["bind"] = bind_side(tmp / r.model, out[r.model])
+        vllm_cache.store(keys[r.model], out[r.model])
+        report.ran.append(r.model)
+    return out, report
