@@ -100,3 +100,15 @@ def store(k: str, result: dict[str, Any]) -> None:
     tmp = d / f".{k}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(result))
     tmp.replace(d / f"{k}.json")
+
+
+def hits(keys: dict[str, str], cached: list[str]) -> dict[str, Any]:
+    """{name: result} for each of ``keys`` (name -> key) the cache holds; each name found is
+    appended to ``cached`` (a report's list of what came from the cache)."""
+    out = {}
+    for name, k in keys.items():
+        hit = load(k)
+        if hit is not None:
+            out[name] = hit
+            cached.append(name)
+    return out

@@ -14,8 +14,6 @@ them. Results are cached by content with the proofs' (tests/support/vllm_cache.p
 
 from __future__ import annotations
 
-import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -26,15 +24,8 @@ from vllm_proofs import Report, write
 from vllm_rows import VllmRow
 
 WORKER = vllm_venv.REPO / "tests" / "vllm" / "census_worker.py"
-WORKERS = 2
 TPS = tuple(range(1, 9))
 CENSUS = "tp census 1..8: bind_for_engine and vLLM's own constructor and loaders"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def bind_side(ckpt: Path) -> dict[str, str | None]:
@@ -54,20 +45,10 @@ def bind_side(ckpt: Path) -> dict[str, str | None]:
     return out
 
 
-class CensusReport(Report):
-    def line(self) -> str:
-        return super().line().replace("vLLM parameter proofs", "vLLM tp census", 1)
-
-
 def census(rows: tuple[VllmRow, ...], tmp: Path) -> tuple[dict[str, Any], Report]:
-    report = CensusReport()
-    out: dict[str, Any] = {}
+    report = Report(what="vLLM tp census")
     keys = {r.id: vllm_cache.key(r, 0, CENSUS) for r in rows}
-    for r in rows:
-        hit = vllm_cache.load(keys[r.id])
-        if hit is not None:
-            out[r.id] = hit
-            report.cached.append(r.id)
+    out = vllm_cache.hits(keys, report.cached)
     todo = [r for r in rows if r.id not in out]
     if not todo:
         return out, report
@@ -75,15 +56,8 @@ def census(rows: tuple[VllmRow, ...], tmp: Path) -> tuple[dict[str, Any], Report
     for r in todo:
         ckpts[r.id] = tmp / r.id
         write(r, ckpts[r.id])
-    specs = []
-    for i in range(min(WORKERS, len(todo))):
-        jobs = [{"key": r.id, "ckpt": str(ckpts[r.id]), "tps": list(TPS)} for r in todo[i::WORKERS]]
-        spec = tmp / f"census{i}.json"
-        spec.write_text(json.dumps({"port": _port(), "jobs": jobs}))
-        specs.append(spec)
-    results, cost = vllm_workers.run(WORKER, specs, "the vLLM tp census")
-    report.wall, report.cpu = cost.wall, cost.cpu
-    engine = {k: v for res in results for k, v in res.items()}
+    jobs = [{"key": r.id, "ckpt": str(ckpts[r.id]), "tps": list(TPS)} for r in todo]
+    engine = vllm_workers.dealt(WORKER, jobs, tmp, "the vLLM tp census", report)
     for r in todo:
         out[r.id] = {"bind": bind_side(ckpts[r.id]), "engine": engine[r.id]}
         vllm_cache.store(keys[r.id], out[r.id])

@@ -19,7 +19,6 @@ vllm_cache.py, kind ``FIELDS``).
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,6 @@ from vllm_proofs import Report, write
 from vllm_rows import VllmRow
 
 WORKER = vllm_venv.REPO / "tests" / "vllm" / "fields_worker.py"
-WORKERS = 2
 UNFLIPPED = "(unflipped)"
 FIELDS = "config fields flipped one at a time: the parameters vLLM's model class builds"
 
@@ -40,12 +38,6 @@ def flips(ckpt: Path) -> list[tuple[str, Any]]:
     """(field, its other value) for each candidate field of the checkpoint's config.json."""
     config = json.loads((ckpt / "config.json").read_text())
     return [(k, flipped(v)) for k, v in sorted(config.items()) if flipped(v) is not None]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def bind_side(ckpt: Path, engine: dict[str, Any]) -> dict[str, str | None]:
@@ -89,20 +81,10 @@ def bind_side(ckpt: Path, engine: dict[str, Any]) -> dict[str, str | None]:
     return out
 
 
-class FieldsReport(Report):
-    def line(self) -> str:
-        return super().line().replace("vLLM parameter proofs", "vLLM config fields", 1)
-
-
 def review(rows: tuple[VllmRow, ...], tmp: Path) -> tuple[dict[str, Any], Report]:
-    report = FieldsReport()
-    out: dict[str, Any] = {}
+    report = Report(what="vLLM config fields")
     keys = {r.model: vllm_cache.key(r, 1, FIELDS) for r in rows}
-    for r in rows:
-        hit = vllm_cache.load(keys[r.model])
-        if hit is not None:
-            out[r.model] = hit
-            report.cached.append(r.model)
+    out = vllm_cache.hits(keys, report.cached)
     todo = [r for r in rows if r.model not in out]
     if not todo:
         return out, report
@@ -110,15 +92,9 @@ def review(rows: tuple[VllmRow, ...], tmp: Path) -> tuple[dict[str, Any], Report
     for r in todo:
         write(r, tmp / r.model)
         jobs.append({"key": r.model, "ckpt": str(tmp / r.model), "flips": flips(tmp / r.model)})
-    specs = []
-    for i in range(min(WORKERS, len(jobs))):
-        spec = tmp / f"fields{i}.json"
-        spec.write_text(json.dumps({"port": _port(), "jobs": jobs[i::WORKERS]}))
-        specs.append(spec)
-    results, cost = vllm_workers.run(WORKER, specs, "the vLLM config field review")
-    report.wall, report.cpu = cost.wall, cost.cpu
+    engine = vllm_workers.dealt(WORKER, jobs, tmp, "the vLLM config field review", report)
     for r in todo:
-        (out[r.model],) = [res[r.model] for res in results if r.model in res]
+        out[r.model] = engine[r.model]
         out[r.model]["bind"] = bind_side(tmp / r.model, out[r.model])
         vllm_cache.store(keys[r.model], out[r.model])
         report.ran.append(r.model)

@@ -74,7 +74,8 @@ def write(row: VllmRow, path: Path, seed: int = 0) -> None:
         (path / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def _port() -> int:
+def port() -> int:
+    """A free local port (a worker's gloo rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -104,12 +105,12 @@ def prove(
     if other:
         raise AssertionError(f"the vLLM proofs run tp 1 and 2 only (two workers), not {other}")
     n = WORKERS if tp2 or len(tp1) > 1 else 1
-    port2 = _port()
+    port2 = port()
     specs = []
     for i in range(n):
         share = tp1[i::n]
         phases = [
-            {"tp": 1, "rank": 0, "port": _port(), "loads": _loads(share, ckpts)},
+            {"tp": 1, "rank": 0, "port": port(), "loads": _loads(share, ckpts)},
             {"tp": 2, "rank": i, "port": port2, "loads": _loads(tp2, ckpts)},
         ]
         spec = tmp / f"worker{i}.json"

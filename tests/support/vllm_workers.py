@@ -135,3 +135,21 @@ def _tail(logs: list[Path]) -> str:
         lines = log.read_text(errors="replace").splitlines() if log.exists() else []
         out.append(f"--- {log.name}\n" + "\n".join(lines[-15:]))
     return "\n".join(out)
+
+
+def dealt(
+    worker: Path, jobs: list[dict[str, Any]], tmp: Path, what: str, report: Any
+) -> dict[str, Any]:
+    """``jobs`` (each with a ``key``) dealt between two workers, each its own gloo port
+    (``{"port": P, "jobs": [...]}``), run (``run``), and merged: {key: result}. The cost goes
+    to ``report`` (``wall``, ``cpu``)."""
+    from vllm_proofs import WORKERS, port
+
+    specs = []
+    for i in range(min(WORKERS, len(jobs))):
+        spec = tmp / f"{worker.stem}{i}.json"
+        spec.write_text(json.dumps({"port": port(), "jobs": jobs[i::WORKERS]}))
+        specs.append(spec)
+    results, cost = run(worker, specs, what)
+    report.wall, report.cpu = cost.wall, cost.cpu
+    return {k: v for res in results for k, v in res.items()}
