@@ -147,6 +147,8 @@ class GeometryField:
     # a JSON null in config.json reads as the field absent (``default`` stands in), as the
     # family's transformers config class reads it (Mixtral's ``"head_dim": null``); else refused
     null_is_absent: bool = False
+    # what a JSON null reads as where the class reads it otherwise than absent (ERNIE 4.5)
+    null_default: str | None = None
 
 
 ConditionKind = Literal["from", "below", "every", "in", "not_in"]

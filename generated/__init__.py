@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "b0553e0ad12692123bc645cf4b729ec0094656b60241a8fbb8311f64d7007f3c"
+SPECS_SHA256 = "b519919ffaa2687cb2fd56e252b80e7a978bf5b9ab407c1b9f525a455a9352f0"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

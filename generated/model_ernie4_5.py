@@ -84,8 +84,8 @@ GEOMETRY: tuple[GeometryField, ...] = (
         value=64,
         min=1,
         doc="",
-        default="hidden / heads",
-        null_is_absent=True,
+        default="128",
+        null_default="hidden / heads",
     ),
 )
 
@@ -190,7 +190,7 @@ BLOCKS: tuple[BlockEntry[Geometry], ...] = (
             ("hidden", "config.json hidden_size"),
             ("heads", "config.json num_attention_heads"),
             ("kv_heads", "config.json num_key_value_heads"),
-            ("head_dim", "config.json head_dim (default hidden / heads)"),
+            ("head_dim", "config.json head_dim (default 128)"),
         ),
         (),
     ),

@@ -115,7 +115,9 @@ GEOMETRY: tuple[GeometryField, ...] = (
     GeometryField(name="shared_experts", config="n_shared_experts", value=1, min=1, doc=""),
     GeometryField(name="heads", config="num_attention_heads", value=96, min=1, doc=""),
     GeometryField(name="kv_heads", config="num_key_value_heads", value=8, min=1, doc=""),
-    GeometryField(name="head_dim", config="head_dim", value=128, min=1, doc=""),
+    GeometryField(
+        name="head_dim", config="head_dim", value=128, min=1, doc="", default="hidden / heads"
+    ),
 )
 
 
@@ -254,7 +256,7 @@ BLOCKS: tuple[BlockEntry[Geometry], ...] = (
             ("hidden", "config.json hidden_size"),
             ("heads", "config.json num_attention_heads"),
             ("kv_heads", "config.json num_key_value_heads"),
-            ("head_dim", "config.json head_dim"),
+            ("head_dim", "config.json head_dim (default hidden / heads)"),
         ),
         (),
     ),

@@ -78,9 +78,7 @@ GEOMETRY: tuple[GeometryField, ...] = (
     GeometryField(name="intermediate", config="intermediate_size", value=8192, min=1, doc=""),
     GeometryField(name="heads", config="num_attention_heads", value=16, min=1, doc=""),
     GeometryField(name="kv_heads", config="num_key_value_heads", value=8, min=1, doc=""),
-    GeometryField(
-        name="head_dim", config="head_dim", value=128, min=1, doc="", default="hidden / heads"
-    ),
+    GeometryField(name="head_dim", config="head_dim", value=128, min=1, doc="", default="128"),
 )
 
 
@@ -201,7 +199,7 @@ BLOCKS: tuple[BlockEntry[Geometry], ...] = (
             ("hidden", "config.json hidden_size"),
             ("heads", "config.json num_attention_heads"),
             ("kv_heads", "config.json num_key_value_heads"),
-            ("head_dim", "config.json head_dim (default hidden / heads)"),
+            ("head_dim", "config.json head_dim (default 128)"),
         ),
         (),
     ),

@@ -59,7 +59,10 @@ def geometry_expansions(
     model: Model, defaults: bool, opaque: set[str] | None = None
 ) -> dict[str, Poly]:
     """Every geometry symbol over the base symbols; ``defaults``: a ``default:`` field read as
-    absent from config.json (its default stands in), else as present. A computed symbol whose
+    absent from config.json (its default stands in), else as present. A default that is a
+    number (Qwen3's head_dim 128) stays the symbol: it is a size per unit like any value the
+    field holds, not a count of parts (expanded, 128 * heads would read as 128 parts of a
+    heads-sharded axis). A computed symbol whose
     expression does not expand (``//``, ``%``, a power by a symbol) is held as a symbol of its
     own name and added to ``opaque``."""
     fields = {g.name: g for g in model.geometry}
@@ -68,7 +71,9 @@ def geometry_expansions(
     def of(name: str) -> Poly:
         if name not in out:  # the spec checks refuse cycles before this runs
             g = fields[name]
-            text = g.expr if g.expr is not None else g.default if defaults else None
+            text = g.expr
+            if text is None and defaults and g.default is not None:
+                text = g.default if algebra.parse(g.default).names else None
             out[name] = symbol(name)
             if text is not None:
                 try:

@@ -90,6 +90,7 @@ def parse_model(doc: Located, blocks: dict[str, Block]) -> Model:
             None if g.get("default") is None else str(g["default"]),
             None if g.get("expr") is None else str(g["expr"]),
             bool(g.get("null_is_absent", False)),
+            None if g.get("null_default") is None else str(g["null_default"]),
         )
         for n, g in d["geometry"].items()
     )
@@ -271,12 +272,18 @@ def _geometry_expressions(doc: Located, geometry: tuple[GeometryField, ...]) -> 
                 (*path, "null_is_absent"),
                 "`null_is_absent` needs the `default` a null then stands for",
             )
-        for key, text in (("default", g.default), ("expr", g.expr)):
+        if g.null_default is not None and (g.null_is_absent or g.config is None):
+            raise doc.error(
+                (*path, "null_default"),
+                "`null_default` needs a `config` field, and says what `null_is_absent` would",
+            )
+        exprs = (("default", g.default), ("expr", g.expr), ("null_default", g.null_default))
+        for key, text in exprs:
             if text is not None:
                 e = symbol_expr(doc, (*path, key), text, gnames - {g.name}, False)
-                if not e.names:
+                if not e.names and key == "expr":
                     raise doc.error((*path, key), f"{text!r} names no symbol: give `value` instead")
-                deps[g.name] = e.names
+                deps[g.name] = deps.get(g.name, frozenset()) | e.names
     while deps:  # a default or expression may not depend on itself through others
         free = [n for n, d in deps.items() if not d & deps.keys()]
         if not free:
@@ -299,8 +306,10 @@ def _geometry_expressions(doc: Located, geometry: tuple[GeometryField, ...]) -> 
         # A default stands in for a field config.json lacks; the real model may carry the
         # field with another value (Qwen3's head_dim 128, not hidden / heads), but a default
         # that no geometry turns into the value (hidden * 3 for 128) is a spec error.
+        # A number is the config class's own default: the real model may carry another value.
         if (
             g.default is not None
+            and algebra.parse(g.default).names
             and can_equal(algebra.parse(g.default), g.value, lows, got) is False
         ):
             names = ", ".join(sorted(algebra.parse(g.default).names))

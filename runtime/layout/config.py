@@ -9,7 +9,9 @@ back only to the ``default`` expression its spec declares (``head_dim`` = ``hidd
 evaluated exactly, and an ``expr`` symbol is always computed (``core.geometry``). A ``--set``
 value supplies a field config.json lacks. A JSON null is absent only where the spec says
 ``null_is_absent``, as the family's transformers config class reads it (transformers 5.19+
-writes ``"head_dim": null`` into Mixtral's config.json); elsewhere a null is refused by name.
+writes ``"head_dim": null`` into Mixtral's config.json), or reads as ``null_default`` where the
+class reads a null otherwise than an absent field (ERNIE 4.5: absent 128, null hidden / heads);
+elsewhere a null is refused by name.
 A field that decides a parameter's shape or presence but no geometry symbol (Falcon's
 ``multi_query``, Llama's ``attention_bias``) is held to the values the spec's ``requires:``
 lists (``check_requires``).
@@ -71,6 +73,9 @@ def values_from_config(
                 f"needed for geometry symbol {f.name} (--set {f.name}=N supplies it)"
             )
         raw, where = hits[0]
+        if raw is None and f.null_default is not None:  # the class reads null so
+            pending[f.name] = f.null_default
+            continue
         if raw is None:
             raise CheckpointError(
                 f"config.json: {where} is null, expected an integer (model {table.name} does "

@@ -40,7 +40,7 @@ WRITE_NULL = ("mixtral", "ministral", "hunyuan-dense")  # transformers 5.19+ wri
 
 
 def _transformers_head_dim(row: Family, config: dict[str, Any]) -> int | None:
-    """layer 0's attention head_dim as transformers builds the model from ``config``; None
+    """the first attention layer's head_dim as transformers builds the model from ``config``; None
     when its config class or model refuses the config."""
     import transformers
 
@@ -49,12 +49,12 @@ def _transformers_head_dim(row: Family, config: dict[str, Any]) -> int | None:
         model = getattr(transformers, row.hf_class)(cfg)
     except Exception:  # any refusal of transformers' is what is measured
         return None
-    layer = model.get_submodule(row.layers_path)[0]
-    for m in layer.modules():
-        hd = getattr(m, "head_dim", None)
-        if type(hd) is int:
-            return hd
-    raise AssertionError(f"{row.model}: no attention head_dim in layer 0")
+    for layer in model.get_submodule(row.layers_path):  # the first attention layer's
+        for m in layer.modules():
+            hd = getattr(m, "head_dim", None)
+            if type(hd) is int:
+                return hd
+    raise AssertionError(f"{row.model}: no attention head_dim in any layer")
 
 
 def _specbind_head_dim(row: Family, config: dict[str, Any]) -> int | None:
@@ -110,6 +110,24 @@ def test_a_null_head_dim_reads_as_the_families_transformers_class_reads_it(row: 
         assert got is None, f"{row.model}: transformers builds no model from a null head_dim"
     if row.model in WRITE_NULL:
         assert got is not None
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id) for r in ROWS])
+def test_an_absent_head_dim_reads_as_the_families_transformers_class_reads_it(row: Family) -> None:
+    """config.json without head_dim (hidden = heads x 6): specbind reads the head_dim the
+    family's own model class builds from it. Several classes default to a constant, not to
+    hidden / heads (Qwen3, GLM-4, ERNIE 4.5, Seed-OSS and Helium 128; Gemma 256): a spec
+    that took hidden / heads would refuse their real checkpoints that omit the field."""
+    absent = {k: v for k, v in _written_config(row).items() if k != "head_dim"}
+    want = _transformers_head_dim(row, absent)
+    if want is None and row.model in WRITE_NULL:  # no model is built: vLLM's hidden / heads
+        want = absent["hidden_size"] // absent["num_attention_heads"]
+    try:
+        got = values_from_config(MODELS[row.model], absent)["head_dim"]
+    except SpecbindError as e:  # only a constraint the spec states may refuse the geometry
+        assert "constraint" in str(e) and want is not None, f"{row.model}: {e}"
+        return
+    assert got == want, f"{row.model}: transformers builds head_dim {want}, specbind reads {got}"
 
 
 @pytest.mark.parametrize("name", WRITE_NULL)

@@ -338,6 +338,22 @@ CASES = [
         "head_dim: default hidden * 3 can never be its value 128 (no whole values of hidden "
         "give 128)",
     ),
+    (
+        "models/llama.yaml",  # a null read as absent already has its reading: the default
+        "{config: head_dim, default: hidden / heads, null_is_absent: true, value: 128}",
+        "{config: head_dim, default: 128, null_is_absent: true, null_default: hidden, value: 128}",
+        "null_default: hidden",
+        "geometry.head_dim.null_default",
+        "`null_default` needs a `config` field, and says what `null_is_absent` would",
+    ),
+    (
+        "models/llama.yaml",
+        "{config: head_dim, default: hidden / heads, null_is_absent: true, value: 128}",
+        "{config: head_dim, default: 128, null_default: hidden / kv_head, value: 128}",
+        "null_default: hidden / kv_head",
+        "geometry.head_dim.null_default",
+        "kv_head",
+    ),
 ]
 
 
