@@ -31,9 +31,16 @@ def as_int(where: str, name: str, value: object) -> int:
 
 
 def check_ranks(where: str, size: object, rank: object, what: str = "tp") -> tuple[int, int]:
-    """``(size, rank)`` of ``what`` (``tp`` or ``ep``) as ints: size >= 1, rank in [0, size)."""
+    """``(size, rank)`` of ``what`` (``tp`` or ``ep``) as ints: size >= 1, rank in [0, size).
+    A rank of None is rank 0 at size 1 and refused above it: a size without a rank is never
+    read as rank 0 (the caller would hold rank 0's share believing it its own)."""
     s = as_int(where, f"{what}_size", size)
-    r = as_int(where, f"{what}_rank", rank)
+    if rank is None and s > 1:
+        raise GeometryError(
+            f"{where}: {what}_size={s} without {what}_rank: name this process's rank "
+            f"({what}_rank=0..{s - 1})"
+        )
+    r = 0 if rank is None else as_int(where, f"{what}_rank", rank)
     if s < 1:
         raise GeometryError(f"{where}: {what}_size={s} must be >= 1")
     if not 0 <= r < s:

@@ -158,9 +158,9 @@ class Checkpoint:
     def bind(
         self,
         *,
-        tp_rank: int = ...,
+        tp_rank: int | None = ...,
         tp_size: int = ...,
-        ep_rank: int = ...,
+        ep_rank: int | None = ...,
         ep_size: int = ...,
         backend: Literal["numpy"] = ...,
         device: str | None = ...,
@@ -176,9 +176,9 @@ class Checkpoint:
     def bind(
         self,
         *,
-        tp_rank: int = ...,
+        tp_rank: int | None = ...,
         tp_size: int = ...,
-        ep_rank: int = ...,
+        ep_rank: int | None = ...,
         ep_size: int = ...,
         backend: Literal["torch"],
         device: str | None = ...,
@@ -194,9 +194,9 @@ class Checkpoint:
     def bind(
         self,
         *,
-        tp_rank: int = ...,
+        tp_rank: int | None = ...,
         tp_size: int = ...,
-        ep_rank: int = ...,
+        ep_rank: int | None = ...,
         ep_size: int = ...,
         backend: Literal["cupy"],
         device: str | None = ...,
@@ -211,9 +211,9 @@ class Checkpoint:
     def bind(
         self,
         *,
-        tp_rank: int = 0,
+        tp_rank: int | None = None,
         tp_size: int = 1,
-        ep_rank: int = 0,
+        ep_rank: int | None = None,
         ep_size: int = 1,
         backend: BackendName = "numpy",
         device: str | None = None,
@@ -225,6 +225,9 @@ class Checkpoint:
         into: Arena | None = None,
     ) -> BoundModel[Any]:
         """Bind this rank's share of every tensor.
+
+        ``tp_rank`` / ``ep_rank``: this process's ranks, required where the size is above 1
+        (never read as rank 0).
 
         The binding options are the CLI's ``bind`` flags: ``options=BindOptions(...)``
         (``specbind.BindOptions``), or the same names as keywords, not both —

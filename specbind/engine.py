@@ -77,7 +77,7 @@ def bind_for_engine(
     engine: str,
     *,
     tp_size: int = 1,
-    tp_rank: int = 0,
+    tp_rank: int | None = None,
     model: str | None = None,
     advice: str | None = None,
     layout: Any = None,

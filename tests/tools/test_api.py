@@ -154,7 +154,7 @@ def test_bad_api_calls_are_refused_in_one_line(ckpt: Path) -> None:
         SpecbindError,
         match=r"kda: self_attn.q_proj.weight shards rows on linear_heads = 16 units, which tp 3 does not divide",
     ):
-        ck.bind(tp_size=3)
+        ck.bind(tp_size=3, tp_rank=0)
     with pytest.raises(SpecbindError, match=r"device 'cuda:x': expected 'cpu', 'cuda' or 'cuda:N'"):
         ck.bind(device="cuda:x")
     with pytest.raises(SpecbindError, match=r"backend 'cupy' lives on a CUDA device, not on 'cpu'"):

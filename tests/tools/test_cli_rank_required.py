@@ -81,3 +81,22 @@ def test_an_ep_size_above_one_without_an_ep_rank_is_refused_naming_the_flag(
     assert main([command, str(ckpt), "--ep-size", "2"]) == EXIT["usage"]
     err = _one_line(capsys)
     assert "--ep-size 2 without --ep-rank" in err and "--ep-rank 0..1" in err
+
+
+@pytest.mark.parametrize("what", ["tp", "ep"])
+def test_the_python_apis_bind_of_a_size_above_1_without_a_rank_is_refused_never_rank_0(
+    ckpt: Path, what: str
+) -> None:
+    """``Checkpoint.bind(tp_size=2)`` and ``bind_for_engine(..., tp_size=2)`` name the missing
+    rank; a size of 1 needs none."""
+    import specbind
+    from specbind.core.errors import GeometryError
+    from specbind.engine import bind_for_engine
+
+    c = specbind.open(ckpt)
+    with pytest.raises(GeometryError, match=rf"^bind: {what}_size=2 without {what}_rank: "):
+        c.bind(**{f"{what}_size": 2})
+    assert c.bind(**{f"{what}_size": 1}).tp_rank == 0
+    if what == "tp":
+        with pytest.raises(GeometryError, match=r"tp_size=2 without tp_rank"):
+            bind_for_engine(ckpt, "vllm", tp_size=2)
