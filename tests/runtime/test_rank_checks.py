@@ -19,15 +19,13 @@ from typing import Any
 import patience
 import pytest
 from helpers import TABLE
+from rank_pieces import every_rank
 
 from specbind.core.errors import DistributedError, GeometryError
 from specbind.core.planning import Ranks
 from specbind.generated import SPECS_SHA256
-from specbind.runtime.bind.preamble import refuse_problems
 from specbind.runtime.binder.backends import NUMPY
 from specbind.runtime.io.checkpoint import CheckpointDir
-from specbind.runtime.layout.config import values_from_config
-from specbind.runtime.layout.slots import layout
 from specbind.runtime.ranks import agreement, byte_coverage, distributed
 
 
@@ -44,15 +42,7 @@ def ck(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def pieces(ck: Path, tp: int, ep: int) -> tuple[list[list[byte_coverage.Piece]], set[str]]:
     """Every rank's planned pieces at tp x ep, in rank order, and the names to be covered."""
-    ckpt = CheckpointDir(ck)
-    geometry = TABLE.make_geometry(values_from_config(TABLE, ckpt.config))
-    lay = layout(TABLE, ckpt.names(), ckpt.config)
-    refuse_problems(lay)
-    by_rank = [
-        byte_coverage.plan_pieces(ckpt, TABLE, lay, geometry, distributed.place(tp * ep, r, tp, ep))
-        for r in range(tp * ep)
-    ]
-    return by_rank, byte_coverage.claimed_names(TABLE, lay)
+    return every_rank(ck, TABLE, tp, ep)
 
 
 @pytest.mark.parametrize(("tp", "ep"), [(1, 1), (4, 1), (2, 3)])

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from rank_pieces import every_rank
 from safetensors import safe_open
 
 import specbind
@@ -21,11 +22,7 @@ from specbind.core.errors import SpecError
 from specbind.generated import MODELS
 from specbind.generator import yamlio
 from specbind.generator.block_spec import parse_block
-from specbind.runtime.bind.preamble import refuse_problems
-from specbind.runtime.io.checkpoint import CheckpointDir
-from specbind.runtime.layout.config import values_from_config
-from specbind.runtime.layout.slots import layout
-from specbind.runtime.ranks import byte_coverage, distributed
+from specbind.runtime.ranks import byte_coverage
 from specbind.synth import synth, tiny_values
 
 LLAMA = MODELS["llama"]
@@ -150,17 +147,10 @@ def _json_bind(ck: Path, capsys: pytest.CaptureFixture[str]) -> str:
 def test_the_ranks_of_a_padded_split_read_every_stored_row_exactly_once(
     prime: Path, tp: int
 ) -> None:
-    ckpt = CheckpointDir(prime)
-    geometry = LLAMA.make_geometry(values_from_config(LLAMA, ckpt.config))
-    lay = layout(LLAMA, ckpt.names(), ckpt.config)
-    refuse_problems(lay)
-    by_rank = [
-        byte_coverage.plan_pieces(ckpt, LLAMA, lay, geometry, distributed.place(tp, r, tp, 1))
-        for r in range(tp)
-    ]
-    assert byte_coverage.check(by_rank, byte_coverage.claimed_names(LLAMA, lay)) == []
+    by_rank, claimed = every_rank(prime, LLAMA, tp)
+    assert byte_coverage.check(by_rank, claimed) == []
     # and a rank missing leaves its stored rows read by no rank
-    problems = byte_coverage.check(by_rank[:-1], byte_coverage.claimed_names(LLAMA, lay))
+    problems = byte_coverage.check(by_rank[:-1], claimed)
     assert any(p.startswith("embed_tokens.weight") or "embed_tokens" in p for p in problems)
 
 

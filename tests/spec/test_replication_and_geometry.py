@@ -21,6 +21,7 @@ import pytest
 from budget import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rank_pieces import every_rank
 
 from specbind.core.errors import CheckpointError, GeometryError, SpecError
 from specbind.core.geometry import resolve
@@ -28,11 +29,9 @@ from specbind.core.ir import ShardRule, TensorRule
 from specbind.core.planning import plan_block, plan_tensor
 from specbind.generated import MODELS
 from specbind.generator.render import load_specs
-from specbind.runtime.bind.preamble import refuse_problems
 from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.runtime.layout.config import values_from_config
-from specbind.runtime.layout.slots import layout
-from specbind.runtime.ranks import byte_coverage, distributed
+from specbind.runtime.ranks import byte_coverage
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,16 +78,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _pieces(ck: Path, tp: int) -> tuple[list[list[byte_coverage.Piece]], set[str]]:
-    table = MODELS["llama"]
-    ckpt = CheckpointDir(ck)
-    geometry = table.make_geometry(values_from_config(table, ckpt.config))
-    lay = layout(table, ckpt.names(), ckpt.config)
-    refuse_problems(lay)
-    by_rank = [
-        byte_coverage.plan_pieces(ckpt, table, lay, geometry, distributed.place(tp, r, tp, 1))
-        for r in range(tp)
-    ]
-    return by_rank, byte_coverage.claimed_names(table, lay)
+    return every_rank(ck, MODELS["llama"], tp)
 
 
 @pytest.mark.parametrize("tp", [2, 4, 8])
