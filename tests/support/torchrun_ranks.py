@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -30,13 +29,6 @@ from helpers import read_file
 # run uses 10-20 s (a 4-rank torchrun starts five Python processes that import torch), on a
 # loaded machine as on an idle one.
 BOUND = 240
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def torchrun(

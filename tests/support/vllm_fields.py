@@ -4,11 +4,11 @@ model class builds, measured by vLLM itself (tests/vllm/fields_worker.py), never
 
 The candidates are every top-level field of the row's config.json whose value is a bool or a
 whole number (tests/support/config_fields.py ``flipped``: a bool negated, a number + 1); each
-is flipped alone and the parameters vLLM builds (names, shapes) compared with the unflipped
+is flipped alone (``flipped_folders``) and the parameters vLLM builds (names, shapes) compared with the unflipped
 build's. ``review(rows, tmp)`` returns {model: {"base": None or vLLM's error, field: None (the
 same parameters), "decides: ..." or "refused: ..."}, "bind": {field: None or the refusal}}
 and the ``vllm_proofs.Report`` of what came from the cache. The bind side is specbind's
-``bind_for_engine`` (vLLM, tp 1) on the checkpoint with only config.json's field flipped, for
+``bind_for_engine`` (vLLM, tp 1) on the same folder, for
 each field that decides a vLLM parameter, then specbind's ``engine.fill`` into parameters of
 the names, shapes and dtypes vLLM's class builds from that config (what the loader does once
 vLLM has built the model): "bind: ..." a refusal before vLLM builds anything, "fill: ..." one
@@ -34,21 +34,36 @@ UNFLIPPED = "(unflipped)"
 FIELDS = "config fields flipped one at a time: the parameters vLLM's model class builds"
 
 
-def flips(ckpt: Path) -> list[tuple[str, Any]]:
-    """(field, its other value) for each candidate field of the checkpoint's config.json."""
+def flipped_folders(ckpt: Path) -> dict[str, Path]:
+    """Per candidate field of the checkpoint's config.json, a folder beside it holding the
+    checkpoint with that field alone flipped: config.json rewritten, every other file a hard
+    link (no bytes copied; the vLLM worker builds from it, the bind side binds it).
+    Trap: hard links, not symbolic ones: specbind refuses a file that resolves outside its
+    checkpoint folder, and every flip would be refused for that alone."""
+    import os
+
     config = json.loads((ckpt / "config.json").read_text())
-    return [(k, flipped(v)) for k, v in sorted(config.items()) if flipped(v) is not None]
+    out = {}
+    for field, value in sorted(config.items()):
+        if flipped(value) is None:
+            continue
+        folder = ckpt.parent / f"{ckpt.name}-fields" / field
+        folder.mkdir(parents=True)
+        for f in ckpt.iterdir():
+            if f.name != "config.json":
+                os.link(f, folder / f.name)
+        (folder / "config.json").write_text(json.dumps(config | {field: flipped(value)}))
+        out[field] = folder
+    return out
 
 
-def bind_side(ckpt: Path, engine: dict[str, Any]) -> dict[str, str | None]:
-    """Per field that decides a vLLM parameter, None where a copy of the checkpoint with that
-    field alone flipped in config.json is bound (``bind_for_engine``) and filled into the
-    parameters vLLM's class builds from it (``engine.fill``), else "bind: " or "fill: " and
-    the refusal; under ``UNFLIPPED`` the bind of the checkpoint itself, which must bind.
-    Trap: a copy, never the worker's folder of links: specbind refuses a file that resolves
-    outside its checkpoint folder, and every flip would be refused for that alone."""
-    import shutil
-
+def bind_side(
+    ckpt: Path, folders: dict[str, Path], engine: dict[str, Any]
+) -> dict[str, str | None]:
+    """Per field that decides a vLLM parameter, None where its flipped folder is bound
+    (``bind_for_engine``) and filled into the parameters vLLM's class builds from it
+    (``engine.fill``), else "bind: " or "fill: " and the refusal; under ``UNFLIPPED`` the
+    bind of the checkpoint itself, which must bind."""
     import torch
 
     from specbind.core.errors import SpecbindError
@@ -69,15 +84,8 @@ def bind_side(ckpt: Path, engine: dict[str, Any]) -> dict[str, str | None]:
         return None
 
     out: dict[str, str | None] = {UNFLIPPED: refusal(ckpt, None)}
-    config = json.loads((ckpt / "config.json").read_text())
-    for field, value in flips(ckpt):
-        if field not in engine.get("built", {}):
-            continue
-        copy = ckpt.parent / f"{ckpt.name}-bind-{field}"
-        shutil.copytree(ckpt, copy)
-        (copy / "config.json").write_text(json.dumps(config | {field: value}))
-        out[field] = refusal(copy, engine["built"][field])
-        shutil.rmtree(copy)
+    for field, built in engine.get("built", {}).items():
+        out[field] = refusal(folders[field], built)
     return out
 
 
@@ -88,14 +96,18 @@ def review(rows: tuple[VllmRow, ...], tmp: Path) -> tuple[dict[str, Any], Report
     todo = [r for r in rows if r.model not in out]
     if not todo:
         return out, report
-    jobs = []
+    folders = {}
     for r in todo:
         write(r, tmp / r.model)
-        jobs.append({"key": r.model, "ckpt": str(tmp / r.model), "flips": flips(tmp / r.model)})
+        folders[r.model] = flipped_folders(tmp / r.model)
+    jobs = [
+        {"key": m, "ckpt": str(tmp / m), "flips": {f: str(p) for f, p in fs.items()}}
+        for m, fs in folders.items()
+    ]
     engine = vllm_workers.dealt(WORKER, jobs, tmp, "the vLLM config field review", report)
     for r in todo:
         out[r.model] = engine[r.model]
-        out[r.model]["bind"] = bind_side(tmp / r.model, out[r.model])
+        out[r.model]["bind"] = bind_side(tmp / r.model, folders[r.model], out[r.model])
         vllm_cache.store(keys[r.model], out[r.model])
         report.ran.append(r.model)
     return out, report

@@ -22,7 +22,6 @@ that died is not (nothing of its run is stored).
 from __future__ import annotations
 
 import json
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,10 @@ from typing import Any
 import vllm_cache
 import vllm_venv
 import vllm_workers
+from free_port import free_port
 from vllm_rows import VllmRow
 
 WORKER = vllm_venv.REPO / "tests" / "vllm" / "proof_worker.py"
-WORKERS = 2
 
 
 @dataclass
@@ -74,13 +73,6 @@ def write(row: VllmRow, path: Path, seed: int = 0) -> None:
         (path / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def port() -> int:
-    """A free local port (a worker's gloo rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def prove(
     rows: tuple[VllmRow, ...], tmp: Path
 ) -> tuple[dict[tuple[str, int], dict[str, Any]], Report]:
@@ -104,13 +96,13 @@ def prove(
     other = sorted({tp for _, tp in todo} - {1, 2})
     if other:
         raise AssertionError(f"the vLLM proofs run tp 1 and 2 only (two workers), not {other}")
-    n = WORKERS if tp2 or len(tp1) > 1 else 1
-    port2 = port()
+    n = vllm_workers.WORKERS if tp2 or len(tp1) > 1 else 1
+    port2 = free_port()
     specs = []
     for i in range(n):
         share = tp1[i::n]
         phases = [
-            {"tp": 1, "rank": 0, "port": port(), "loads": _loads(share, ckpts)},
+            {"tp": 1, "rank": 0, "port": free_port(), "loads": _loads(share, ckpts)},
             {"tp": 2, "rank": i, "port": port2, "loads": _loads(tp2, ckpts)},
         ]
         spec = tmp / f"worker{i}.json"

@@ -67,7 +67,7 @@ def generate(
         return out, report
     for r in todo:
         vllm_proofs.write(r, tmp / r.model)
-    n = min(vllm_proofs.WORKERS, len(todo))
+    n = min(vllm_workers.WORKERS, len(todo))
     specs = []
     for i in range(n):
         spec = tmp / f"tokens{i}.json"

@@ -27,11 +27,13 @@ from typing import Any
 
 import patience
 import vllm_venv
+from free_port import free_port
 
 MARK = "specbind-progress: "
 BUDGET = 600.0  # CPU seconds the workers may use together in one load
 STALL = patience.STALL  # wall seconds without any CPU used before the run is called hung
 POLL = 0.5
+WORKERS = 2  # worker processes a run starts: the two cores CI has
 
 
 def settle() -> None:
@@ -143,12 +145,10 @@ def dealt(
     """``jobs`` (each with a ``key``) dealt between two workers, each its own gloo port
     (``{"port": P, "jobs": [...]}``), run (``run``), and merged: {key: result}. The cost goes
     to ``report`` (``wall``, ``cpu``)."""
-    from vllm_proofs import WORKERS, port
-
     specs = []
     for i in range(min(WORKERS, len(jobs))):
         spec = tmp / f"{worker.stem}{i}.json"
-        spec.write_text(json.dumps({"port": port(), "jobs": jobs[i::WORKERS]}))
+        spec.write_text(json.dumps({"port": free_port(), "jobs": jobs[i::WORKERS]}))
         specs.append(spec)
     results, cost = run(worker, specs, what)
     report.wall, report.cpu = cost.wall, cost.cpu

