@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # vllm_digest, in vLLM's workers too
+from vllm_workers import KV_BYTES  # found by the path above
 
 PROMPT = [1, 5, 9, 17, 33, 2]
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model ships a function
 os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # whole GiB; it would override KV_BYTES
-KV_BYTES = 64 << 20
 
 
 def run(tp: int, r: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,10 @@ BUDGET = 600.0  # CPU seconds the workers may use together in one load
 STALL = patience.STALL  # wall seconds without any CPU used before the run is called hung
 POLL = 0.5
 WORKERS = 2  # worker processes a run starts: the two cores CI has
+# An engine's KV cache, in bytes (``kv_cache_memory_bytes``; tests/vllm/token_worker.py says why
+# never VLLM_CPU_KVCACHE_SPACE): one sequence of 64 tokens needs well under 1 MiB at the rows'
+# geometries.
+KV_BYTES = 64 << 20
 
 
 def settle() -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # vllm_workers
-from vllm_workers import progress, settle
+from vllm_workers import KV_BYTES, progress, settle
 
 os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override KV_BYTES
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # errors reach this process
@@ -40,7 +40,6 @@ FORMATS = ("auto", "specbind")
 PROMPT = [1, 5, 9, 17, 33, 2]
 STEPS = 4
 TOP = 5
-KV_BYTES = 64 << 20  # one sequence of 64 tokens needs well under 1 MiB at the rows' geometries
 
 
 def _line(e: BaseException) -> str:
