@@ -196,11 +196,12 @@ def _signed(index: int, offset: int) -> str:
 
 def slot_problems(
     cs: ConfigSchedule, slot: SlotRule, index: int, held: str, decoder: bool = True
-) -> list[str]:
+) -> list[tuple[str, str | None]]:
     """Where config.json's lists and schedule for ``slot`` disagree with the block ``held``
-    at layer ``index``, one line each; an MTP layer (``decoder`` false) is checked only
-    against a list entry the file gives it."""
-    out: list[str] = []
+    at layer ``index``: one (line, the block config.json names there, or None where it names
+    none) each; an MTP layer (``decoder`` false) is checked only against a list entry the
+    file gives it."""
+    out: list[tuple[str, str | None]] = []
     for lst in slot.all_lists():
         got = cs.listed(lst, index)
         if got is None:
@@ -209,21 +210,23 @@ def slot_problems(
         if short and not decoder:
             continue
         if short:
-            out.append(f"layer {index}: config.json {words}, but layer {index} is a decoder layer")
+            out.append(
+                (f"layer {index}: config.json {words}, but layer {index} is a decoder layer", None)
+            )
         elif want is None:
             known = sorted(v for _, vs in lst.values for v in vs)
-            out.append(f"layer {index}: config.json {words}, expected one of {known}")
+            out.append((f"layer {index}: config.json {words}, expected one of {known}", None))
         elif want != held:
-            out.append(
+            out.append((
                 f"layer {index}: config.json {words} (a {want} {slot.name}), but the layer's "
-                f"tensors are {held}"
-            )
+                f"tensors are {held}", want,
+            ))  # fmt: skip
     if slot.schedule and decoder:
         # the file's own per-layer list is the writer's schedule: no default stands in then
         got_s = cs.scheduled(slot.schedule, index, defaults=not cs.has_list(slot))
         if got_s is not None and got_s[0] != held:
-            out.append(
+            out.append((
                 f"layer {index}: config.json {got_s[1]}, so its {slot.name} is {got_s[0]} by "
-                f"the schedule, but the layer's tensors are {held}"
-            )
+                f"the schedule, but the layer's tensors are {held}", got_s[0],
+            ))  # fmt: skip
     return out

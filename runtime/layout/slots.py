@@ -30,7 +30,6 @@ from functools import lru_cache
 from typing import Any
 
 from specbind.core.errors import CheckpointError
-from specbind.core.ir import SlotRule
 from specbind.core.patterns import INDEX, Matcher, layer_pattern, parts
 from specbind.core.record import field, record, replace
 from specbind.core.schedule import ConfigSchedule, slot_problems
@@ -326,7 +325,7 @@ def layout(
                     )
                 owner[n] = rule.name
             found = slot_problems(cs, rule, index, fill.block.name, role == "decoder")
-            problems += _with_tensors(table, cs, rule, index, fill, found, named)
+            problems += _with_tensors(table, fill, rule.name, found, named)
             problems += _group_check(table, config, index, fill, named)
         lay.unclaimed = sorted(n for n in lnames if n not in owner)
         if lay.unclaimed and all(f.block is not None for f in lay.slots.values()):
@@ -355,49 +354,32 @@ def layout(
 
 def _with_tensors(
     table: ModelTable[Any],
-    cs: ConfigSchedule,
-    rule: SlotRule,
-    index: int,
     fill: SlotFill,
-    found: list[str],
+    slot: str,
+    found: list[tuple[str, str | None]],
     named: Callable[[list[str]], list[str]],
 ) -> list[str]:
-    """``found`` (where config.json's lists or schedule give the slot another block than its
-    tensors do), each line with the tensors that decide it, as stored, where the two blocks
-    are variants of one (the layer holds most of the named block's markers: StableLM's gqa
-    and gqa_bias, not a KDA layer where config.json says DSA): those the block
-    config.json names needs and the layer lacks, else those the layer carries that it does
-    not hold. Asked only when there is a problem."""
-    if not found:
-        return found
-    assert fill.block is not None
-    wants: set[str] = set()
-    for lst in rule.all_lists():
-        got = cs.listed(lst, index)
-        if got is not None and got[0] is not None:
-            wants.add(got[0])
-    if rule.schedule:
-        got_s = cs.scheduled(rule.schedule, index)
-        if got_s is not None:
-            wants.add(got_s[0])
+    """``found`` (``core.schedule.slot_problems``: where config.json's lists or schedule give
+    the slot another block than its tensors do, with that block), each line with the tensors
+    that decide it, as stored, where the two blocks are variants of one (the layer holds most
+    of the named block's markers: StableLM's gqa and gqa_bias, not a KDA layer where
+    config.json says DSA): those the block config.json names needs and the layer lacks, else
+    those the layer carries that it does not hold. Asked only when there is a problem."""
     names = set(fill.names)
     out = []
-    for line in found:
-        for want in sorted(wants - {fill.block.name}):
-            if f"(a {want} {rule.name})" not in line and f" is {want} by " not in line:
-                continue
+    for line, want in found:
+        if want is not None and want != (fill.block.name if fill.block else None):
             block = table.block(want)
             lacking = sorted(m for m in block.markers if m not in names)
             if 2 * len(lacking) >= len(block.markers):
-                break  # another kind of layer altogether: the block names say it
-            if lacking:
-                line += f" (a {want} {rule.name} needs {_shown(named(lacking))}, absent)"
-                break
-            declared, families, _ = _owner_rules(block, frozenset())
-            extra = [n for n in sorted(names) if n not in declared and not families.match(n)]
-            if extra:
-                line += f" (the layer carries {_shown(named(extra))}, which a {want} lacks)"
-            break
+                pass  # another kind of layer altogether: the block names say it
+            elif lacking:
+                line += f" (a {want} {slot} needs {_shown(named(lacking))}, absent)"
+            else:
+                declared, families, _ = _owner_rules(block, frozenset())
+                extra = [n for n in sorted(names) if n not in declared and not families.match(n)]
+                if extra:
+                    line += f" (the layer carries {_shown(named(extra))}, which a {want} lacks)"
         out.append(line)
     return out
 
