@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import patience
 import pytest
+from free_port import free_port
 from helpers import copy_with, field_rules, read_file, rejoin
-from torchrun_ranks import BOUND, finish, free_port, load_dir, torchrun
+from torchrun_ranks import BOUND, finish, load_dir, torchrun
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.interop
