@@ -20,8 +20,9 @@ Trap: ``div`` on the packed weight's ``I`` is elements per byte, not a group siz
 
 from __future__ import annotations
 
+import json
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from specbind.core.record import record
 
@@ -92,9 +93,19 @@ class CompanionRule:
         return tuple(d.size(o, i) for d in self.dims)
 
 
+def canonical(v: Any) -> str:
+    """A config value as scheme files compare it: a string as is, anything else as compact
+    JSON (``8``, ``true``, ``null``, ``[128, 128]``), so YAML's ``8`` and JSON's ``8`` meet."""
+    if isinstance(v, str):
+        return v
+    return json.dumps(v, separators=(", ", ": "), sort_keys=True, default=str)
+
+
 @record
 class DetectRule:
-    """``file``'s ``field`` (dotted; ``*`` is any key) holds one of ``values``."""
+    """``file``'s ``field`` (dotted; ``*`` is any key) holds one of ``values``: each a config
+    value's canonical text (``runtime.quant.scheme.canonical``: ``8``, ``true``, ``null``,
+    ``[128, 128]``)."""
 
     file: str
     field: str
@@ -105,9 +116,9 @@ class DetectRule:
 class DequantRule:
     """The declared dequant formula, carried out by the ``Ops`` method ``op``."""
 
-    op: Literal["dequant_nvfp4", "dequant_fp8_block", "dequant_mxfp4"]
-    codes: str  # e2m1 | e4m3
-    group: tuple[int, ...]  # (16,) along I, or a (rows, cols) block
+    op: Literal["dequant_nvfp4", "dequant_fp8_block", "dequant_mxfp4", "dequant_scaled"]
+    codes: str  # e2m1 | e4m3 | int8
+    group: tuple[int, ...]  # (16,) along I, a (rows, cols) block; () for dequant_scaled
     global_op: GlobalOp  # how the global scale enters: W = code * scale (* or /) global
     scale: str = ""  # the block scale's format where its dtype does not say it: e8m0
 
@@ -117,7 +128,8 @@ class SchemeRule:
     name: str
     doc: str
     detect: DetectRule
-    weight_only: DetectRule | None  # the field and values that mean no activation scales
+    # the fields and values that mean no activation scales (any one of them holding)
+    weight_only: tuple[DetectRule, ...]
     exclude: DetectRule  # where the excluded modules are listed (values unused)
     exclude_match: ExcludeMatch
     targets: str | None  # compressed-tensors: the config field listing quantized targets
@@ -126,6 +138,9 @@ class SchemeRule:
     order: Literal["low_first", "none"]
     dequant: DequantRule
     swizzle: str | None = None  # the block scale a CUTLASS swizzled output is made from
+    # every field that tells this scheme from its family's other variants: each value found
+    # there (an absent field reads as ``null``) is one of the rule's values
+    variant: tuple[DetectRule, ...] = ()
 
     @property
     def weight(self) -> CompanionRule:

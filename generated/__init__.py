@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "b519919ffaa2687cb2fd56e252b80e7a978bf5b9ab407c1b9f525a455a9352f0"
+SPECS_SHA256 = "767c10e31bb759a101c1618f74c673e88f923fc060e530c72546804767f9d1cc"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

@@ -19,7 +19,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
         detect=DetectRule(
             file="config.json", field="quantization_config.format", values=("float-quantized",)
         ),
-        weight_only=None,
+        weight_only=(),
         exclude=DetectRule(file="config.json", field="quantization_config.ignore", values=()),
         exclude_match="compressed_tensors",
         targets="quantization_config.config_groups.*.targets",
@@ -47,6 +47,28 @@ SCHEMES: tuple[SchemeRule, ...] = (
             op="dequant_fp8_block", codes="e4m3", group=(128, 128), global_op="none", scale=""
         ),
         swizzle=None,
+        variant=(
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.num_bits",
+                values=("8",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.type",
+                values=("float",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.strategy",
+                values=("block",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.block_structure",
+                values=("[128, 128]",),
+            ),
+        ),
     ),
     SchemeRule(
         name="fp8-block",
@@ -54,7 +76,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
         detect=DetectRule(
             file="config.json", field="quantization_config.quant_method", values=("fp8",)
         ),
-        weight_only=None,
+        weight_only=(),
         exclude=DetectRule(
             file="config.json", field="quantization_config.modules_to_not_convert", values=()
         ),
@@ -84,6 +106,13 @@ SCHEMES: tuple[SchemeRule, ...] = (
             op="dequant_fp8_block", codes="e4m3", group=(128, 128), global_op="none", scale=""
         ),
         swizzle=None,
+        variant=(
+            DetectRule(
+                file="config.json",
+                field="quantization_config.weight_block_size",
+                values=("[128, 128]",),
+            ),
+        ),
     ),
     SchemeRule(
         name="mxfp4",
@@ -91,7 +120,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
         detect=DetectRule(
             file="config.json", field="quantization_config.quant_method", values=("mxfp4",)
         ),
-        weight_only=None,
+        weight_only=(),
         exclude=DetectRule(
             file="config.json", field="quantization_config.modules_to_not_convert", values=()
         ),
@@ -125,6 +154,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
             op="dequant_mxfp4", codes="e2m1", group=(32,), global_op="none", scale="e8m0"
         ),
         swizzle=None,
+        variant=(),
     ),
     SchemeRule(
         name="nvfp4-compressed-tensors",
@@ -132,10 +162,12 @@ SCHEMES: tuple[SchemeRule, ...] = (
         detect=DetectRule(
             file="config.json", field="quantization_config.format", values=("nvfp4-pack-quantized",)
         ),
-        weight_only=DetectRule(
-            file="config.json",
-            field="quantization_config.config_groups.*.input_activations",
-            values=("null",),
+        weight_only=(
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.input_activations",
+                values=("null",),
+            ),
         ),
         exclude=DetectRule(file="config.json", field="quantization_config.ignore", values=()),
         exclude_match="compressed_tensors",
@@ -180,6 +212,23 @@ SCHEMES: tuple[SchemeRule, ...] = (
             op="dequant_nvfp4", codes="e2m1", group=(16,), global_op="divide", scale=""
         ),
         swizzle="weight_scale",
+        variant=(
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.num_bits",
+                values=("4",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.type",
+                values=("float",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.group_size",
+                values=("16",),
+            ),
+        ),
     ),
     SchemeRule(
         name="nvfp4-modelopt",
@@ -189,8 +238,12 @@ SCHEMES: tuple[SchemeRule, ...] = (
             field="quantization.quant_algo",
             values=("NVFP4", "W4A16_NVFP4"),
         ),
-        weight_only=DetectRule(
-            file="hf_quant_config.json", field="quantization.quant_algo", values=("W4A16_NVFP4",)
+        weight_only=(
+            DetectRule(
+                file="hf_quant_config.json",
+                field="quantization.quant_algo",
+                values=("W4A16_NVFP4",),
+            ),
         ),
         exclude=DetectRule(
             file="hf_quant_config.json", field="quantization.exclude_modules", values=()
@@ -237,5 +290,6 @@ SCHEMES: tuple[SchemeRule, ...] = (
             op="dequant_nvfp4", codes="e2m1", group=(16,), global_op="multiply", scale=""
         ),
         swizzle="weight_scale",
+        variant=(),
     ),
 )

@@ -7,7 +7,9 @@ Invariants (each refusal a ``SpecError`` naming file, path and line):
   divisor, an FP8 block is its ``(O, I)`` divisors, a ``multiply``/``divide`` global scale
   needs a ``global_scale`` companion;
 - ``ceil`` is allowed only on a block scale (a rank's share is then whole blocks or refused);
-- ``swizzle`` names the block scale; a scheme lives in ``schemes/<name>.yaml``.
+- ``swizzle`` names the block scale; a scheme lives in ``schemes/<name>.yaml``;
+- ``dequant_scaled`` (FP8 or int8 codes times one scale per row or per linear) has no group:
+  its scale is ``[O, 1]`` or a scalar, and its codes' dtype is the weight's.
 A scheme never names a model tensor: the schema admits no tensor names at all.
 """
 
@@ -23,6 +25,7 @@ from specbind.core.quant import (
     DetectRule,
     DimRule,
     SchemeRule,
+    canonical,
 )
 from specbind.generator.identifiers import validate_schema
 from specbind.generator.yamlio import Located
@@ -43,9 +46,13 @@ def _dim(text: str) -> DimRule:
     return DimRule(of, int(m["div"] or 1), bool(m["ceil"]))
 
 
-def _detect(raw: dict[str, Any]) -> DetectRule:
-    values = tuple("null" if v is None else str(v) for v in raw["values"])
-    return DetectRule(raw["file"], raw["field"], values)
+def _detect(raw: dict[str, Any], file: str = "") -> DetectRule:
+    values = tuple(canonical(v) for v in raw["values"])
+    return DetectRule(str(raw.get("file", file)), raw["field"], values)
+
+
+def _listed(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else [v]
 
 
 def parse_scheme(doc: Located, stem: str) -> SchemeRule:
@@ -96,8 +103,9 @@ def parse_scheme(doc: Located, stem: str) -> SchemeRule:
         raise doc.error(("companions",), "no companion has role: weight (the packed weight)")
     dq = d["dequant"]
     dequant = DequantRule(
-        dq["op"], dq["codes"], tuple(int(g) for g in dq["group"]), dq["global"], dq.get("scale", "")
-    )
+        dq["op"], dq["codes"], tuple(int(g) for g in dq.get("group", ())), dq["global"],
+        dq.get("scale", ""),
+    )  # fmt: skip
     _check_dequant(doc, dequant, {c.role: c for c in comps})
     swizzle = d.get("swizzle")
     if swizzle is not None and roles.get("block_scale") != swizzle:
@@ -107,7 +115,7 @@ def parse_scheme(doc: Located, stem: str) -> SchemeRule:
         name=d["scheme"],
         doc=d["doc"],
         detect=_detect(d["detect"]),
-        weight_only=_detect(d["weight_only"]) if "weight_only" in d else None,
+        weight_only=tuple(_detect(w) for w in _listed(d.get("weight_only", []))),
         exclude=DetectRule(ex["file"], ex["field"], ()),
         exclude_match=ex["match"],
         targets=d.get("targets"),
@@ -116,6 +124,7 @@ def parse_scheme(doc: Located, stem: str) -> SchemeRule:
         order=d["packing"]["order"],
         dequant=dequant,
         swizzle=swizzle,
+        variant=tuple(_detect(v, d["detect"]["file"]) for v in d.get("variant", ())),
     )
 
 
@@ -124,6 +133,22 @@ def _check_dequant(doc: Located, dq: DequantRule, by_role: dict[str, CompanionRu
     if scale is None:
         raise doc.error(("companions",), "the dequant formula needs a block_scale companion")
     divs = tuple(x.div for x in scale.dims)
+    if dq.op == "dequant_scaled":  # one scale per output row, or one per linear
+        if dq.group or not (scale.scalar or scale.dims == (DimRule("O"), DimRule("1"))):
+            raise doc.error(
+                ("dequant", "group"),
+                "dequant_scaled takes no group: its scale is [O, 1] (a channel) or [] / [1] "
+                f"(a tensor), not {scale.shape_text}",
+            )
+        weight = by_role["weight"]
+        want = {"e4m3": "F8_E4M3", "int8": "I8"}.get(dq.codes)
+        if weight.dtype != want:
+            raise doc.error(
+                ("dequant", "codes"), f"{dq.codes} codes are stored as {want}, not {weight.dtype}"
+            )
+        if dq.global_op != "none":
+            raise doc.error(("dequant", "global"), "dequant_scaled has no global scale")
+        return
     if dq.op == "dequant_mxfp4" and (dq.scale != "e8m0" or scale.dtype != "U8"):
         raise doc.error(("dequant", "scale"), "MXFP4 block scales are E8M0 bytes (scale: e8m0, U8)")
     if dq.op in ("dequant_nvfp4", "dequant_mxfp4"):

@@ -224,6 +224,28 @@ def dequant_fp8_block_bf16(weight: Any, scale: Any, block_rows: int, block_cols:
     return out
 
 
+def dequant_int8_block_bf16(weight: Any, scale: Any, block_rows: int, block_cols: int) -> Any:
+    """int8 -> BF16: f32(weight[r, c]) * scale[r / block_rows, c / block_cols]: weight int8 [..., O, I], scale float32
+    [..., ceil(O/block_rows), ceil(I/block_cols)]; returns uint16 (BF16) [..., O, I]."""
+    cp = cupy()
+    check("dequant_int8_block_bf16", "weight", weight, "int8")
+    if weight.ndim < 2 or block_rows < 1 or block_cols < 1:
+        raise KernelError(
+            f"dequant_int8_block_bf16: weight {weight.shape}, blocks {block_rows}x{block_cols}"
+        )
+    *lead, rows, cols = weight.shape
+    want = (*lead, -(-rows // block_rows), -(-cols // block_cols))
+    check("dequant_int8_block_bf16", "scale", scale, "float32")
+    if scale.shape != want:
+        raise KernelError(f"dequant_int8_block_bf16: scale is {scale.shape}, expected {want}")
+    mats = math.prod(lead)
+    out = cp.empty(weight.shape, dtype="uint16")
+    args = (weight, scale, out, cp.int64(mats), cp.int64(rows), cp.int64(cols), cp.int64(block_rows),
+            cp.int64(block_cols))  # fmt: skip
+    launch("dequant_int8_block_bf16", weight.size, args)
+    return out
+
+
 def swizzle_blockscale_b1(scale: Any) -> Any:
     """block scales -> the CUTLASS FP4 layout: 128x4 tiles, zero padding: [..., M, K] 1-byte elements -> [..., M_pad, K_pad] (M padded to 128, K to 4)."""
     cp = cupy()

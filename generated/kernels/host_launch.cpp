@@ -116,6 +116,18 @@ extern "C" void launch_dequant_fp8_block_bf16(unsigned grid, unsigned block, con
     }
 }
 
+extern "C" void launch_dequant_int8_block_bf16(unsigned grid, unsigned block, const signed char* weight, const float* scale, bf16_bits* out, long long mats, long long rows, long long cols, long long block_rows, long long block_cols) {
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < grid; ++b) {
+        for (unsigned t = 0; t < block; ++t) {
+            blockIdx.x = b;
+            threadIdx.x = t;
+            dequant_int8_block_bf16(weight, scale, out, mats, rows, cols, block_rows, block_cols);
+        }
+    }
+}
+
 extern "C" void launch_swizzle_blockscale_b1(unsigned grid, unsigned block, const unsigned char* in, unsigned char* out, long long mats, long long rows, long long cols, long long rows_pad, long long cols_pad) {
     gridDim.x = grid;
     blockDim.x = block;

@@ -140,6 +140,16 @@ extern "C" __global__ void dequant_fp8_block_bf16(const unsigned char* __restric
     }
 }
 
+// int8 -> BF16: f32(weight[r, c]) * scale[r / block_rows, c / block_cols]
+extern "C" __global__ void dequant_int8_block_bf16(const signed char* __restrict__ weight, const float* __restrict__ scale, bf16_bits* __restrict__ out, long long mats, long long rows, long long cols, long long block_rows, long long block_cols) {
+    long long srows = (rows + block_rows - 1) / block_rows, scols = (cols + block_cols - 1) / block_cols;
+    GRID_STRIDE(i, mats * rows * cols) {
+        long long rc = i / cols, c = i - rc * cols, b = rc / rows, r = rc - b * rows;
+        float s = scale[(b * srows + r / block_rows) * scols + c / block_cols];
+        out[i] = f32_to_bf16_rne((float)weight[i] * s);
+    }
+}
+
 // block scales -> the CUTLASS FP4 layout: 128x4 tiles, zero padding
 extern "C" __global__ void swizzle_blockscale_b1(const unsigned char* __restrict__ in, unsigned char* __restrict__ out, long long mats, long long rows, long long cols, long long rows_pad, long long cols_pad) {
     // out viewed as [mats, rows_pad/128, cols_pad/4, lane 32, sub 4, k 4] reads

@@ -381,6 +381,7 @@ class Ops(Protocol):
     def dequant_fp8_block(
         self, weight: Any, scale_inv: Any, *, block: tuple[int, int] = (128, 128)
     ) -> Array: ...
+    def dequant_scaled(self, weight: Any, scale: Any) -> Array: ...
     def swizzle_blockscale(self, scale: Any) -> Array: ...
 
 
@@ -497,6 +498,12 @@ def dequant_nvfp4(
 def dequant_mxfp4(blocks: Array, scales: Array) -> Array:
     """:func:`runtime.binder.quant_numerics.dequant_mxfp4` (BF16 ``[..., O, I]``)."""
     return quant_numerics.dequant_mxfp4(blocks, scales)
+
+
+def dequant_scaled(weight: Array, scale: Array) -> Array:
+    """:func:`runtime.binder.quant_numerics.dequant_scaled` on ``threads()`` workers (same
+    bytes)."""
+    return quant_numerics.dequant_scaled(weight, scale, workers=threads())
 
 
 def dequant_fp8_block(

@@ -222,6 +222,27 @@ def dequant_fp8_block(
     return kernels.dequant_fp8_block_bf16(weight, cast(scale_inv, "F32"), block[0], block[1])
 
 
+def dequant_scaled(weight: Any, scale: Any, *, what: str = "scaled dequant") -> Any:
+    """As :func:`runtime.binder.quant_numerics.dequant_scaled`, by the generated block kernels
+    with one block per row (a channel scale ``[..., O, 1]``) or per matrix (one value): the
+    FP8 kernel for E4M3 bits, the int8 kernel for int8."""
+    cp = _cp()
+    if weight.ndim < 2:
+        raise BindError(f"{what}: the weight is {list(weight.shape)}, expected [..., O, I]")
+    *lead, rows, cols = weight.shape
+    n = math.prod(lead)
+    s = cast(cp.asarray(scale), "F32") if str(scale.dtype) != "float32" else cp.asarray(scale)
+    per_row = s.size == n * rows and s.shape[-1:] == (1,) and rows > 1
+    if not per_row and s.size != n:
+        raise BindError(f"{what}: the scale is {list(s.shape)} for weight {list(weight.shape)}")
+    s3 = cp.ascontiguousarray(s.reshape(*lead, rows if per_row else 1, 1))  # [.., O or 1, 1]
+    block = (1 if per_row else rows, cols)
+    if str(weight.dtype) == "int8":
+        w = cp.ascontiguousarray(weight)
+        return kernels.dequant_int8_block_bf16(w, s3, block[0], block[1])
+    return kernels.dequant_fp8_block_bf16(_bytes(weight, what, "the weight"), s3, *block)
+
+
 def swizzle_blockscale(scale: Any, *, what: str = "block-scale swizzle") -> Any:
     """As :func:`runtime.binder.quant_numerics.swizzle_blockscale`, by the generated kernel."""
     if scale.ndim < 2:

@@ -55,6 +55,7 @@ class QuantOps(Protocol):
     ) -> Array: ...
     def swizzle_blockscale(self, scale: Any) -> Array: ...
     def dequant_mxfp4(self, blocks: Any, scales: Any) -> Array: ...
+    def dequant_scaled(self, weight: Any, scale: Any) -> Array: ...
     def permute(self, a: Any, axes: tuple[int, ...], what: str) -> Array: ...
 
 
@@ -369,6 +370,8 @@ def _dequant(
         # [E_r, O_r, I_r] -> the stored linear's own axis order ([E_r, I_r, O_r] for x @ W)
         order = tuple(0 if k == 0 else 2 if k == axes[0] else 1 for k in range(3))
         return quant_ops(ops, what, "permute").permute(w, order, what)
+    if d.op == "dequant_scaled":  # one scale per row ([O_r, 1]) or per linear ([] / [1])
+        return quant_ops(ops, what, d.op).dequant_scaled(t[name], s)
     if d.op == "dequant_fp8_block":
         q = quant_ops(ops, what, d.op)
         if str(s.dtype) != "float32":

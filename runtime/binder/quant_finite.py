@@ -162,6 +162,8 @@ class _Linear:
             self._mxfp4()
         elif op == "dequant_nvfp4":
             self._nvfp4()
+        elif op == "dequant_scaled":
+            self._scaled()
         else:
             self._fp8_block()
 
@@ -240,6 +242,37 @@ class _Linear:
             f"{E2M1_MAGNITUDES[code & 7]}) times {self.shown['block_scale']} element "
             f"{self.where('block_scale', g)} = {_hex(s, g)} ({shown(g)}) overflows BF16"
         )
+
+    def _scaled(self) -> None:
+        """FP8 or int8 codes times one scale per row or per linear: only the rows whose scale
+        times the largest code could overflow BF16 are read; the first code that does is
+        refused."""
+        s = self._floats("block_scale").reshape(-1)  # [O] or [1]
+        w = self.arrays["weight"]  # F8_E4M3 or I8 [O, I]
+        rows = w.reshape(-1, w.shape[-1])
+        e4m3 = w.dtype == E4M3
+        limit = SAFE / (E4M3_MAX if e4m3 else 128.0)
+        for r in np.flatnonzero(np.abs(s) > limit):
+            hit = range(rows.shape[0]) if s.size == 1 else [int(r)]
+            for row in hit:
+                self._scaled_row(rows[row], row, float(s[r]), e4m3, w.shape)
+
+    def _scaled_row(
+        self, codes: Array, row: int, scale: float, e4m3: bool, shape: tuple[int, ...]
+    ) -> None:
+        vals = e4m3_to_f32(codes) if e4m3 else codes.astype(np.float32)
+        if self.whole:
+            self.report.verdict_bytes += codes.nbytes
+        with np.errstate(all="ignore"):
+            out = (vals * np.float32(scale)).astype(BF16).astype(np.float32)
+        over = ~np.isfinite(out) & np.isfinite(vals)  # a stored NaN code stays allowed
+        if bool(over.any()):
+            wi = _idx(row * codes.size + int(np.argmax(over)), shape)
+            self.fail(
+                f"{self.shown['weight']} element {self.where('weight', wi)} = "
+                f"{float(vals[wi[-1]])!r} times {self.shown['block_scale']} ({scale!r}) "
+                "overflows BF16"
+            )
 
     def _fp8_block(self) -> None:
         s = self._floats("block_scale")  # F32 [..., O/bo, I/bi]

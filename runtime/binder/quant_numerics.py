@@ -32,6 +32,14 @@ transformers' ``convert_moe_packed_tensors`` (its lookup table has -0.0 at code 
 ``ldexp`` in F32), bit for bit for scales 0..254; at 255 it gives ±inf or NaN, the OCP spec
 NaN, which is what this gives.
 
+Scaled (FP8 per channel or per tensor, int8 per channel: ``weight`` F8_E4M3 or I8
+``[..., O, I]``, ``scale`` F32, BF16 or F16, ``[..., O, 1]`` or one value per matrix):
+``bf16(f32(weight[r, c]) * f32(scale[r]))``. compressed-tensors' ``dequantize`` casts the codes
+to the scale's dtype and multiplies there, then casts to the model dtype: with a BF16 scale the
+product of an 8-bit code and a BF16 value is exact in F32, so one rounding either way; with an
+F32 scale both round to F32 then to BF16. With an F16 scale it rounds to F16 first; here the
+exact product is rounded once to BF16 (the F16 route is not reproduced).
+
 Swizzle: vLLM's ``swizzle_blockscale``: rows zero-padded to a multiple of 128, columns to a
 multiple of 4, then ``[B, M/128, 4, 32, K/4, 4]`` permuted ``(0, 1, 4, 3, 2, 5)``; the result
 keeps the padded shape ``[..., M_pad, K_pad]``.
@@ -271,6 +279,45 @@ def dequant_fp8_block(
             out[b, r0:r1] = e4m3_to_f32(w3[b, r0:r1]) * s_row  # one F32 rounding, then RNE
 
     _each([(b, r0) for b in range(n) for r0 in range(0, rows, bo)], work, workers)
+    return out.reshape(*lead, rows, cols)  # [B, O, I] -> [..., O, I]
+
+
+I8 = np.dtype(np.int8)
+SCALE_DTYPES = (F32, BF16, np.dtype(np.float16))
+
+
+def dequant_scaled(
+    weight: Array, scale: Array, *, what: str = "scaled dequant", workers: int = 1
+) -> Array:
+    """BF16 ``[..., O, I]``: ``bf16(f32(weight[r, c]) * f32(scale[r]))``; ``weight`` F8_E4M3 or
+    I8, ``scale`` ``[..., O, 1]`` (a channel) or one value per matrix (``[..., ]``,
+    ``[..., 1]``)."""
+    if weight.dtype not in (E4M3, I8) or weight.ndim < 2:
+        raise BindError(f"{what}: the weight is {weight.dtype} {list(weight.shape)}, "
+                        "expected F8_E4M3 or I8 [..., O, I]")  # fmt: skip
+    if scale.dtype not in SCALE_DTYPES:
+        raise BindError(f"{what}: the scale is {scale.dtype}, expected F32, BF16 or F16")
+    *lead_l, rows, cols = weight.shape
+    lead = tuple(lead_l)
+    n = math.prod(lead)
+    per_row = scale.size == n * rows and scale.shape[-1:] == (1,) and rows > 1
+    if not per_row and scale.size != n:
+        raise BindError(
+            f"{what}: the scale is {list(scale.shape)}, expected {[*lead, rows, 1]} or one "
+            f"value per matrix for weight {list(weight.shape)}"
+        )
+    s2 = scale.astype(F32).reshape(n, rows if per_row else 1)  # [B, O or 1]
+    w3 = weight.reshape(n, rows, cols)  # [..., O, I] -> [B, O, I]
+    out = np.empty((n, rows, cols), dtype=BF16)
+    wide = e4m3_to_f32 if weight.dtype == E4M3 else (lambda a: a.astype(F32))
+
+    def work(span: tuple[int, int, int]) -> None:  # (matrix, first row, end row)
+        b, r0, r1 = span
+        s_col = s2[b, r0:r1, None] if per_row else s2[b, 0]
+        with np.errstate(all="ignore"):
+            out[b, r0:r1] = wide(w3[b, r0:r1]) * s_col  # one F32 rounding, then RNE
+
+    _each([(b, r0, r1) for b in range(n) for r0, r1 in _row_spans(rows, cols)], work, workers)
     return out.reshape(*lead, rows, cols)  # [B, O, I] -> [..., O, I]
 
 

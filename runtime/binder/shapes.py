@@ -191,6 +191,13 @@ class ShapeOps:
         lead, rows, cols = fp8_block_geometry(weight.shape, scale_inv.shape, block, "dequant")
         return Shaped((*lead, rows, cols), "BF16")
 
+    def dequant_scaled(self, weight: Shaped, scale: Shaped) -> Shaped:
+        *lead, rows, _ = weight.shape
+        n = math.prod(lead)
+        if scale.shape not in ((*lead, rows, 1),) and math.prod(scale.shape) != n:
+            raise BindError(f"dequant: weight {list(weight.shape)}, scale {list(scale.shape)}")
+        return Shaped(weight.shape, "BF16")
+
     def dequant_mxfp4(self, blocks: Shaped, scales: Shaped) -> Shaped:
         if blocks.shape[-1:] != (16,) or blocks.shape[:-1] != scales.shape:
             raise BindError(f"dequant: blocks {list(blocks.shape)}, scales {list(scales.shape)}")

@@ -32,10 +32,11 @@ from typing import Any
 
 from specbind.core.config_patterns import Kind, NameMatcher
 from specbind.core.errors import CheckpointError
-from specbind.core.quant import DetectRule, SchemeRule
+from specbind.core.quant import DetectRule, SchemeRule, canonical
 from specbind.core.record import field, record
 from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.runtime.layout.config import quantization_config
+from specbind.runtime.quant.describe import describe
 
 
 def lookup(doc: Any, dotted: str) -> list[Any]:
@@ -106,6 +107,13 @@ class QuantConfig:
         return f"no target of {self.scheme.exclude.file} config_groups matches it"
 
 
+# Where a quantization is announced when config.json has no ``quantization_config``: the
+# side files vLLM's ``get_quant_config`` reads (``weight_utils.py``), from each method's
+# ``get_config_filenames``: ModelOpt ``hf_quant_config.json`` (``modelopt.py``), GPTQ
+# ``quantize_config.json`` (``auto_gptq.py``), AWQ ``quant_config.json`` (``auto_awq.py``).
+SIDE_FILES = ("hf_quant_config.json", "quantize_config.json", "quant_config.json")
+
+
 def _read(ckpt: CheckpointDir, file: str, cache: dict[str, Any]) -> Any:
     if file not in cache:
         cache[file] = ckpt.config if file == "config.json" else ckpt.side_file(file)
@@ -113,14 +121,14 @@ def _read(ckpt: CheckpointDir, file: str, cache: dict[str, Any]) -> Any:
 
 
 def _holds(doc: Any, rule: DetectRule) -> bool:
-    return any(_as_text(v) in rule.values for v in lookup(doc, rule.field))
+    """Some value at the rule's field is one of its values (a scheme family's announcement)."""
+    return any(canonical(v) in rule.values for v in lookup(doc, rule.field))
 
 
-def _as_text(v: Any) -> str | None:
-    """A config value as the scheme files write it (``null`` for JSON null)."""
-    if v is None:
-        return "null"
-    return v if isinstance(v, str) else None
+def _every(doc: Any, rule: DetectRule) -> bool:
+    """Every value at the rule's field is one of its values; an absent field reads as null
+    (a variant: ``strategy: channel`` in every config group)."""
+    return all(canonical(v) in rule.values for v in lookup(doc, rule.field) or [None])
 
 
 def _strings(doc: Any, file: str, field: str) -> tuple[str, ...]:
@@ -134,30 +142,53 @@ def _strings(doc: Any, file: str, field: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def announced(ckpt: CheckpointDir, cache: dict[str, Any] | None = None) -> tuple[str, Any] | None:
+    """(where, the document) of the quantization the checkpoint announces, as vLLM looks for
+    it: config.json's ``quantization_config`` (or ``compression_config``), else the first side
+    file present; None when it announces none."""
+    cache = {} if cache is None else cache
+    qc = quantization_config(ckpt.config)
+    if qc is None and ckpt.config.get("compression_config") is not None:
+        return "config.json compression_config", ckpt.config["compression_config"]
+    if qc is not None:
+        return "config.json quantization_config", qc
+    for f in SIDE_FILES:
+        doc = _read(ckpt, f, cache)
+        if doc is not None:
+            return f, doc
+    return None
+
+
 def detect(ckpt: CheckpointDir, schemes: Sequence[SchemeRule]) -> QuantConfig | None:
-    """The checkpoint's quantization, or None for an unquantized checkpoint."""
+    """The checkpoint's quantization, or None for an unquantized checkpoint.
+
+    A scheme matches when its ``detect`` field says its family and every ``variant`` rule
+    holds; a family's other variant, or a method no scheme names, is refused in words
+    (``runtime.quant.describe``), never read as another variant or as unquantized."""
     cache: dict[str, Any] = {}
-    hits = [s for s in schemes if _holds(_read(ckpt, s.detect.file, cache), s.detect)]
+    family = [s for s in schemes if _holds(_read(ckpt, s.detect.file, cache), s.detect)]
+    hits = [s for s in family if all(_every(_read(ckpt, v.file, cache), v) for v in s.variant)]
     if len(hits) > 1:
         raise CheckpointError(
             f"{ckpt.root}: the config matches more than one quantization scheme "
             f"({', '.join(s.name for s in hits)}); refusing to guess"
         )
     if not hits:
-        qc = quantization_config(ckpt.config)
-        if qc is not None:
-            method = qc.get("quant_method") if isinstance(qc, dict) else qc
-            raise CheckpointError(
-                f"config.json: quantization_config (quant_method {method!r}) matches no "
-                f"scheme in specs/schemes ({', '.join(s.name for s in schemes)}); a quantized "
-                "checkpoint is not bound as if it were unquantized"
-            )
-        return None
+        said = announced(ckpt, cache)
+        if said is None and not family:
+            return None
+        where, doc = said if said is not None else (
+            family[0].detect.file, _read(ckpt, family[0].detect.file, cache)
+        )  # fmt: skip
+        known = family or schemes
+        raise CheckpointError(
+            f"{where}: {describe(doc)}: no scheme in specs/schemes describes it (those there: "
+            f"{', '.join(s.name for s in known)}); a quantized checkpoint is never bound as "
+            "another variant or as unquantized"
+        )
     s = hits[0]
     doc = _read(ckpt, s.exclude.file, cache)
-    weight_only = s.weight_only is not None and _holds(
-        _read(ckpt, s.weight_only.file, cache), s.weight_only
-    )
+    weight_only = any(_holds(_read(ckpt, w.file, cache), w) for w in s.weight_only)
     targets = (
         _strings(_read(ckpt, "config.json", cache), "config.json", s.targets) if s.targets else ()
     )

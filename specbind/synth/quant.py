@@ -3,7 +3,8 @@ companions, and the config file the scheme is detected by.
 
 Generic: the linears are the block rules marked ``linear: true``, the companions and their
 shapes come from the scheme, and the config fields are the ones the scheme reads (its
-``detect`` field set to its first value, its exclude list, its targets). A linear whose
+``detect`` field and each ``variant`` field set to its first value, its exclude list, its
+targets). A linear whose
 ``[O, I]`` the scheme cannot store in whole groups (``I % 16 != 0`` for NVFP4) is written in
 BF16 and listed as excluded by its full module name, so the checkpoint is one a real tool
 could have written.
@@ -15,6 +16,7 @@ byte 0xFF nor a power of two that overflows), so every written checkpoint dequan
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -83,14 +85,21 @@ def _put(doc: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 def _value(rule: DetectRule) -> Any:
+    """The rule's first value as the config holds it (``8``, ``[128, 128]``, ``null``: JSON;
+    anything else a string)."""
     v = rule.values[0]
-    return None if v == "null" else v
+    try:
+        return json.loads(v)
+    except ValueError:
+        return v
 
 
 def quant_config_files(scheme: SchemeRule, excluded: list[str]) -> dict[str, dict[str, Any]]:
     """The config documents by file name (``config.json`` fields to merge in)."""
     files: dict[str, dict[str, Any]] = {}
     _put(files.setdefault(scheme.detect.file, {}), scheme.detect.field, _value(scheme.detect))
+    for v in scheme.variant:
+        _put(files.setdefault(v.file, {}), v.field, _value(v))
     _put(files.setdefault(scheme.exclude.file, {}), scheme.exclude.field, list(excluded))
     if scheme.targets is not None:
         _put(files.setdefault("config.json", {}), scheme.targets, ["Linear"])

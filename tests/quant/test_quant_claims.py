@@ -250,10 +250,11 @@ def test_a_quantization_config_no_scheme_describes_is_refused(
 ) -> None:
     d = copy_with(ckpts["fp8-block"], tmp_path / "c")
     cfg = json.loads((d / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "awq"}
+    cfg["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True,
+                                  "bnb_4bit_quant_type": "nf4"}  # fmt: skip
     (d / "config.json").write_text(json.dumps(cfg))
     msg = refused(d, CheckpointError)
-    assert "quantization_config (quant_method 'awq') matches no scheme in specs/schemes" in msg
+    assert "quantization_config: bitsandbytes, 4-bit, nf4: no scheme in specs/schemes" in msg
 
 
 def test_compressed_tensors_writes_the_packed_weight_as_weight_packed_and_it_binds_as_the_linear(
