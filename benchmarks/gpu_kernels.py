@@ -33,7 +33,7 @@ from specbind.core.errors import SpecbindError
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = REPO / "generated" / "kernels"
-ARITH = ("scale_bf16", "dequant_nvfp4_bf16", "dequant_fp8_block_bf16")
+ARITH = ("scale_bf16", "dequant_nvfp4_bf16", "dequant_fp8_block_bf16", "dequant_int8_block_bf16")
 Case = tuple[str, tuple[Any, ...]]  # (what, wrapper arguments: arrays, lists of arrays, scalars)
 
 
@@ -98,6 +98,16 @@ def cases(name: str, scale: int) -> list[Case]:
         return out
     if name == "dequant_nvfp4_bf16":
         return list(_nvfp4(rng, scale))
+    if name == "dequant_int8_block_bf16":  # per channel (1, I) and per tensor (O, I) blocks
+        i8: list[Case] = []
+        int8_shapes = (((), 1, 1, True), ((), 7, 9, False), ((3,), 129, 131, True),
+                   ((), 257, 64 * scale + 3, True))  # fmt: skip
+        for lead, rows, cols, per_row in int8_shapes:
+            w = _bits(rng, (*lead, rows, cols), np.uint8).view(np.int8)
+            sc = rng.uniform(-4, 4, (*lead, rows if per_row else 1, 1)).astype(np.float32)
+            block = (1 if per_row else rows, cols)
+            i8.append((f"{[*lead, rows, cols]} block {block}", (w, sc, *block)))
+        return i8
     if name == "dequant_fp8_block_bf16":
         fp8: list[Case] = []
         for lead, rows, cols, block in (((), 1, 1, (128, 128)), ((), 7, 9, (3, 5)),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "767c10e31bb759a101c1618f74c673e88f923fc060e530c72546804767f9d1cc"
+SPECS_SHA256 = "020e7917e56bed648e8b0c4e63ed7c88086d67a670a0a05d8f9e3c3cfac1730d"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

@@ -14,6 +14,44 @@ from specbind.core.quant import CompanionRule, DequantRule, DetectRule, DimRule,
 
 SCHEMES: tuple[SchemeRule, ...] = (
     SchemeRule(
+        name="fbgemm-fp8",
+        doc="FP8 E4M3 weights with one F32 scale per output channel (fbgemm_fp8).",
+        detect=DetectRule(
+            file="config.json", field="quantization_config.quant_method", values=("fbgemm_fp8",)
+        ),
+        weight_only=(),
+        exclude=DetectRule(
+            file="config.json", field="quantization_config.modules_to_not_convert", values=()
+        ),
+        exclude_match="glob",
+        targets=None,
+        companions=(
+            CompanionRule(
+                suffix="weight",
+                dtype="F8_E4M3",
+                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                role="weight",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="weight_scale",
+                dtype="F32",
+                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="1", div=1, ceil=False)),
+                role="block_scale",
+                activation=False,
+                template="",
+            ),
+        ),
+        per_byte=1,
+        order="none",
+        dequant=DequantRule(
+            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale=""
+        ),
+        swizzle=None,
+        variant=(),
+    ),
+    SchemeRule(
         name="fp8-block-compressed-tensors",
         doc="FP8 E4M3 weights with one scale per 128 x 128 block, as compressed-tensors names them.",
         detect=DetectRule(
@@ -111,6 +149,362 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 file="config.json",
                 field="quantization_config.weight_block_size",
                 values=("[128, 128]",),
+            ),
+        ),
+    ),
+    SchemeRule(
+        name="fp8-channel-compressed-tensors",
+        doc="FP8 E4M3 weights with one scale per output channel, as compressed-tensors stores them.",
+        detect=DetectRule(
+            file="config.json", field="quantization_config.format", values=("float-quantized",)
+        ),
+        weight_only=(
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.input_activations",
+                values=("null",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.input_activations.dynamic",
+                values=("true",),
+            ),
+        ),
+        exclude=DetectRule(file="config.json", field="quantization_config.ignore", values=()),
+        exclude_match="compressed_tensors",
+        targets="quantization_config.config_groups.*.targets",
+        companions=(
+            CompanionRule(
+                suffix="weight",
+                dtype="F8_E4M3",
+                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                role="weight",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="weight_scale",
+                dtype="BF16",
+                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="1", div=1, ceil=False)),
+                role="block_scale",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="input_scale",
+                dtype="BF16",
+                dims=(DimRule(of="1", div=1, ceil=False),),
+                role="input_scale",
+                activation=True,
+                template="",
+            ),
+        ),
+        per_byte=1,
+        order="none",
+        dequant=DequantRule(
+            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale=""
+        ),
+        swizzle=None,
+        variant=(
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.num_bits",
+                values=("8",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.type",
+                values=("float",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.strategy",
+                values=("channel",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.symmetric",
+                values=("true",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.dynamic",
+                values=("false",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.input_activations.symmetric",
+                values=("true", "null"),
+            ),
+        ),
+    ),
+    SchemeRule(
+        name="fp8-modelopt",
+        doc="FP8 E4M3 weights and static inputs, one F32 scale each per linear, as ModelOpt exports them.",
+        detect=DetectRule(
+            file="hf_quant_config.json", field="quantization.quant_algo", values=("FP8",)
+        ),
+        weight_only=(),
+        exclude=DetectRule(
+            file="hf_quant_config.json", field="quantization.exclude_modules", values=()
+        ),
+        exclude_match="glob",
+        targets=None,
+        companions=(
+            CompanionRule(
+                suffix="weight",
+                dtype="F8_E4M3",
+                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                role="weight",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="weight_scale",
+                dtype="F32",
+                dims=(),
+                role="block_scale",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="input_scale",
+                dtype="F32",
+                dims=(),
+                role="input_scale",
+                activation=False,
+                template="",
+            ),
+        ),
+        per_byte=1,
+        order="none",
+        dequant=DequantRule(
+            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale=""
+        ),
+        swizzle=None,
+        variant=(),
+    ),
+    SchemeRule(
+        name="fp8-tensor-compressed-tensors",
+        doc="FP8 E4M3 weights with one scale per linear, as compressed-tensors stores them.",
+        detect=DetectRule(
+            file="config.json", field="quantization_config.format", values=("float-quantized",)
+        ),
+        weight_only=(
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.input_activations",
+                values=("null",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.input_activations.dynamic",
+                values=("true",),
+            ),
+        ),
+        exclude=DetectRule(file="config.json", field="quantization_config.ignore", values=()),
+        exclude_match="compressed_tensors",
+        targets="quantization_config.config_groups.*.targets",
+        companions=(
+            CompanionRule(
+                suffix="weight",
+                dtype="F8_E4M3",
+                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                role="weight",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="weight_scale",
+                dtype="BF16",
+                dims=(DimRule(of="1", div=1, ceil=False),),
+                role="block_scale",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="input_scale",
+                dtype="BF16",
+                dims=(DimRule(of="1", div=1, ceil=False),),
+                role="input_scale",
+                activation=True,
+                template="",
+            ),
+        ),
+        per_byte=1,
+        order="none",
+        dequant=DequantRule(
+            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale=""
+        ),
+        swizzle=None,
+        variant=(
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.num_bits",
+                values=("8",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.type",
+                values=("float",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.strategy",
+                values=("tensor",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.symmetric",
+                values=("true",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.dynamic",
+                values=("false",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.input_activations.symmetric",
+                values=("true", "null"),
+            ),
+        ),
+    ),
+    SchemeRule(
+        name="fp8-tensor",
+        doc="FP8 E4M3 weights with one F32 scale per linear (AutoFP8's quant_method fp8, no blocks).",
+        detect=DetectRule(
+            file="config.json", field="quantization_config.quant_method", values=("fp8",)
+        ),
+        weight_only=(
+            DetectRule(
+                file="config.json",
+                field="quantization_config.activation_scheme",
+                values=("dynamic",),
+            ),
+        ),
+        exclude=DetectRule(
+            file="config.json", field="quantization_config.ignored_layers", values=()
+        ),
+        exclude_match="glob",
+        targets=None,
+        companions=(
+            CompanionRule(
+                suffix="weight",
+                dtype="F8_E4M3",
+                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                role="weight",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="weight_scale",
+                dtype="F32",
+                dims=(),
+                role="block_scale",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="input_scale",
+                dtype="F32",
+                dims=(),
+                role="input_scale",
+                activation=True,
+                template="",
+            ),
+        ),
+        per_byte=1,
+        order="none",
+        dequant=DequantRule(
+            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale=""
+        ),
+        swizzle=None,
+        variant=(
+            DetectRule(
+                file="config.json", field="quantization_config.weight_block_size", values=("null",)
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.activation_scheme",
+                values=("static", "dynamic"),
+            ),
+        ),
+    ),
+    SchemeRule(
+        name="int8-channel-compressed-tensors",
+        doc="int8 weights with one scale per output channel and dynamic per-token int8 inputs (W8A8).",
+        detect=DetectRule(
+            file="config.json", field="quantization_config.format", values=("int-quantized",)
+        ),
+        weight_only=(),
+        exclude=DetectRule(file="config.json", field="quantization_config.ignore", values=()),
+        exclude_match="compressed_tensors",
+        targets="quantization_config.config_groups.*.targets",
+        companions=(
+            CompanionRule(
+                suffix="weight",
+                dtype="I8",
+                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                role="weight",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="weight_scale",
+                dtype="BF16",
+                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="1", div=1, ceil=False)),
+                role="block_scale",
+                activation=False,
+                template="",
+            ),
+        ),
+        per_byte=1,
+        order="none",
+        dequant=DequantRule(
+            op="dequant_scaled", codes="int8", group=(), global_op="none", scale=""
+        ),
+        swizzle=None,
+        variant=(
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.num_bits",
+                values=("8",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.type",
+                values=("int",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.strategy",
+                values=("channel",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.symmetric",
+                values=("true",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.dynamic",
+                values=("false",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.input_activations.dynamic",
+                values=("true",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.input_activations.strategy",
+                values=("token",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.input_activations.symmetric",
+                values=("true",),
             ),
         ),
     ),

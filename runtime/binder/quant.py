@@ -279,7 +279,7 @@ def check_shared(
         for g in groups:
             vals = {n: _scale(n, pat, host, src, by_pattern, shapes, block, layer, report)
                     for n, pat in g}  # fmt: skip
-            if len({v.reshape(-1).view("u4").tobytes() for v in vals.values()}) > 1:
+            if len({v.reshape(-1).tobytes() for v in vals.values()}) > 1:
                 raise BindError(
                     f"{at(layer)}: {rule.scale} scales that must be one value differ: "
                     f"{_differ(vals, partial(stored_name, src))} — {rule.why} "
@@ -309,7 +309,7 @@ def _differ(vals: Mapping[str, Array], named: Callable[[str], str] = str) -> str
     """``k of n differ from A = a: B = b, …``: the common value (the first in member order on
     a tie) and the first members that differ from it, in member order (``named``: a name as
     the checkpoint stores it)."""
-    bits = {n: v.reshape(-1).view("u4").tobytes() for n, v in vals.items()}
+    bits = {n: v.reshape(-1).tobytes() for n, v in vals.items()}
     common = Counter(bits.values()).most_common(1)[0][0]
     first = next(n for n, b in bits.items() if b == common)
     odd = [n for n, b in bits.items() if b != common]
@@ -487,8 +487,16 @@ def quantized_fields(field: str, lq: LayerQuant | None) -> dict[str, str]:
 
 
 def _companion_rule(f: FieldRule, c: CompanionRule) -> FieldRule:
+    """The field rule of a companion bound beside field ``f``: as ``f``, but replicated where
+    the companion has no dim along the axis ``f`` splits (a channel scale ``[O, 1]`` of a
+    row-parallel linear: every rank holds it whole, as vLLM's ChannelQuantScaleParameter)."""
     if c.scalar:  # one value per joined source: [parts], or [E_r, parts] when stacked
         return FieldRule(f.kind, c.dtype, "replicated", 1, 0, f.family, 0)
+    if f.layout != "replicated":
+        last = 2 if f.family is not None else 1  # [E, O, I] or [O, I]: I is the last axis
+        which = "I" if f.layout == "cols" or (f.layout == "axis" and f.axis == last) else "O"
+        if all(d.of != which for d in c.dims):
+            return replace(f, dtype=c.dtype, layout="replicated", axis=0)
     return replace(f, dtype=c.dtype)
 
 

@@ -210,7 +210,7 @@ def _quant(p: Path, table: ModelTable[Any], q: QuantMeta | None) -> LayerQuant |
             f"{p}: metadata quant records the swizzled output, which {q.scheme} does not make "
             "(it has no swizzled block scale): the record and the tensors disagree"
         )
-    if q.weight_only and scheme.weight_only is None:
+    if q.weight_only and not scheme.weight_only:
         raise ReloadError(
             f"{p}: metadata quant records weight_only, which {q.scheme} has no form of (it "
             "stores no activation scale): the record and the tensors disagree"

@@ -33,10 +33,10 @@ from typing import Any
 from specbind.core.config_patterns import Kind, NameMatcher
 from specbind.core.errors import CheckpointError
 from specbind.core.quant import DetectRule, SchemeRule, canonical
+from specbind.core.quant_describe import describe
 from specbind.core.record import field, record
 from specbind.runtime.io.checkpoint import CheckpointDir
 from specbind.runtime.layout.config import quantization_config
-from specbind.runtime.quant.describe import describe
 
 
 def lookup(doc: Any, dotted: str) -> list[Any]:
@@ -164,7 +164,7 @@ def detect(ckpt: CheckpointDir, schemes: Sequence[SchemeRule]) -> QuantConfig | 
 
     A scheme matches when its ``detect`` field says its family and every ``variant`` rule
     holds; a family's other variant, or a method no scheme names, is refused in words
-    (``runtime.quant.describe``), never read as another variant or as unquantized."""
+    (``core.quant_describe``), never read as another variant or as unquantized."""
     cache: dict[str, Any] = {}
     family = [s for s in schemes if _holds(_read(ckpt, s.detect.file, cache), s.detect)]
     hits = [s for s in family if all(_every(_read(ckpt, v.file, cache), v) for v in s.variant)]

@@ -129,9 +129,12 @@ def config_for(
 def _values(rng: np.random.Generator, dtype: str, shape: tuple[int, ...], name: str = "") -> Array:
     if dtype == "U8":  # packed codes: any byte is two valid E2M1 codes
         return rng.integers(0, 256, size=shape, dtype=np.uint8)
-    if name and (shape == () or shape == (1,)) and dtype == "F32":
-        # a global or input scale: one value per checkpoint, so declared shared scales agree
-        return np.full(shape, 0.0009765625, dtype=np.float32)
+    if dtype == "I8":  # int8 codes: the symmetric range, as int8 quantizers write it
+        return rng.integers(-127, 128, size=shape, dtype=np.int8)
+    if name and (shape == () or shape == (1,)) and dtype in ("F32", "BF16"):
+        # a global or input scale: one value per checkpoint (2^-10, exact in BF16), so
+        # declared shared scales agree
+        return np.full(shape, 0.0009765625, dtype=DTYPES[dtype].numpy)
     scale = name and dtype in ("F32", "BF16") and "scale" in name.rsplit(".", 1)[-1]
     if dtype.startswith("F8") or scale:
         arr = np.abs(rng.standard_normal(size=shape, dtype=np.float32)) + 0.25  # scales > 0

@@ -72,6 +72,28 @@ def test_fp8_block_on_the_device_path_gives_the_numpy_backends_bytes(
     assert np.array_equal(g[~both_nan], w[~both_nan])
 
 
+@pytest.mark.parametrize("codes", ["e4m3", "int8"])
+@pytest.mark.parametrize("scale", ["channel", "tensor", "tensor1"])
+@pytest.mark.parametrize("sdtype", [F32, BF16])
+def test_scaled_dequant_on_the_device_path_gives_the_numpy_backends_bytes(
+    fake_cupy: Any, codes: str, scale: str, sdtype: Any
+) -> None:
+    rng = np.random.default_rng(10)
+    w = rng.integers(-128, 128, (24, 40), dtype=np.int8)
+    shape = {"channel": (24, 1), "tensor": (), "tensor1": (1,)}[scale]
+    host = {
+        "w": w.view(U8).view(E4M3) if codes == "e4m3" else w,
+        "s": rng.uniform(0.01, 2, shape).astype(sdtype),
+    }
+    dev = device(fake_cupy)
+    up = dev.upload(host)
+    got = dev.to_host(dev.ops.dequant_scaled(up["w"], up["s"]), "BF16")
+    want = qn.dequant_scaled(host["w"], host["s"])
+    g, w16 = got.view(U16), want.view(U16)
+    both_nan = ((g & 0x7FFF) > 0x7F80) & ((w16 & 0x7FFF) > 0x7F80)
+    assert np.array_equal(g[~both_nan], w16[~both_nan])
+
+
 def test_the_swizzle_on_the_device_path_gives_the_numpy_backends_bytes(fake_cupy: Any) -> None:
     scale = np.random.default_rng(9).integers(0, 256, (2, 200, 7), dtype=U8).view(E4M3)
     dev = device(fake_cupy)

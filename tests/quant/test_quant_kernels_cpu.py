@@ -179,6 +179,52 @@ def test_fp8_block_kernel_equals_numpy_for_any_shape_and_block(
     assert_same_bf16(got, qn.dequant_fp8_block(w, s, block=(bo, bi)))
 
 
+def int8_kernel(lib: Any, w: Any, s: Any, bo: int, bi: int, block: int = 256, grid: int = 0) -> Any:
+    *lead, rows, cols = w.shape
+    out = np.full(w.shape, 0xDEAD, dtype=U16)
+    run(lib, "dequant_int8_block_bf16", w.size, ptr(w), ptr(s), ptr(out),
+        i64(int(np.prod(lead))), i64(rows), i64(cols), i64(bo), i64(bi), block=block, grid=grid)  # fmt: skip
+    return out
+
+
+@settings(deadline=None)
+@given(
+    st.lists(st.integers(1, 3), max_size=2),
+    st.integers(1, 20),
+    st.integers(1, 20),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+    BLOCKS,
+    st.integers(1, 3),
+)
+def test_scaled_dequant_by_the_block_kernels_equals_numpy_per_channel_and_per_tensor(
+    lib: Any,
+    lead: list[int],
+    rows: int,
+    cols: int,
+    int8: bool,
+    per_row: bool,
+    seed: int,
+    block: int,
+    grid: int,
+) -> None:
+    """The CuPy backend's ``dequant_scaled``: a channel scale ``[.., O, 1]`` is the block
+    kernel with ``(1, I)`` blocks, a tensor scale ``(O, I)`` blocks, on every int8 or E4M3
+    code."""
+    rng = np.random.default_rng(seed)
+    w = rng.integers(-128, 128, (*lead, rows, cols), dtype=np.int8)
+    s = rng.uniform(-4, 4, (*lead, rows if per_row else 1, 1)).astype(F32)
+    bo = 1 if per_row else rows
+    if int8:
+        got = int8_kernel(lib, w, s, bo, cols, block=block, grid=grid)
+    else:
+        w = w.view(U8).view(E4M3)
+        got = fp8_kernel(lib, w, s, bo, cols, block=block, grid=grid)
+    want_s = s if per_row or rows == 1 else s.reshape(tuple(lead))  # one value per matrix
+    assert_same_bf16(got, qn.dequant_scaled(w, want_s))
+
+
 @settings(deadline=None)
 @given(
     st.lists(st.integers(1, 3), max_size=2),

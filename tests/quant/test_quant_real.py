@@ -17,6 +17,7 @@ and the fused conv's rank r is ``[q_r; k_r; v_r]``.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ from quant_writers import TEXT_CONFIG
 from specbind.audit import audit
 from specbind.core.errors import BindError, GeometryError
 from specbind.runtime.bind.bind import BindResult, bind_checkpoint
+from specbind.runtime.binder.quant_numerics import dequant_scaled
 from specbind.runtime.io.checkpoint import CheckpointDir
 
 TOOL = {
@@ -41,7 +43,16 @@ TOOL = {
     "llmc_nvfp4": "llmcompressor",
     "llmc_nvfp4a16": "llmcompressor",
     "llmc_fp8_block": "llmcompressor",
+    "llmc_fp8_dynamic": "llmcompressor",
+    "llmc_fp8": "llmcompressor",
+    "llmc_w8a8": "llmcompressor",
+    "mo_fp8": "modelopt",
 }
+# One scale per output channel or per linear: every rank of RANKS holds whole scales, and each
+# rank's dequantized fields must rejoin to the whole one's (the scales go with their rows).
+SCALED = ("llmc_fp8_dynamic", "llmc_fp8", "llmc_w8a8", "mo_fp8")
+# compressed-tensors' own decompression of every quantized linear, written beside these
+REFERENCE = ("llmc_fp8_dynamic", "llmc_fp8", "llmc_w8a8")
 # tp: the KDA scan tiles 256 channels (8 heads of 64: tp <= 4); ep: up to the 6 experts.
 RANKS = [(1, 1), (2, 1), (4, 1), (1, 6), (2, 3), (4, 2)]
 # FP8 blocks are 128 x 128: no rank of this tiny model can hold whole blocks under tp > 1.
@@ -68,7 +79,7 @@ def ckpt(written: dict[str, Path], recipe: str) -> Path:
 
 def bind(path: Path, **kw: Any) -> BindResult:
     # llmcompressor calibrates each expert's down_proj input scale on its own (see below)
-    kw.setdefault("allow_unshared_scales", path.name == "llmc_nvfp4")
+    kw.setdefault("allow_unshared_scales", path.name in ("llmc_nvfp4", "llmc_fp8"))
     return bind_checkpoint(CheckpointDir(path), TABLE, progress=False, **kw)
 
 
@@ -94,7 +105,8 @@ def test_a_real_checkpoint_binds_at_every_tp_and_ep_and_the_shares_rejoin(
     written: dict[str, Path], recipe: str
 ) -> None:
     path = ckpt(written, recipe)
-    whole = bind(path)
+    outputs = ("dequantized",) if recipe in SCALED else ()
+    whole = bind(path, quant_outputs=outputs)
     assert sum(x.bound for x in whole.layers) + sum(whole.unbound.values()) + (
         whole.globals.report.bound if whole.globals else 0
     ) == len(CheckpointDir(path).names()) + 2 * sum(  # a fused conv is read as three
@@ -105,7 +117,7 @@ def test_a_real_checkpoint_binds_at_every_tp_and_ep_and_the_shares_rejoin(
         shares: dict[str, dict[tuple[int, int], Any]] = {}
         for t in range(tp):
             for e in range(ep):
-                r = bind(path, tp_size=tp, tp_rank=t, ep_size=ep, ep_rank=e)
+                r = bind(path, tp_size=tp, tp_rank=t, ep_size=ep, ep_rank=e, quant_outputs=outputs)
                 for k, (_, a) in r.fields().items():
                     shares.setdefault(k, {})[(t, e)] = a
         for k, (rule, a) in fields.items():
@@ -177,3 +189,67 @@ def test_the_fused_conv_shards_as_q_k_v_segments_never_as_a_contiguous_third(
         assert conv.tobytes() == want[:, 0, :].tobytes()  # [q_r; k_r; v_r], squeezed
         third = fused[r * 3 * half : (r + 1) * 3 * half]  # what a plain row shard would read
         assert conv.tobytes() != third[:, 0, :].tobytes()
+
+
+@pytest.mark.parametrize("recipe", REFERENCE)
+def test_the_scaled_dequant_equals_compressed_tensors_own_decompression_bit_for_bit(
+    written: dict[str, Path], recipe: str
+) -> None:
+    """Every quantized linear the tool wrote, dequantized by specbind's formula (codes times
+    the channel or tensor scale, rounded once to BF16), equals compressed-tensors'
+    ``decompress`` of the same tensors."""
+    path = ckpt(written, recipe)
+    stored = read_file(path / "model.safetensors")
+    want = read_file(path / "reference" / "decompressed.safetensors")
+    assert len(want) >= 20
+    for module, ref in want.items():
+        got = dequant_scaled(stored[module + ".weight"], stored[module + ".weight_scale"])
+        assert got.dtype == ref.dtype == ml_dtypes.bfloat16
+        assert got.tobytes() == ref.tobytes(), module
+
+
+@pytest.mark.parametrize(
+    ("recipe", "scale"),
+    [("llmc_fp8_dynamic", (None, 1)), ("llmc_w8a8", (None, 1)), ("llmc_fp8", (1,)), ("mo_fp8", ())],
+)
+def test_each_scheme_stores_the_scale_shape_vllm_loads(
+    written: dict[str, Path], recipe: str, scale: tuple[int | None, ...]
+) -> None:
+    """Channel scales ``[O, 1]`` (FP8_DYNAMIC, W8A8), per-tensor ``[1]`` (llm-compressor's
+    static FP8) or ``[]`` (ModelOpt), beside every quantized weight, and detected as the
+    scheme that says so (never the block-FP8 one)."""
+    path = ckpt(written, recipe)
+    stored = read_file(path / "model.safetensors")
+    weights = [n for n in stored if n.endswith(".weight_scale")]
+    assert weights
+    for n in weights:
+        w = stored[n.removesuffix("_scale")]
+        assert stored[n].shape == tuple(w.shape[0] if d is None else d for d in scale), n
+    q = bind(path).quant
+    assert (
+        q is not None
+        and json.loads(q)["scheme"]
+        == {
+            "llmc_fp8_dynamic": "fp8-channel-compressed-tensors",
+            "llmc_w8a8": "int8-channel-compressed-tensors",
+            "llmc_fp8": "fp8-tensor-compressed-tensors",
+            "mo_fp8": "fp8-modelopt",
+        }[recipe]
+    )
+
+
+def test_static_fp8_hands_every_fused_partner_its_own_input_and_weight_scale(
+    written: dict[str, Path],
+) -> None:
+    """vLLM's PerTensorScaleParameter keeps one slot per partner of a fused linear and takes
+    the max after loading; the bound field carries every partner's scale, in order."""
+    path = ckpt(written, "mo_fp8")
+    f = {k: a for k, (_, a) in bind(path).fields().items()}
+    w13 = f["layers.1.mlp.w13_weight_scale"]
+    assert w13.shape == (TEXT_CONFIG["n_routed_experts"], 2)
+    stored = read_file(path / "model.safetensors")
+    pre = "model.language_model.layers.1.mlp.experts.3."
+    assert w13[3].tolist() == [
+        float(stored[pre + "gate_proj.weight_scale"]),
+        float(stored[pre + "up_proj.weight_scale"]),
+    ]

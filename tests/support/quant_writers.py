@@ -3,10 +3,13 @@
     python tests/support/quant_writers.py RECIPE OUT
 
 Recipes: ModelOpt 0.47 (``mo_nvfp4`` NVFP4_DEFAULT_CFG, ``mo_nvfp4_experts``
-NVFP4_EXPERTS_ONLY_CFG, ``mo_w4a16`` W4A16_NVFP4_CFG; calibrated, exported with
-``export_hf_checkpoint``, which writes transformers' internal names) and llmcompressor 0.14
-(``llmc_nvfp4`` NVFP4, ``llmc_nvfp4a16`` NVFP4A16, ``llmc_fp8_block`` FP8_BLOCK; saved with
-``save_compressed=True``, hub names). Run in a subprocess by ``tests/quant/test_quant_real.py``: the
+NVFP4_EXPERTS_ONLY_CFG, ``mo_w4a16`` W4A16_NVFP4_CFG, ``mo_fp8`` FP8_DEFAULT_CFG; calibrated,
+exported with ``export_hf_checkpoint``, which writes transformers' internal names) and
+llmcompressor 0.14 (``llmc_nvfp4`` NVFP4, ``llmc_nvfp4a16`` NVFP4A16, ``llmc_fp8_block``
+FP8_BLOCK, ``llmc_fp8_dynamic`` FP8_DYNAMIC, ``llmc_fp8`` FP8 with static inputs,
+``llmc_w8a8`` W8A8 int8; saved with ``save_compressed=True``, hub names; the FP8 and int8
+ones also write compressed-tensors' own decompression of every quantized linear beside them,
+``reference/decompressed.safetensors``). Run in a subprocess by ``tests/quant/test_quant_real.py``: the
 tools import torch and patch transformers, which must not leak into the test process.
 
 The geometry satisfies specbind's block constraints at tp 1, 2 and 4 (KDA 8 heads of 64, DSA
@@ -160,6 +163,40 @@ def llmc(out: Path, scheme: str, calib: bool) -> None:
     else:
         oneshot(model=model, recipe=recipe)
     model.save_pretrained(str(out), save_compressed=True)
+    if scheme in REFERENCE:
+        reference(out)
+
+
+# The schemes whose every quantized linear is also written decompressed by compressed-tensors
+# itself (``reference/decompressed.safetensors``: the module name -> its BF16 [O, I]), the
+# ground truth of specbind's dequantization.
+REFERENCE = ("FP8_DYNAMIC", "FP8", "W8A8")
+
+
+def reference(out: Path) -> None:
+    import json
+
+    from compressed_tensors.compressors.base import BaseCompressor
+    from compressed_tensors.quantization import QuantizationScheme
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    (group,) = qc["config_groups"].values()
+    scheme = QuantizationScheme(**{k: v for k, v in group.items() if k != "format"})
+    compressor = BaseCompressor.get_value_from_registry(group.get("format", qc["format"]))
+    done = {}
+    for shard in sorted(out.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            keys = set(f.keys())
+            for k in sorted(keys):
+                if not k.endswith(".weight_scale"):
+                    continue
+                pre = k.removesuffix("weight_scale")
+                sd = {n[len(pre) :]: f.get_tensor(n) for n in keys if n.startswith(pre)}
+                done[pre.removesuffix(".")] = compressor.decompress(sd, scheme)["weight"]
+    (out / "reference").mkdir()
+    save_file(done, str(out / "reference" / "decompressed.safetensors"))
 
 
 RECIPES = {
@@ -169,6 +206,10 @@ RECIPES = {
     "llmc_nvfp4": lambda o: llmc(o, "NVFP4", calib=True),
     "llmc_nvfp4a16": lambda o: llmc(o, "NVFP4A16", calib=False),
     "llmc_fp8_block": lambda o: llmc(o, "FP8_BLOCK", calib=False),
+    "llmc_fp8_dynamic": lambda o: llmc(o, "FP8_DYNAMIC", calib=False),
+    "llmc_fp8": lambda o: llmc(o, "FP8", calib=True),
+    "llmc_w8a8": lambda o: llmc(o, "W8A8", calib=False),
+    "mo_fp8": lambda o: modelopt(o, "FP8_DEFAULT_CFG"),
 }
 
 if __name__ == "__main__":
