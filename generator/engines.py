@@ -52,6 +52,12 @@ Invariants (each refusal is a ``SpecError`` naming the engine file, its path and
 - parameter names are unique across the whole model (layer names under ``layers``, the globals
   block's as full names), but between the alternative blocks of one slot (StableLM's gqa or
   gqa_bias: a layer holds one of them).
+- a scheme layout (``<engine>/schemes/<scheme>.yaml``) names a scheme of specs/schemes and
+  accounts for each of its companions once: held (with the engine's dtype where it widens a
+  BF16 or F16 one to F32) or refused with a reason; the packed weight is always held; its
+  proof names a file of the suite and models the engine has layouts of; a scheme the engine
+  cannot load says only why (``unavailable:``, measured). A scheme with no file is refused
+  for the engine by ``bind_for_engine``.
 Trap: the engine's names reach generated code only through ``repr``.
 """
 
@@ -59,6 +65,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +76,7 @@ from specbind.core import algebra, vocab_pad
 from specbind.core.errors import AlgebraError, SpecbindError, SpecError
 from specbind.core.ir import ShardRule
 from specbind.core.planning import plan_tensor
+from specbind.core.quant import SchemeRule
 from specbind.generator import transforms, yamlio
 from specbind.generator.block_spec import Block
 from specbind.generator.evaluate import (
@@ -686,4 +694,116 @@ def unproven(root: Path) -> list[str]:
             continue
         if not (isinstance(data, dict) and data.get("proof")):
             out.append(rel)
+    return out
+
+
+@dataclass(frozen=True)
+class SchemeLayout:
+    """``specs/engines/<engine>/schemes/<scheme>.yaml``: how the engine holds the scheme's
+    companions beside each quantized linear (or, ``unavailable``, why it cannot serve it)."""
+
+    engine: str
+    scheme: str
+    file: str
+    dtypes: dict[str, str]  # companion suffix -> the engine's dtype where wider than stored
+    refused: dict[str, str]  # companion suffix -> why the engine does not serve it
+    proof: str | None = None  # the suite's test file proving it against the engine's loader
+    proof_tp: tuple[int, ...] = ()
+    proof_models: tuple[str, ...] = ()
+    unavailable: str | None = None  # the engine's own measured error line
+    made_by_engine: tuple[str, ...] = ()  # parameter name endings the engine fills itself
+
+
+_WIDENS = {"BF16", "F16"}  # stored float dtypes a ``dtype: F32`` widens exactly
+
+
+def parse_scheme_layout(
+    doc: Located, engine: str, schemes: dict[str, SchemeRule], models: Collection[str]
+) -> SchemeLayout:
+    """One engine's layout of one scheme, checked against the scheme: each of its companions is
+    held (``companions``) or refused (``refused``), never both, none unknown; ``dtype: F32``
+    widens only a BF16 or F16 companion; the proof's models are models of the specs."""
+    validate_schema(doc, "engine_scheme")
+    d = doc.data
+    if d["engine"] != engine:
+        raise doc.error(("engine",), f"a scheme layout under specs/engines/{engine}/ is {engine}'s")
+    scheme = schemes.get(d["scheme"])
+    if scheme is None:
+        raise doc.error(
+            ("scheme",), f"unknown scheme {d['scheme']!r} (specs/schemes: {', '.join(schemes)})"
+        )
+    if "unavailable" in d:
+        reason = " ".join(d["unavailable"].split())
+        return SchemeLayout(engine, scheme.name, doc.file, {}, {}, unavailable=reason)
+    held: dict[str, Any] = d["companions"]
+    refused: dict[str, str] = d.get("refused") or {}
+    by_suffix = {c.suffix: c for c in scheme.companions}
+    for key, table in (("companions", held), ("refused", refused)):
+        for suffix in table:
+            if suffix not in by_suffix:
+                raise doc.error(
+                    (key, suffix),
+                    f"{scheme.name} has no companion {suffix!r} (it stores: "
+                    f"{', '.join(by_suffix)})",
+                )
+    both = sorted(set(held) & set(refused))
+    if both:
+        raise doc.error(("refused", both[0]), f"companion {both[0]!r} is also held (companions)")
+    left = [s for s in by_suffix if s not in held and s not in refused]
+    if left:
+        raise doc.error(
+            ("companions",),
+            f"companion {left[0]!r} of {scheme.name} is neither held nor refused: say which",
+        )
+    if scheme.weight.suffix in refused:
+        raise doc.error(
+            ("refused", scheme.weight.suffix), "the packed weight itself cannot be refused"
+        )
+    dtypes: dict[str, str] = {}
+    for suffix, entry in held.items():
+        want = entry.get("dtype")
+        if want is None:
+            continue
+        stored = by_suffix[suffix].dtype
+        if stored not in _WIDENS:
+            raise doc.error(
+                ("companions", suffix, "dtype"),
+                f"{want} widens a BF16 or F16 companion; {scheme.name} stores {suffix!r} as "
+                f"{stored}",
+            )
+        dtypes[suffix] = want
+    proof = d["proof"]
+    for i, m in enumerate(proof["models"]):
+        if m not in models:
+            raise doc.error(("proof", "models", i), f"unknown model {m!r} (specs/models)")
+    return SchemeLayout(
+        engine, scheme.name, doc.file, dtypes, {k: " ".join(v.split()) for k, v in refused.items()},
+        proof["test"], tuple(proof["tp"]), tuple(proof["models"]), None,
+        tuple((d.get("made_by_engine") or {}).get("params") or ()),
+    )  # fmt: skip
+
+
+def load_scheme_layouts(
+    root: Path, schemes: dict[str, SchemeRule], models: Collection[str]
+) -> list[SchemeLayout]:
+    """Every ``specs/engines/<engine>/schemes/<scheme>.yaml``, parsed and checked; the file is
+    named after its scheme, and a proof names a file of the suite (where the suite is)."""
+    folder = root / "specs" / "engines"
+    out: list[SchemeLayout] = []
+    for p in sorted(folder.glob("*/schemes/*.yaml")) if folder.is_dir() else []:
+        rel = p.relative_to(root).as_posix()
+        sl = parse_scheme_layout(yamlio.load(p, rel), p.parent.parent.name, schemes, models)
+        if p.stem != sl.scheme:
+            raise SpecError(
+                rel, "scheme", None,
+                f"the {sl.engine} layout of scheme {sl.scheme} lives in "
+                f"specs/engines/{sl.engine}/schemes/{sl.scheme}.yaml",
+            )  # fmt: skip
+        if sl.proof is not None and (root / "tests").is_dir() and not (root / sl.proof).is_file():
+            raise SpecError(
+                rel, "proof.test", None,
+                f"{sl.proof} is not a file of the suite: the proof names the test that runs "
+                "the scheme against the engine's own loader",
+            )  # fmt: skip
+        out.append(sl)
     return out

@@ -39,16 +39,18 @@ FORBIDDEN_FIELDS = frozenset({"arrays", "self"})
 
 @cache
 def _schema(kind: str) -> dict[str, Any]:
-    if kind == "engine_block":  # an engine's block layout: a definition of the engine schema
+    defs = {"engine_block": "block_layout", "engine_scheme": "scheme_layout"}
+    if kind in defs:  # an engine's block or scheme layout: a definition of the engine schema
         engine = _schema("engine")
         return {"$schema": engine["$schema"], "$defs": engine["$defs"],
-                **engine["$defs"]["block_layout"]}  # fmt: skip
+                **engine["$defs"][defs[kind]]}  # fmt: skip
     loaded: dict[str, Any] = json.loads((SCHEMA_DIR / f"{kind}.schema.json").read_text())
     return loaded
 
 
 def validate_schema(
-    doc: Located, kind: Literal["block", "model", "scheme", "engine", "engine_block"]
+    doc: Located,
+    kind: Literal["block", "model", "scheme", "engine", "engine_block", "engine_scheme"],
 ) -> None:
     validator = jsonschema.Draft202012Validator(_schema(kind))
     errors = sorted(

@@ -572,9 +572,12 @@ def _engine_files(root: Path, specs: Specs, env: jinja2.Environment, plan: Plan)
             "architectures": e.architectures,
         })  # fmt: skip
     unavailable = engines.load_unavailable(root, specs.models)
+    schemes = engines.load_scheme_layouts(root, {s.name: s for s in specs.schemes}, specs.models)
     registry = env.get_template("engines_init.py.j2").render(
-        header=HEADER.format(src="specs/engines/"), layouts=tables, unavailable=unavailable
-    )
+        header=HEADER.format(src="specs/engines/"), layouts=tables, unavailable=unavailable,
+        schemes=[s for s in schemes if s.unavailable is None],
+        schemes_unavailable=[s for s in schemes if s.unavailable is not None],
+    )  # fmt: skip
     plan.add("engines/__init__.py", registry, "the engine registry (specs/engines/)")
 
 

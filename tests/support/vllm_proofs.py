@@ -91,8 +91,21 @@ def prove(
     for r in {r.model: r for r, _ in todo}.values():
         ckpts[r.model] = tmp / r.model
         write(r, ckpts[r.model])
-    tp1 = [r.model for r, tp in todo if tp == 1]
-    tp2 = [r.model for r, tp in todo if tp == 2]
+    out |= run_loads([(r.model, tp) for r, tp in todo], ckpts, tmp, report)
+    for r, tp in todo:
+        vllm_cache.store(keys[(r.model, tp)], out[(r.model, tp)])
+        report.ran.append(f"{r.model} tp{tp}")
+    return out, report
+
+
+def run_loads(
+    todo: list[tuple[str, int]], ckpts: dict[str, Path], tmp: Path, report: Report
+) -> dict[tuple[str, int], dict[str, Any]]:
+    """Each (name, tp) of ``todo`` loaded from its folder ``ckpts[name]`` under both loaders by
+    the two workers (tp 1 dealt between them, tp 2 their ranks 0 and 1); nothing cached here."""
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    tp1 = [m for m, tp in todo if tp == 1]
+    tp2 = [m for m, tp in todo if tp == 2]
     other = sorted({tp for _, tp in todo} - {1, 2})
     if other:
         raise AssertionError(f"the vLLM proofs run tp 1 and 2 only (two workers), not {other}")
@@ -113,10 +126,7 @@ def prove(
         out[(model, 1)] = _merge([res.get("0", {}) for res in results], model, 1)
     for model in tp2:
         out[(model, 2)] = _merge([res.get("1", {}) for res in results], model, 2)
-    for r, tp in todo:
-        vllm_cache.store(keys[(r.model, tp)], out[(r.model, tp)])
-        report.ran.append(f"{r.model} tp{tp}")
-    return out, report
+    return out
 
 
 def _loads(models: list[str], ckpts: dict[str, Path]) -> list[dict[str, str]]:

