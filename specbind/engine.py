@@ -161,7 +161,9 @@ def bind_for_engine(
                     dtype, arr = _engine_value(
                         layout, slot.block, field, dtype, arr, name, tp_size, tp_rank, into
                     )
-                out[name] = EngineField(name, f"layers.{layer.index}.{sname}.{field}", dtype, arr)
+                where = f"layers.{layer.index}.{sname}.{field}"
+                _once(engine, out, name, where)
+                out[name] = EngineField(name, where, dtype, arr)
     if result.globals is not None:
         g = result.globals
         names = layout.parameters[g.block]
@@ -179,6 +181,7 @@ def bind_for_engine(
             dtype = g.fields[field].dtype
             if suffix and quant is not None:
                 dtype, arr = engine_companion(quant, suffix, dtype, arr, pname)
+                _once(engine, out, pname, f"globals.{field}")
                 out[pname] = EngineField(pname, f"globals.{field}", dtype, arr)
                 continue
             (src, *rest) = entry.sources[field]
@@ -186,8 +189,17 @@ def bind_for_engine(
             dtype, arr = _engine_value(
                 layout, g.block, field, dtype, arr, pname, tp_size, tp_rank, into
             )
+            _once(engine, out, pname, f"globals.{field}")
             out[pname] = EngineField(pname, f"globals.{field}", dtype, arr, tied)
     return out
+
+
+def _once(engine: str, out: Mapping[str, EngineField], name: str, where: str) -> None:
+    """Refuse a second field for one engine parameter: nothing is filled twice."""
+    if name in out:
+        raise BindError(
+            f"{engine}: parameter {name!r} would be filled by both {out[name].where} and {where}"
+        )
 
 
 def _params(

@@ -66,6 +66,7 @@ import functools
 import gc
 import os
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -285,7 +286,7 @@ def load_weights(model: Any, model_config: Any, *, mmap: bool = True) -> None:
         # the engine's own (a quantized model's KV-cache scale sentinels): kept as made
         left = made_by_engine(ENGINE, _local_dir(model_config.model), params)
         if _INITIAL.get():  # a new model's parameters are memory to bind into (see the trap)
-            arena.donate(donors({n: p for n, p in params.items() if n not in left}))
+            arena.donate(donors(params, keep=left))
         with split_reads(cores()):  # this rank's cores fault the fresh pages in together
             fields = bind_rank(model_config.model, tp, rank, into=arena)
         nbytes = fill(ENGINE, params, fields, adopt=arena, left=left)
@@ -301,10 +302,12 @@ def load_weights(model: Any, model_config: Any, *, mmap: bool = True) -> None:
     )  # fmt: skip
 
 
-def donors(params: dict[str, Any]) -> list[Any]:
+def donors(params: dict[str, Any], keep: Collection[str] = ()) -> list[Any]:
     """The storage of each host parameter that is its own (contiguous, the whole of a storage
     no other parameter or live tensor holds: ``engine.held_elsewhere``, such as a buffer vLLM
-    made as a view of it) as a flat ``uint8`` NumPy view, for the arena to bind into."""
+    made as a view of it) as a flat ``uint8`` NumPy view, for the arena to bind into; none of
+    ``keep`` (parameters no field fills, whose values the engine made: a field bound into
+    their storage would become their value)."""
     import torch
 
     from specbind.engine import held_elsewhere, shared_storage
@@ -312,7 +315,9 @@ def donors(params: dict[str, Any]) -> list[Any]:
     shared = shared_storage(params) | held_elsewhere(params)
     out, seen = [], set()
     for name, p in params.items():
-        if name in shared or id(p) in seen or p.device.type != "cpu" or not p.is_contiguous():
+        if name in shared or name in keep or id(p) in seen or p.device.type != "cpu":
+            continue
+        if not p.is_contiguous():
             continue
         seen.add(id(p))
         n = p.numel() * p.element_size()
