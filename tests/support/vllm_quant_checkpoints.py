@@ -8,8 +8,10 @@ Recipes ``<family>_<scheme>``: families ``llama`` (LlamaForCausalLM) and ``qwen3
 ``fp8_dynamic`` (llm-compressor 0.14's FP8_DYNAMIC: F8_E4M3 weights, BF16 [O, 1] channel
 scales, dynamic per-token inputs), ``w8a8`` (its W8A8: I8 weights, BF16 [O, 1] scales, dynamic
 per-token int8 inputs) and ``fp8`` (its FP8: per-tensor weights, static per-tensor inputs,
-calibrated on two rows; what vLLM-CPU cannot load). ``QuantizationModifier(scheme=...,
-targets=["Linear"], ignore=["lm_head"])``, ``save_pretrained(save_compressed=True)``.
+calibrated on two rows; what vLLM-CPU cannot load), ``QuantizationModifier(scheme=...,
+targets=["Linear"], ignore=["lm_head"])``, ``save_pretrained(save_compressed=True)``; and
+``modelopt_fp8`` (ModelOpt's FP8_DEFAULT_CFG, per-tensor weights and static inputs, calibrated
+on the same two rows, ``export_hf_checkpoint``; what vLLM-CPU cannot load either).
 
 The geometry is one vLLM-CPU's kernels accept (tests/support/vllm_rows.py says which sizes
 they take: head_dim 32) with no two linear sizes equal: hidden 96, intermediate 160, 4 query
@@ -41,10 +43,11 @@ FAMILIES: dict[str, tuple[str, str]] = {  # family -> (model class, config class
     "llama": ("LlamaForCausalLM", "LlamaConfig"),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
 }
-SCHEMES: dict[str, tuple[str, bool]] = {  # recipe part -> (llm-compressor preset, calibrated)
+SCHEMES: dict[str, tuple[str, bool]] = {  # recipe part -> (preset, calibrated)
     "fp8_dynamic": ("FP8_DYNAMIC", False),
     "w8a8": ("W8A8", False),
     "fp8": ("FP8", True),
+    "modelopt_fp8": ("FP8_DEFAULT_CFG", True),  # ModelOpt's, exported by export_hf_checkpoint
 }
 GEOMETRY: dict[str, Any] = dict(
     vocab_size=200, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
@@ -52,8 +55,8 @@ GEOMETRY: dict[str, Any] = dict(
     tie_word_embeddings=False, pad_token_id=0,
 )  # fmt: skip
 PACKAGES = (
-    "torch", "transformers", "llmcompressor", "compressed-tensors", "safetensors", "tokenizers",
-    "accelerate", "datasets", "numpy",
+    "torch", "transformers", "llmcompressor", "compressed-tensors", "nvidia-modelopt",
+    "safetensors", "tokenizers", "accelerate", "datasets", "numpy",
 )  # fmt: skip
 RECIPES = tuple(f"{f}_{s}" for f in FAMILIES for s in SCHEMES)
 
@@ -137,6 +140,7 @@ def _model(family: str) -> Any:
                 v = v + (torch.rand(v.shape) - 0.5)
             p.data = v.to(torch.bfloat16)
     model.config.dtype = torch.bfloat16
+    model.config.architectures = [model_class]  # ModelOpt's export reads it before saving
     return model.eval()
 
 
@@ -155,12 +159,29 @@ def write(recipe: str, out: Path) -> None:
 
     warnings.filterwarnings("ignore")
     import torch
-    from llmcompressor import oneshot
-    from llmcompressor.modifiers.quantization import QuantizationModifier
 
     family, _, scheme = recipe.partition("_")
     preset, calibrated = SCHEMES[scheme]
     model = _model(family)
+    g = torch.Generator().manual_seed(123)
+    ids = torch.randint(1, GEOMETRY["vocab_size"], (2, 8), generator=g)
+    if scheme.startswith("modelopt_"):
+        import copy
+
+        import modelopt.torch.quantization as mtq
+        from modelopt.torch.export import export_hf_checkpoint
+
+        def forward_loop(m: Any) -> None:
+            with torch.no_grad():
+                for row in ids:
+                    m(input_ids=row[None])
+
+        mtq.quantize(model, copy.deepcopy(getattr(mtq, preset)), forward_loop=forward_loop)
+        export_hf_checkpoint(model, export_dir=str(out))
+        return
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
     base = out.parent / f".{out.name}.base"  # llm-compressor re-reads config.json from here
     model.save_pretrained(str(base))
     model.config.name_or_path = str(base)
@@ -168,8 +189,6 @@ def write(recipe: str, out: Path) -> None:
     if calibrated:
         import datasets
 
-        g = torch.Generator().manual_seed(123)
-        ids = torch.randint(1, GEOMETRY["vocab_size"], (2, 8), generator=g)
         rows = {"input_ids": ids.tolist(), "attention_mask": [[1] * 8] * 2}
         oneshot(
             model=model, recipe=recipe_, dataset=datasets.Dataset.from_dict(rows),

@@ -36,7 +36,10 @@ pytestmark = pytest.mark.interop
 
 PROVEN = ("llama_fp8_dynamic", "llama_w8a8", "qwen3_fp8_dynamic", "qwen3_w8a8")
 CASES = [pytest.param(r, tp, id=f"{r}-tp{tp}") for r in PROVEN for tp in (1, 2)]
-UNLOADABLE = {"qwen3_fp8": "fp8-tensor-compressed-tensors"}  # recipe -> its scheme
+UNLOADABLE = {  # recipe -> its scheme
+    "qwen3_fp8": "fp8-tensor-compressed-tensors",
+    "qwen3_modelopt_fp8": "fp8-modelopt",
+}
 TOKENS = ("qwen3_fp8_dynamic", "qwen3_w8a8")
 KIND_TOKENS = "greedy tokens and top-5 logprobs at tp 1"
 
