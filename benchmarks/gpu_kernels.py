@@ -33,7 +33,13 @@ from specbind.core.errors import SpecbindError
 
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = REPO / "generated" / "kernels"
-ARITH = ("scale_bf16", "dequant_nvfp4_bf16", "dequant_fp8_block_bf16", "dequant_int8_block_bf16")
+ARITH = (
+    "scale_bf16",
+    "dequant_nvfp4_bf16",
+    "dequant_fp8_block_bf16",
+    "dequant_int8_block_bf16",
+    "dequant_int_group_bf16",
+)
 Case = tuple[str, tuple[Any, ...]]  # (what, wrapper arguments: arrays, lists of arrays, scalars)
 
 
@@ -108,6 +114,18 @@ def cases(name: str, scale: int) -> list[Case]:
             block = (1 if per_row else rows, cols)
             i8.append((f"{[*lead, rows, cols]} block {block}", (w, sc, *block)))
         return i8
+    if name == "dequant_int_group_bf16":  # 4- and 8-bit codes, with and without a zero point
+        ig: list[Case] = []
+        int_shapes = (((), 1, 1, 1, 4, False), ((), 9, 3, 3, 4, True),
+                      ((2,), 130, 16, 4, 8, True), ((), 257, 16 * scale, 2, 4, False))  # fmt: skip
+        for lead, rows, words, groups, bits, zero in int_shapes:
+            pf = 32 // bits
+            p = _bits(rng, (*lead, rows, words), np.uint32).view(np.int32)
+            sc = rng.uniform(-4, 4, (*lead, rows, groups)).astype(np.float32)
+            z = _bits(rng, (*lead, -(-rows // pf), groups), np.uint32).view(np.int32)
+            what = f"{[*lead, rows, words * pf]} {bits}-bit groups {groups} zero {zero}"
+            ig.append((what, (p, sc, z if zero else None, bits)))
+        return ig
     if name == "dequant_fp8_block_bf16":
         fp8: list[Case] = []
         for lead, rows, cols, block in (((), 1, 1, (128, 128)), ((), 7, 9, (3, 5)),

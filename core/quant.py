@@ -24,9 +24,13 @@ import json
 import math
 from typing import Any, Literal
 
-from specbind.core.record import record
+from specbind.core.record import record, replace
 
-CompanionRole = Literal["weight", "block_scale", "global_scale", "input_scale"]
+# zero_point: unsigned codes packed like the weight's, one per group (absent: symmetric, the
+# zero is the codes' midpoint 2^(bits-1)); shape: the linear's own [O, I], checked, as stored
+CompanionRole = Literal[
+    "weight", "block_scale", "global_scale", "input_scale", "zero_point", "shape"
+]
 GlobalOp = Literal["multiply", "divide", "none"]
 # glob_prefix: a glob that names a module excludes everything under it too (gpt-oss's
 # ``model.layers.*.self_attn`` excludes its q_proj), as transformers reads the list.
@@ -41,6 +45,9 @@ class DimRule:
     of: Literal["O", "I", "1", "k"]  # k: the literal ``div`` (MXFP4's 16 bytes of a block)
     div: int = 1
     ceil: bool = False
+    # a divisor the checkpoint's config gives (``I / G``, G a scheme param): ``div`` is 0 until
+    # ``SchemeRule.resolved`` sets it from the config
+    param: str = ""
 
     def size(self, o: int, i: int) -> int:
         if self.of == "1":
@@ -60,6 +67,8 @@ class DimRule:
     def text(self) -> str:
         if self.of == "k":
             return str(self.div)
+        if self.param and not self.div:
+            return f"{self.of} / {self.param}"
         if self.of == "1" or self.div == 1:
             return self.of
         return f"ceil({self.of} / {self.div})" if self.ceil else f"{self.of} / {self.div}"
@@ -86,8 +95,9 @@ class CompanionRule:
 
     @property
     def scalar(self) -> bool:
-        """One value per linear (``[]`` or ``[1]``): replicated, and joined one per source."""
-        return all(d.of == "1" for d in self.dims)
+        """One value per linear (``[]``, ``[1]``, or the linear's own shape ``[2]``): no dim
+        follows O or I; replicated, and joined one per source."""
+        return all(d.of in ("1", "k") for d in self.dims)
 
     def shape(self, o: int, i: int) -> tuple[int, ...]:
         return tuple(d.size(o, i) for d in self.dims)
@@ -116,11 +126,19 @@ class DetectRule:
 class DequantRule:
     """The declared dequant formula, carried out by the ``Ops`` method ``op``."""
 
-    op: Literal["dequant_nvfp4", "dequant_fp8_block", "dequant_mxfp4", "dequant_scaled"]
-    codes: str  # e2m1 | e4m3 | int8
+    op: Literal[
+        "dequant_nvfp4", "dequant_fp8_block", "dequant_mxfp4", "dequant_scaled", "dequant_int_group"
+    ]
+    codes: str  # e2m1 | e4m3 | int8 | uint4 | uint8 (unsigned codes in int32 words)
     group: tuple[int, ...]  # (16,) along I, a (rows, cols) block; () for dequant_scaled
     global_op: GlobalOp  # how the global scale enters: W = code * scale (* or /) global
     scale: str = ""  # the block scale's format where its dtype does not say it: e8m0
+    group_param: str = ""  # the scheme param that is the group (``G``), set by ``resolved``
+
+    @property
+    def bits(self) -> int:
+        """The width of an unsigned integer code (``uint4``: 4), 0 for other codes."""
+        return int(self.codes[4:]) if self.codes.startswith("uint") else 0
 
 
 @record
@@ -134,17 +152,46 @@ class SchemeRule:
     exclude_match: ExcludeMatch
     targets: str | None  # compressed-tensors: the config field listing quantized targets
     companions: tuple[CompanionRule, ...]
-    per_byte: int  # packed elements per byte of the weight (1: not packed)
+    # packed elements per stored element of the weight (1: not packed; 2: two E2M1 codes a
+    # byte; 8: eight 4-bit codes an int32 word)
+    per_byte: int
     order: Literal["low_first", "none"]
     dequant: DequantRule
     swizzle: str | None = None  # the block scale a CUTLASS swizzled output is made from
     # every field that tells this scheme from its family's other variants: each value found
     # there (an absent field reads as ``null``) is one of the rule's values
     variant: tuple[DetectRule, ...] = ()
+    # a divisor read from the config: (name, dotted field in the detect file), ``I / G``
+    params: tuple[tuple[str, str], ...] = ()
+    # where the config says the codes are symmetric (any one rule holding): no zero point
+    symmetric: tuple[DetectRule, ...] = ()
+    # what ``resolved`` set: each param's value, and whether the zero point was dropped
+    values: tuple[tuple[str, int], ...] = ()
+    sym: bool = False
 
     @property
     def weight(self) -> CompanionRule:
         return next(c for c in self.companions if c.role == "weight")
+
+    def resolved(self, values: dict[str, int], sym: bool = False) -> SchemeRule:
+        """This scheme as one checkpoint's config sets it: each param divisor (``I / G``) and
+        the dequant group from ``values`` (param -> its whole value), and with ``sym`` no
+        zero point (the codes' midpoint is the zero)."""
+
+        def dim(d: DimRule) -> DimRule:
+            return replace(d, div=values[d.param]) if d.param else d
+
+        comps = tuple(
+            replace(c, dims=tuple(dim(d) for d in c.dims))
+            for c in self.companions
+            if not (sym and c.role == "zero_point")
+        )
+        dq = self.dequant
+        if dq.group_param:
+            dq = replace(dq, group=(values[dq.group_param],))
+        return replace(
+            self, companions=comps, dequant=dq, values=tuple(sorted(values.items())), sym=sym
+        )
 
     def role(self, role: CompanionRole) -> CompanionRule | None:
         return next((c for c in self.companions if c.role == role), None)

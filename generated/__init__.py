@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "020e7917e56bed648e8b0c4e63ed7c88086d67a670a0a05d8f9e3c3cfac1730d"
+SPECS_SHA256 = "998109d5cda5d6d4620fd2410cb15bbf93fdfda921ec139f1a558c8ccd70b8f3"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

@@ -29,7 +29,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight",
                 dtype="F8_E4M3",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=1, ceil=False, param=""),
+                ),
                 role="weight",
                 activation=False,
                 template="",
@@ -37,7 +40,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight_scale",
                 dtype="F32",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="1", div=1, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="1", div=1, ceil=False, param=""),
+                ),
                 role="block_scale",
                 activation=False,
                 template="",
@@ -46,10 +52,14 @@ SCHEMES: tuple[SchemeRule, ...] = (
         per_byte=1,
         order="none",
         dequant=DequantRule(
-            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale=""
+            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale="", group_param=""
         ),
         swizzle=None,
         variant=(),
+        params=(),
+        symmetric=(),
+        values=(),
+        sym=False,
     ),
     SchemeRule(
         name="fp8-block-compressed-tensors",
@@ -65,7 +75,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight",
                 dtype="F8_E4M3",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=1, ceil=False, param=""),
+                ),
                 role="weight",
                 activation=False,
                 template="",
@@ -73,7 +86,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight_scale",
                 dtype="BF16",
-                dims=(DimRule(of="O", div=128, ceil=True), DimRule(of="I", div=128, ceil=True)),
+                dims=(
+                    DimRule(of="O", div=128, ceil=True, param=""),
+                    DimRule(of="I", div=128, ceil=True, param=""),
+                ),
                 role="block_scale",
                 activation=False,
                 template="",
@@ -82,7 +98,12 @@ SCHEMES: tuple[SchemeRule, ...] = (
         per_byte=1,
         order="none",
         dequant=DequantRule(
-            op="dequant_fp8_block", codes="e4m3", group=(128, 128), global_op="none", scale=""
+            op="dequant_fp8_block",
+            codes="e4m3",
+            group=(128, 128),
+            global_op="none",
+            scale="",
+            group_param="",
         ),
         swizzle=None,
         variant=(
@@ -107,6 +128,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 values=("[128, 128]",),
             ),
         ),
+        params=(),
+        symmetric=(),
+        values=(),
+        sym=False,
     ),
     SchemeRule(
         name="fp8-block",
@@ -124,7 +149,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight",
                 dtype="F8_E4M3",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=1, ceil=False, param=""),
+                ),
                 role="weight",
                 activation=False,
                 template="",
@@ -132,7 +160,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight_scale_inv",
                 dtype="F32",
-                dims=(DimRule(of="O", div=128, ceil=True), DimRule(of="I", div=128, ceil=True)),
+                dims=(
+                    DimRule(of="O", div=128, ceil=True, param=""),
+                    DimRule(of="I", div=128, ceil=True, param=""),
+                ),
                 role="block_scale",
                 activation=False,
                 template="",
@@ -141,7 +172,12 @@ SCHEMES: tuple[SchemeRule, ...] = (
         per_byte=1,
         order="none",
         dequant=DequantRule(
-            op="dequant_fp8_block", codes="e4m3", group=(128, 128), global_op="none", scale=""
+            op="dequant_fp8_block",
+            codes="e4m3",
+            group=(128, 128),
+            global_op="none",
+            scale="",
+            group_param="",
         ),
         swizzle=None,
         variant=(
@@ -151,6 +187,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 values=("[128, 128]",),
             ),
         ),
+        params=(),
+        symmetric=(),
+        values=(),
+        sym=False,
     ),
     SchemeRule(
         name="fp8-channel-compressed-tensors",
@@ -177,7 +217,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight",
                 dtype="F8_E4M3",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=1, ceil=False, param=""),
+                ),
                 role="weight",
                 activation=False,
                 template="",
@@ -185,7 +228,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight_scale",
                 dtype="BF16",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="1", div=1, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="1", div=1, ceil=False, param=""),
+                ),
                 role="block_scale",
                 activation=False,
                 template="",
@@ -193,7 +239,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="input_scale",
                 dtype="BF16",
-                dims=(DimRule(of="1", div=1, ceil=False),),
+                dims=(DimRule(of="1", div=1, ceil=False, param=""),),
                 role="input_scale",
                 activation=True,
                 template="",
@@ -202,7 +248,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
         per_byte=1,
         order="none",
         dequant=DequantRule(
-            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale=""
+            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale="", group_param=""
         ),
         swizzle=None,
         variant=(
@@ -237,6 +283,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 values=("true", "null"),
             ),
         ),
+        params=(),
+        symmetric=(),
+        values=(),
+        sym=False,
     ),
     SchemeRule(
         name="fp8-modelopt",
@@ -254,7 +304,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight",
                 dtype="F8_E4M3",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=1, ceil=False, param=""),
+                ),
                 role="weight",
                 activation=False,
                 template="",
@@ -279,10 +332,14 @@ SCHEMES: tuple[SchemeRule, ...] = (
         per_byte=1,
         order="none",
         dequant=DequantRule(
-            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale=""
+            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale="", group_param=""
         ),
         swizzle=None,
         variant=(),
+        params=(),
+        symmetric=(),
+        values=(),
+        sym=False,
     ),
     SchemeRule(
         name="fp8-tensor-compressed-tensors",
@@ -309,7 +366,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight",
                 dtype="F8_E4M3",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=1, ceil=False, param=""),
+                ),
                 role="weight",
                 activation=False,
                 template="",
@@ -317,7 +377,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight_scale",
                 dtype="BF16",
-                dims=(DimRule(of="1", div=1, ceil=False),),
+                dims=(DimRule(of="1", div=1, ceil=False, param=""),),
                 role="block_scale",
                 activation=False,
                 template="",
@@ -325,7 +385,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="input_scale",
                 dtype="BF16",
-                dims=(DimRule(of="1", div=1, ceil=False),),
+                dims=(DimRule(of="1", div=1, ceil=False, param=""),),
                 role="input_scale",
                 activation=True,
                 template="",
@@ -334,7 +394,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
         per_byte=1,
         order="none",
         dequant=DequantRule(
-            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale=""
+            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale="", group_param=""
         ),
         swizzle=None,
         variant=(
@@ -369,6 +429,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 values=("true", "null"),
             ),
         ),
+        params=(),
+        symmetric=(),
+        values=(),
+        sym=False,
     ),
     SchemeRule(
         name="fp8-tensor",
@@ -392,7 +456,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight",
                 dtype="F8_E4M3",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=1, ceil=False, param=""),
+                ),
                 role="weight",
                 activation=False,
                 template="",
@@ -417,7 +484,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
         per_byte=1,
         order="none",
         dequant=DequantRule(
-            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale=""
+            op="dequant_scaled", codes="e4m3", group=(), global_op="none", scale="", group_param=""
         ),
         swizzle=None,
         variant=(
@@ -430,6 +497,117 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 values=("static", "dynamic"),
             ),
         ),
+        params=(),
+        symmetric=(),
+        values=(),
+        sym=False,
+    ),
+    SchemeRule(
+        name="int-group-compressed-tensors",
+        doc="4-bit integer weights in groups along the input (W4A16), as compressed-tensors packs them.",
+        detect=DetectRule(
+            file="config.json", field="quantization_config.format", values=("pack-quantized",)
+        ),
+        weight_only=(),
+        exclude=DetectRule(file="config.json", field="quantization_config.ignore", values=()),
+        exclude_match="compressed_tensors",
+        targets="quantization_config.config_groups.*.targets",
+        companions=(
+            CompanionRule(
+                suffix="weight_packed",
+                dtype="I32",
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=8, ceil=False, param=""),
+                ),
+                role="weight",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="weight_scale",
+                dtype="BF16",
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=0, ceil=False, param="G"),
+                ),
+                role="block_scale",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="weight_zero_point",
+                dtype="I32",
+                dims=(
+                    DimRule(of="O", div=8, ceil=True, param=""),
+                    DimRule(of="I", div=0, ceil=False, param="G"),
+                ),
+                role="zero_point",
+                activation=False,
+                template="",
+            ),
+            CompanionRule(
+                suffix="weight_shape",
+                dtype="I64",
+                dims=(DimRule(of="k", div=2, ceil=False, param=""),),
+                role="shape",
+                activation=False,
+                template="",
+            ),
+        ),
+        per_byte=8,
+        order="low_first",
+        dequant=DequantRule(
+            op="dequant_int_group",
+            codes="uint4",
+            group=(),
+            global_op="none",
+            scale="",
+            group_param="G",
+        ),
+        swizzle=None,
+        variant=(
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.num_bits",
+                values=("4",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.type",
+                values=("int",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.strategy",
+                values=("group",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.dynamic",
+                values=("false",),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.actorder",
+                values=("null", "weight", "static"),
+            ),
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.input_activations",
+                values=("null",),
+            ),
+        ),
+        params=(("G", "quantization_config.config_groups.*.weights.group_size"),),
+        symmetric=(
+            DetectRule(
+                file="config.json",
+                field="quantization_config.config_groups.*.weights.symmetric",
+                values=("true",),
+            ),
+        ),
+        values=(),
+        sym=False,
     ),
     SchemeRule(
         name="int8-channel-compressed-tensors",
@@ -445,7 +623,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight",
                 dtype="I8",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=1, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=1, ceil=False, param=""),
+                ),
                 role="weight",
                 activation=False,
                 template="",
@@ -453,7 +634,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight_scale",
                 dtype="BF16",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="1", div=1, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="1", div=1, ceil=False, param=""),
+                ),
                 role="block_scale",
                 activation=False,
                 template="",
@@ -462,7 +646,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
         per_byte=1,
         order="none",
         dequant=DequantRule(
-            op="dequant_scaled", codes="int8", group=(), global_op="none", scale=""
+            op="dequant_scaled", codes="int8", group=(), global_op="none", scale="", group_param=""
         ),
         swizzle=None,
         variant=(
@@ -507,6 +691,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 values=("true",),
             ),
         ),
+        params=(),
+        symmetric=(),
+        values=(),
+        sym=False,
     ),
     SchemeRule(
         name="mxfp4",
@@ -525,9 +713,9 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 suffix="blocks",
                 dtype="U8",
                 dims=(
-                    DimRule(of="O", div=1, ceil=False),
-                    DimRule(of="I", div=32, ceil=False),
-                    DimRule(of="k", div=16, ceil=False),
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=32, ceil=False, param=""),
+                    DimRule(of="k", div=16, ceil=False, param=""),
                 ),
                 role="weight",
                 activation=False,
@@ -536,7 +724,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="scales",
                 dtype="U8",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=32, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=32, ceil=False, param=""),
+                ),
                 role="block_scale",
                 activation=False,
                 template="{param}_scales",
@@ -545,10 +736,19 @@ SCHEMES: tuple[SchemeRule, ...] = (
         per_byte=2,
         order="low_first",
         dequant=DequantRule(
-            op="dequant_mxfp4", codes="e2m1", group=(32,), global_op="none", scale="e8m0"
+            op="dequant_mxfp4",
+            codes="e2m1",
+            group=(32,),
+            global_op="none",
+            scale="e8m0",
+            group_param="",
         ),
         swizzle=None,
         variant=(),
+        params=(),
+        symmetric=(),
+        values=(),
+        sym=False,
     ),
     SchemeRule(
         name="nvfp4-compressed-tensors",
@@ -570,7 +770,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight_packed",
                 dtype="U8",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=2, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=2, ceil=False, param=""),
+                ),
                 role="weight",
                 activation=False,
                 template="",
@@ -578,7 +781,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight_scale",
                 dtype="F8_E4M3",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=16, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=16, ceil=False, param=""),
+                ),
                 role="block_scale",
                 activation=False,
                 template="",
@@ -586,7 +792,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight_global_scale",
                 dtype="F32",
-                dims=(DimRule(of="1", div=1, ceil=False),),
+                dims=(DimRule(of="1", div=1, ceil=False, param=""),),
                 role="global_scale",
                 activation=False,
                 template="",
@@ -594,7 +800,7 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="input_global_scale",
                 dtype="F32",
-                dims=(DimRule(of="1", div=1, ceil=False),),
+                dims=(DimRule(of="1", div=1, ceil=False, param=""),),
                 role="input_scale",
                 activation=True,
                 template="",
@@ -603,7 +809,12 @@ SCHEMES: tuple[SchemeRule, ...] = (
         per_byte=2,
         order="low_first",
         dequant=DequantRule(
-            op="dequant_nvfp4", codes="e2m1", group=(16,), global_op="divide", scale=""
+            op="dequant_nvfp4",
+            codes="e2m1",
+            group=(16,),
+            global_op="divide",
+            scale="",
+            group_param="",
         ),
         swizzle="weight_scale",
         variant=(
@@ -623,6 +834,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
                 values=("16",),
             ),
         ),
+        params=(),
+        symmetric=(),
+        values=(),
+        sym=False,
     ),
     SchemeRule(
         name="nvfp4-modelopt",
@@ -648,7 +863,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight",
                 dtype="U8",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=2, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=2, ceil=False, param=""),
+                ),
                 role="weight",
                 activation=False,
                 template="",
@@ -656,7 +874,10 @@ SCHEMES: tuple[SchemeRule, ...] = (
             CompanionRule(
                 suffix="weight_scale",
                 dtype="F8_E4M3",
-                dims=(DimRule(of="O", div=1, ceil=False), DimRule(of="I", div=16, ceil=False)),
+                dims=(
+                    DimRule(of="O", div=1, ceil=False, param=""),
+                    DimRule(of="I", div=16, ceil=False, param=""),
+                ),
                 role="block_scale",
                 activation=False,
                 template="",
@@ -681,9 +902,18 @@ SCHEMES: tuple[SchemeRule, ...] = (
         per_byte=2,
         order="low_first",
         dequant=DequantRule(
-            op="dequant_nvfp4", codes="e2m1", group=(16,), global_op="multiply", scale=""
+            op="dequant_nvfp4",
+            codes="e2m1",
+            group=(16,),
+            global_op="multiply",
+            scale="",
+            group_param="",
         ),
         swizzle="weight_scale",
         variant=(),
+        params=(),
+        symmetric=(),
+        values=(),
+        sym=False,
     ),
 )

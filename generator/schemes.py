@@ -31,7 +31,8 @@ from specbind.generator.identifiers import validate_schema
 from specbind.generator.yamlio import Located
 
 _DIM = re.compile(
-    r"^(?:(?P<ceil>ceil\()?(?P<of>[OI])(?: / (?P<div>[0-9]+))?\)?|(?P<one>1)|(?P<lit>[0-9]+))$"
+    r"^(?:(?P<ceil>ceil\()?(?P<of>[OI])(?: / (?:(?P<div>[0-9]+)|(?P<param>[A-Z])))?\)?"
+    r"|(?P<one>1)|(?P<lit>[0-9]+))$"
 )
 
 
@@ -43,6 +44,8 @@ def _dim(text: str) -> DimRule:
     if m["lit"]:
         return DimRule("k", int(m["lit"]))
     of: Literal["O", "I"] = "O" if m["of"] == "O" else "I"
+    if m["param"]:
+        return DimRule(of, 0, bool(m["ceil"]), m["param"])
     return DimRule(of, int(m["div"] or 1), bool(m["ceil"]))
 
 
@@ -62,7 +65,9 @@ def parse_scheme(doc: Located, stem: str) -> SchemeRule:
         raise doc.error(
             ("scheme",), f"scheme {d['scheme']!r} must live in schemes/{d['scheme']}.yaml"
         )
-    per_byte = int(d["packing"]["per_byte"])
+    packing = d["packing"]
+    per_byte = int(packing.get("per_byte", packing.get("per_word", 1)))
+    params = dict(d.get("params", {}))
     comps: list[CompanionRule] = []
     roles: dict[str, str] = {}
     for suffix, c in d["companions"].items():
@@ -72,8 +77,11 @@ def parse_scheme(doc: Located, stem: str) -> SchemeRule:
             raise doc.error((*path, "role"), f"role {role} is already {roles[role]!r}")
         roles[role] = suffix
         dims = tuple(_dim(t) for t in c["shape"])
-        if any(x.ceil for x in dims) and role != "block_scale":
-            raise doc.error((*path, "shape"), "ceil is allowed only on a block scale")
+        unknown = [x.param for x in dims if x.param and x.param not in params]
+        if unknown:
+            raise doc.error((*path, "shape"), f"{unknown[0]} is not one of the scheme's params")
+        if any(x.ceil for x in dims) and role not in ("block_scale", "zero_point"):
+            raise doc.error((*path, "shape"), "ceil is allowed only on a block scale or zero point")
         if role == "weight":
             want: tuple[DimRule, ...] = (
                 (DimRule("O"), DimRule("I", per_byte))
@@ -88,8 +96,10 @@ def parse_scheme(doc: Located, stem: str) -> SchemeRule:
                     f"the packed weight of {per_byte} element(s) per byte is "
                     f"[{', '.join(x.text for x in want)}]",
                 )
+        if role == "shape" and dims != (DimRule("k", 2),):
+            raise doc.error((*path, "shape"), 'the linear\'s own shape is ["2"]: [O, I]')
         if any(x.of == "k" for x in dims[:-1]) or (
-            role != "weight" and dims[-1:] and dims[-1].of == "k"
+            role not in ("weight", "shape") and dims[-1:] and dims[-1].of == "k"
         ):
             raise doc.error((*path, "shape"), "a literal dim is only the packed weight's last")
         comps.append(
@@ -102,9 +112,13 @@ def parse_scheme(doc: Located, stem: str) -> SchemeRule:
     if "weight" not in roles:
         raise doc.error(("companions",), "no companion has role: weight (the packed weight)")
     dq = d["dequant"]
+    group = [g for g in dq.get("group", ()) if not isinstance(g, str)]
+    named = [g for g in dq.get("group", ()) if isinstance(g, str)]
+    if [g for g in named if g not in params]:
+        raise doc.error(("dequant", "group"), f"{named[0]} is not one of the scheme's params")
     dequant = DequantRule(
-        dq["op"], dq["codes"], tuple(int(g) for g in dq.get("group", ())), dq["global"],
-        dq.get("scale", ""),
+        dq["op"], dq["codes"], tuple(int(g) for g in group), dq["global"], dq.get("scale", ""),
+        named[0] if named else "",
     )  # fmt: skip
     _check_dequant(doc, dequant, {c.role: c for c in comps})
     swizzle = d.get("swizzle")
@@ -125,6 +139,8 @@ def parse_scheme(doc: Located, stem: str) -> SchemeRule:
         dequant=dequant,
         swizzle=swizzle,
         variant=tuple(_detect(v, d["detect"]["file"]) for v in d.get("variant", ())),
+        params=tuple(params.items()),
+        symmetric=tuple(_detect(w) for w in _listed(d.get("symmetric", []))),
     )
 
 
@@ -133,6 +149,9 @@ def _check_dequant(doc: Located, dq: DequantRule, by_role: dict[str, CompanionRu
     if scale is None:
         raise doc.error(("companions",), "the dequant formula needs a block_scale companion")
     divs = tuple(x.div for x in scale.dims)
+    if dq.op == "dequant_int_group":
+        _check_int_group(doc, dq, by_role, scale)
+        return
     if dq.op == "dequant_scaled":  # one scale per output row, or one per linear
         if dq.group or not (scale.scalar or scale.dims == (DimRule("O"), DimRule("1"))):
             raise doc.error(
@@ -169,3 +188,32 @@ def _check_dequant(doc: Located, dq: DequantRule, by_role: dict[str, CompanionRu
             ("dequant", "global"),
             f"global: {dq.global_op} and the companions disagree on a global_scale",
         )
+
+
+def _check_int_group(
+    doc: Located, dq: DequantRule, by_role: dict[str, CompanionRule], scale: CompanionRule
+) -> None:
+    """Unsigned integer codes in int32 words: the weight ``[O, I / (32 / bits)]`` I32, the
+    scale ``[O, I / G]`` (a group) or ``[O, 1]`` (a channel), a zero point (if any) packed as
+    the codes along O and grouped as the scale along I."""
+    weight = by_role["weight"]
+    per = 32 // dq.bits if dq.bits in (4, 8) else 0
+    if not per or weight.dtype != "I32" or weight.dims != (DimRule("O"), DimRule("I", per)):
+        raise doc.error(
+            ("dequant", "codes"),
+            f"{dq.codes} codes are stored as I32 [O, I / {per or '32/bits'}], not "
+            f"{weight.dtype} {weight.shape_text}",
+        )
+    if scale.dims[:1] != (DimRule("O"),) or len(scale.dims) != 2 or scale.dims[1].of not in "I1":
+        raise doc.error(
+            ("dequant", "group"), f"the scale is [O, I / G] or [O, 1], not {scale.shape_text}"
+        )
+    zero = by_role.get("zero_point")
+    if zero is not None and zero.dims != (DimRule("O", per, True), scale.dims[1]):
+        raise doc.error(
+            ("dequant", "group"),
+            f"the zero point is packed as the codes along O and grouped as the scale: "
+            f"[ceil(O / {per}), {scale.dims[1].text}], not {zero.shape_text}",
+        )
+    if dq.global_op != "none":
+        raise doc.error(("dequant", "global"), "dequant_int_group has no global scale")

@@ -246,6 +246,38 @@ def dequant_int8_block_bf16(weight: Any, scale: Any, block_rows: int, block_cols
     return out
 
 
+def dequant_int_group_bf16(packed: Any, scale: Any, zero: Any, bits: int) -> Any:
+    """int4/int8 codes in int32 words -> BF16: f32(code - zero) * scale per group: packed int32 [..., O, I/pf] (pf = 32/bits codes a word, low bits first),
+    scale float32 [..., O, I/g], zero int32 [..., O/pf, I/g] or None (symmetric: 2^(bits-1));
+    returns uint16 (BF16) [..., O, I]."""
+    cp = cupy()
+    check("dequant_int_group_bf16", "packed", packed, "int32")
+    if bits not in (4, 8) or packed.ndim < 2:
+        raise KernelError(f"dequant_int_group_bf16: packed {packed.shape}, {bits}-bit codes")
+    pf = 32 // bits
+    *lead, rows, words = packed.shape
+    cols = words * pf
+    check("dequant_int_group_bf16", "scale", scale, "float32")
+    groups = scale.shape[-1] if scale.ndim == packed.ndim else 0
+    if scale.shape != (*lead, rows, groups) or groups < 1 or cols % groups:
+        raise KernelError(
+            f"dequant_int_group_bf16: scale is {scale.shape} for {packed.shape} words"
+        )
+    if zero is not None:
+        check("dequant_int_group_bf16", "zero", zero, "int32")
+        if zero.shape != (*lead, -(-rows // pf), groups):
+            raise KernelError(
+                f"dequant_int_group_bf16: zero is {zero.shape}, expected {(*lead, -(-rows // pf), groups)}"
+            )
+    mats = math.prod(lead)
+    out = cp.empty((*lead, rows, cols), dtype="uint16")
+    z = zero if zero is not None else cp.empty((1,), dtype="int32")  # unread: has_zero 0
+    args = (packed, scale, z, out, cp.int64(mats), cp.int64(rows), cp.int64(cols), cp.int64(groups),
+            cp.int32(bits), cp.int32(int(zero is not None)))  # fmt: skip
+    launch("dequant_int_group_bf16", out.size, args)
+    return out
+
+
 def swizzle_blockscale_b1(scale: Any) -> Any:
     """block scales -> the CUTLASS FP4 layout: 128x4 tiles, zero padding: [..., M, K] 1-byte elements -> [..., M_pad, K_pad] (M padded to 128, K to 4)."""
     cp = cupy()

@@ -128,6 +128,18 @@ extern "C" void launch_dequant_int8_block_bf16(unsigned grid, unsigned block, co
     }
 }
 
+extern "C" void launch_dequant_int_group_bf16(unsigned grid, unsigned block, const int* packed, const float* scale, const int* zero, bf16_bits* out, long long mats, long long rows, long long cols, long long groups, int bits, int has_zero) {
+    gridDim.x = grid;
+    blockDim.x = block;
+    for (unsigned b = 0; b < grid; ++b) {
+        for (unsigned t = 0; t < block; ++t) {
+            blockIdx.x = b;
+            threadIdx.x = t;
+            dequant_int_group_bf16(packed, scale, zero, out, mats, rows, cols, groups, bits, has_zero);
+        }
+    }
+}
+
 extern "C" void launch_swizzle_blockscale_b1(unsigned grid, unsigned block, const unsigned char* in, unsigned char* out, long long mats, long long rows, long long cols, long long rows_pad, long long cols_pad) {
     gridDim.x = grid;
     blockDim.x = block;

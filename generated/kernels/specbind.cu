@@ -150,6 +150,26 @@ extern "C" __global__ void dequant_int8_block_bf16(const signed char* __restrict
     }
 }
 
+// int4/int8 codes in int32 words -> BF16: f32(code - zero) * scale per group
+extern "C" __global__ void dequant_int_group_bf16(const int* __restrict__ packed, const float* __restrict__ scale, const int* __restrict__ zero, bf16_bits* __restrict__ out, long long mats, long long rows, long long cols, long long groups, int bits, int has_zero) {
+    // packed [mats, rows, cols/pf] words, code k of a word in bits k*bits (pf = 32/bits);
+    // zero [mats, rows/pf, groups] words packed the same way along the rows
+    long long pf = 32 / bits, words = cols / pf, width = cols / groups;
+    unsigned int mask = (1u << bits) - 1u;
+    GRID_STRIDE(i, mats * rows * cols) {
+        long long rc = i / cols, c = i - rc * cols, b = rc / rows, r = rc - b * rows;
+        unsigned int w = (unsigned int)packed[rc * words + c / pf];
+        int code = (int)((w >> ((c % pf) * bits)) & mask);
+        long long g = c / width;
+        int z = 1 << (bits - 1);
+        if (has_zero) {
+            unsigned int zw = (unsigned int)zero[(b * ((rows + pf - 1) / pf) + r / pf) * groups + g];
+            z = (int)((zw >> ((r % pf) * bits)) & mask);
+        }
+        out[i] = f32_to_bf16_rne((float)(code - z) * scale[rc * groups + g]);
+    }
+}
+
 // block scales -> the CUTLASS FP4 layout: 128x4 tiles, zero padding
 extern "C" __global__ void swizzle_blockscale_b1(const unsigned char* __restrict__ in, unsigned char* __restrict__ out, long long mats, long long rows, long long cols, long long rows_pad, long long cols_pad) {
     // out viewed as [mats, rows_pad/128, cols_pad/4, lane 32, sub 4, k 4] reads

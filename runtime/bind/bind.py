@@ -240,7 +240,10 @@ def bind_checkpoint(
             f"{ckpt.root}: a {qconf.scheme.name} checkpoint binds in its spec's dtypes; "
             f"{half} is for unquantized checkpoints"
         )
-    qmeta = None if qconf is None else quant_metadata(qconf.scheme.name, qconf.weight_only, qout)
+    qmeta = None
+    if qconf is not None:
+        s = qconf.scheme
+        qmeta = quant_metadata(s.name, qconf.weight_only, qout, s.values, s.sym)
     used: dict[str, BlockEntry[Any]] = {}
     for lay_layer in lay.layers.values():
         for fill in lay_layer.slots.values():

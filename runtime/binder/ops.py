@@ -382,6 +382,7 @@ class Ops(Protocol):
         self, weight: Any, scale_inv: Any, *, block: tuple[int, int] = (128, 128)
     ) -> Array: ...
     def dequant_scaled(self, weight: Any, scale: Any) -> Array: ...
+    def dequant_int_group(self, packed: Any, scale: Any, zero: Any, *, bits: int) -> Array: ...
     def swizzle_blockscale(self, scale: Any) -> Array: ...
 
 
@@ -498,6 +499,12 @@ def dequant_nvfp4(
 def dequant_mxfp4(blocks: Array, scales: Array) -> Array:
     """:func:`runtime.binder.quant_numerics.dequant_mxfp4` (BF16 ``[..., O, I]``)."""
     return quant_numerics.dequant_mxfp4(blocks, scales)
+
+
+def dequant_int_group(packed: Array, scale: Array, zero: Array | None, *, bits: int) -> Array:
+    """:func:`runtime.binder.quant_numerics.dequant_int_group` on ``threads()`` workers (same
+    bytes)."""
+    return quant_numerics.dequant_int_group(packed, scale, zero, bits=bits, workers=threads())
 
 
 def dequant_scaled(weight: Array, scale: Array) -> Array:

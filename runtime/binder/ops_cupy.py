@@ -243,6 +243,22 @@ def dequant_scaled(weight: Any, scale: Any, *, what: str = "scaled dequant") -> 
     return kernels.dequant_fp8_block_bf16(_bytes(weight, what, "the weight"), s3, *block)
 
 
+def dequant_int_group(
+    packed: Any, scale: Any, zero: Any, *, bits: int, what: str = "int dequant"
+) -> Any:
+    """As :func:`runtime.binder.quant_numerics.dequant_int_group`, by the generated kernel; a
+    BF16 or F16 scale is widened exactly first."""
+    cp = _cp()
+    zs = None if zero is None else tuple(zero.shape)
+    qn.int_group_geometry(tuple(packed.shape), tuple(scale.shape), zs, bits, what)
+    if str(scale.dtype) == "uint16":  # BF16 bits on the device: widened exactly
+        s = cast(scale, "F32")
+    else:  # F32 or F16
+        s = cp.ascontiguousarray(scale.astype("float32"))
+    z = None if zero is None else cp.ascontiguousarray(zero)
+    return kernels.dequant_int_group_bf16(cp.ascontiguousarray(packed), s, z, bits)
+
+
 def swizzle_blockscale(scale: Any, *, what: str = "block-scale swizzle") -> Any:
     """As :func:`runtime.binder.quant_numerics.swizzle_blockscale`, by the generated kernel."""
     if scale.ndim < 2:

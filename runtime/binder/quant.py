@@ -56,6 +56,7 @@ class QuantOps(Protocol):
     def swizzle_blockscale(self, scale: Any) -> Array: ...
     def dequant_mxfp4(self, blocks: Any, scales: Any) -> Array: ...
     def dequant_scaled(self, weight: Any, scale: Any) -> Array: ...
+    def dequant_int_group(self, packed: Any, scale: Any, zero: Any, *, bits: int) -> Array: ...
     def permute(self, a: Any, axes: tuple[int, ...], what: str) -> Array: ...
 
 
@@ -372,6 +373,10 @@ def _dequant(
         return quant_ops(ops, what, "permute").permute(w, order, what)
     if d.op == "dequant_scaled":  # one scale per row ([O_r, 1]) or per linear ([] / [1])
         return quant_ops(ops, what, d.op).dequant_scaled(t[name], s)
+    if d.op == "dequant_int_group":  # codes in int32 words, a scale (and zero) per group
+        zp = lq.by_role(pat, "zero_point")
+        z = None if zp is None else t[_concrete(zp, name, pat)]
+        return quant_ops(ops, what, d.op).dequant_int_group(t[name], s, z, bits=d.bits)
     if d.op == "dequant_fp8_block":
         q = quant_ops(ops, what, d.op)
         if str(s.dtype) != "float32":
@@ -426,6 +431,8 @@ def companion_fields(
         for c in lq.companions:
             if c.role == "weight":
                 continue
+            if c.role == "shape":
+                _check_shapes(layer, f, srcs, c, t, plan, lq)
             arr = _join(f, [lq.name(s, c) for s in srcs], not c.scalar, t, plan, ops)
             key = f"{fname}_{c.suffix}"
             out.arrays[key] = arr
@@ -444,6 +451,29 @@ def companion_fields(
     return out
 
 
+def _check_shapes(
+    layer: int, f: FieldRule, srcs: Sequence[str], c: CompanionRule, t: Mapping[str, Array],
+    plan: BlockPlan, lq: LayerQuant,
+) -> None:  # fmt: skip
+    """A stored shape companion (compressed-tensors' ``weight_shape``) is the linear's own
+    ``[O, I]``: the packed weight's ``[O, I / pf]`` times its packing; refused otherwise."""
+    for s in srcs:
+        names = [s]
+        if f.family is not None:
+            assert plan.members is not None
+            names = [fill(s, i) for i in plan.members[f.family]]
+        for n in names:
+            o, words = plan.tensors[n].full_shape[:2]
+            got = [int(x) for x in t[lq.name(n, c)].reshape(-1)]
+            if got != [o, words * lq.scheme.per_byte]:
+                raise BindError(
+                    f"{at(layer)}: {lq.name(n, c)} is {got}, but its packed weight is "
+                    f"{o} x {words} words of {lq.scheme.per_byte}: the linear is "
+                    f"[{o}, {words * lq.scheme.per_byte}] — refused: the checkpoint "
+                    "contradicts itself"
+                )
+
+
 def _as_stored(
     fname: str, f: FieldRule, src: str, t: Mapping[str, Array], plan: BlockPlan,
     lq: LayerQuant, out: QuantFields,
@@ -460,10 +490,18 @@ def _as_stored(
         out.rules[key] = FieldRule("verbatim", c.dtype, p.kind, 1, axis, f.family)
 
 
-def quant_metadata(scheme: str, weight_only: bool, outputs: Collection[str]) -> str:
+def quant_metadata(
+    scheme: str, weight_only: bool, outputs: Collection[str],
+    values: Collection[tuple[str, int]] = (), sym: bool = False,
+) -> str:  # fmt: skip
     """What an ``--out`` file records of a quantized bind (metadata ``quant``), so a reload
-    knows which fields are packed and which companions may sit beside them."""
-    doc = {"scheme": scheme, "weight_only": weight_only, "outputs": sorted(outputs)}
+    knows which fields are packed and which companions may sit beside them (a scheme the
+    config sets: its ``params`` values and ``symmetric``, recorded only when set)."""
+    doc: dict[str, Any] = {"scheme": scheme, "weight_only": weight_only, "outputs": sorted(outputs)}
+    if values:
+        doc["params"] = dict(values)
+    if sym:
+        doc["symmetric"] = True
     return json.dumps(doc, sort_keys=True)
 
 
@@ -506,15 +544,15 @@ def _join(
 ) -> Array:  # fmt: skip
     """``names`` joined as field ``f`` joins its sources; scalars become one value each."""
 
-    def prep(a: Array) -> Array:
-        return a if shaped else a.reshape(1)  # [] or [1] -> [1]: one value per source
+    def prep(a: Array) -> Array:  # one value per source: [] or [1] -> [1]; [2] -> [1, 2]
+        return a if shaped else a.reshape(1) if a.size == 1 else a.reshape(1, *a.shape)
 
     axis = f.join if shaped else 0
     if f.family is not None:
         groups = [[prep(a) for a in members(t, n, f.family, plan)] for n in names]
         stacked: Array = ops.stack(groups, axis=axis, squeeze=None)
-        if not shaped and len(names) == 1:
-            return stacked.reshape(stacked.shape[0])  # [E_r, 1] -> [E_r]: one per member
+        if not shaped and len(names) == 1:  # [E_r, 1] -> [E_r]: one per member ([E_r, 2])
+            return stacked.reshape(stacked.shape[0], *stacked.shape[2:])
         return stacked
     if f.kind == "verbatim":
         return t[names[0]]  # as stored: ModelOpt's scalar [] stays [], compressed-tensors' [1]

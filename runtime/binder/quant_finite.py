@@ -38,7 +38,12 @@ from specbind.core.patterns import fill, index_of, member_of, parts
 from specbind.core.planning import BlockPlan, TensorPlan
 from specbind.runtime.binder.checks import WHOLE_CHECK_BYTES, Array, BindReport, stored
 from specbind.runtime.binder.quant import LayerQuant
-from specbind.runtime.binder.quant_numerics import E2M1_MAGNITUDES, e4m3_to_f32, row_scales
+from specbind.runtime.binder.quant_numerics import (
+    E2M1_MAGNITUDES,
+    e4m3_to_f32,
+    row_scales,
+    unpack_words,
+)
 from specbind.runtime.io.source import TensorSource, WholeSource
 
 F32 = np.dtype(np.float32)
@@ -164,6 +169,8 @@ class _Linear:
             self._nvfp4()
         elif op == "dequant_scaled":
             self._scaled()
+        elif op == "dequant_int_group":
+            self._int_group()
         else:
             self._fp8_block()
 
@@ -242,6 +249,33 @@ class _Linear:
             f"{E2M1_MAGNITUDES[code & 7]}) times {self.shown['block_scale']} element "
             f"{self.where('block_scale', g)} = {_hex(s, g)} ({shown(g)}) overflows BF16"
         )
+
+    def _int_group(self) -> None:
+        """Integer codes in groups: a code difference is at most ``2^bits - 1``, so only rows
+        with a scale past BF16's largest over that can overflow; those rows are dequantized
+        by the formula and the first non-finite value refused."""
+        s = self._floats("block_scale")  # [O, groups]
+        bits = self.lq.scheme.dequant.bits
+        rows = np.flatnonzero((np.abs(s) > SAFE / (1 << bits)).any(axis=-1))
+        if not rows.size:
+            return
+        w, z = self.arrays["weight"], self.arrays.get("zero_point")
+        zc = None if z is None else np.swapaxes(unpack_words(np.swapaxes(z, 0, 1), bits), 0, 1)
+        for r in (int(x) for x in rows):
+            codes = unpack_words(w[r], bits).astype(np.float32)  # [I]
+            g = codes.size // s.shape[1]
+            zero = np.float32(1 << (bits - 1)) if zc is None else np.repeat(zc[r], g)
+            with np.errstate(all="ignore"):
+                vals = ((codes - zero) * np.repeat(s[r], g)).astype(BF16).astype(np.float32)
+            bad = ~np.isfinite(vals)
+            if bool(bad.any()):
+                c = int(np.argmax(bad))
+                self.fail(
+                    f"{self.shown['weight']} row {self.where('weight', (r, 0))[0]} column {c}: "
+                    f"its code times {self.shown['block_scale']} element "
+                    f"{self.where('block_scale', (r, c // g))} ({float(s[r, c // g])!r}) "
+                    "overflows BF16"
+                )
 
     def _scaled(self) -> None:
         """FP8 or int8 codes times one scale per row or per linear: only the rows whose scale

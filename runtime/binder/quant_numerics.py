@@ -40,6 +40,17 @@ product of an 8-bit code and a BF16 value is exact in F32, so one rounding eithe
 F32 scale both round to F32 then to BF16. With an F16 scale it rounds to F16 first; here the
 exact product is rounded once to BF16 (the F16 route is not reproduced).
 
+Integer groups (compressed-tensors ``pack-quantized``: ``packed`` I32 ``[..., O, I/pf]``, pf =
+32 / bits codes per word, code ``k`` of a word in bits ``k·bits`` up (the low nibble first
+on a little-endian host, so the words' bytes are NVFP4's byte order); ``scale`` ``[..., O,
+I/g]`` (g-column groups; ``[..., O, 1]``: one per row); ``zero`` I32 ``[..., ceil(O/pf),
+I/g]`` packed the same way along O (the last word's spare codes unused), or None: symmetric,
+the zero is ``2^(bits-1)``):
+``bf16(f32(code - zero[r, c // g]) * f32(scale[r, c // g]))``. compressed-tensors'
+``dequantize`` casts codes and zero to the scale's dtype and multiplies there; the difference
+of two codes is exact and so is its product with a BF16 scale in F32, so one rounding either
+way (checked on every linear llm-compressor writes, tests/quant/test_quant_real.py).
+
 Swizzle: vLLM's ``swizzle_blockscale``: rows zero-padded to a multiple of 128, columns to a
 multiple of 4, then ``[B, M/128, 4, 32, K/4, 4]`` permuted ``(0, 1, 4, 3, 2, 5)``; the result
 keeps the padded shape ``[..., M_pad, K_pad]``.
@@ -283,6 +294,78 @@ def dequant_fp8_block(
 
 
 I8 = np.dtype(np.int8)
+I32 = np.dtype("<i4")
+
+
+def unpack_words(words: Array, bits: int) -> Array:
+    """I32 ``[..., n]`` -> uint8 ``[..., n · 32/bits]``: code ``k`` of each word from bits
+    ``k·bits`` up (little-endian bytes; a 4-bit code's byte holds code 2j low, 2j+1 high)."""
+    b = np.ascontiguousarray(words, dtype=I32).view(U8)  # [..., n] -> [..., 4n] bytes
+    if bits == 8:
+        return b
+    out = np.empty((*b.shape[:-1], b.shape[-1] * 2), dtype=U8)
+    np.bitwise_and(b, 0xF, out=out[..., 0::2])
+    np.right_shift(b, 4, out=out[..., 1::2])
+    return out
+
+
+def int_group_geometry(
+    packed: tuple[int, ...], scale: tuple[int, ...], zero: tuple[int, ...] | None, bits: int,
+    what: str,
+) -> tuple[tuple[int, ...], int, int, int]:  # fmt: skip
+    """(lead dims, O, I, group) of packed ``[..., O, I/pf]`` words with scale ``[..., O, I/g]``
+    and zero ``[..., ceil(O/pf), I/g]``; refuses anything else, naming ``what``."""
+    pf = 32 // bits if bits in (4, 8) else 0
+    if not pf or len(packed) < 2 or len(scale) != len(packed):
+        raise BindError(f"{what}: packed {list(packed)}, scale {list(scale)}, {bits}-bit codes")
+    *lead_l, rows, words = packed
+    cols = words * pf
+    groups = scale[-1]
+    if tuple(scale[:-1]) != (*lead_l, rows) or groups < 1 or cols % groups:
+        raise BindError(
+            f"{what}: the scale is {list(scale)}, expected [{', '.join(map(str, lead_l))}"
+            f"{', ' if lead_l else ''}{rows}, {cols} / group] for {list(packed)} words"
+        )
+    if zero is not None and tuple(zero) != (*lead_l, -(-rows // pf), groups):
+        raise BindError(f"{what}: the zero point is {list(zero)}, expected "
+                        f"{[*lead_l, -(-rows // pf), groups]}")  # fmt: skip
+    return tuple(lead_l), rows, cols, cols // groups
+
+
+def dequant_int_group(
+    packed: Array, scale: Array, zero: Array | None, *, bits: int, what: str = "int dequant",
+    workers: int = 1,
+) -> Array:  # fmt: skip
+    """BF16 ``[..., O, I]``: ``bf16(f32(code - zero) * f32(scale))`` per ``g``-column group."""
+    if packed.dtype != I32 or scale.dtype not in SCALE_DTYPES:
+        raise BindError(f"{what}: packed {packed.dtype}, scale {scale.dtype}: expected int32 "
+                        "words and an F32, BF16 or F16 scale")  # fmt: skip
+    if zero is not None and zero.dtype != I32:
+        raise BindError(f"{what}: the zero point is {zero.dtype}, expected int32 words")
+    zs = None if zero is None else tuple(zero.shape)
+    lead, rows, cols, g = int_group_geometry(packed.shape, scale.shape, zs, bits, what)
+    n = math.prod(lead)
+    p3 = packed.reshape(n, rows, -1)  # [..., O, I/pf] -> [B, O, I/pf]
+    s3 = scale.reshape(n, rows, -1)  # [B, O, I/g]
+    z3: Array | None = None
+    if zero is not None:  # [B, ceil(O/pf), I/g] words along O -> [B, O, I/g] codes
+        zw = np.swapaxes(zero.reshape(n, -1, s3.shape[2]), 1, 2)  # [B, I/g, ceil(O/pf)]
+        z3 = np.swapaxes(unpack_words(zw, bits), 1, 2)[:, :rows]
+    out = np.empty((n, rows, cols), dtype=BF16)
+    mid = np.float32(1 << (bits - 1))
+
+    def work(span: tuple[int, int, int]) -> None:  # (matrix, first row, end row)
+        b, r0, r1 = span
+        codes = unpack_words(p3[b, r0:r1], bits).astype(F32)  # [r, I]
+        z = mid if z3 is None else np.repeat(z3[b, r0:r1].astype(F32), g, axis=1)
+        s = np.repeat(s3[b, r0:r1].astype(F32), g, axis=1)  # [r, I/g] -> [r, I]
+        with np.errstate(all="ignore"):
+            out[b, r0:r1] = (codes - z) * s  # exact difference, one F32 rounding, then RNE
+
+    _each([(b, r0, r1) for b in range(n) for r0, r1 in _row_spans(rows, cols)], work, workers)
+    return out.reshape(*lead, rows, cols)
+
+
 SCALE_DTYPES = (F32, BF16, np.dtype(np.float16))
 
 

@@ -27,7 +27,12 @@ from specbind.core.errors import BindError
 from specbind.core.planning import BlockPlan
 from specbind.core.record import record
 from specbind.runtime.binder.ops import matmul_dims
-from specbind.runtime.binder.quant_numerics import fp8_block_geometry, nvfp4_geometry, padded_shape
+from specbind.runtime.binder.quant_numerics import (
+    fp8_block_geometry,
+    int_group_geometry,
+    nvfp4_geometry,
+    padded_shape,
+)
 
 
 @record
@@ -189,6 +194,13 @@ class ShapeOps:
         self, weight: Shaped, scale_inv: Shaped, *, block: tuple[int, int] = (128, 128)
     ) -> Shaped:
         lead, rows, cols = fp8_block_geometry(weight.shape, scale_inv.shape, block, "dequant")
+        return Shaped((*lead, rows, cols), "BF16")
+
+    def dequant_int_group(
+        self, packed: Shaped, scale: Shaped, zero: Shaped | None, *, bits: int
+    ) -> Shaped:
+        zs = None if zero is None else zero.shape
+        lead, rows, cols, _ = int_group_geometry(packed.shape, scale.shape, zs, bits, "dequant")
         return Shaped((*lead, rows, cols), "BF16")
 
     def dequant_scaled(self, weight: Shaped, scale: Shaped) -> Shaped:

@@ -108,9 +108,13 @@ class QuantMeta:
     scheme: str
     weight_only: bool
     outputs: tuple[str, ...] = ()  # of quant.OUTPUTS, sorted
+    params: tuple[tuple[str, int], ...] = ()  # a scheme the config sets: G -> 128
+    symmetric: bool = False
 
     def encode(self) -> str:
-        return quant_metadata(self.scheme, self.weight_only, self.outputs)
+        return quant_metadata(
+            self.scheme, self.weight_only, self.outputs, self.params, self.symmetric
+        )
 
 
 @record
@@ -272,7 +276,17 @@ class _Decoder:
         weight_only = doc.get("weight_only", False)
         if type(weight_only) is not bool:
             raise self.fail(f"metadata quant weight_only {weight_only!r} is not true or false")
-        return QuantMeta(scheme, weight_only, tuple(sorted(outputs)))
+        params = doc.get("params", {})
+        if not isinstance(params, dict) or not all(
+            isinstance(k, str) and type(v) is int and v >= 1 for k, v in params.items()
+        ):
+            raise self.fail(f"metadata quant params {params!r}: not names of whole numbers")
+        sym = doc.get("symmetric", False)
+        if type(sym) is not bool:
+            raise self.fail(f"metadata quant symmetric {sym!r} is not true or false")
+        return QuantMeta(
+            scheme, weight_only, tuple(sorted(outputs)), tuple(sorted(params.items())), sym
+        )
 
     def padding(self) -> dict[str, list[int]]:
         """``padding``: ``{"<block>.<tensor>": [stored rows, padded rows]}``, each padded

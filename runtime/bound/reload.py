@@ -205,6 +205,14 @@ def _quant(p: Path, table: ModelTable[Any], q: QuantMeta | None) -> LayerQuant |
     if q.scheme not in schemes:
         raise ReloadError(f"{p}: metadata quant names no scheme of {table.name} ({q.scheme!r})")
     scheme = schemes[q.scheme]
+    names = sorted(n for n, _ in scheme.params)
+    if sorted(n for n, _ in q.params) != names:
+        raise ReloadError(
+            f"{p}: metadata quant params {dict(q.params)} do not name {q.scheme}'s {names}: "
+            "the record and the scheme disagree"
+        )
+    if q.params or q.symmetric:
+        scheme = scheme.resolved(dict(q.params), q.symmetric)
     if "swizzled" in q.outputs and scheme.swizzle is None:
         raise ReloadError(
             f"{p}: metadata quant records the swizzled output, which {q.scheme} does not make "

@@ -187,6 +187,9 @@ def detect(ckpt: CheckpointDir, schemes: Sequence[SchemeRule]) -> QuantConfig | 
             "another variant or as unquantized"
         )
     s = hits[0]
+    if s.params or s.symmetric:
+        sym = any(_holds(_read(ckpt, w.file, cache), w) for w in s.symmetric)
+        s = s.resolved(_params(_read(ckpt, s.detect.file, cache), s), sym)
     doc = _read(ckpt, s.exclude.file, cache)
     weight_only = any(_holds(_read(ckpt, w.file, cache), w) for w in s.weight_only)
     targets = (
@@ -200,6 +203,26 @@ def detect(ckpt: CheckpointDir, schemes: Sequence[SchemeRule]) -> QuantConfig | 
         source=f"{s.exclude.file} {s.exclude.field}",
         targets_source=f"config.json {s.targets}",
     )
+
+
+MAX_PARAM = 1 << 20  # a group of a million columns: past any real checkpoint's
+
+
+def _params(doc: Any, s: SchemeRule) -> dict[str, int]:
+    """Each scheme param's value in the config (``G``: the group size): one whole number,
+    the same in every config group, or refused naming the field."""
+    out: dict[str, int] = {}
+    for name, dotted in s.params:
+        found = {canonical(v) for v in lookup(doc, dotted)}
+        vals = [v for v in lookup(doc, dotted) if type(v) is int and 1 <= v <= MAX_PARAM]
+        if len(found) != 1 or not vals:
+            shown = ", ".join(sorted(found)) or "absent"
+            raise CheckpointError(
+                f"{s.detect.file}: {dotted} is {shown}; {s.name} reads {name} there as one "
+                f"whole number from 1 to {MAX_PARAM}"
+            )
+        out[name] = vals[0]
+    return out
 
 
 def by_name(schemes: Sequence[SchemeRule]) -> Mapping[str, SchemeRule]:

@@ -36,14 +36,20 @@ from specbind.core.errors import SpecbindError, UsageError
 from specbind.core.geometry import computed
 from specbind.core.patterns import fill
 from specbind.core.planning import Ranks, expand
-from specbind.core.quant import CompanionRule, SchemeRule
+from specbind.core.quant import SchemeRule
 from specbind.core.schedule import ConfigSchedule
 from specbind.runtime.binder.checks import Array
 from specbind.runtime.binder.tables import BlockEntry, ModelTable
 from specbind.runtime.io.atomic import write_failed
 from specbind.runtime.io.progress import bar
 from specbind.runtime.layout.config import config_lookup, flag_group
-from specbind.synth.quant import companion_values, quant_config_files, quantized_entries
+from specbind.synth.quant import (
+    Companion,
+    as_written,
+    companion_values,
+    quant_config_files,
+    quantized_entries,
+)
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,8 @@ def config_for(
 def _values(rng: np.random.Generator, dtype: str, shape: tuple[int, ...], name: str = "") -> Array:
     if dtype == "U8":  # packed codes: any byte is two valid E2M1 codes
         return rng.integers(0, 256, size=shape, dtype=np.uint8)
+    if dtype == "I32":  # int32 words of packed codes: any word is valid codes
+        return rng.integers(-(2**31), 2**31, size=shape, dtype=np.int32)
     if dtype == "I8":  # int8 codes: the symmetric range, as int8 quantizers write it
         return rng.integers(-127, 128, size=shape, dtype=np.int8)
     if name and (shape == () or shape == (1,)) and dtype in ("F32", "BF16"):
@@ -149,7 +157,7 @@ def _values(rng: np.random.Generator, dtype: str, shape: tuple[int, ...], name: 
 
 def _written(
     rng: np.random.Generator, dtype: str, shape: tuple[int, ...], scheme: SchemeRule | None,
-    c: CompanionRule | None, name: str,
+    c: Companion | None, name: str,
 ) -> Array:  # fmt: skip
     """A tensor's values: a companion's as its scheme's format asks, else ``_values``."""
     if scheme is not None and c is not None:
@@ -198,9 +206,11 @@ def synth(
     full = table.default_values() | values
     geometry = table.make_geometry(full)
     plans = schedule(table, layers, mtp)
+    if quant is not None:
+        quant = as_written(quant)
     entries: list[tuple[str, str, tuple[int, ...]]] = []
     excluded: list[str] = []  # full module names the scheme cannot store (I % 16 != 0)
-    roles: dict[str, CompanionRule] = {}  # full companion name -> its rule
+    roles: dict[str, Companion] = {}  # full companion name -> its rule and its linear's O, I
     for p in plans:
         pre = fill(table.layer_pattern, p.index)
         for bname in p.blocks.values():

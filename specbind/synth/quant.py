@@ -26,6 +26,7 @@ from specbind.core.quant import CompanionRule, DetectRule, SchemeRule
 from specbind.runtime.binder.checks import Array
 from specbind.runtime.binder.tables import BlockEntry
 
+Companion = tuple[CompanionRule, int, int]  # a companion's rule and its linear's O and I
 # E8M0 block scales written: 2^-8 .. 2^0, the range real MXFP4 weights use (never 0xFF, NaN)
 E8M0_BYTES = (119, 128)
 
@@ -36,7 +37,7 @@ def quantized_entries(
     scheme: SchemeRule,
     pre: str,
     excluded: list[str],
-    roles: dict[str, CompanionRule] | None = None,
+    roles: dict[str, Companion] | None = None,
 ) -> list[tuple[str, str, tuple[int, ...]]]:
     """``written`` (layer-relative names) with every storable linear replaced by companions;
     the others are appended to ``excluded`` as full module names (``pre``: the layer prefix).
@@ -61,16 +62,19 @@ def quantized_entries(
             stored = c.stored_name(name) if c.template else f"{module}.{c.suffix}"
             out.append((stored, c.dtype, (*lead, *c.shape(o, i))))
             if roles is not None:
-                roles[pre + stored] = c
+                roles[pre + stored] = (c, o, i)
     return out
 
 
 def companion_values(
-    rng: np.random.Generator, c: CompanionRule, scheme: SchemeRule, shape: tuple[int, ...]
+    rng: np.random.Generator, comp: Companion, scheme: SchemeRule, shape: tuple[int, ...]
 ) -> Array | None:
     """The values of an E8M0 block scale (``scheme.dequant.scale``), bytes in ``E8M0_BYTES``;
     None for any other companion, whose values ``synth._values`` writes (finite and, for a
     scale, positive and small)."""
+    c, o, i = comp
+    if c.role == "shape":  # the linear's own shape, as the packed weight's is checked against
+        return np.array([o, i], dtype=np.int64)
     if c.role == "block_scale" and scheme.dequant.scale == "e8m0":
         return rng.integers(*E8M0_BYTES, size=shape, dtype=np.uint8)
     return None
@@ -94,9 +98,24 @@ def _value(rule: DetectRule) -> Any:
         return v
 
 
+SYNTH_PARAM = 32  # every param a synthesized checkpoint's config sets (the group size)
+
+
+def as_written(scheme: SchemeRule) -> SchemeRule:
+    """The scheme as the config ``quant_config_files`` writes sets it: each param
+    ``SYNTH_PARAM``, symmetric where the scheme can be (no zero point)."""
+    if not scheme.params and not scheme.symmetric:
+        return scheme
+    return scheme.resolved({n: SYNTH_PARAM for n, _ in scheme.params}, bool(scheme.symmetric))
+
+
 def quant_config_files(scheme: SchemeRule, excluded: list[str]) -> dict[str, dict[str, Any]]:
     """The config documents by file name (``config.json`` fields to merge in)."""
     files: dict[str, dict[str, Any]] = {}
+    for _, dotted in scheme.params:
+        _put(files.setdefault(scheme.detect.file, {}), dotted, SYNTH_PARAM)
+    for w in scheme.symmetric[:1]:
+        _put(files.setdefault(w.file, {}), w.field, _value(w))
     _put(files.setdefault(scheme.detect.file, {}), scheme.detect.field, _value(scheme.detect))
     for v in scheme.variant:
         _put(files.setdefault(v.file, {}), v.field, _value(v))

@@ -94,6 +94,28 @@ def test_scaled_dequant_on_the_device_path_gives_the_numpy_backends_bytes(
     assert np.array_equal(g[~both_nan], w16[~both_nan])
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("zero", [False, True])
+@pytest.mark.parametrize("sdtype", [F32, BF16])
+def test_int_group_dequant_on_the_device_path_gives_the_numpy_backends_bytes(
+    fake_cupy: Any, bits: int, zero: bool, sdtype: Any
+) -> None:
+    rng = np.random.default_rng(11)
+    host = {
+        "p": rng.integers(-(2**31), 2**31, (2, 12, 4), dtype=np.int64).astype(np.int32),
+        "s": rng.uniform(0.01, 2, (2, 12, 2)).astype(sdtype),
+        "z": rng.integers(-(2**31), 2**31, (2, -(-12 // (32 // bits)), 2), dtype=np.int64).astype(
+            np.int32
+        ),
+    }
+    dev = device(fake_cupy)
+    up = dev.upload(host)
+    z = up["z"] if zero else None
+    got = dev.to_host(dev.ops.dequant_int_group(up["p"], up["s"], z, bits=bits), "BF16")
+    want = qn.dequant_int_group(host["p"], host["s"], host["z"] if zero else None, bits=bits)
+    assert got.tobytes() == want.tobytes()
+
+
 def test_the_swizzle_on_the_device_path_gives_the_numpy_backends_bytes(fake_cupy: Any) -> None:
     scale = np.random.default_rng(9).integers(0, 256, (2, 200, 7), dtype=U8).view(E4M3)
     dev = device(fake_cupy)

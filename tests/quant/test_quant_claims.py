@@ -84,7 +84,7 @@ def test_every_tensor_of_a_quantized_checkpoint_is_bound_exactly_once(
     r = bind(ckpts[scheme])
     bound = sum(x.bound for x in r.layers) + (r.globals.report.bound if r.globals else 0)
     assert bound == len(CheckpointDir(ckpts[scheme]).names())
-    want = {"U8": np.uint8, "F8_E4M3": ml_dtypes.float8_e4m3fn, "I8": np.int8}[
+    want = {"U8": np.uint8, "F8_E4M3": ml_dtypes.float8_e4m3fn, "I8": np.int8, "I32": np.int32}[
         SCHEMES[scheme].weight.dtype
     ]
     rule, w13 = r.fields()["layers.3.mlp.w13"]

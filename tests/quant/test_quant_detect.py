@@ -35,14 +35,14 @@ def ct_group(weights: dict[str, Any], inputs: dict[str, Any] | None, fmt: str) -
     }
 
 
-W4_ASYM = {
+W4_ACTORDER_GROUP = {
     "num_bits": 4,
     "type": "int",
     "strategy": "group",
     "group_size": 128,
     "symmetric": False,
     "dynamic": False,
-    "actorder": None,
+    "actorder": "group",
 }
 FP8_BLOCK_64 = {
     "num_bits": 8,
@@ -63,11 +63,12 @@ INT4_GROUP_NVFP4_FORMAT = {
 
 # (config.json's quantization_config or None, side files, what the refusal must say)
 CASES: dict[str, tuple[Any, dict[str, Any], str]] = {
-    "compressed-tensors W4A16 asymmetric": (
-        ct_group(W4_ASYM, None, "pack-quantized"),
+    "compressed-tensors W4A16 asymmetric with actorder group": (
+        ct_group(W4_ACTORDER_GROUP, None, "pack-quantized"),
         {},
         "config.json quantization_config: compressed-tensors pack-quantized, 4-bit int group "
-        "128 asymmetric weights, no input quantization: no scheme in specs/schemes describes it",
+        "128 asymmetric actorder group weights, no input quantization: no scheme in "
+        "specs/schemes describes it",
     ),
     "compressed-tensors FP8 in 64 x 64 blocks": (
         ct_group(FP8_BLOCK_64, None, "float-quantized"),

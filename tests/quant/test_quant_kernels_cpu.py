@@ -227,6 +227,51 @@ def test_scaled_dequant_by_the_block_kernels_equals_numpy_per_channel_and_per_te
 
 @settings(deadline=None)
 @given(
+    st.lists(st.integers(1, 2), max_size=2),
+    st.integers(1, 19),
+    st.integers(1, 4),
+    st.sampled_from([4, 8]),
+    st.integers(0, 40),
+    st.booleans(),
+    st.integers(0, 2**32 - 1),
+    BLOCKS,
+    st.integers(1, 3),
+)
+def test_int_group_kernel_equals_numpy_for_any_shape_group_and_zero(
+    lib: Any,
+    lead: list[int],
+    rows: int,
+    words: int,
+    bits: int,
+    pick: int,
+    has_zero: bool,
+    seed: int,
+    block: int,
+    grid: int,
+) -> None:
+    """Every int32 word's codes, a zero point of ceil(O / pf) word rows (its spare codes
+    ignored), groups that split words or span them."""
+    rng = np.random.default_rng(seed)
+    pf = 32 // bits
+    cols = words * pf
+    divisors = [g for g in range(1, cols + 1) if cols % g == 0]  # any whole group width
+    groups = divisors[pick % len(divisors)]
+    packed = rng.integers(-(2**31), 2**31, (*lead, rows, words), dtype=np.int64).astype(np.int32)
+    scale = rng.uniform(-4, 4, (*lead, rows, groups)).astype(F32)
+    zero = None
+    if has_zero:
+        zr = -(-rows // pf)
+        zero = rng.integers(-(2**31), 2**31, (*lead, zr, groups), dtype=np.int64).astype(np.int32)
+    out = np.full((*lead, rows, cols), 0xDEAD, dtype=U16)
+    zarg = zero if zero is not None else np.zeros(1, np.int32)
+    run(lib, "dequant_int_group_bf16", out.size, ptr(packed), ptr(scale), ptr(zarg), ptr(out),
+        i64(int(np.prod(lead))), i64(rows), i64(cols), i64(groups), i32(bits),
+        i32(int(zero is not None)), block=block, grid=grid)  # fmt: skip
+    assert_same_bf16(out, qn.dequant_int_group(packed, scale, zero, bits=bits))
+
+
+@settings(deadline=None)
+@given(
     st.lists(st.integers(1, 3), max_size=2),
     st.integers(1, 300),
     st.integers(1, 13),

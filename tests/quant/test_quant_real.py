@@ -33,7 +33,7 @@ from quant_writers import TEXT_CONFIG
 from specbind.audit import audit
 from specbind.core.errors import BindError, GeometryError
 from specbind.runtime.bind.bind import BindResult, bind_checkpoint
-from specbind.runtime.binder.quant_numerics import dequant_scaled
+from specbind.runtime.binder.quant_numerics import dequant_int_group, dequant_scaled
 from specbind.runtime.io.checkpoint import CheckpointDir
 
 TOOL = {
@@ -47,16 +47,24 @@ TOOL = {
     "llmc_fp8": "llmcompressor",
     "llmc_w8a8": "llmcompressor",
     "mo_fp8": "modelopt",
+    "llmc_w4a16": "llmcompressor",
+    "llmc_w4a16_asym": "llmcompressor",
+    "llmc_gptq_w4a16": "llmcompressor",
 }
 # One scale per output channel or per linear: every rank of RANKS holds whole scales, and each
 # rank's dequantized fields must rejoin to the whole one's (the scales go with their rows).
 SCALED = ("llmc_fp8_dynamic", "llmc_fp8", "llmc_w8a8", "mo_fp8")
+INT4 = ("llmc_w4a16", "llmc_w4a16_asym", "llmc_gptq_w4a16")  # groups of 32 columns
 # compressed-tensors' own decompression of every quantized linear, written beside these
-REFERENCE = ("llmc_fp8_dynamic", "llmc_fp8", "llmc_w8a8")
+REFERENCE = ("llmc_fp8_dynamic", "llmc_fp8", "llmc_w8a8", *INT4)
 # tp: the KDA scan tiles 256 channels (8 heads of 64: tp <= 4); ep: up to the 6 experts.
 RANKS = [(1, 1), (2, 1), (4, 1), (1, 6), (2, 3), (4, 2)]
 # FP8 blocks are 128 x 128: no rank of this tiny model can hold whole blocks under tp > 1.
 FP8_RANKS = [(1, 1), (1, 2), (1, 3), (1, 6)]
+# Groups of 32 columns: at tp 4 an expert's down_proj rank holds 64 / 4 = 16 columns.
+INT4_RANKS = [(1, 1), (2, 1), (1, 6), (2, 3)]
+# Zero points packed 8 rows a word: at tp 2 a KDA b_proj rank holds 4 of its 8 rows.
+ASYM_RANKS = [(1, 1), (1, 2), (1, 6)]
 
 
 def _has(module: str) -> bool:
@@ -105,7 +113,7 @@ def test_a_real_checkpoint_binds_at_every_tp_and_ep_and_the_shares_rejoin(
     written: dict[str, Path], recipe: str
 ) -> None:
     path = ckpt(written, recipe)
-    outputs = ("dequantized",) if recipe in SCALED else ()
+    outputs = ("dequantized",) if recipe in (*SCALED, *INT4) else ()
     whole = bind(path, quant_outputs=outputs)
     assert sum(x.bound for x in whole.layers) + sum(whole.unbound.values()) + (
         whole.globals.report.bound if whole.globals else 0
@@ -113,7 +121,9 @@ def test_a_real_checkpoint_binds_at_every_tp_and_ep_and_the_shares_rejoin(
         1 for n in CheckpointDir(path).names() if n.endswith("self_attn.conv1d.weight")
     )
     fields = whole.fields()
-    for tp, ep in FP8_RANKS if recipe == "llmc_fp8_block" else RANKS:
+    ranks = {"llmc_fp8_block": FP8_RANKS} | dict.fromkeys(INT4, INT4_RANKS)
+    ranks["llmc_w4a16_asym"] = ASYM_RANKS
+    for tp, ep in ranks.get(recipe, RANKS):
         shares: dict[str, dict[tuple[int, int], Any]] = {}
         for t in range(tp):
             for e in range(ep):
@@ -192,18 +202,30 @@ def test_the_fused_conv_shards_as_q_k_v_segments_never_as_a_contiguous_third(
 
 
 @pytest.mark.parametrize("recipe", REFERENCE)
-def test_the_scaled_dequant_equals_compressed_tensors_own_decompression_bit_for_bit(
+def test_the_dequant_equals_compressed_tensors_own_decompression_bit_for_bit(
     written: dict[str, Path], recipe: str
 ) -> None:
-    """Every quantized linear the tool wrote, dequantized by specbind's formula (codes times
-    the channel or tensor scale, rounded once to BF16), equals compressed-tensors'
-    ``decompress`` of the same tensors."""
+    """Every quantized linear the tool wrote, dequantized by specbind's formula (FP8 or int8
+    codes times the channel or tensor scale; int4 codes less their zero, times their group's
+    scale; rounded once to BF16), equals compressed-tensors' ``decompress`` of the same
+    tensors."""
     path = ckpt(written, recipe)
     stored = read_file(path / "model.safetensors")
     want = read_file(path / "reference" / "decompressed.safetensors")
+    packed = [n.removesuffix(".weight_packed") for n in stored if n.endswith(".weight_packed")]
     assert len(want) >= 20
+    assert set(packed) - set(want) == {  # compressed-tensors cannot unpack one row of zeros
+        m
+        for m in packed
+        if f"{m}.weight_zero_point" in stored and stored[m + ".weight_zero_point"].shape[0] == 1
+    }
     for module, ref in want.items():
-        got = dequant_scaled(stored[module + ".weight"], stored[module + ".weight_scale"])
+        if recipe in INT4:
+            got = dequant_int_group(stored[module + ".weight_packed"],
+                                    stored[module + ".weight_scale"],
+                                    stored.get(module + ".weight_zero_point"), bits=4)  # fmt: skip
+        else:
+            got = dequant_scaled(stored[module + ".weight"], stored[module + ".weight_scale"])
         assert got.dtype == ref.dtype == ml_dtypes.bfloat16
         assert got.tobytes() == ref.tobytes(), module
 
@@ -253,3 +275,40 @@ def test_static_fp8_hands_every_fused_partner_its_own_input_and_weight_scale(
         float(stored[pre + "gate_proj.weight_scale"]),
         float(stored[pre + "up_proj.weight_scale"]),
     ]
+
+
+def test_an_int4_row_parallel_rank_that_would_cut_a_group_is_refused(
+    written: dict[str, Path],
+) -> None:
+    """vLLM refuses a row-parallel partition that is not whole groups
+    (``verify_group_size_divides_partition``); so does specbind, before reading a byte."""
+    with pytest.raises(GeometryError) as e:
+        bind(ckpt(written, "llmc_w4a16"), tp_size=4, tp_rank=0)
+    assert "% 32 == 0 fails" in str(e.value)
+
+
+def test_the_asymmetric_int4_zero_point_is_packed_along_o_and_bound_with_its_rows(
+    written: dict[str, Path],
+) -> None:
+    """W4A16_ASYM stores a zero point ``[ceil(O / 8), I / 32]`` beside each weight; a
+    symmetric checkpoint stores none, and its fields carry none."""
+    asym = {k: a for k, (_, a) in bind(ckpt(written, "llmc_w4a16_asym")).fields().items()}
+    sym = {k: a for k, (_, a) in bind(ckpt(written, "llmc_w4a16")).fields().items()}
+    zeros = [k for k in asym if k.endswith("_weight_zero_point")]
+    assert zeros and not [k for k in sym if k.endswith("_weight_zero_point")]
+    for k in zeros:
+        field = asym[k.removesuffix("_weight_zero_point")]  # [.., O, I / 8] words
+        assert asym[k].dtype == np.int32
+        assert asym[k].shape[-2] == -(-field.shape[-2] // 8), k
+
+
+def test_an_int4_zero_point_a_column_rank_would_cut_inside_a_word_is_refused(
+    written: dict[str, Path],
+) -> None:
+    """A zero point packs 8 rows a word along O; a rank holding 4 of a linear's 8 rows would
+    hold half a word (vLLM's PackedvLLMParameter narrow reads past the stored rows there)."""
+    with pytest.raises(GeometryError) as e:
+        bind(ckpt(written, "llmc_w4a16_asym"), tp_size=2, tp_rank=1)
+    assert "b_proj: a rank holds 4 of O = 8, not whole 8-element units of weight_zero_point" in str(
+        e.value
+    )
