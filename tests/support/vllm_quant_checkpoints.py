@@ -21,7 +21,8 @@ padded rows); at tp 2 each rank holds one KV head, 80 of the 160 intermediate co
 ``written(recipes)`` returns each recipe's folder, written once per machine into
 ``<cache>/vllm_quant/<key>/`` (``quant_cache.cache_root``): the key hashes this file, the
 Python version and the versions of every library that can change the bytes; a recipe's folder
-appears only complete (written into ``.writing-*`` beside it, renamed into place).
+appears only complete (written into ``.writing-*`` beside it, renamed into place); one writer
+runs per core.
 Trap: the tools import torch and patch transformers, which must not leak into the test process:
 the writer always runs in a subprocess.
 """
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -83,25 +85,33 @@ def written(recipes: Iterable[str]) -> dict[str, Path]:
     folder = cache_root() / "vllm_quant" / key()
     folder.mkdir(parents=True, exist_ok=True)
     out = {r: folder / r for r in recipes}
-    for r, p in out.items():
-        if r not in RECIPES:
-            raise AssertionError(f"no recipe {r!r} (recipes: {', '.join(RECIPES)})")
-        if not p.is_dir():
-            _write(r, folder)
+    unknown = [r for r in out if r not in RECIPES]
+    if unknown:
+        raise AssertionError(f"no recipe {unknown[0]!r} (recipes: {', '.join(RECIPES)})")
+    todo = [r for r, p in out.items() if not p.is_dir()]
+    if todo:  # one writer per core, each on its share of the cores
+        jobs = max(1, min(len(todo), os.cpu_count() or 1))
+        threads = str(max(1, (os.cpu_count() or 1) // jobs))
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(lambda r: _write(r, folder, threads), todo))
     return out
 
 
-def _write(recipe: str, folder: Path) -> None:
+def _write(recipe: str, folder: Path, threads: str) -> None:
     """Write one recipe into staging, then rename it into place (a concurrent writer's
     complete copy wins)."""
     import patience
 
     staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=folder))
     try:
-        env = os.environ | {"CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"}
+        env = os.environ | {
+            "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": threads,
+        }  # fmt: skip
         p = patience.run(
             [sys.executable, __file__, recipe, str(staging / recipe)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cpu=1200, check=False,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+            cpu=1200 * int(threads), check=False,
         )  # fmt: skip
         if p.returncode != 0:
             raise AssertionError(f"{recipe} failed:\n{p.stdout.decode(errors='replace')[-3000:]}")
