@@ -85,9 +85,17 @@ def written(recipes: Iterable[str]) -> dict[str, Path]:
     folder = cache_root() / "vllm_quant" / key()
     folder.mkdir(parents=True, exist_ok=True)
     out = {r: folder / r for r in recipes}
-    unknown = [r for r in out if r not in RECIPES]
+    from vllm_rows import BY_MODEL
+
+    unknown = [
+        r for r in out
+        if r.partition("_")[0] not in (*FAMILIES, *BY_MODEL) or r.partition("_")[2] not in SCHEMES
+    ]  # fmt: skip
     if unknown:
-        raise AssertionError(f"no recipe {unknown[0]!r} (recipes: {', '.join(RECIPES)})")
+        raise AssertionError(
+            f"no recipe {unknown[0]!r}: <family>_<scheme>, a family of FAMILIES or of the vLLM "
+            f"proof rows, a scheme of {', '.join(SCHEMES)}"
+        )
     todo = [r for r, p in out.items() if not p.is_dir()]
     if todo:  # one writer per core, each on its share of the cores
         jobs = max(1, min(len(todo), os.cpu_count() or 1))
@@ -133,14 +141,25 @@ def content(path: Path) -> str:
     return h.hexdigest()
 
 
+def _classes(family: str) -> tuple[str, str, dict[str, Any]]:
+    """(model class, config class, config) of a family: ``FAMILIES`` at ``GEOMETRY``, else the
+    vLLM proof row's (tests/support/vllm_rows.py: its engine geometry)."""
+    if family in FAMILIES:
+        return (*FAMILIES[family], GEOMETRY)
+    from vllm_rows import BY_MODEL
+
+    row = BY_MODEL[family]
+    return row.hf_class, row.config_class, dict(row.config)
+
+
 def _model(family: str) -> Any:
     """The family's model by its own transformers classes, seeded, every constant tensor (a
     norm's ones) perturbed so that a swap shows, all BF16."""
     import torch
     import transformers
 
-    model_class, config_class = FAMILIES[family]
-    config = getattr(transformers, config_class)(**GEOMETRY)
+    model_class, config_class, geometry = _classes(family)
+    config = getattr(transformers, config_class)(**geometry)
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config)
     with torch.no_grad():
@@ -174,7 +193,8 @@ def write(recipe: str, out: Path) -> None:
     preset, calibrated = SCHEMES[scheme]
     model = _model(family)
     g = torch.Generator().manual_seed(123)
-    ids = torch.randint(1, GEOMETRY["vocab_size"], (2, 8), generator=g)
+    vocab = int(_classes(family)[2]["vocab_size"])
+    ids = torch.randint(1, vocab, (2, 8), generator=g)
     if scheme.startswith("modelopt_"):
         import copy
 
@@ -202,7 +222,7 @@ def write(recipe: str, out: Path) -> None:
         rows = {"input_ids": ids.tolist(), "attention_mask": [[1] * 8] * 2}
         oneshot(
             model=model, recipe=recipe_, dataset=datasets.Dataset.from_dict(rows),
-            processor=_tokenizer(GEOMETRY["vocab_size"]), num_calibration_samples=2,
+            processor=_tokenizer(vocab), num_calibration_samples=2,
             max_seq_length=8,
         )  # fmt: skip
     else:
@@ -212,4 +232,5 @@ def write(recipe: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))  # vllm_rows, for the row families
     write(sys.argv[1], Path(sys.argv[2]))

@@ -31,10 +31,29 @@ from typing import Any
 
 import pytest
 import vllm_venv
+import yaml
 
 pytestmark = pytest.mark.interop
 
-PROVEN = ("llama_fp8_dynamic", "llama_w8a8", "qwen3_fp8_dynamic", "qwen3_w8a8")
+SCHEMES = vllm_venv.REPO / "specs" / "engines" / "vllm" / "schemes"
+# each served scheme -> the writer's recipe part (tests/support/vllm_quant_checkpoints.py)
+WRITERS = {
+    "fp8-channel-compressed-tensors": "fp8_dynamic",
+    "int8-channel-compressed-tensors": "w8a8",
+}
+
+
+def _proven() -> tuple[str, ...]:
+    """``<model>_<recipe part>`` for each model each served scheme layout's proof names."""
+    out = []
+    for p in sorted(SCHEMES.glob("*.yaml")):
+        proof = yaml.safe_load(p.read_text()).get("proof")
+        if proof is not None:
+            out += [f"{m}_{WRITERS[p.stem]}" for m in proof["models"]]
+    return tuple(out)
+
+
+PROVEN = _proven()
 CASES = [pytest.param(r, tp, id=f"{r}-tp{tp}") for r in PROVEN for tp in (1, 2)]
 UNLOADABLE = {  # recipe -> its scheme
     "qwen3_fp8": "fp8-tensor-compressed-tensors",
@@ -54,8 +73,19 @@ def _key(ckpt: Path, tp: int, kind: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def _selected(items: list[pytest.Item]) -> set[tuple[str, int]]:
+    """The (recipe, tp) the session's selected tests of this file read: ``-k gemma`` writes and
+    proves Gemma's checkpoints alone."""
+    want = set()
+    for item in items:
+        params = getattr(item, "callspec", None)
+        if item.path == Path(__file__) and params is not None and "recipe" in params.params:
+            want.add((params.params["recipe"], params.params.get("tp", 1)))
+    return want
+
+
 @pytest.fixture(scope="module")
-def ckpts() -> dict[str, Path]:
+def ckpts(request: pytest.FixtureRequest) -> dict[str, Path]:
     why = vllm_venv.why_missing()
     if why is not None:
         pytest.skip(why)
@@ -63,15 +93,18 @@ def ckpts() -> dict[str, Path]:
         pytest.skip("llm-compressor is not installed (it writes the checkpoints)")
     import vllm_quant_checkpoints
 
-    return vllm_quant_checkpoints.written((*PROVEN, *UNLOADABLE))
+    return vllm_quant_checkpoints.written(sorted({r for r, _ in _selected(request.session.items)}))
 
 
 @pytest.fixture(scope="module")
-def proofs(ckpts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Results:
+def proofs(
+    request: pytest.FixtureRequest, ckpts: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Results:  # fmt: skip
     import vllm_cache
     import vllm_proofs
 
-    jobs = [(r, tp) for r in PROVEN for tp in (1, 2)] + [(r, 1) for r in UNLOADABLE]
+    jobs = sorted(_selected(request.session.items))
     keys = {j: _key(ckpts[j[0]], j[1], vllm_cache.RESULTS) for j in jobs}
     report = vllm_proofs.Report(what="vLLM quantized proofs")
     out: Results = {}
@@ -131,23 +164,23 @@ def test_every_vllm_parameter_and_buffer_of_a_quantized_checkpoint_after_post_pr
 def test_the_quantized_proofs_compare_each_linears_packed_weight_and_f32_channel_scale(
     proofs: Results, recipe: str, tp: int
 ) -> None:
+    """Every linear vLLM holds in the scheme's codes has its F32 channel scale beside it, and
+    every family's checkpoint holds some (the names are the family's own: qkv_proj,
+    query_key_value, c_fc, ...)."""
     (rank0, *_) = _ranks(proofs[(recipe, tp)]["auto"], recipe, "loaded")
     code = "torch.float8_e4m3fn" if "fp8" in recipe else "torch.int8"
-    linears = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
-    for layer in (0, 1):
-        for lin in linears:
-            stem = f"model.layers.{layer}.{lin}"
-            assert rank0[f"{stem}.weight"][1] == code, (stem, rank0[f"{stem}.weight"])
-            shape, dtype, _ = rank0[f"{stem}.weight_scale"]
-            assert dtype == "torch.float32" and shape[1] == 1, (stem, shape, dtype)
+    packed = {n.removesuffix(".weight") for n, (_, d, _) in rank0.items() if d == code}
+    scales = {n.removesuffix(".weight_scale"): v for n, v in rank0.items()
+              if n.endswith(".weight_scale")}  # fmt: skip
+    assert len(packed) >= 8 and packed == set(scales), sorted(packed ^ set(scales))[:4]
+    for stem, (shape, dtype, _) in scales.items():
+        assert dtype == "torch.float32" and len(shape) == 2 and shape[1] == 1, (stem, shape)
 
 
 @pytest.mark.parametrize("recipe", sorted(UNLOADABLE))
 def test_a_scheme_vllm_cannot_load_is_refused_by_both_loaders_with_the_reason_quoted(
     proofs: Results, recipe: str
 ) -> None:
-    import yaml
-
     result = proofs[(recipe, 1)]
     scheme = UNLOADABLE[recipe]
     path = vllm_venv.REPO / "specs" / "engines" / "vllm" / "schemes" / f"{scheme}.yaml"
@@ -160,36 +193,38 @@ def test_a_scheme_vllm_cannot_load_is_refused_by_both_loaders_with_the_reason_qu
     assert scheme in ours and "cannot load" in ours, ours
 
 
-def test_the_scheme_layouts_proof_is_this_file_at_the_proven_models_and_tps() -> None:
-    """Each served scheme layout of vLLM names this file, the families and tps proven here."""
-    import yaml
-
-    proven = {r.partition("_")[0] for r in PROVEN}
-    folder = vllm_venv.REPO / "specs" / "engines" / "vllm" / "schemes"
+def test_the_scheme_layouts_proof_is_this_file_at_tp_1_and_2_with_a_writer_per_scheme() -> None:
+    """Each served scheme layout of vLLM names this file and tps 1 and 2, and the writer has a
+    recipe for it; the cases are its proof's models (``_proven``)."""
     served = {}
-    for p in sorted(folder.glob("*.yaml")):
+    for p in sorted(SCHEMES.glob("*.yaml")):
         proof = yaml.safe_load(p.read_text()).get("proof")
         if proof is not None:
             served[p.stem] = proof
-    assert set(served) == {"fp8-channel-compressed-tensors", "int8-channel-compressed-tensors"}
+    assert set(served) == set(WRITERS)
     for name, proof in served.items():
         assert proof["test"] == "tests/vllm/test_vllm_quant_proofs.py", name
-        assert set(proof["models"]) == proven and set(proof["tp"]) == {1, 2}, name
+        assert set(proof["tp"]) == {1, 2}, name
+        assert {"llama", "qwen3"} <= set(proof["models"]), name
 
 
 @pytest.fixture(scope="module")
-def tokens(ckpts: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Results:
+def tokens(
+    request: pytest.FixtureRequest, ckpts: dict[str, Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Results:  # fmt: skip
     import vllm_cache
     import vllm_tokens
     import vllm_workers
 
-    keys = {r: _key(ckpts[r], 1, KIND_TOKENS) for r in TOKENS}
+    chosen = [r for r in TOKENS if (r, 1) in _selected(request.session.items)]
+    keys = {r: _key(ckpts[r], 1, KIND_TOKENS) for r in chosen}
     out: Results = {}
     for r, k in keys.items():
         hit = vllm_cache.load(k)
         if hit is not None:
             out[(r, 1)] = hit
-    todo = [r for r in TOKENS if (r, 1) not in out]
+    todo = [r for r in chosen if (r, 1) not in out]
     if todo:
         tmp = tmp_path_factory.mktemp("vllm-quant-tokens")
         specs = []
