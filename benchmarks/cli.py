@@ -1,6 +1,6 @@
 """The lab's command line, ``python -m benchmarks`` from a clone: every row of the benchmark
 suite (the full-geometry slice beside the hand-written baselines, the whole-process rows,
-``--limits``, ``--quant``, ``--reload``, ``--scale``, ``--fixed-cost``, ``--ranks``,
+``--limits``, ``--quant``, ``--dequant``, ``--reload``, ``--scale``, ``--fixed-cost``, ``--ranks``,
 ``--loaders``). The installed ``specbind bench`` keeps only the measurement a user runs on a
 checkpoint of their own (``specbind/bench.py``).
 
@@ -34,6 +34,12 @@ def run(a: argparse.Namespace) -> int:
             a.repeat, bench.cache_dir(a.cache), _sets(a.set),
         )  # fmt: skip
         print(_json(qr) if a.json else bench_quant.render(qr))
+        return 0
+    if a.dequant:
+        from benchmarks import dequant as bench_dequant
+
+        dq = bench_dequant.run(a.repeat)
+        print(_json(dq) if a.json else bench_dequant.render(dq))
         return 0
     if a.reload:
         from benchmarks import reload as bench_reload
@@ -173,6 +179,11 @@ def parser() -> argparse.ArgumentParser:
     )
     be.add_argument(
         "--ep-size", type=int, action="append", help="with --quant: ep sizes (default 8)"
+    )
+    be.add_argument(
+        "--dequant",
+        action="store_true",
+        help="instead: the exact BF16 dequant of one 4096 x 4096 linear per layout, one core",
     )
     return be
 

@@ -431,8 +431,6 @@ def companion_fields(
         for c in lq.companions:
             if c.role == "weight":
                 continue
-            if c.role == "shape":
-                _check_shapes(layer, f, srcs, c, t, plan, lq)
             arr = _join(f, [lq.name(s, c) for s in srcs], not c.scalar, t, plan, ops)
             key = f"{fname}_{c.suffix}"
             out.arrays[key] = arr
@@ -449,29 +447,6 @@ def companion_fields(
             out.arrays[key] = _join(f, list(srcs), True, deq, plan, ops)
             out.rules[key] = replace(f, kind="transform", dtype="BF16")
     return out
-
-
-def _check_shapes(
-    layer: int, f: FieldRule, srcs: Sequence[str], c: CompanionRule, t: Mapping[str, Array],
-    plan: BlockPlan, lq: LayerQuant,
-) -> None:  # fmt: skip
-    """A stored shape companion (compressed-tensors' ``weight_shape``) is the linear's own
-    ``[O, I]``: the packed weight's ``[O, I / pf]`` times its packing; refused otherwise."""
-    for s in srcs:
-        names = [s]
-        if f.family is not None:
-            assert plan.members is not None
-            names = [fill(s, i) for i in plan.members[f.family]]
-        for n in names:
-            o, words = plan.tensors[n].full_shape[:2]
-            got = [int(x) for x in t[lq.name(n, c)].reshape(-1)]
-            if got != [o, words * lq.scheme.per_byte]:
-                raise BindError(
-                    f"{at(layer)}: {lq.name(n, c)} is {got}, but its packed weight is "
-                    f"{o} x {words} words of {lq.scheme.per_byte}: the linear is "
-                    f"[{o}, {words * lq.scheme.per_byte}] — refused: the checkpoint "
-                    "contradicts itself"
-                )
 
 
 def _as_stored(

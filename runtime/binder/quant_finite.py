@@ -159,6 +159,8 @@ class _Linear:
         )
 
     def check(self) -> None:
+        if "shape" in self.arrays:
+            self._shape()
         for role in ("global_scale", "input_scale"):
             if role in self.arrays:
                 self._floats(role)
@@ -173,6 +175,20 @@ class _Linear:
             self._int_group()
         else:
             self._fp8_block()
+
+    def _shape(self) -> None:
+        """A stored shape companion (compressed-tensors' ``weight_shape``) is the linear's own
+        ``[O, I]``: its packed weight's ``[O, I / pf]`` words times the packing."""
+        words = self.plan.tensors[self.named["weight"]].full_shape
+        per = self.lq.scheme.per_byte
+        want = [int(words[-2]), int(words[-1]) * per]
+        got = [int(x) for x in self.arrays["shape"].reshape(-1)]
+        if got != want:
+            self.fail(
+                f"{self.shown['shape']} is {got}, but {self.shown['weight']} is {words[-2]} x "
+                f"{words[-1]} words of {per} codes: the linear is {want}; the checkpoint "
+                "contradicts itself"
+            )
 
     def _floats(self, role: str) -> Array:
         """A float scale's F32 values; its first NaN or Inf is refused by index and bits."""
@@ -254,11 +270,22 @@ class _Linear:
         """Integer codes in groups: a code difference is at most ``2^bits - 1``, so only rows
         with a scale past BF16's largest over that can overflow; those rows are dequantized
         by the formula and the first non-finite value refused."""
-        s = self._floats("block_scale")  # [O, groups]
         bits = self.lq.scheme.dequant.bits
-        rows = np.flatnonzero((np.abs(s) > SAFE / (1 << bits)).any(axis=-1))
+        limit = np.float32(SAFE / (1 << bits))
+        a = self.arrays["block_scale"]  # [O, groups]
+        if a.dtype == BF16:  # on the bits, with no F32 copy: |s| > limit <=> its magnitude
+            mag = a.view(np.uint16) & 0x7FFF  # bits exceed those of limit cut to BF16
+            cut = int(np.array(limit, F32).view(np.uint32)) >> 16
+            if int(mag.max(initial=0)) <= cut:  # one pass: no NaN, no Inf, no suspect row
+                return
+            if bool((mag >= 0x7F80).any()):  # a NaN or Inf: refused, by index, below
+                self._floats("block_scale")
+            rows = np.flatnonzero((mag > cut).any(axis=-1))
+        else:
+            rows = np.flatnonzero((np.abs(self._floats("block_scale")) > limit).any(axis=-1))
         if not rows.size:
             return
+        s = self._floats("block_scale")
         w, z = self.arrays["weight"], self.arrays.get("zero_point")
         zc = None if z is None else np.swapaxes(unpack_words(np.swapaxes(z, 0, 1), bits), 0, 1)
         for r in (int(x) for x in rows):

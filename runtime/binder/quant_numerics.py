@@ -345,25 +345,57 @@ def dequant_int_group(
     zs = None if zero is None else tuple(zero.shape)
     lead, rows, cols, g = int_group_geometry(packed.shape, scale.shape, zs, bits, what)
     n = math.prod(lead)
-    p3 = packed.reshape(n, rows, -1)  # [..., O, I/pf] -> [B, O, I/pf]
-    s3 = scale.reshape(n, rows, -1)  # [B, O, I/g]
-    z3: Array | None = None
+    ng = cols // g
+    by = np.ascontiguousarray(packed, dtype=I32).view(U8).reshape(n, rows, -1)  # LE bytes
+    sf = scale.astype(F32).reshape(n, rows, ng, 1)  # exact widening, [B, O, I/g, 1]
+    mid = 1 << (bits - 1)
+    zf: Array | None = None
     if zero is not None:  # [B, ceil(O/pf), I/g] words along O -> [B, O, I/g] codes
-        zw = np.swapaxes(zero.reshape(n, -1, s3.shape[2]), 1, 2)  # [B, I/g, ceil(O/pf)]
-        z3 = np.swapaxes(unpack_words(zw, bits), 1, 2)[:, :rows]
+        zw = np.swapaxes(zero.reshape(n, -1, ng), 1, 2)  # [B, I/g, ceil(O/pf)]
+        zc = np.swapaxes(unpack_words(zw, bits), 1, 2)[:, :rows]
+        zf = (zc.astype(F32) - mid).reshape(n, rows, ng, 1)  # the table's codes are less mid
     out = np.empty((n, rows, cols), dtype=BF16)
-    mid = np.float32(1 << (bits - 1))
+    bits16 = out.view(np.uint16)
+    fast = bool(np.isfinite(sf).all())  # finite scales: the products are never NaN
+    table = CODE_PAIRS if bits == 4 else CODE_BYTES
 
     def work(span: tuple[int, int, int]) -> None:  # (matrix, first row, end row)
         b, r0, r1 = span
-        codes = unpack_words(p3[b, r0:r1], bits).astype(F32)  # [r, I]
-        z = mid if z3 is None else np.repeat(z3[b, r0:r1].astype(F32), g, axis=1)
-        s = np.repeat(s3[b, r0:r1].astype(F32), g, axis=1)  # [r, I/g] -> [r, I]
-        with np.errstate(all="ignore"):
-            out[b, r0:r1] = (codes - z) * s  # exact difference, one F32 rounding, then RNE
+        v = np.take(table, by[b, r0:r1], axis=0).reshape(r1 - r0, ng, g)  # code - mid, F32
+        if zf is not None:
+            v -= zf[b, r0:r1]  # (code - mid) - (zero - mid): exact
+        v *= sf[b, r0:r1]  # one F32 rounding
+        if fast:
+            bits16[b, r0:r1] = bf16_bits(v.reshape(r1 - r0, cols))
+        else:  # a NaN or Inf scale: ml_dtypes' rounding keeps every NaN a NaN
+            with np.errstate(all="ignore"):
+                out[b, r0:r1] = v.reshape(r1 - r0, cols)
 
-    _each([(b, r0, r1) for b in range(n) for r0, r1 in _row_spans(rows, cols)], work, workers)
+    spans = [(b, r0, min(r0 + INT_ROWS, rows)) for b in range(n) for r0 in range(0, rows, INT_ROWS)]
+    _each(spans, work, workers)
     return out.reshape(*lead, rows, cols)
+
+
+# Each byte's codes less the midpoint 2^(bits-1), as F32: a 4-bit byte's two codes (low nibble
+# first), an 8-bit byte's one. One ``np.take`` per row block unpacks and widens at once.
+_B = np.arange(256)
+CODE_PAIRS = (np.stack([_B & 15, _B >> 4], axis=-1) - 8).astype(F32)  # [256, 2]
+CODE_BYTES = (_B - 128).astype(F32)[:, None]  # [256, 1]
+INT_ROWS = 32  # rows per block: ~0.5 MiB of F32 at I = 4096, held in cache between the passes
+
+
+def bf16_bits(v: Array) -> Array:
+    """F32 -> BF16 bits, round to nearest even, in place in ``v``'s memory (``v`` is
+    consumed): bit for bit ml_dtypes' conversion for every finite value and ±Inf (overflow goes
+    to Inf); NOT for NaN (a payload's carry may reach the sign), which callers rule out.
+    Hand-written because ml_dtypes' cast is a third of the int4 dequant's time."""
+    u = v.view(np.uint32)
+    t = u >> 16
+    t &= 1
+    t += 0x7FFF
+    u += t
+    u >>= 16
+    return u
 
 
 SCALE_DTYPES = (F32, BF16, np.dtype(np.float16))

@@ -415,3 +415,35 @@ def test_compressed_tensors_targets_match_the_module_not_its_packed_weight_name(
     want = bind(src).fields()
     assert got.keys() == want.keys()
     assert any(rule.dtype == "U8" for rule, _ in got.values()), "packed fields stay packed"
+
+
+def test_a_stored_weight_shape_that_contradicts_its_packed_weight_is_refused_naming_it(
+    ckpts: dict[str, Path], tmp_path: Path
+) -> None:
+    """compressed-tensors stores each packed linear's own [O, I] beside it; a shape other
+    than the packed words' is refused, on every rank, before a field is made from it."""
+    src = ckpts["int-group-compressed-tensors"]
+    names = CheckpointDir(src).names()
+    n = next(x for x in names if x.endswith("q_proj.weight_shape"))
+    good = tensors(src)[n]
+    bad = edited(src, tmp_path / "c", {n: np.array([good[0], good[1] + 8], dtype=np.int64)})
+    for tp, rank in ((1, 0), (2, 1)):
+        msg = refused(bad, tp_size=tp, tp_rank=rank)
+        assert f"q_proj.weight_shape is [{good[0]}, {good[1] + 8}]" in msg
+        assert f"the linear is [{good[0]}, {good[1]}]" in msg
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [(float("nan"), "a non-finite BF16 scale"), (3e38, "overflows BF16")],
+)
+def test_an_int_group_scale_that_makes_the_dequant_non_finite_is_refused_naming_it(
+    ckpts: dict[str, Path], tmp_path: Path, value: float, said: str
+) -> None:
+    src = ckpts["int-group-compressed-tensors"]
+    n = next(x for x in CheckpointDir(src).names() if x.endswith("o_proj.weight_scale"))
+    scale = tensors(src)[n].copy()
+    scale[3, 1] = value
+    msg = refused(edited(src, tmp_path / "c", {n: scale}))
+    assert "o_proj.weight_scale" in msg and said in msg
+    assert "[3, 1]" in msg or "element [3, 1]" in msg or "row 3" in msg

@@ -235,3 +235,59 @@ def test_bad_quantized_input_is_refused_in_one_line_naming_it(call: Any, says: s
         call()
     assert says in str(e.value) and "\n" not in str(e.value)
     assert "dequant" in str(e.value) or "swizzle" in str(e.value)
+
+
+def int_group_by_element(packed: Any, scale: Any, zero: Any, bits: int) -> Any:
+    """The integer-group formula element by element from the words' bits: code k of a word in
+    bits k·bits up, the zero packed the same way down the rows (2^(bits-1) when absent)."""
+    rows, words = packed.shape
+    pf, mask = 32 // bits, (1 << bits) - 1
+    cols = words * pf
+    g = cols // scale.shape[1]
+    out = np.empty((rows, cols), dtype=BF16)
+    for r in range(rows):
+        for c in range(cols):
+            code = (int(packed[r, c // pf]) >> ((c % pf) * bits)) & mask
+            z = 1 << (bits - 1)
+            if zero is not None:
+                z = (int(zero[r // pf, c // g]) >> ((r % pf) * bits)) & mask
+            with np.errstate(all="ignore"):
+                out[r, c] = np.float32(code - z) * np.float32(scale[r, c // g])
+    return out
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("zero", [False, True])
+@pytest.mark.parametrize("special", [False, True])
+def test_int_group_dequant_follows_the_formula_element_by_element(
+    bits: int, zero: bool, special: bool
+) -> None:
+    """Every code of random words, under scales that include (``special``) NaN, ±Inf, zero,
+    a subnormal and values whose products overflow or round to a tie."""
+    rng = np.random.default_rng(bits + 2 * zero + 4 * special)
+    packed = rng.integers(-(2**31), 2**31, (11, 3), dtype=np.int64).astype(np.int32)
+    cols = 3 * (32 // bits)
+    scale = rng.uniform(-3, 3, (11, cols // 4)).astype(F32)
+    if special:
+        scale.reshape(-1)[:7] = [np.nan, np.inf, -np.inf, 0.0, 1e-45, 3e38, 1.0 + 2.0**-9]
+        scale.reshape(-1)[7] = np.uint32(0x7FFFFFFF).view(F32)  # a NaN whose rounding carries
+    z = rng.integers(-(2**31), 2**31, (-(-11 // (32 // bits)), cols // 4), dtype=np.int64)
+    zw = z.astype(np.int32) if zero else None
+    got = qn.dequant_int_group(packed, scale, zw, bits=bits)
+    want = int_group_by_element(packed, scale, zw, bits)
+    g, w = got.view(U16), want.view(U16)
+    nan = (w & 0x7FFF) > 0x7F80
+    assert np.array_equal((g & 0x7FFF) > 0x7F80, nan)
+    assert np.array_equal(g[~nan], w[~nan])
+
+
+def test_the_hand_written_bf16_rounding_equals_ml_dtypes_for_every_non_nan_f32() -> None:
+    """``bf16_bits`` on F32 bit patterns spread over every exponent, the ties, ±0, ±Inf and
+    the largest finite values (NaN is ruled out by its callers)."""
+    rng = np.random.default_rng(5)
+    u = rng.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+    u[:8] = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0x7F7F8000, 0x3F808000, 1]
+    u = u[(u & 0x7FFFFFFF) <= 0x7F800000]
+    f = u.view(F32)
+    want = f.astype(BF16).view(U16)
+    assert np.array_equal(qn.bf16_bits(f.copy()).astype(U16), want)
