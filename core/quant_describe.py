@@ -39,7 +39,9 @@ def describe(doc: Any) -> str:
     if isinstance(doc.get("quantization"), Mapping) and "quant_method" not in doc:
         doc = {"quant_method": "modelopt", **doc["quantization"]}  # hf_quant_config.json
     method = doc.get("quant_method")
-    if method == "compressed-tensors" or "config_groups" in doc:
+    if method == "modelopt" or (method is None and "quant_algo" in doc):
+        return f"modelopt, quant_algo {text(doc.get('quant_algo'))}"
+    if method == "compressed-tensors" or (method is None and "config_groups" in doc):
         return _compressed_tensors(doc)
     if method == "fp8":
         block = doc.get("weight_block_size")
@@ -60,8 +62,6 @@ def describe(doc: Any) -> str:
             f"{text(doc.get('group_size', doc.get('q_group_size')))} zero_point "
             f"{text(doc.get('zero_point'))}, version {text(doc.get('version'))}"
         )
-    if method == "modelopt" or "quant_algo" in doc:
-        return f"modelopt, quant_algo {text(doc.get('quant_algo'))}"
     if method == "bitsandbytes":
         bits = "4-bit" if doc.get("load_in_4bit") else "8-bit" if doc.get("load_in_8bit") else ""
         kind = doc.get("bnb_4bit_quant_type") if doc.get("load_in_4bit") else None

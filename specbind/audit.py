@@ -34,6 +34,7 @@ from typing import Any
 from specbind.core.dtypes import QUANT_DTYPES
 from specbind.core.errors import CheckpointError, SpecbindError, UsageError
 from specbind.core.ir import TensorRule
+from specbind.core.quant_describe import describe
 from specbind.core.units import GIB, size
 from specbind.runtime.bind.preamble import NamedView, geometry_of
 from specbind.runtime.binder.checks import census, family_matcher
@@ -45,7 +46,7 @@ from specbind.runtime.io.source import RawTensor, TensorSource
 from specbind.runtime.layout.config import values_from_config
 from specbind.runtime.layout.slots import SlotFill, global_full, layout
 from specbind.runtime.quant.layers import layer_quant
-from specbind.runtime.quant.scheme import detect, packed_names
+from specbind.runtime.quant.scheme import QuantConfig, announced, detect, packed_names
 from specbind.summary import fold, spans
 from specbind.version import __version__
 
@@ -331,9 +332,7 @@ def audit(
         "layers": layers,
         "kinds": kinds,
         "problems": problems,
-        "quantization": None
-        if qconf is None
-        else {"scheme": qconf.scheme.name, "weight_only": qconf.weight_only},
+        "quantization": None if qconf is None else _quantization(ckpt, qconf),
         "identical_bytes": _identical(probe, hashable + list(lay.globals.values()), progress)
         if identical
         else [],
@@ -485,7 +484,8 @@ def render_text(rep: dict[str, Any], verbose: bool = False) -> str:
     q = rep.get("quantization")
     if q is not None:
         only = " (weights only)" if q["weight_only"] else ""
-        lines.append(f"quantization: {q['scheme']}{only}, read from the checkpoint's config")
+        said = f" ({q['variant']})" if q.get("variant") else ""
+        lines.append(f"quantization: {q['scheme']}{only}{said}, read from {q['source']}")
     lines.append(f"quantization artifacts: {rep['quantization_artifacts']}")
     if rep["unindexed_files"]:
         lines.append(f"not read (no index entry names them): {rep['unindexed_files']}")
@@ -512,3 +512,14 @@ def _notes(s: dict[str, Any]) -> str:
     if s["quantization_artifacts"]:
         notes.append(f"quantized {s['quantization_artifacts']}")
     return "; ".join(notes)
+
+
+def _quantization(ckpt: CheckpointDir, q: QuantConfig) -> dict[str, Any]:
+    """The scheme, and the variant in words as the config says it (bits, group size,
+    symmetry, act-order, inputs; ``core.quant_describe``), with the file it was read from."""
+    said = announced(ckpt)
+    out: dict[str, Any] = {"scheme": q.scheme.name, "weight_only": q.weight_only}
+    out |= {"variant": describe(said[1]) if said else "", "source": said[0] if said else ""}
+    out |= {"params": dict(q.scheme.values), "symmetric": q.scheme.sym} if q.scheme.values else {}
+    out["source"] = out["source"] or q.scheme.detect.file
+    return out

@@ -312,3 +312,23 @@ def test_an_int4_zero_point_a_column_rank_would_cut_inside_a_word_is_refused(
     assert "b_proj: a rank holds 4 of O = 8, not whole 8-element units of weight_zero_point" in str(
         e.value
     )
+
+
+@pytest.mark.parametrize(
+    ("recipe", "said"),
+    [
+        ("llmc_w4a16", "4-bit int group 32 symmetric weights, no input quantization"),
+        ("llmc_w4a16_asym", "4-bit int group 32 asymmetric weights"),
+        ("llmc_fp8_dynamic", "8-bit float channel symmetric weights, dynamic 8-bit float token"),
+        ("mo_fp8", "modelopt, quant_algo FP8"),
+    ],
+)
+def test_audit_names_the_scheme_and_the_variant_the_config_declares(
+    written: dict[str, Path], recipe: str, said: str
+) -> None:
+    rep = audit(CheckpointDir(ckpt(written, recipe)), TABLE, progress=False)
+    q = rep["quantization"]
+    assert said in q["variant"], q
+    if recipe in INT4:
+        assert q["params"] == {"G": 32}
+        assert q["symmetric"] == (recipe != "llmc_w4a16_asym")
