@@ -69,7 +69,7 @@ def test_each_plot_marks_the_median_and_min_of_every_row_of_its_table() -> None:
 
 def test_every_question_of_benchmarks_md_has_a_plot() -> None:
     sections = re.split(r"^## ", TEXT, flags=re.MULTILINE)[1:]
-    assert len(sections) == 3
+    assert len(sections) == 4
     for section in sections:
         assert "<!-- plot: " in section, section.splitlines()[0]
         assert section.splitlines()[0].endswith("?"), section.splitlines()[0]
