@@ -159,10 +159,10 @@ def companion_params(
 
 def _unlaid(layout: Any, block: str, field: str, rule: Any, param: str) -> str:
     """Why the engine's parameter of quantized ``field`` has no companion layout, or ""."""
+    if rule.family is not None:
+        return f"stacks it as experts ({param!r})"
     if not param.endswith(".weight"):
         return f"names it {param!r}, not <module>.weight"
-    if rule.family is not None:
-        return "stacks it as experts"
     if field in layout.padding.get(block, {}):
         return "pads or splits it whole"
     if field in layout.values.get(block, {}):

@@ -221,3 +221,36 @@ def test_the_parameters_vllm_makes_itself_are_never_donated_to_the_bind(
     left = made_by_engine("vllm", ckpts["qwen3_w8a8"], params)
     given = {int(a.ctypes.data) for a in donors(params, keep=left)}
     assert given == {params["model.layers.0.self_attn.qkv_proj.weight_scale"].data_ptr()}
+
+
+def test_quantized_stacked_experts_are_refused_for_vllm_naming_the_field(tmp_path: Path) -> None:
+    """specbind's own synth writes the Qwen3-MoE checkpoint (llm-compressor 0.14 cannot write a
+    MoE family here); made weight-only, as FP8_DYNAMIC is, by dropping its static input scales."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")  # safetensors.torch
+    from safetensors.torch import load_file, save_file
+
+    out = tmp_path / "moe"
+    subprocess.run(
+        [sys.executable, "-m", "specbind", "synth", str(out), "--model", "qwen3-moe",
+         "--quant", "fp8-channel-compressed-tensors", "--tiny"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    for f in sorted(out.glob("*.safetensors")):
+        kept = {n: t for n, t in load_file(f).items() if not n.endswith(".input_scale")}
+        save_file(kept, f, metadata={"format": "pt"})
+    index["weight_map"] = {n: f for n, f in index["weight_map"].items()
+                           if not n.endswith(".input_scale")}  # fmt: skip
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    config = json.loads((out / "config.json").read_text())
+    for group in config["quantization_config"]["config_groups"].values():
+        group["input_activations"] = None
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BindError) as e:
+        bind_for_engine(out, "vllm")
+    msg = str(e.value)
+    assert "moe.w13 is stored as fp8-channel-compressed-tensors" in msg, msg
+    assert "stacks it as experts" in msg and "\n" not in msg, msg
