@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "998109d5cda5d6d4620fd2410cb15bbf93fdfda921ec139f1a558c8ccd70b8f3"
+SPECS_SHA256 = "c3117dbfa43dcad28683d66e645077059ce145a0fa8c4dc7271fbd8e020b7aae"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

@@ -712,6 +712,7 @@ class SchemeLayout:
     proof_models: tuple[str, ...] = ()
     unavailable: str | None = None  # the engine's own measured error line
     made_by_engine: tuple[str, ...] = ()  # parameter name endings the engine fills itself
+    last: tuple[str, ...] = ()  # companions a fused linear holds of its last partner alone
 
 
 _WIDENS = {"BF16", "F16"}  # stored float dtypes a ``dtype: F32`` widens exactly
@@ -780,6 +781,7 @@ def parse_scheme_layout(
         engine, scheme.name, doc.file, dtypes, {k: " ".join(v.split()) for k, v in refused.items()},
         proof["test"], tuple(proof["tp"]), tuple(proof["models"]), None,
         tuple((d.get("made_by_engine") or {}).get("params") or ()),
+        tuple(k for k, e in held.items() if e.get("fused") == "last"),
     )  # fmt: skip
 
 

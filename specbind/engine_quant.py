@@ -17,7 +17,9 @@ Invariants:
 - a tp the scheme layout's proof does not cover is refused; a model it does not prove binds
   with a warning (as an unproven engine layout does);
 - a companion is widened only where its scheme layout says the engine's parameter is wider
-  (``dtype: F32`` over a BF16 or F16 companion: exact, what the engine's ``copy_`` does);
+  (``dtype: F32`` over a BF16 or F16 companion: exact, what the engine's ``copy_`` does), and
+  a fused linear holds one partner's only where it says ``fused: last`` (vLLM's
+  ``weight_shape``: each partner's load overwrites the whole parameter);
 - a quantized field the engine would pad, split whole, compute on, or stack as experts has no
   companion layout here: refused naming the field, never bound half-quantized.
 """
@@ -41,6 +43,7 @@ class EngineScheme:
     scheme: Any  # the SchemeRule
     companions: tuple[Any, ...]  # the CompanionRules this checkpoint stores, weight first
     dtypes: dict[str, str]  # suffix -> the engine's dtype where wider than stored
+    last: frozenset[str] = frozenset()  # suffixes a fused linear holds of its last partner
 
     def engine_names(self, param: str) -> dict[str, str]:
         """Companion suffix -> the engine's parameter name, for a quantized linear whose
@@ -89,7 +92,7 @@ def engine_scheme(engine: str, layout: Any, raw: Any, tp_size: int | None) -> En
         )  # fmt: skip
     weight = qconf.scheme.weight
     ordered = (weight, *(c for c in companions if c is not weight))
-    return EngineScheme(qconf.scheme, ordered, dict(entry["dtypes"]))
+    return EngineScheme(qconf.scheme, ordered, dict(entry["dtypes"]), frozenset(entry["last"]))
 
 
 def made_by_engine(engine: str, path: Any, names: Any) -> frozenset[str]:
@@ -175,9 +178,15 @@ def _unlaid(layout: Any, block: str, field: str, rule: Any, param: str) -> str:
 def engine_companion(
     quant: EngineScheme, suffix: str, dtype: str, arr: Any, name: str
 ) -> tuple[str, Any]:
-    """A companion as the engine holds it: widened where the scheme layout says so."""
+    """A companion as the engine holds it: a fused linear's last partner's alone where the
+    scheme layout says so (the bind joins one per partner: ``[parts, ...]``), widened where it
+    says so."""
     from specbind.engine_ops import apply_values
 
+    if suffix in quant.last:
+        c = next(c for c in quant.companions if c.suffix == suffix)
+        if arr.ndim > len(c.dims):  # joined one per partner: the last one loaded stays
+            arr = arr[-1]
     want = quant.dtypes.get(suffix)
     if want is None or want == dtype:
         return dtype, arr

@@ -140,6 +140,7 @@ UNAVAILABLE: dict[tuple[str, str], str] = {
 # (engine, quantization scheme) -> how the engine holds its companions (schemes/<scheme>.yaml):
 # "dtypes": suffix -> the engine's wider dtype; "refused": suffix -> why it is not served;
 # "made": parameter name endings the engine makes and fills from no tensor (left as made);
+# "last": companions a fused linear holds of its last partner alone;
 # "test", "tp", "models": the proof
 SCHEMES: dict[tuple[str, str], dict[str, Any]] = {
     ("vllm", "fp8-channel-compressed-tensors"): {
@@ -155,6 +156,7 @@ SCHEMES: dict[tuple[str, str], dict[str, Any]] = {
             "attn.k_zero_point",
             "attn.v_zero_point",
         ),
+        "last": (),
         "test": "tests/vllm/test_vllm_quant_proofs.py",
         "tp": (1, 2),
         "models": (
@@ -186,6 +188,22 @@ SCHEMES: dict[tuple[str, str], dict[str, Any]] = {
             "gpt-neox",
         ),
     },
+    ("vllm", "int-group-compressed-tensors"): {
+        "dtypes": {},
+        "refused": {},
+        "made": (
+            "attn.q_scale",
+            "attn.k_scale",
+            "attn.v_scale",
+            "attn.q_zero_point",
+            "attn.k_zero_point",
+            "attn.v_zero_point",
+        ),
+        "last": ("weight_shape",),
+        "test": "tests/vllm/test_vllm_quant_proofs.py",
+        "tp": (1, 2),
+        "models": ("llama", "qwen3"),
+    },
     ("vllm", "int8-channel-compressed-tensors"): {
         "dtypes": {"weight_scale": "F32"},
         "refused": {},
@@ -197,6 +215,7 @@ SCHEMES: dict[tuple[str, str], dict[str, Any]] = {
             "attn.k_zero_point",
             "attn.v_zero_point",
         ),
+        "last": (),
         "test": "tests/vllm/test_vllm_quant_proofs.py",
         "tp": (1, 2),
         "models": ("llama", "qwen3"),

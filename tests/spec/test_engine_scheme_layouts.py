@@ -100,3 +100,13 @@ def test_a_scheme_layout_lives_under_its_schemes_name(tmp_path: Path) -> None:
     with pytest.raises(SpecError) as e:
         engines.load_scheme_layouts(tmp_path, BY_NAME, MODELS)
     assert "lives in specs/engines/vllm/schemes/fp8-channel-compressed-tensors.yaml" in str(e.value)
+
+
+def test_a_companion_the_engine_holds_of_a_fused_linears_last_partner_is_listed() -> None:
+    real = REAL.parent / "int-group-compressed-tensors.yaml"
+    sl = _parse(real.read_text(), "int-group-compressed-tensors")
+    assert sl.last == ("weight_shape",) and not sl.dtypes
+    bad = real.read_text().replace("    fused: last\n", "    fused: first\n")
+    with pytest.raises(SpecError) as e:
+        _parse(bad, "int-group-compressed-tensors")
+    assert "companions.weight_shape.fused" in str(e.value), e.value

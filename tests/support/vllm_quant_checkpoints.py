@@ -50,11 +50,26 @@ FAMILIES: dict[str, tuple[str, str]] = {  # family -> (model class, config class
     "llama": ("LlamaForCausalLM", "LlamaConfig"),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
 }
-SCHEMES: dict[str, tuple[str, bool]] = {  # recipe part -> (preset, calibrated)
-    "fp8_dynamic": ("FP8_DYNAMIC", False),
-    "w8a8": ("W8A8", False),
-    "fp8": ("FP8", True),
-    "modelopt_fp8": ("FP8_DEFAULT_CFG", True),  # ModelOpt's, exported by export_hf_checkpoint
+
+
+def _int4_group(symmetric: bool) -> dict[str, Any]:
+    """compressed-tensors' W4A16 preset's weights at group 32 (the preset's 128 splits no rank
+    of these geometries whole), symmetric or with zero points."""
+    weights = dict(num_bits=4, type="int", strategy="group", group_size=32,
+                   symmetric=symmetric, dynamic=False)  # fmt: skip
+    return {"group_0": {"targets": ["Linear"], "weights": weights}}
+
+
+# recipe part -> (preset name or config_groups, calibrated, geometry over the family's)
+SCHEMES: dict[str, tuple[Any, bool, dict[str, Any]]] = {
+    "fp8_dynamic": ("FP8_DYNAMIC", False, {}),
+    "w8a8": ("W8A8", False, {}),
+    "fp8": ("FP8", True, {}),
+    "modelopt_fp8": ("FP8_DEFAULT_CFG", True, {}),  # ModelOpt's, exported by export_hf_checkpoint
+    # vLLM-CPU's WNA16 kernel (kernels/linear/mixed_precision/cpu.py CPUWNA16LinearKernel) wants
+    # every rank's input and output sizes in multiples of 32: intermediate 192, 96 a rank at tp 2
+    "w4a16_g32": (_int4_group(True), False, {"intermediate_size": 192}),
+    "w4a16_asym_g32": (_int4_group(False), False, {"intermediate_size": 192}),
 }
 GEOMETRY: dict[str, Any] = dict(
     vocab_size=200, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
@@ -157,14 +172,14 @@ def _classes(family: str) -> tuple[str, str, dict[str, Any]]:
     return row.hf_class, row.config_class, dict(row.config)
 
 
-def _model(family: str) -> Any:
+def _model(family: str, over: dict[str, Any]) -> Any:
     """The family's model by its own transformers classes, seeded, every constant tensor (a
     norm's ones) perturbed so that a swap shows, all BF16."""
     import torch
     import transformers
 
     model_class, config_class, geometry = _classes(family)
-    config = getattr(transformers, config_class)(**geometry)
+    config = getattr(transformers, config_class)(**(geometry | over))
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(config)
     with torch.no_grad():
@@ -195,8 +210,8 @@ def write(recipe: str, out: Path) -> None:
     import torch
 
     family, _, scheme = recipe.partition("_")
-    preset, calibrated = SCHEMES[scheme]
-    model = _model(family)
+    preset, calibrated, over = SCHEMES[scheme]
+    model = _model(family, over)
     g = torch.Generator().manual_seed(123)
     vocab = int(_classes(family)[2]["vocab_size"])
     ids = torch.randint(1, vocab, (2, 8), generator=g)
@@ -220,7 +235,10 @@ def write(recipe: str, out: Path) -> None:
     base = out.parent / f".{out.name}.base"  # llm-compressor re-reads config.json from here
     model.save_pretrained(str(base))
     model.config.name_or_path = str(base)
-    recipe_ = QuantizationModifier(scheme=preset, targets=["Linear"], ignore=["lm_head"])
+    if isinstance(preset, str):
+        recipe_ = QuantizationModifier(scheme=preset, targets=["Linear"], ignore=["lm_head"])
+    else:
+        recipe_ = QuantizationModifier(config_groups=preset, ignore=["lm_head"])
     if calibrated:
         import datasets
 

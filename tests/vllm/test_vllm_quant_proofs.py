@@ -1,15 +1,18 @@
 """Quantized checkpoints through ``load_format="specbind"`` proven against vLLM's own loader:
 real llm-compressor checkpoints (tests/support/vllm_quant_checkpoints.py) of each dense family
 a served scheme layout's proof names (specs/engines/vllm/schemes/: FP8_DYNAMIC for 26 families,
-W8A8 for Llama and Qwen3, at the vLLM proof rows' engine geometries), built in process by
+W8A8, W4A16 and W4A16_ASYM at group 32 for Llama and Qwen3, at the vLLM proof rows' engine
+geometries), built in process by
 vLLM's ``get_model`` once with its default loader and once with specbind's, by the proofs'
 workers (tests/vllm/proof_worker.py: one batch for every case selected here).
 
 Claims, per checkpoint and tp (1, and both ranks of 2), for each scheme layout of
 specs/engines/vllm/schemes/ that vLLM serves:
 - every parameter as the loader left it, before vLLM's post-processing (the F8_E4M3 / I8
-  weights, their F32 channel scales widened from the stored BF16, the BF16 rest) has the same
-  name, shape, dtype and SHA-256 under both loaders, on each rank; at tp 2 the ranks differ;
+  weights with their F32 channel scales widened from the stored BF16; the int4 words, BF16
+  group scales, zero-point words and a fused linear's last partner's weight_shape; the BF16
+  rest) has the same name, shape, dtype and SHA-256 under both loaders, on each rank; at tp 2
+  the ranks differ;
 - every parameter and buffer after post-processing (vLLM's transposes and oneDNN repacking of
   what each loader wrote) is equal too;
 - the compared parameters hold every quantized linear's packed weight and scale (a proof that
@@ -39,8 +42,16 @@ pytestmark = pytest.mark.interop
 SCHEMES = vllm_venv.REPO / "specs" / "engines" / "vllm" / "schemes"
 # each served scheme -> the writer's recipe part (tests/support/vllm_quant_checkpoints.py)
 WRITERS = {
-    "fp8-channel-compressed-tensors": "fp8_dynamic",
-    "int8-channel-compressed-tensors": "w8a8",
+    "fp8-channel-compressed-tensors": ("fp8_dynamic",),
+    "int8-channel-compressed-tensors": ("w8a8",),
+    "int-group-compressed-tensors": ("w4a16_g32", "w4a16_asym_g32"),
+}
+# recipe part -> (packed weight's suffix and dtype, the scale's dtype, one scale per row)
+PACKED = {
+    "fp8_dynamic": ("weight", "torch.float8_e4m3fn", "torch.float32", True),
+    "w8a8": ("weight", "torch.int8", "torch.float32", True),
+    "w4a16_g32": ("weight_packed", "torch.int32", "torch.bfloat16", False),
+    "w4a16_asym_g32": ("weight_packed", "torch.int32", "torch.bfloat16", False),
 }
 
 
@@ -50,7 +61,7 @@ def _proven() -> tuple[str, ...]:
     for p in sorted(SCHEMES.glob("*.yaml")):
         proof = yaml.safe_load(p.read_text()).get("proof")
         if proof is not None:
-            out += [f"{m}_{WRITERS[p.stem]}" for m in proof["models"]]
+            out += [f"{m}_{w}" for m in proof["models"] for w in WRITERS[p.stem]]
     return tuple(out)
 
 
@@ -162,20 +173,22 @@ def test_every_vllm_parameter_and_buffer_of_a_quantized_checkpoint_after_post_pr
 
 
 @pytest.mark.parametrize(("recipe", "tp"), CASES)
-def test_the_quantized_proofs_compare_each_linears_packed_weight_and_f32_channel_scale(
+def test_the_quantized_proofs_compare_each_linears_packed_weight_and_its_scale(
     proofs: Results, recipe: str, tp: int
 ) -> None:
-    """Every linear vLLM holds in the scheme's codes has its F32 channel scale beside it, and
-    every family's checkpoint holds some (the names are the family's own: qkv_proj,
-    query_key_value, c_fc, ...)."""
+    """Every linear vLLM holds in the scheme's packed form has its scale beside it (F32 per
+    row, or BF16 per group), and every family's checkpoint holds some (the names are the
+    family's own: qkv_proj, query_key_value, c_fc, ...)."""
     (rank0, *_) = _ranks(proofs[(recipe, tp)]["auto"], recipe, "loaded")
-    code = "torch.float8_e4m3fn" if "fp8" in recipe else "torch.int8"
-    packed = {n.removesuffix(".weight") for n, (_, d, _) in rank0.items() if d == code}
+    suffix, code, scale, per_row = PACKED[recipe.partition("_")[2]]
+    packed = {n.removesuffix(f".{suffix}") for n, (_, d, _) in rank0.items()
+              if n.endswith(f".{suffix}") and d == code}  # fmt: skip
     scales = {n.removesuffix(".weight_scale"): v for n, v in rank0.items()
               if n.endswith(".weight_scale")}  # fmt: skip
     assert len(packed) >= 8 and packed == set(scales), sorted(packed ^ set(scales))[:4]
     for stem, (shape, dtype, _) in scales.items():
-        assert dtype == "torch.float32" and len(shape) == 2 and shape[1] == 1, (stem, shape)
+        assert dtype == scale and len(shape) == 2, (stem, shape, dtype)
+        assert (shape[1] == 1) == per_row, (stem, shape)
 
 
 @pytest.mark.parametrize("recipe", sorted(UNLOADABLE))
