@@ -19,8 +19,8 @@ specs/engines/vllm/schemes/ that vLLM serves:
   compared no scale would prove nothing);
 - per scheme layout that says vLLM cannot load it (``unavailable:``), vLLM's own loader still
   fails on a real checkpoint with the error line the layout quotes, and specbind's refuses;
-- greedy tokens and top-5 logprobs of an engine started on each Qwen3 checkpoint at tp 1 are
-  equal under both loaders (tests/vllm/token_worker.py).
+- greedy tokens and top-5 logprobs of an engine started on the Qwen3 FP8_DYNAMIC, W8A8 and
+  W4A16_ASYM checkpoints at tp 1 are equal under both loaders (tests/vllm/token_worker.py).
 Results are cached by content (vllm_cache: the sources, and the checkpoint's own bytes).
 """
 
@@ -71,7 +71,7 @@ UNLOADABLE = {  # recipe -> its scheme
     "qwen3_fp8": "fp8-tensor-compressed-tensors",
     "qwen3_modelopt_fp8": "fp8-modelopt",
 }
-TOKENS = ("qwen3_fp8_dynamic", "qwen3_w8a8")
+TOKENS = ("qwen3_fp8_dynamic", "qwen3_w8a8", "qwen3_w4a16_asym_g32")
 KIND_TOKENS = "greedy tokens and top-5 logprobs at tp 1"
 
 Results = dict[tuple[str, int], dict[str, Any]]
@@ -242,9 +242,11 @@ def tokens(
     if todo:
         tmp = tmp_path_factory.mktemp("vllm-quant-tokens")
         specs = []
-        for i, r in enumerate(todo):
+        n = min(vllm_workers.WORKERS, len(todo))  # the workers' count, the loads dealt
+        for i in range(n):
             spec = tmp / f"tokens{i}.json"
-            spec.write_text(json.dumps({"loads": [{"key": r, "ckpt": str(ckpts[r])}]}))
+            loads = [{"key": r, "ckpt": str(ckpts[r])} for r in todo[i::n]]
+            spec.write_text(json.dumps({"loads": loads}))
             specs.append(spec)
         results, _ = vllm_workers.run(vllm_tokens.WORKER, specs, "the vLLM quantized token runs")
         for r in todo:
