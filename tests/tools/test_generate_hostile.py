@@ -22,7 +22,7 @@ LAYOUT = "specs/engines/vllm/llama.yaml"
 def root(tmp_path: Path) -> Path:
     """The specs, and the suite's test files every engine layout names as its proof."""
     shutil.copytree(REPO / "specs", tmp_path / "specs")
-    for layout in (REPO / "specs" / "engines").glob("*/*.yaml"):
+    for layout in (REPO / "specs" / "engines").glob("*/**/*.yaml"):
         proof = (yaml.safe_load(layout.read_text()) or {}).get("proof") or {}
         if proof.get("test"):
             (tmp_path / proof["test"]).parent.mkdir(parents=True, exist_ok=True)
