@@ -332,3 +332,23 @@ def test_audit_names_the_scheme_and_the_variant_the_config_declares(
     if recipe in INT4:
         assert q["params"] == {"G": 32}
         assert q["symmetric"] == (recipe != "llmc_w4a16_asym")
+
+
+def test_plan_names_the_scheme_and_variant_and_each_ranks_packed_shapes(
+    written: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specbind.cli import main
+
+    assert main(["plan", str(ckpt(written, "llmc_w4a16")), "--tp-size", "2", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert (
+        "quantized: int-group-compressed-tensors (compressed-tensors pack-quantized, 4-bit int"
+        in (rep["source"])
+    )
+    local = {t["name"]: t["local_shape"] for ts in rep["ranks"][0]["tensors"].values() for t in ts}
+    scales = [n for n in local if n.endswith(".weight_scale")]
+    assert scales
+    for n in scales:  # each rank's groups of 32 columns cover its words of 8 codes exactly
+        words = local[n.removesuffix("_scale")]
+        assert local[n][-1] * 32 == words[-1] * 8, (n, local[n], words)
+        assert local[n][:-1] == words[:-1], n
