@@ -1,19 +1,23 @@
 """Quantization schemes in the IR: what replaces a linear weight ``[O, I]`` on disk.
 
 A scheme (``specs/schemes/*.yaml``) names no model tensor. It says how a checkpoint announces
-it (a config file field), which modules it leaves out (a config list), the packed weight that
-takes the linear weight's place, the companion tensors beside it with shapes in terms of the
-linear's ``O`` and ``I``, and the declared dequant formula.
+it (a config file field, and every ``variant`` field that tells it from its family's other
+variants), which modules it leaves out (a config list), the packed weight that takes the
+linear weight's place, the companion tensors beside it with shapes in terms of the linear's
+``O`` and ``I``, and the declared dequant formula.
 
 Invariants:
 - every companion dim is ``O`` or ``I`` divided by a whole ``div`` (``ceil`` allowed only for
-  block scales), or the literal ``1``; a scalar is ``[]``;
+  block scales and zero points), or the literal ``1``; a scalar is ``[]``; a ``div`` may be a
+  param the checkpoint's config sets (``I / G``), 0 until ``SchemeRule.resolved`` sets it at
+  detection, so a scheme with params is never planned before it is resolved;
 - a companion splits across tp with its linear: the rank's ``[O_r, I_r]`` window divided by
   ``div`` on each axis, which must be whole (``(I / tp) % 16 == 0`` for NVFP4 columns), so a
   rank holds whole groups and reads only its own bytes; a dim that does not follow ``O`` or
   ``I`` (a scalar, a literal 1) is replicated;
 - the packed weight is one of the companions (``role: weight``); its ``suffix`` may differ
-  from ``weight`` (compressed-tensors writes ``weight_packed``).
+  from ``weight`` (compressed-tensors writes ``weight_packed``); where the config says the
+  codes are symmetric, ``resolved`` drops the ``zero_point`` companion.
 Trap: ``div`` on the packed weight's ``I`` is elements per byte, not a group size; both are
 "whole units" of the same column window, so one rule serves both.
 """
