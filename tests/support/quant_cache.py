@@ -56,17 +56,20 @@ def _version(package: str) -> str:
         return "absent"
 
 
-def key() -> str:
-    h = hashlib.sha256(WRITER.read_bytes())
+def key(writer: Path = WRITER) -> str:
+    h = hashlib.sha256(writer.read_bytes())
     h.update(f"\0python {sys.version_info[:3]}".encode())
     for p in PACKAGES:
         h.update(f"\0{p} {_version(p)}".encode())
     return h.hexdigest()[:24]
 
 
-def written(recipes: Iterable[str]) -> dict[str, Path]:
-    """Each recipe's checkpoint folder: from the cache, or written now (then cached)."""
-    folder = cache_root() / "quant_real" / key()
+def written(
+    recipes: Iterable[str], writer: Path = WRITER, kind: str = "quant_real"
+) -> dict[str, Path]:
+    """Each recipe's checkpoint folder: from the cache, or written now (then cached);
+    ``writer`` is run as ``python WRITER RECIPE OUT``, its checkpoints kept under ``kind``."""
+    folder = cache_root() / kind / key(writer)
     folder.mkdir(parents=True, exist_ok=True)
     _drop_stale_staging(folder)
     out = {r: folder / r for r in recipes}
@@ -75,12 +78,14 @@ def written(recipes: Iterable[str]) -> dict[str, Path]:
         jobs = max(1, min(len(todo), os.cpu_count() or 1))
         threads = str(max(1, (os.cpu_count() or 1) // jobs))
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            failures = [f for f in pool.map(lambda r: _write(r, folder, threads), todo) if f]
+            failures = [
+                f for f in pool.map(lambda r: _write(writer, r, folder, threads), todo) if f
+            ]
         assert not failures, "\n\n".join(failures)
     return out
 
 
-def _write(recipe: str, folder: Path, threads: str) -> str | None:
+def _write(writer: Path, recipe: str, folder: Path, threads: str) -> str | None:
     """Write one recipe into staging and rename it into place; the failure's log, or None."""
     staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=folder))
     try:
@@ -91,7 +96,7 @@ def _write(recipe: str, folder: Path, threads: str) -> str | None:
         }
         # Bounded by CPU (tests/support/patience.py): the old 1200 s of wall time per thread.
         p = patience.run(
-            [sys.executable, str(WRITER), recipe, str(staging / recipe)],
+            [sys.executable, str(writer), recipe, str(staging / recipe)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cpu=1200 * int(threads),
             check=False,
         )  # fmt: skip

@@ -35,14 +35,9 @@ the writer always runs in a subprocess.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -76,39 +71,17 @@ GEOMETRY: dict[str, Any] = dict(
     num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=128,
     tie_word_embeddings=False, pad_token_id=0,
 )  # fmt: skip
-PACKAGES = (
-    "torch", "transformers", "llmcompressor", "compressed-tensors", "nvidia-modelopt",
-    "safetensors", "tokenizers", "accelerate", "datasets", "numpy",
-)  # fmt: skip
 RECIPES = tuple(f"{f}_{s}" for f in FAMILIES for s in SCHEMES)
 
 
-def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "absent"
-
-
-def key() -> str:
-    h = hashlib.sha256(Path(__file__).read_bytes())
-    h.update(f"\0python {sys.version_info[:3]}".encode())
-    for p in PACKAGES:
-        h.update(f"\0{p} {_version(p)}".encode())
-    return h.hexdigest()[:24]
-
-
 def written(recipes: Iterable[str]) -> dict[str, Path]:
-    """Each recipe's checkpoint folder: from the cache, or written now (then cached)."""
-    from quant_cache import cache_root
-
-    folder = cache_root() / "vllm_quant" / key()
-    folder.mkdir(parents=True, exist_ok=True)
-    out = {r: folder / r for r in recipes}
+    """Each recipe's checkpoint folder: from the cache, or written now (then cached), as
+    ``quant_cache`` keeps the quant writers' (one writer per core, staged, renamed)."""
+    import quant_cache
     from vllm_rows import BY_MODEL
 
     unknown = [
-        r for r in out
+        r for r in recipes
         if r.partition("_")[0] not in (*FAMILIES, *BY_MODEL) or r.partition("_")[2] not in SCHEMES
     ]  # fmt: skip
     if unknown:
@@ -116,40 +89,7 @@ def written(recipes: Iterable[str]) -> dict[str, Path]:
             f"no recipe {unknown[0]!r}: <family>_<scheme>, a family of FAMILIES or of the vLLM "
             f"proof rows, a scheme of {', '.join(SCHEMES)}"
         )
-    todo = [r for r, p in out.items() if not p.is_dir()]
-    if todo:  # one writer per core, each on its share of the cores
-        jobs = max(1, min(len(todo), os.cpu_count() or 1))
-        threads = str(max(1, (os.cpu_count() or 1) // jobs))
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(lambda r: _write(r, folder, threads), todo))
-    return out
-
-
-def _write(recipe: str, folder: Path, threads: str) -> None:
-    """Write one recipe into staging, then rename it into place (a concurrent writer's
-    complete copy wins)."""
-    import patience
-
-    staging = Path(tempfile.mkdtemp(prefix=".writing-", dir=folder))
-    try:
-        env = os.environ | {
-            "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false",
-            "OMP_NUM_THREADS": threads,
-        }  # fmt: skip
-        p = patience.run(
-            [sys.executable, __file__, recipe, str(staging / recipe)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-            cpu=1200 * int(threads), check=False,
-        )  # fmt: skip
-        if p.returncode != 0:
-            raise AssertionError(f"{recipe} failed:\n{p.stdout.decode(errors='replace')[-3000:]}")
-        try:
-            os.rename(staging / recipe, folder / recipe)
-        except OSError:
-            if not (folder / recipe).is_dir():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    return quant_cache.written(recipes, Path(__file__), "vllm_quant")
 
 
 def content(path: Path) -> str:
