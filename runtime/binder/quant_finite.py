@@ -40,9 +40,10 @@ from specbind.runtime.binder.checks import WHOLE_CHECK_BYTES, Array, BindReport,
 from specbind.runtime.binder.quant import LayerQuant
 from specbind.runtime.binder.quant_numerics import (
     E2M1_MAGNITUDES,
+    dequant_int_group,
+    dequant_scaled,
     e4m3_to_f32,
     row_scales,
-    unpack_words,
 )
 from specbind.runtime.io.source import TensorSource, WholeSource
 
@@ -285,22 +286,23 @@ class _Linear:
             rows = np.flatnonzero((np.abs(self._floats("block_scale")) > limit).any(axis=-1))
         if not rows.size:
             return
-        s = self._floats("block_scale")
+        s = self.arrays["block_scale"]
         w, z = self.arrays["weight"], self.arrays.get("zero_point")
-        zc = None if z is None else np.swapaxes(unpack_words(np.swapaxes(z, 0, 1), bits), 0, 1)
-        for r in (int(x) for x in rows):
-            codes = unpack_words(w[r], bits).astype(np.float32)  # [I]
-            g = codes.size // s.shape[1]
-            zero = np.float32(1 << (bits - 1)) if zc is None else np.repeat(zc[r], g)
-            with np.errstate(all="ignore"):
-                vals = ((codes - zero) * np.repeat(s[r], g)).astype(BF16).astype(np.float32)
+        pf = 32 // bits
+        for block in sorted({int(r) // pf for r in rows}):  # the rows one zero word row spans
+            r0, r1 = block * pf, min(block * pf + pf, w.shape[0])
+            zb = None if z is None else z[block : block + 1]
+            if self.whole:
+                self.report.verdict_bytes += w[r0:r1].nbytes
+            vals = dequant_int_group(w[r0:r1], s[r0:r1], zb, bits=bits).astype(np.float32)
             bad = ~np.isfinite(vals)
             if bool(bad.any()):
-                c = int(np.argmax(bad))
+                r, c = _idx(int(np.argmax(bad)), bad.shape)
+                g = c // (vals.shape[1] // s.shape[1])
                 self.fail(
-                    f"{self.shown['weight']} row {self.where('weight', (r, 0))[0]} column {c}: "
-                    f"its code times {self.shown['block_scale']} element "
-                    f"{self.where('block_scale', (r, c // g))} ({float(s[r, c // g])!r}) "
+                    f"{self.shown['weight']} row {self.where('weight', (r0 + r, 0))[0]} column "
+                    f"{c}: its code times {self.shown['block_scale']} element "
+                    f"{self.where('block_scale', (r0 + r, g))} ({float(s[r0 + r, g])!r}) "
                     "overflows BF16"
                 )
 
@@ -324,8 +326,8 @@ class _Linear:
         vals = e4m3_to_f32(codes) if e4m3 else codes.astype(np.float32)
         if self.whole:
             self.report.verdict_bytes += codes.nbytes
-        with np.errstate(all="ignore"):
-            out = (vals * np.float32(scale)).astype(BF16).astype(np.float32)
+        one = np.array([[scale]], dtype=F32)  # the row's own scale, as a one-row matrix's
+        out = dequant_scaled(codes.reshape(1, -1), one).astype(np.float32).reshape(-1)
         over = ~np.isfinite(out) & np.isfinite(vals)  # a stored NaN code stays allowed
         if bool(over.any()):
             wi = _idx(row * codes.size + int(np.argmax(over)), shape)

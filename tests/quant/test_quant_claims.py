@@ -447,3 +447,19 @@ def test_an_int_group_scale_that_makes_the_dequant_non_finite_is_refused_naming_
     msg = refused(edited(src, tmp_path / "c", {n: scale}))
     assert "o_proj.weight_scale" in msg and said in msg
     assert "[3, 1]" in msg or "element [3, 1]" in msg or "row 3" in msg
+
+
+@pytest.mark.parametrize(
+    "name", ["fp8-channel-compressed-tensors", "int8-channel-compressed-tensors"]
+)
+def test_a_channel_scale_whose_row_overflows_bf16_is_refused_naming_the_row_and_its_code(
+    ckpts: dict[str, Path], tmp_path: Path, name: str
+) -> None:
+    """One row's scale of 3e38: every code of magnitude 2 or more there times it is past
+    BF16's largest (3.39e38), so the dequant is not finite and the bind refuses."""
+    src = ckpts[name]
+    n = next(x for x in CheckpointDir(src).names() if x.endswith("o_proj.weight_scale"))
+    scale = tensors(src)[n].copy()  # [O, 1]
+    scale[5, 0] = 3e38
+    msg = refused(edited(src, tmp_path / "c", {n: scale}))
+    assert "o_proj.weight element [5, " in msg and "overflows BF16" in msg
