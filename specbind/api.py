@@ -148,9 +148,9 @@ class Checkpoint:
         from specbind.plan_report import checkpoint_layers, plan_report
 
         tp_size, ep_size = check_size("plan", tp_size), check_size("plan", ep_size, "ep")
-        layers, quant = checkpoint_layers(self._table, self._raw, self.values, mtp)
+        layers, quant, source = checkpoint_layers(self._table, self._raw, self.values, mtp)
         return plan_report(
-            self._table, self.values, tp_size, layers, str(self.path), ep_size=ep_size,
+            self._table, self.values, tp_size, layers, source, ep_size=ep_size,
             quant=lambda i, b: quant.get((i, b)),
         )  # fmt: skip
 

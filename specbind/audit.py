@@ -34,7 +34,6 @@ from typing import Any
 from specbind.core.dtypes import QUANT_DTYPES
 from specbind.core.errors import CheckpointError, SpecbindError, UsageError
 from specbind.core.ir import TensorRule
-from specbind.core.quant_describe import describe
 from specbind.core.units import GIB, size
 from specbind.runtime.bind.preamble import NamedView, geometry_of
 from specbind.runtime.binder.checks import census, family_matcher
@@ -46,7 +45,7 @@ from specbind.runtime.io.source import RawTensor, TensorSource
 from specbind.runtime.layout.config import values_from_config
 from specbind.runtime.layout.slots import SlotFill, global_full, layout
 from specbind.runtime.quant.layers import layer_quant
-from specbind.runtime.quant.scheme import QuantConfig, announced, detect, packed_names
+from specbind.runtime.quant.scheme import QuantConfig, detect, packed_names
 from specbind.summary import fold, spans
 from specbind.version import __version__
 
@@ -332,7 +331,7 @@ def audit(
         "layers": layers,
         "kinds": kinds,
         "problems": problems,
-        "quantization": None if qconf is None else _quantization(ckpt, qconf),
+        "quantization": None if qconf is None else _quantization(qconf),
         "identical_bytes": _identical(probe, hashable + list(lay.globals.values()), progress)
         if identical
         else [],
@@ -514,12 +513,10 @@ def _notes(s: dict[str, Any]) -> str:
     return "; ".join(notes)
 
 
-def _quantization(ckpt: CheckpointDir, q: QuantConfig) -> dict[str, Any]:
-    """The scheme, and the variant in words as the config says it (bits, group size,
-    symmetry, act-order, inputs; ``core.quant_describe``), with the file it was read from."""
-    said = announced(ckpt)
+def _quantization(q: QuantConfig) -> dict[str, Any]:
+    """The scheme, the variant in words as the config says it (bits, group size, symmetry,
+    act-order, inputs), the file it was read from, and a config-set scheme's params."""
     out: dict[str, Any] = {"scheme": q.scheme.name, "weight_only": q.weight_only}
-    out |= {"variant": describe(said[1]) if said else "", "source": said[0] if said else ""}
+    out |= {"variant": q.variant, "source": q.declared}
     out |= {"params": dict(q.scheme.values), "symmetric": q.scheme.sym} if q.scheme.values else {}
-    out["source"] = out["source"] or q.scheme.detect.file
     return out

@@ -26,7 +26,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
@@ -384,8 +384,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
         ckpt = CheckpointDir(Path(a.ckpt))
         ckpt_files, ckpt_dirs = list(ckpt.files()), ckpt.dirs()
         values = values_from_config(table, ckpt.config, _sets(a.set))
-        layers, quant = checkpoint_layers(table, ckpt, values, mtp=not a.no_mtp)
-        source = str(ckpt.root) + _quantized(ckpt, quant)
+        layers, quant, source = checkpoint_layers(table, ckpt, values, mtp=not a.no_mtp)
     else:
         from specbind.core.planning import expand
         from specbind.runtime.binder.quant import quantized_rules, storable
@@ -428,18 +427,6 @@ def cmd_plan(a: argparse.Namespace) -> int:
         svg.write(picture, render_svg(rep))
     print(_json(rep) if a.json else render_text(rep))
     return 0
-
-
-def _quantized(ckpt: Any, quant: Mapping[tuple[int, str], Any]) -> str:
-    """``; quantized: SCHEME (the variant in words)`` for a quantized checkpoint, else ``""``."""
-    from specbind.core.quant_describe import describe
-    from specbind.runtime.quant.scheme import announced
-
-    names = sorted({lq.scheme.name for lq in quant.values() if lq is not None})
-    if not names:
-        return ""
-    said = announced(ckpt)
-    return f"; quantized: {', '.join(names)}" + (f" ({describe(said[1])})" if said else "")
 
 
 def cmd_models(a: argparse.Namespace) -> int:

@@ -35,10 +35,11 @@ QuantOf = Callable[[int, str], LayerQuant | None]
 
 def checkpoint_layers(
     table: ModelTable[Any], ckpt: CheckpointDir, values: dict[str, int], mtp: bool = True
-) -> tuple[list[LayerUse], dict[tuple[int, str], LayerQuant | None]]:
+) -> tuple[list[LayerUse], dict[tuple[int, str], LayerQuant | None], str]:
     """What a checkpoint holds, by layer and block, from names alone (problems refused), and
     each (layer, block)'s quantization as the checkpoint's own config declares it
-    (``mtp=False``: the decoder alone, as ``bind --no-mtp``)."""
+    (``mtp=False``: the decoder alone, as ``bind --no-mtp``), and the report's source for it:
+    its folder, and a quantized one's scheme and variant as its config declares them."""
     from specbind.runtime.bind.preamble import open_layout, slot_quant
 
     opened = open_layout(ckpt, table, values, mtp)
@@ -53,7 +54,9 @@ def checkpoint_layers(
             quant[(index, fill.block.name)] = by_slot[(index, slot)]
     if table.globals and lay.globals:
         layers.append((-1, table.globals, frozenset(lay.globals)))
-    return layers, quant
+    q = opened.qconf
+    source = str(ckpt.root) + (f"; quantized: {q.scheme.name} ({q.variant})" if q else "")
+    return layers, quant, source
 
 
 def plan_report(

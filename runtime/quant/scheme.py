@@ -65,6 +65,8 @@ class QuantConfig:
     targets: tuple[str, ...]  # compressed-tensors targets; () for a glob scheme
     source: str  # "hf_quant_config.json quantization.exclude_modules", for messages
     targets_source: str = "config.json"  # where the targets are, for messages
+    declared: str = ""  # where the config declares it: "config.json quantization_config"
+    variant: str = ""  # that declaration in words (``core.quant_describe``)
     _exclude: NameMatcher = field(init=False, repr=False, compare=False)
     _targets: NameMatcher = field(init=False, repr=False, compare=False)
 
@@ -195,6 +197,7 @@ def detect(ckpt: CheckpointDir, schemes: Sequence[SchemeRule]) -> QuantConfig | 
     targets = (
         _strings(_read(ckpt, "config.json", cache), "config.json", s.targets) if s.targets else ()
     )
+    where, said = announced(ckpt, cache) or (s.detect.file, _read(ckpt, s.detect.file, cache))
     return QuantConfig(
         scheme=s,
         weight_only=weight_only,
@@ -202,6 +205,8 @@ def detect(ckpt: CheckpointDir, schemes: Sequence[SchemeRule]) -> QuantConfig | 
         targets=targets,
         source=f"{s.exclude.file} {s.exclude.field}",
         targets_source=f"config.json {s.targets}",
+        declared=where,
+        variant=describe(said),
     )
 
 
