@@ -13,7 +13,7 @@ rules read, as vLLM's quantization configs read them):
   ``checkpoint_format``; AWQ (``auto_awq.py``): ``bits``, ``group_size``, ``zero_point``,
   ``version``; ModelOpt (``modelopt.py``): ``quant_algo``.
 Invariant: pure; any shape of JSON is described without raising (a hostile config is words,
-never a traceback), each value cut to ``MAX_SHOWN`` characters.
+never a traceback); a value past ``MAX_SHOWN`` characters is shown cut (``core.shown``).
 """
 
 from __future__ import annotations
@@ -22,14 +22,19 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from specbind.core.quant import canonical
+from specbind.core.shown import shown
+
 MAX_SHOWN = 40
 
 
 def text(v: Any) -> str:
-    """A config value as the refusal shows it (JSON text, cut)."""
-    plain = isinstance(v, str) and v.isprintable()
-    s = v if plain else json.dumps(v, separators=(", ", ": "), default=str)  # escapes newlines
-    return s if len(s) <= MAX_SHOWN else s[: MAX_SHOWN - 3] + "..."
+    """A config value as the refusal shows it: a plain string as is, anything else as the
+    scheme files compare it (``core.quant.canonical``: ``true``, ``null``, ``[64, 64]``); a
+    long one cut by ``core.shown``."""
+    plain = isinstance(v, str) and v.isprintable()  # else a newline or escape stays one line
+    s = v if plain else json.dumps(v) if isinstance(v, str) else canonical(v)
+    return s if len(s) <= MAX_SHOWN else shown(s)
 
 
 def describe(doc: Any) -> str:
