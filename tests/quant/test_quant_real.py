@@ -267,14 +267,14 @@ def test_static_fp8_hands_every_fused_partner_its_own_input_and_weight_scale(
     the max after loading; the bound field carries every partner's scale, in order."""
     path = ckpt(written, "mo_fp8")
     f = {k: a for k, (_, a) in bind(path).fields().items()}
-    w13 = f["layers.1.mlp.w13_weight_scale"]
-    assert w13.shape == (TEXT_CONFIG["n_routed_experts"], 2)
     stored = read_file(path / "model.safetensors")
-    pre = "model.language_model.layers.1.mlp.experts.3."
-    assert w13[3].tolist() == [
-        float(stored[pre + "gate_proj.weight_scale"]),
-        float(stored[pre + "up_proj.weight_scale"]),
-    ]
+    for kind in ("weight_scale", "input_scale"):
+        w13 = f[f"layers.1.mlp.w13_{kind}"]
+        assert w13.shape == (TEXT_CONFIG["n_routed_experts"], 2)
+        for e in range(w13.shape[0]):
+            pre = f"model.language_model.layers.1.mlp.experts.{e}."
+            want = [float(stored[pre + f"{p}_proj.{kind}"]) for p in ("gate", "up")]
+            assert w13[e].tolist() == want, (kind, e)
 
 
 def test_an_int4_row_parallel_rank_that_would_cut_a_group_is_refused(
