@@ -137,9 +137,12 @@ def test_nvfp4_kernel_equals_numpy_for_stacked_segmented_matrices_and_any_group(
 
 
 def fp8_kernel(lib: Any, w: Any, s: Any, bo: int, bi: int, block: int = 256, grid: int = 0) -> Any:
+    """The block dequant kernel of ``w``'s codes: E4M3 (as its bytes) or int8."""
     *lead, rows, cols = w.shape
     out = np.full(w.shape, 0xDEAD, dtype=U16)
-    run(lib, "dequant_fp8_block_bf16", w.size, ptr(w.view(U8)), ptr(s), ptr(out),
+    int8 = w.dtype == np.int8
+    name = "dequant_int8_block_bf16" if int8 else "dequant_fp8_block_bf16"
+    run(lib, name, w.size, ptr(w if int8 else w.view(U8)), ptr(s), ptr(out),
         i64(int(np.prod(lead))), i64(rows), i64(cols), i64(bo), i64(bi), block=block, grid=grid)  # fmt: skip
     return out
 
@@ -179,14 +182,6 @@ def test_fp8_block_kernel_equals_numpy_for_any_shape_and_block(
     assert_same_bf16(got, qn.dequant_fp8_block(w, s, block=(bo, bi)))
 
 
-def int8_kernel(lib: Any, w: Any, s: Any, bo: int, bi: int, block: int = 256, grid: int = 0) -> Any:
-    *lead, rows, cols = w.shape
-    out = np.full(w.shape, 0xDEAD, dtype=U16)
-    run(lib, "dequant_int8_block_bf16", w.size, ptr(w), ptr(s), ptr(out),
-        i64(int(np.prod(lead))), i64(rows), i64(cols), i64(bo), i64(bi), block=block, grid=grid)  # fmt: skip
-    return out
-
-
 @settings(deadline=None)
 @given(
     st.lists(st.integers(1, 3), max_size=2),
@@ -216,11 +211,9 @@ def test_scaled_dequant_by_the_block_kernels_equals_numpy_per_channel_and_per_te
     w = rng.integers(-128, 128, (*lead, rows, cols), dtype=np.int8)
     s = rng.uniform(-4, 4, (*lead, rows if per_row else 1, 1)).astype(F32)
     bo = 1 if per_row else rows
-    if int8:
-        got = int8_kernel(lib, w, s, bo, cols, block=block, grid=grid)
-    else:
+    if not int8:
         w = w.view(U8).view(E4M3)
-        got = fp8_kernel(lib, w, s, bo, cols, block=block, grid=grid)
+    got = fp8_kernel(lib, w, s, bo, cols, block=block, grid=grid)
     want_s = s if per_row or rows == 1 else s.reshape(tuple(lead))  # one value per matrix
     assert_same_bf16(got, qn.dequant_scaled(w, want_s))
 
