@@ -150,7 +150,10 @@ def bind_for_engine(
         prefix = layout.layers.format(index=layer.index)
         for sname, slot in layer.slots.items():
             arrays = slot.weights.arrays()
-            params = _params(engine, quant, layout, slot.block, arrays, slot.fields)
+            params = companion_params(
+                engine, quant, layout, slot.block, layout.parameters[slot.block], arrays,
+                slot.fields,
+            )  # fmt: skip
             for field, arr in arrays.items():
                 pname, suffix = params[field]
                 name = prefix + pname
@@ -175,7 +178,7 @@ def bind_for_engine(
             if r.tie is not None and result.flags.get(r.tie.config)
         }
         garrays = g.weights.arrays()
-        params = _params(engine, quant, layout, g.block, garrays, g.fields)
+        params = companion_params(engine, quant, layout, g.block, names, garrays, g.fields)
         for field, arr in garrays.items():
             pname, suffix = params[field]
             dtype = g.fields[field].dtype
@@ -200,24 +203,6 @@ def _once(engine: str, out: Mapping[str, EngineField], name: str, where: str) ->
         raise BindError(
             f"{engine}: parameter {name!r} would be filled by both {out[name].where} and {where}"
         )
-
-
-def _params(
-    engine: str, quant: Any, layout: Any, block: str, arrays: Mapping[str, Any],
-    fields: Mapping[str, Any],
-) -> dict[str, tuple[str, str]]:  # fmt: skip
-    """Bound field -> (engine parameter, companion suffix or ""), quantized fields' companions
-    named by the scheme (``engine_quant.companion_params``)."""
-    names = layout.parameters[block]
-    if quant is None:
-        lacking = next((f for f in arrays if f not in names), None)
-        if lacking is not None:
-            raise BindError(
-                f"{engine}: bound field {block}.{lacking} has no engine parameter in the "
-                f"{engine} layout of {layout.model}"
-            )
-        return {f: (names[f], "") for f in arrays}
-    return companion_params(engine, quant, layout, block, names, dict(arrays), dict(fields))
 
 
 def _engine_value(

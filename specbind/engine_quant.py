@@ -27,11 +27,13 @@ Invariants:
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specbind.core.errors import BindError
+from specbind.engine_ops import check_proven_tp
 
 _LOG = logging.getLogger("specbind.engine")
 
@@ -80,11 +82,8 @@ def engine_scheme(engine: str, layout: Any, raw: Any, tp_size: int | None) -> En
                 f"{engine}: the {name} checkpoint stores {c.suffix}, which {engine} does not "
                 f"serve here ({where}: {entry['refused'][c.suffix]})"
             )
-    if tp_size is not None and tp_size not in entry["tp"]:
-        raise BindError(
-            f"{engine}: {name} checkpoints are proven at tp {', '.join(map(str, entry['tp']))} "
-            f"only ({where}), not tp {tp_size}"
-        )
+    if tp_size is not None:  # the model layouts' rule: proven at tp 1 and 2 holds above
+        check_proven_tp(engine, f"{name} checkpoints", where, tuple(entry["tp"]), tp_size)
     if layout.model not in entry["models"]:
         _LOG.warning(
             "specbind: %s checkpoints of %s are unproven in %s: %s proves models %s only",
@@ -117,16 +116,17 @@ def made_by_engine(engine: str, path: Any, names: Any) -> frozenset[str]:
 
 
 def companion_params(
-    engine: str, quant: EngineScheme, layout: Any, block: str, names: dict[str, str],
-    arrays: dict[str, Any], fields: dict[str, Any],
+    engine: str, quant: EngineScheme | None, layout: Any, block: str,
+    names: Mapping[str, str], arrays: Mapping[str, Any], fields: Mapping[str, Any],
 ) -> dict[str, tuple[str, str]]:  # fmt: skip
     """Bound field -> (the engine parameter it fills, the companion's suffix or "" for a field
     that is no companion) for one slot, ``names`` the layout's field -> parameter of its block.
 
     A field ``F`` is quantized where its companions ``F_<suffix>`` were bound beside it; its
-    packed weight and each companion then fill ``stored_name(names[F])``."""
+    packed weight and each companion then fill ``stored_name(names[F])``; with no ``quant``
+    every field is its own parameter."""
     out: dict[str, tuple[str, str]] = {}
-    extra = {c.suffix for c in quant.companions[1:]}
+    extra = {c.suffix for c in quant.companions[1:]} if quant is not None else set()
     for field in arrays:
         if field in out:
             continue
@@ -141,7 +141,7 @@ def companion_params(
                 )
             continue  # named with its packed field, below
         quantized = [f"{field}_{s}" for s in extra if f"{field}_{s}" in arrays]
-        if not quantized:
+        if not quantized or quant is None:
             out[field] = (names[field], "")
             continue
         param = names[field]
