@@ -367,13 +367,13 @@ def _with_tensors(
     those the layer carries that it does not hold. Asked only when there is a problem."""
     names = set(fill.names)
     out = []
-    for line, want in found:
-        if want is not None and want != (fill.block.name if fill.block else None):
-            block = table.block(want)
-            lacking = sorted(m for m in block.markers if m not in names)
-            if 2 * len(lacking) >= len(block.markers):
-                pass  # another kind of layer altogether: the block names say it
-            elif lacking:
+    for line, want in found:  # ``want`` is never the block the layer holds (slot_problems)
+        block = table.block(want) if want is not None else None
+        lacking = sorted(m for m in block.markers if m not in names) if block else []
+        # a variant of the named block (it holds most of its markers), not another kind of
+        # layer altogether, whose block names say it
+        if block is not None and 2 * len(lacking) < len(block.markers):
+            if lacking:
                 line += f" (a {want} {slot} needs {_shown(named(lacking))}, absent)"
             else:
                 declared, families, _ = _owner_rules(block, frozenset())
