@@ -126,6 +126,7 @@ def test_an_absent_head_dim_reads_as_the_families_transformers_class_reads_it(ro
         got = values_from_config(MODELS[row.model], absent)["head_dim"]
     except SpecbindError as e:  # only a constraint the spec states may refuse the geometry
         assert "constraint" in str(e) and want is not None, f"{row.model}: {e}"
+        assert f"head_dim={want}" in str(e), f"{row.model}: refused, but not at {want}: {e}"
         return
     assert got == want, f"{row.model}: transformers builds head_dim {want}, specbind reads {got}"
 

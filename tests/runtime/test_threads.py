@@ -4,6 +4,7 @@ each BLAS call on one thread, and the caller's BLAS setting untouched outside sp
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -113,6 +114,8 @@ def test_a_contraction_is_the_same_under_any_caller_blas_setting() -> None:
 def test_a_blas_loaded_after_the_first_limit_is_limited_too() -> None:
     """SciPy loads an OpenBLAS of its own beside NumPy's: imported after a bind has run, the
     next bind still runs it on one thread (in a fresh process, so that SciPy is not yet loaded)."""
+    if importlib.util.find_spec("scipy") is None:  # not imported here: it brings its BLAS
+        pytest.skip("SciPy is not installed (the quant extra brings it)")
     code = (
         "from threadpoolctl import threadpool_info, threadpool_limits\n"
         "from specbind.runtime.binder import ops\n"
@@ -121,11 +124,14 @@ def test_a_blas_loaded_after_the_first_limit_is_limited_too() -> None:
         "import scipy.linalg\n"
         "blas = lambda: [x['num_threads'] for x in threadpool_info() if x['user_api'] == 'blas']\n"
         "with threadpool_limits(limits=2, user_api='blas'):\n"
-        "    assert len(blas()) == 2, blas()\n"
+        "    if len(blas()) != 2:\n"
+        "        raise SystemExit(5)  # a SciPy built on NumPy's own BLAS: nothing to show\n"
         "    with ops.single_threaded_blas():\n"
         "        assert blas() == [1, 1], blas()\n"
     )
     proc = patience.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cpu=60, check=False
     )
+    if proc.returncode == 5:
+        pytest.skip("this SciPy shares NumPy's BLAS: no second library to limit")
     assert proc.returncode == 0, proc.stderr
