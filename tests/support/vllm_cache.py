@@ -25,19 +25,13 @@ from vllm_rows import VllmRow
 
 REPO = Path(__file__).resolve().parent.parent.parent
 _TREES = ("core", "runtime", "generator", "generated", "specs", "specbind", "tests/vllm")
+# every vllm_*.py helper of tests/support, found by name so a new one is never left out
 _FILES = (
     "pyproject.toml",
     ".ci/vllm-pins.txt",
     "tests/support/hf_random.py",
-    "tests/support/vllm_venv.py",
-    "tests/support/vllm_digest.py",
-    "tests/support/vllm_rows.py",
-    "tests/support/vllm_proofs.py",
-    "tests/support/vllm_cache.py",
-    "tests/support/vllm_tokens.py",
-    "tests/support/vllm_workers.py",
-    "tests/support/vllm_fields.py",
     "tests/support/config_fields.py",
+    *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "tests/support").glob("vllm_*.py")),
 )
 _SUFFIXES = (".py", ".yaml", ".json", ".j2", ".cu", ".cpp", ".toml", ".txt")
 

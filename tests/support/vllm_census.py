@@ -17,10 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import vllm_cache
 import vllm_venv
-import vllm_workers
-from vllm_proofs import Report, write
+from vllm_proofs import Report, cached_rows
 from vllm_rows import VllmRow
 
 WORKER = vllm_venv.REPO / "tests" / "vllm" / "census_worker.py"
@@ -46,20 +44,8 @@ def bind_side(ckpt: Path) -> dict[str, str | None]:
 
 
 def census(rows: tuple[VllmRow, ...], tmp: Path) -> tuple[dict[str, Any], Report]:
-    report = Report(what="vLLM tp census")
-    keys = {r.id: vllm_cache.key(r, 0, CENSUS) for r in rows}
-    out = vllm_cache.hits(keys, report.cached)
-    todo = [r for r in rows if r.id not in out]
-    if not todo:
-        return out, report
-    ckpts = {}
-    for r in todo:
-        ckpts[r.id] = tmp / r.id
-        write(r, ckpts[r.id])
-    jobs = [{"key": r.id, "ckpt": str(ckpts[r.id]), "tps": list(TPS)} for r in todo]
-    engine = vllm_workers.dealt(WORKER, jobs, tmp, "the vLLM tp census", report)
-    for r in todo:
-        out[r.id] = {"bind": bind_side(ckpts[r.id]), "engine": engine[r.id]}
-        vllm_cache.store(keys[r.id], out[r.id])
-        report.ran.append(r.id)
-    return out, report
+    return cached_rows(
+        rows, CENSUS, 0, tmp, WORKER, "the vLLM tp census",
+        job=lambda ckpt: {"tps": list(TPS)},
+        finish=lambda ckpt, job, engine: {"bind": bind_side(ckpt), "engine": engine},
+    )  # fmt: skip

@@ -22,11 +22,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import vllm_cache
 import vllm_venv
-import vllm_workers
 from config_fields import flipped
-from vllm_proofs import Report, write
+from vllm_proofs import Report, cached_rows
 from vllm_rows import VllmRow
 
 WORKER = vllm_venv.REPO / "tests" / "vllm" / "fields_worker.py"
@@ -63,7 +61,8 @@ def bind_side(
     """Per field that decides a vLLM parameter, None where its flipped folder is bound
     (``bind_for_engine``) and filled into the parameters vLLM's class builds from it
     (``engine.fill``), else "bind: " or "fill: " and the refusal; under ``UNFLIPPED`` the
-    bind of the checkpoint itself, which must bind."""
+    checkpoint itself bound and filled into vLLM's build of its own config, which must hold
+    (so a fill refusal of a flip is the flip's, never a harness whose fills all fail)."""
     import torch
 
     from specbind.core.errors import SpecbindError
@@ -83,31 +82,18 @@ def bind_side(
             return f"fill: {e}"
         return None
 
-    out: dict[str, str | None] = {UNFLIPPED: refusal(ckpt, None)}
+    out: dict[str, str | None] = {UNFLIPPED: refusal(ckpt, engine.get("base_built"))}
     for field, built in engine.get("built", {}).items():
         out[field] = refusal(folders[field], built)
     return out
 
 
 def review(rows: tuple[VllmRow, ...], tmp: Path) -> tuple[dict[str, Any], Report]:
-    report = Report(what="vLLM config fields")
-    keys = {r.model: vllm_cache.key(r, 1, FIELDS) for r in rows}
-    out = vllm_cache.hits(keys, report.cached)
-    todo = [r for r in rows if r.model not in out]
-    if not todo:
-        return out, report
-    folders = {}
-    for r in todo:
-        write(r, tmp / r.model)
-        folders[r.model] = flipped_folders(tmp / r.model)
-    jobs = [
-        {"key": m, "ckpt": str(tmp / m), "flips": {f: str(p) for f, p in fs.items()}}
-        for m, fs in folders.items()
-    ]
-    engine = vllm_workers.dealt(WORKER, jobs, tmp, "the vLLM config field review", report)
-    for r in todo:
-        out[r.model] = engine[r.model]
-        out[r.model]["bind"] = bind_side(tmp / r.model, folders[r.model], out[r.model])
-        vllm_cache.store(keys[r.model], out[r.model])
-        report.ran.append(r.model)
-    return out, report
+    def job(ckpt: Path) -> dict[str, Any]:
+        return {"flips": {f: str(p) for f, p in flipped_folders(ckpt).items()}}
+
+    def finish(ckpt: Path, j: dict[str, Any], engine: dict[str, Any]) -> dict[str, Any]:
+        folders = {f: Path(p) for f, p in j["flips"].items()}
+        return engine | {"bind": bind_side(ckpt, folders, engine)}
+
+    return cached_rows(rows, FIELDS, 1, tmp, WORKER, "the vLLM config field review", job, finish)

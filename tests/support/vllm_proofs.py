@@ -22,6 +22,7 @@ that died is not (nothing of its run is stored).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,30 @@ def write(row: VllmRow, path: Path, seed: int = 0) -> None:
         config = json.loads((path / "config.json").read_text())
         config.update(row.config_json)
         (path / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def cached_rows(
+    rows: tuple[VllmRow, ...], kind: str, version: int, tmp: Path, worker: Path, what: str,
+    job: Callable[[Path], dict[str, Any]],
+    finish: Callable[[Path, dict[str, Any], Any], dict[str, Any]],
+) -> tuple[dict[str, Any], Report]:  # fmt: skip
+    """Each row's result, from the cache (keyed by ``kind``) or made now: the row's
+    checkpoint written, one worker job per row (``job``: its fields beside key and ckpt) dealt
+    between the vLLM workers, then ``finish(ckpt, job, engine result)`` stored."""
+    report = Report(what=what)
+    keys = {r.id: vllm_cache.key(r, version, kind) for r in rows}
+    out = vllm_cache.hits(keys, report.cached)
+    todo = [r for r in rows if r.id not in out]
+    jobs: dict[str, dict[str, Any]] = {}
+    for r in todo:
+        write(r, tmp / r.id)
+        jobs[r.id] = {"key": r.id, "ckpt": str(tmp / r.id), **job(tmp / r.id)}
+    engine = vllm_workers.dealt(worker, list(jobs.values()), tmp, what, report) if todo else {}
+    for r in todo:
+        out[r.id] = finish(tmp / r.id, jobs[r.id], engine[r.id])
+        vllm_cache.store(keys[r.id], out[r.id])
+        report.ran.append(r.id)
+    return out, report
 
 
 def prove(

@@ -68,7 +68,7 @@ def review(ckpt: Path, flips: dict[str, str]) -> dict[str, Any]:
         base = _built(ckpt)
     except Exception as e:  # recorded: the test names it
         return {"base": f"{type(e).__name__}: {_line(e)}"}
-    out: dict[str, Any] = {"base": None, "built": {}}
+    out: dict[str, Any] = {"base": None, "built": {}, "base_built": base}
     for field, folder in flips.items():
         try:
             other = _built(Path(folder))

@@ -54,7 +54,7 @@ def test_every_field_that_decides_a_vllm_parameter_flipped_alone_is_refused_by_t
     assert unflipped is None, f"{model}'s own checkpoint, unflipped, is refused: {unflipped}"
     table, bound = [], []
     for field, said in sorted(result.items()):
-        if field in ("base", "bind", "built"):
+        if field in ("base", "bind", "built", "base_built"):
             continue
         if said is None:
             table.append(f"  {field}: vLLM builds the same parameters")
@@ -65,7 +65,6 @@ def test_every_field_that_decides_a_vllm_parameter_flipped_alone_is_refused_by_t
             how = {"bind": "refuses it before vLLM builds", "fill": "refuses it at load"}
             table.append(f"  {field}: {said}; specbind "
                          f"{how[refusal.split(':')[0]] if refusal else 'binds what vLLM holds'}")  # fmt: skip
-            assert refusal is None or refusal.startswith(("bind: ", "fill: ")), refusal
             # the harness's folder, not the flip, would be refused (its files linked outside)
             assert "outside the checkpoint" not in (refusal or ""), refusal
             if refusal is None:  # the unflipped tensors filled vLLM's class for another config
