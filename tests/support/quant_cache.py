@@ -56,8 +56,12 @@ def _version(package: str) -> str:
         return "absent"
 
 
-def key(writer: Path = WRITER) -> str:
+def key(writer: Path = WRITER, deps: Iterable[Path] = ()) -> str:
+    """The cache folder's key: the writer's source, the sources it imports (``deps``), the
+    Python version and the versions of the tools and libraries it runs."""
     h = hashlib.sha256(writer.read_bytes())
+    for d in deps:
+        h.update(b"\0" + d.read_bytes())
     h.update(f"\0python {sys.version_info[:3]}".encode())
     for p in PACKAGES:
         h.update(f"\0{p} {_version(p)}".encode())
@@ -65,11 +69,12 @@ def key(writer: Path = WRITER) -> str:
 
 
 def written(
-    recipes: Iterable[str], writer: Path = WRITER, kind: str = "quant_real"
-) -> dict[str, Path]:
+    recipes: Iterable[str], writer: Path = WRITER, kind: str = "quant_real",
+    deps: Iterable[Path] = (),
+) -> dict[str, Path]:  # fmt: skip
     """Each recipe's checkpoint folder: from the cache, or written now (then cached);
     ``writer`` is run as ``python WRITER RECIPE OUT``, its checkpoints kept under ``kind``."""
-    folder = cache_root() / kind / key(writer)
+    folder = cache_root() / kind / key(writer, deps)
     folder.mkdir(parents=True, exist_ok=True)
     _drop_stale_staging(folder)
     out = {r: folder / r for r in recipes}

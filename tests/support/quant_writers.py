@@ -130,11 +130,13 @@ def modelopt(out: Path, cfg_name: str) -> None:
     export_hf_checkpoint(model, export_dir=str(out))
 
 
-def _tokenizer() -> Any:
+def tokenizer(size: int = TEXT_CONFIG["vocab_size"]) -> Any:
+    """A word-level tokenizer over ``size`` tokens ``t0``..: what llmcompressor asks for when
+    it is given a calibration dataset."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"t{i}": i for i in range(TEXT_CONFIG["vocab_size"])}
+    vocab = {f"t{i}": i for i in range(size)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="t1"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", unk_token="t1")
@@ -175,7 +177,7 @@ def llmc(out: Path, scheme: str, calib: bool, gptq: str | None = None) -> None:
             {"input_ids": ids.tolist(), "attention_mask": [[1] * ids.shape[1]] * ids.shape[0]}
         )
         oneshot(
-            model=model, recipe=recipe, dataset=ds, processor=_tokenizer(),
+            model=model, recipe=recipe, dataset=ds, processor=tokenizer(),
             num_calibration_samples=len(ids), max_seq_length=ids.shape[1],
         )  # fmt: skip
     else:

@@ -41,18 +41,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from quant_writers import int_groups, tokenizer
+
 FAMILIES: dict[str, tuple[str, str]] = {  # family -> (model class, config class)
     "llama": ("LlamaForCausalLM", "LlamaConfig"),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
 }
-
-
-def _int4_group(symmetric: bool) -> dict[str, Any]:
-    """compressed-tensors' W4A16 preset's weights at group 32 (the preset's 128 splits no rank
-    of these geometries whole), symmetric or with zero points."""
-    weights = dict(num_bits=4, type="int", strategy="group", group_size=32,
-                   symmetric=symmetric, dynamic=False)  # fmt: skip
-    return {"group_0": {"targets": ["Linear"], "weights": weights}}
 
 
 # recipe part -> (preset name or config_groups, calibrated, geometry over the family's)
@@ -63,8 +57,8 @@ SCHEMES: dict[str, tuple[Any, bool, dict[str, Any]]] = {
     "modelopt_fp8": ("FP8_DEFAULT_CFG", True, {}),  # ModelOpt's, exported by export_hf_checkpoint
     # vLLM-CPU's WNA16 kernel (kernels/linear/mixed_precision/cpu.py CPUWNA16LinearKernel) wants
     # every rank's input and output sizes in multiples of 32: intermediate 192, 96 a rank at tp 2
-    "w4a16_g32": (_int4_group(True), False, {"intermediate_size": 192}),
-    "w4a16_asym_g32": (_int4_group(False), False, {"intermediate_size": 192}),
+    "w4a16_g32": (int_groups(4, True), False, {"intermediate_size": 192}),
+    "w4a16_asym_g32": (int_groups(4, False), False, {"intermediate_size": 192}),
 }
 GEOMETRY: dict[str, Any] = dict(
     vocab_size=200, hidden_size=96, intermediate_size=160, num_hidden_layers=2,
@@ -89,7 +83,9 @@ def written(recipes: Iterable[str]) -> dict[str, Path]:
             f"no recipe {unknown[0]!r}: <family>_<scheme>, a family of FAMILIES or of the vLLM "
             f"proof rows, a scheme of {', '.join(SCHEMES)}"
         )
-    return quant_cache.written(recipes, Path(__file__), "vllm_quant")
+    here = Path(__file__).parent  # what the writer imports changes its bytes too
+    deps = (here / "quant_writers.py", here / "vllm_rows.py")
+    return quant_cache.written(recipes, Path(__file__), "vllm_quant", deps)
 
 
 def content(path: Path) -> str:
@@ -131,15 +127,6 @@ def _model(family: str, over: dict[str, Any]) -> Any:
     model.config.dtype = torch.bfloat16
     model.config.architectures = [model_class]  # ModelOpt's export reads it before saving
     return model.eval()
-
-
-def _tokenizer(vocab: int) -> Any:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t1"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="t0", unk_token="t1")
 
 
 def write(recipe: str, out: Path) -> None:
@@ -185,7 +172,7 @@ def write(recipe: str, out: Path) -> None:
         rows = {"input_ids": ids.tolist(), "attention_mask": [[1] * 8] * 2}
         oneshot(
             model=model, recipe=recipe_, dataset=datasets.Dataset.from_dict(rows),
-            processor=_tokenizer(vocab), num_calibration_samples=2,
+            processor=tokenizer(vocab), num_calibration_samples=2,
             max_seq_length=8,
         )  # fmt: skip
     else:
