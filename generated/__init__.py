@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specbind.runtime.binder import ModelEntry, Registry
 
-SPECS_SHA256 = "c3117dbfa43dcad28683d66e645077059ce145a0fa8c4dc7271fbd8e020b7aae"
+SPECS_SHA256 = "2fd3a9c0af5f79488d3d1ba350ec2acdbdc99f0936cea6d3ad0fa1f233fd8c9d"
 
 # Each model's table is imported on first use (runtime.binder.tables.Registry): a start that
 # binds one model does not build the others' block modules.

@@ -65,8 +65,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -599,11 +600,7 @@ def load_engines(
         rel = p.relative_to(root).as_posix()
         bl = parse_block_layout(yamlio.load(p, rel), p.parent.parent.name, blocks)
         if p.stem != bl.block:
-            raise SpecError(
-                rel, "block", None,
-                f"the {bl.engine} layout of block {bl.block} lives in "
-                f"specs/engines/{bl.engine}/blocks/{bl.block}.yaml",
-            )  # fmt: skip
+            raise _lives_in(rel, bl.engine, "block", bl.block)
         shared.setdefault(bl.engine, {})[bl.block] = bl
     for p in sorted(folder.glob("*/*.yaml")):
         if (p.parent.name, p.stem) in unavailable:
@@ -624,23 +621,33 @@ def load_engines(
                 f"a second layout of {layout.model} is chosen by the checkpoint's "
                 "architectures: say which (architectures:)",
             )
-        _proof_file(root, layout)
+        _proof_file(root, layout.proof, "layout", partial(layout.located.error, ("proof", "test")))
         out.append(layout)
     _one_layout_an_architecture(out)
     return out
 
 
-def _proof_file(root: Path, layout: EngineLayout) -> None:
+def _proof_file(
+    root: Path, proof: str | None, what: str, error: Callable[[str], Exception]
+) -> None:
     """A ``proof.test`` is a file of the suite: a proof naming no test proves nothing. Checked
-    where the suite is (``root/tests``, a clone); an installed wheel ships no tests to name."""
-    if layout.proof is None or not (root / "tests").is_dir():
+    where the suite is (``root/tests``, a clone); an installed wheel ships no tests to name.
+    ``error``: the refusal at the file's ``proof.test``, from its message."""
+    if proof is None or not (root / "tests").is_dir():
         return
-    if not (root / layout.proof).is_file():
-        raise layout.located.error(
-            ("proof", "test"),
-            f"{layout.proof} is not a file of the suite: the proof names the test that runs "
-            "the layout against the engine's own loader",
+    if not (root / proof).is_file():
+        raise error(
+            f"{proof} is not a file of the suite: the proof names the test that runs the "
+            f"{what} against the engine's own loader"
         )
+
+
+def _lives_in(rel: str, engine: str, kind: str, name: str) -> SpecError:
+    """The refusal of an engine's block or scheme layout filed under another name."""
+    return SpecError(
+        rel, kind, None,
+        f"the {engine} layout of {kind} {name} lives in specs/engines/{engine}/{kind}s/{name}.yaml",
+    )  # fmt: skip
 
 
 def _one_layout_an_architecture(layouts: list[EngineLayout]) -> None:
@@ -796,16 +803,7 @@ def load_scheme_layouts(
         rel = p.relative_to(root).as_posix()
         sl = parse_scheme_layout(yamlio.load(p, rel), p.parent.parent.name, schemes, models)
         if p.stem != sl.scheme:
-            raise SpecError(
-                rel, "scheme", None,
-                f"the {sl.engine} layout of scheme {sl.scheme} lives in "
-                f"specs/engines/{sl.engine}/schemes/{sl.scheme}.yaml",
-            )  # fmt: skip
-        if sl.proof is not None and (root / "tests").is_dir() and not (root / sl.proof).is_file():
-            raise SpecError(
-                rel, "proof.test", None,
-                f"{sl.proof} is not a file of the suite: the proof names the test that runs "
-                "the scheme against the engine's own loader",
-            )  # fmt: skip
+            raise _lives_in(rel, sl.engine, "scheme", sl.scheme)
+        _proof_file(root, sl.proof, "scheme", partial(SpecError, rel, "proof.test", None))
         out.append(sl)
     return out
