@@ -31,16 +31,14 @@ from family_checks import same_values
 from gpt_oss_model import CONFIG, load_gpt_oss_model
 from gqa_model import rejoin_replicated
 from helpers import cached_binds, rejoin
+from rank_pieces import every_rank
 from whole_model import expert_range, read_checkpoint
 
 from specbind.audit import audit
 from specbind.core.errors import GeometryError
-from specbind.core.planning import Ranks
 from specbind.generated import MODELS
 from specbind.runtime.bind.bind import BindResult, bind_checkpoint
 from specbind.runtime.io.checkpoint import CheckpointDir
-from specbind.runtime.layout.config import values_from_config
-from specbind.runtime.layout.slots import layout
 from specbind.runtime.ranks import byte_coverage
 
 torch = pytest.importorskip("torch", exc_type=ImportError)
@@ -134,17 +132,10 @@ def test_an_ep_rank_reads_only_its_own_experts_bytes(
 def test_the_ranks_planned_reads_tile_every_tensor_once_per_replica(
     oss_ckpt: Path, tp: int, ep: int
 ) -> None:
-    ckpt = CheckpointDir(oss_ckpt)
-    lay = layout(TABLE, ckpt.names(), ckpt.config)
-    geometry = TABLE.make_geometry(values_from_config(TABLE, ckpt.config))
-    by_rank = [
-        byte_coverage.plan_pieces(ckpt, TABLE, lay, geometry, Ranks(tp, t, ep, e))
-        for e in range(ep)
-        for t in range(tp)
-    ]
-    assert byte_coverage.check(by_rank, byte_coverage.claimed_names(TABLE, lay)) == []
+    by_rank, names = every_rank(oss_ckpt, TABLE, tp, ep)  # ep-major: the last tp are one ep
+    assert byte_coverage.check(by_rank, names) == []
     # teeth: drop the last ep rank and its experts' rows are read by no rank
-    short = byte_coverage.check(by_rank[:-tp], byte_coverage.claimed_names(TABLE, lay))
+    short = byte_coverage.check(by_rank[:-tp], names)
     assert any("mlp.experts.gate_up_proj: rows" in p and "no rank" in p for p in short), short
 
 
